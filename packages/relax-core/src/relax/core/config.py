@@ -1,0 +1,390 @@
+"""Typed, frozen run config: YAML + dotted overrides -> validated dataclasses.
+
+Validation happens before anything starts and raises one ``ConfigError`` listing every problem,
+each naming the field path and, where there is a closed set, the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from relax.core.algorithms.config import AlgorithmConfig, KLConfig
+
+__all__ = [
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "KLConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "RayConfig",
+    "RelaxConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TrainerConfig",
+    "WeightSyncConfig",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message lists every problem found."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = None  # HF-format directory; None = the locally built quick-start model
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str | None = None  # local .jsonl/.parquet; None = generate the quick-start arithmetic task
+    prompt_key: str = "prompt"
+    label_key: str = "label"
+    metadata_keys: list[str] = field(default_factory=list)
+    media_keys: list[str] = field(default_factory=list)
+    system_prompt: str | None = None
+    apply_chat_template: bool = True
+    max_prompt_length: int = 512
+    shuffle: bool = True
+    on_error: Literal["raise", "skip"] = "raise"
+    # quick-start task (used only when path is None)
+    task_size: int = 2000
+    task_max_operand: int = 9
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = "hf"  # registered rollout_engine name
+    num_engines: int = 1
+    prompts_per_step: int = 16
+    n_samples_per_prompt: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    engine_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    backend: str = "torch"  # registered trainer name
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    micro_batch_size: int = 16
+    num_minibatches: int = 1
+    backend_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    name: str = "numeric"  # registered reward name
+    params: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0
+    max_concurrency: int = 16
+    on_error: Literal["raise", "zero"] = "raise"
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    transport: str = "object_store"  # registered weight_sync name
+    timeout_s: float = 120.0
+    bucket_mb: int = 64
+    every_n_steps: int = 1
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save_every: int = 0  # 0 = only at the end
+    resume: str = "auto"  # "auto" | "never" | a checkpoint directory
+    keep_last: int = 2
+    save_hf_final: bool = True
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    console: bool = True
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "relax"
+    clearml: bool = False
+    plot: bool = True
+    progress: bool = True
+    webhook_url: str | None = None
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    address: str | None = None  # None = start an embedded local instance
+    num_cpus: int | None = None
+
+
+@dataclass(frozen=True)
+class RelaxConfig:
+    name: str = "quickstart"
+    run_dir: str = "runs/quickstart"
+    seed: int = 0
+    total_steps: int = 100
+    mode: Literal["colocate", "async", "hybrid"] = "colocate"
+    max_staleness: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- building
+
+
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, path: str, errors: list[str]) -> Any:
+    """Check/convert one value against a type hint; append a message to ``errors`` on mismatch."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            errors.append(f"{path}: expected a mapping of {tp.__name__} fields, got {type(value).__name__}")
+            return None
+        return _build(tp, value, path, errors)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            errors.append(f"{path}: {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            return _convert(value, non_none[0], path, errors)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list | tuple):
+            errors.append(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            return None
+        return [_convert(v, item_tp, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            errors.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            return None
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+        return float(value)  # YAML 1.1 reads "1e-5" (no dot) as a string
+    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+        errors.append(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        return None
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str, errors: list[str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if key not in hints:
+            errors.append(f"{path}: unknown key; allowed keys: {', '.join(names)}")
+            continue
+        kwargs[key] = _convert(value, hints[key], path, errors)
+    if errors:
+        return None
+    return cls(**kwargs)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["trainer.lr=1e-5", "rollout.stop=[a, b]"]`` -> nested dict; values parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key.path=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_from_dict(data: dict[str, Any], check_plugins: bool = True) -> RelaxConfig:
+    errors: list[str] = []
+    cfg = _build(RelaxConfig, data, "", errors)
+    if cfg is not None:
+        errors.extend(_semantic_errors(cfg))
+        if check_plugins:
+            errors.extend(_plugin_errors(cfg))
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, check_plugins: bool = True) -> RelaxConfig:
+    """Load YAML (or the bundled quick-start when ``path`` is None), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    else:
+        data = quickstart_dict()
+    data = _merge(data, parse_overrides(overrides or []))
+    return config_from_dict(data, check_plugins=check_plugins)
+
+
+def quickstart_dict() -> dict[str, Any]:
+    """The bundled quick-start (same content as examples/quickstart.yaml)."""
+    from importlib import resources
+
+    text = resources.files("relax.core").joinpath("quickstart.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _positive(errors: list[str], path: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        errors.append(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def _semantic_errors(cfg: RelaxConfig) -> list[str]:
+    errors: list[str] = []
+    for path, value, zero_ok in [
+        ("total_steps", cfg.total_steps, False),
+        ("max_staleness", cfg.max_staleness, True),
+        ("rollout.num_engines", cfg.rollout.num_engines, False),
+        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, False),
+        ("rollout.n_samples_per_prompt", cfg.rollout.n_samples_per_prompt, False),
+        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens, False),
+        ("rollout.temperature", cfg.rollout.temperature, False),
+        ("rollout.top_k", cfg.rollout.top_k, True),
+        ("trainer.lr", cfg.trainer.lr, False),
+        ("trainer.micro_batch_size", cfg.trainer.micro_batch_size, False),
+        ("trainer.num_minibatches", cfg.trainer.num_minibatches, False),
+        ("trainer.warmup_steps", cfg.trainer.warmup_steps, True),
+        ("trainer.grad_clip", cfg.trainer.grad_clip, True),
+        ("reward.timeout_s", cfg.reward.timeout_s, False),
+        ("weight_sync.timeout_s", cfg.weight_sync.timeout_s, False),
+        ("weight_sync.every_n_steps", cfg.weight_sync.every_n_steps, False),
+        ("checkpoint.save_every", cfg.checkpoint.save_every, True),
+        ("checkpoint.keep_last", cfg.checkpoint.keep_last, False),
+        ("data.max_prompt_length", cfg.data.max_prompt_length, False),
+        ("algorithm.kl.coef", cfg.algorithm.kl.coef, True),
+    ]:
+        _positive(errors, path, value, zero_ok)
+    if not 0 < cfg.rollout.top_p <= 1:
+        errors.append(f"rollout.top_p: must be in (0, 1], got {cfg.rollout.top_p!r}")
+    if len(cfg.trainer.betas) != 2:
+        errors.append(f"trainer.betas: expected 2 values, got {cfg.trainer.betas!r}")
+    if not 0 <= cfg.trainer.min_lr_ratio <= 1:
+        errors.append(f"trainer.min_lr_ratio: must be in [0, 1], got {cfg.trainer.min_lr_ratio!r}")
+    if cfg.algorithm.clip_ratio_low < 0 or cfg.algorithm.clip_ratio_high < 0:
+        errors.append("algorithm.clip_ratio_low/high: must be >= 0")
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
+    if batch % cfg.trainer.num_minibatches:
+        errors.append(
+            f"trainer.num_minibatches: {cfg.trainer.num_minibatches} does not divide the step batch "
+            f"(rollout.prompts_per_step * rollout.n_samples_per_prompt = {batch})"
+        )
+    group_estimators = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk"}
+    if cfg.algorithm.advantage_estimator in group_estimators and cfg.rollout.n_samples_per_prompt < 2:
+        errors.append(
+            f"rollout.n_samples_per_prompt: advantage estimator {cfg.algorithm.advantage_estimator!r} "
+            f"compares responses within a group and needs >= 2, got {cfg.rollout.n_samples_per_prompt}"
+        )
+    if cfg.mode == "colocate" and cfg.max_staleness != 0:
+        errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")
+    if cfg.checkpoint.resume not in ("auto", "never") and not Path(cfg.checkpoint.resume).exists():
+        errors.append(f"checkpoint.resume: {cfg.checkpoint.resume!r} is neither 'auto', 'never' nor an existing directory")
+    if cfg.data.path is not None and Path(cfg.data.path).suffix not in (".jsonl", ".json", ".parquet") and not Path(cfg.data.path).is_dir():
+        errors.append(f"data.path: {cfg.data.path!r} must be a .jsonl, .json or .parquet file or a dataset directory")
+    return errors
+
+
+def _plugin_errors(cfg: RelaxConfig) -> list[str]:
+    from relax.core.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    checks = [
+        ("rollout.engine", "rollout_engine", cfg.rollout.engine),
+        ("trainer.backend", "trainer", cfg.trainer.backend),
+        ("reward.name", "reward", cfg.reward.name),
+        ("weight_sync.transport", "weight_sync", cfg.weight_sync.transport),
+        ("algorithm.advantage_estimator", "advantage", cfg.algorithm.advantage_estimator),
+        ("algorithm.policy_loss", "policy_loss", cfg.algorithm.policy_loss),
+        ("algorithm.kl.estimator", "kl", cfg.algorithm.kl.estimator),
+    ]
+    errors = []
+    for path, kind, name in checks:
+        names = manager.names(kind)
+        if name not in names:
+            errors.append(f"{path}: unknown {kind} {name!r}; registered: {', '.join(names) or '(none)'}")
+    return errors

@@ -1,0 +1,1 @@
+"""Controller: places roles on Ray and drives the RL loop in the configured mode."""

@@ -1,0 +1,116 @@
+"""Ray actor wrappers around the plugin objects. Each role builds its object from config by name.
+
+The wrappers stay thin on purpose: the objects behind them (engine, trainer, reward) are plain
+Python implementing the Protocols, so they are unit-testable without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import ray
+import torch
+
+from relax.core.config import RelaxConfig
+from relax.core.data import Sample
+from relax.core.plugins import get_plugin_manager
+from relax.core.protocols import GenerationRequest, GenerationResult
+
+
+def _limit_threads(num_threads: int | None) -> None:
+    if num_threads:
+        torch.set_num_threads(num_threads)
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)
+
+
+@ray.remote
+class RolloutRole:
+    """Hosts one rollout engine. Threaded so ``pause``/``health`` answer while ``generate`` runs."""
+
+    def __init__(self, cfg: RelaxConfig, model_path: str, engine_index: int = 0, num_threads: int | None = None):
+        _limit_threads(num_threads)
+        factory = get_plugin_manager().get("rollout_engine", cfg.rollout.engine)
+        self.engine = factory(cfg, model_path)
+        self.engine_index = engine_index
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return asyncio.run(self.engine.generate(requests))
+
+    def update_weights(self, named_tensors: Any, version: int) -> int:
+        self.engine.update_weights(named_tensors, version)
+        return self.engine.weight_version()
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version()
+
+    def pause(self) -> None:
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+    def health(self) -> dict[str, Any]:
+        return {"engine_index": self.engine_index, **self.engine.health()}
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Transport-specific engine methods (e.g. broadcast receive, disk reload)."""
+        return getattr(self.engine, method)(*args, **kwargs)
+
+
+@ray.remote
+class TrainerRole:
+    """Hosts the policy trainer (or, with ``reference=True``, a frozen reference model)."""
+
+    def __init__(self, cfg: RelaxConfig, model_path: str, reference: bool = False, num_threads: int | None = None):
+        _limit_threads(num_threads)
+        factory = get_plugin_manager().get("trainer", cfg.trainer.backend)
+        self.trainer = factory(cfg, model_path, reference=reference)
+
+    def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.trainer.forward_logprobs(batch)
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        return self.trainer.train_step(batch)
+
+    def export_weights(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+        return list(self.trainer.export_weights(bucket_bytes))
+
+    def save(self, directory: str) -> None:
+        self.trainer.save(directory)
+
+    def load(self, directory: str) -> None:
+        self.trainer.load(directory)
+
+    def save_hf(self, directory: str) -> None:
+        self.trainer.save_hf(directory)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.trainer, method)(*args, **kwargs)
+
+
+@ray.remote
+class RewardRole:
+    """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``)."""
+
+    def __init__(self, cfg: RelaxConfig):
+        factory = get_plugin_manager().get("reward", cfg.reward.name)
+        self.reward = factory(**cfg.reward.params)
+        self.cfg = cfg.reward
+        self.name = cfg.reward.name
+
+    def score(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
+        from relax.core.rewards.runner import score_samples
+
+        stats = asyncio.run(
+            score_samples(
+                self.reward,
+                samples,
+                timeout_s=self.cfg.timeout_s,
+                max_concurrency=self.cfg.max_concurrency,
+                on_error=self.cfg.on_error,
+                reward_name=self.name,
+            )
+        )
+        return samples, {"failures": float(stats.failures), "timeouts": float(stats.timeouts), "seconds": stats.seconds}

@@ -1,0 +1,168 @@
+"""``run(cfg)``: set up a run (Ray, roles, data, logging, resume) and drive the configured mode."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from tqdm import tqdm
+
+from relax.core.checkpoint import CheckpointManager, read_controller_state, resolve_resume
+from relax.core.config import RelaxConfig
+from relax.core.controller import runtime
+from relax.core.plugins import get_plugin_manager
+
+log = logging.getLogger("relax")
+
+CONSOLE_KEYS = ("reward/mean", "reward/accuracy", "response/length_mean", "train/loss", "train/grad_norm",
+                "train/entropy", "kl/policy_ref", "perf/tokens_per_s", "time/step_s")
+PLOT_KEYS = ("reward/mean", "response/length_mean")
+
+
+class RunState:
+    """Everything a mode loop needs, plus logging and checkpointing around each step."""
+
+    def __init__(self, cfg: RelaxConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from relax.core.metrics import MetricsLogger
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.started_ray = runtime.init_ray(cfg)
+        self.model_path = runtime.resolve_model_path(cfg)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.stop_token_ids = [t for t in {self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
+        self.dataset = runtime.build_dataset(cfg, self.tokenizer, runtime.resolve_data_path(cfg, self.run_dir))
+        self.roles = runtime.start_roles(cfg, self.model_path)
+        sync_factory = get_plugin_manager().get("weight_sync", cfg.weight_sync.transport)
+        self.weight_sync = sync_factory(timeout_s=cfg.weight_sync.timeout_s, bucket_bytes=cfg.weight_sync.bucket_mb << 20)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+        self.step = 0
+        self.version = 0
+        self.next_group_id = 0
+        resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpoints.root)
+        if resume_from is not None:
+            self._resume(resume_from)
+        lc = cfg.logging
+        backends = [name for name, on in [("console", lc.console), ("tensorboard", lc.tensorboard),
+                                          ("wandb", lc.wandb), ("clearml", lc.clearml)] if on]
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            backends=backends,
+            console_keys=CONSOLE_KEYS,
+            project=lc.wandb_project,
+            run_name=cfg.name,
+            config=cfg.to_dict(),
+            resume_step=self.step,
+        )
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def _resume(self, path: Path) -> None:
+        state = read_controller_state(path)
+        ray.get(self.roles.trainer.load.remote(str(path / "trainer")))
+        self.dataset.load_state_dict(state["dataset"])
+        self.step, self.version, self.next_group_id = state["step"], state["version"], state["next_group_id"]
+        random.setstate(_tuplify(state["py_random"]))
+        np.random.set_state(tuple(state["np_random"]))
+        self.sync_weights()
+        log.info("resumed from %s at step %d (weight version %d)", path, self.step, self.version)
+
+    def save_checkpoint(self) -> Path:
+        state = {
+            "step": self.step,
+            "version": self.version,
+            "next_group_id": self.next_group_id,
+            "dataset": self.dataset.state_dict(),
+            "py_random": random.getstate(),
+            "np_random": [x.tolist() if isinstance(x, np.ndarray) else x for x in np.random.get_state()],
+        }
+        return self.checkpoints.save(self.step, lambda tmp: ray.get(self.roles.trainer.save.remote(str(tmp / "trainer"))), state)
+
+    # ------------------------------------------------------------------ shared step helpers
+
+    def sync_weights(self) -> dict[str, float]:
+        stats = self.weight_sync.sync(self.roles.trainer, self.roles.engines, self.version)
+        return {f"weight_sync/{k}": float(v) for k, v in stats.items()}
+
+    def end_step(self, metrics: dict[str, float]) -> None:
+        metrics["step"] = float(self.step)
+        metrics["policy_version"] = float(self.version)
+        self.metrics.log(self.step, metrics)
+        get_plugin_manager().hook.relax_on_step_end(step=self.step, metrics=dict(metrics))
+        every = self.cfg.checkpoint.save_every
+        if every and self.step % every == 0 and self.step < self.cfg.total_steps:
+            self.save_checkpoint()
+
+    def finish(self) -> dict[str, Any]:
+        self.save_checkpoint()
+        final_dir = None
+        if self.cfg.checkpoint.save_hf_final:
+            final_dir = self.run_dir / "final_hf"
+            ray.get(self.roles.trainer.save_hf.remote(str(final_dir)))
+        self.metrics.close()
+        if self.cfg.logging.plot:
+            from relax.core.metrics_plot import plot_curves
+
+            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS)
+        return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step}
+
+    def shutdown(self) -> None:
+        for handle in [self.roles.trainer, self.roles.reference, self.roles.reward, *self.roles.engines]:
+            if handle is not None:
+                ray.kill(handle)
+        if self.started_ray:
+            ray.shutdown()
+
+
+def _tuplify(x: Any) -> Any:
+    return tuple(_tuplify(i) for i in x) if isinstance(x, list) else x
+
+
+def run(cfg: RelaxConfig) -> dict[str, Any]:
+    """Run training to ``cfg.total_steps``; returns a summary (run dir, final model dir, last metrics)."""
+    from relax.core.controller.colocate import colocate_step
+
+    step_fns = {"colocate": colocate_step}
+    if cfg.mode not in step_fns:
+        from relax.core.controller.modes import MODE_LOOPS
+
+        step_fns.update(MODE_LOOPS)
+    state = RunState(cfg)
+    notify_url = cfg.logging.webhook_url
+    try:
+        last: dict[str, float] = {}
+        bar = tqdm(total=cfg.total_steps, initial=state.step, desc="train steps", disable=not cfg.logging.progress, unit="step")
+        started = time.perf_counter()
+        while state.step < cfg.total_steps:
+            last = step_fns[cfg.mode](state)
+            bar.update(1)
+            bar.set_postfix(reward=f"{last.get('reward/mean', 0):.3f}", len=f"{last.get('response/length_mean', 0):.1f}")
+        bar.close()
+        summary = state.finish()
+        summary.update(last_metrics=last, seconds=time.perf_counter() - started)
+        if notify_url:
+            from relax.core.metrics import notify
+
+            notify(notify_url, "completed", {"name": cfg.name, **summary})
+        return summary
+    except BaseException as exc:
+        if notify_url:
+            from relax.core.metrics import notify
+
+            notify(notify_url, "failed", {"name": cfg.name, "step": state.step, "error": repr(exc)})
+        raise
+    finally:
+        state.shutdown()

@@ -1,0 +1,75 @@
+"""Data model: ``Sample`` (one response to one prompt) and collation into a training batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    group_id: int  # all responses to one prompt share it
+    index_in_group: int = 0
+    prompt_text: str = ""
+    label: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    media: list[dict[str, Any]] = field(default_factory=list)  # references to multimodal inputs
+    response_ids: list[int] = field(default_factory=list)
+    response_text: str = ""
+    loss_mask: list[float] = field(default_factory=list)  # per response token
+    rollout_logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # policy version per response token
+    finish_reason: str = ""
+    reward: float | None = None
+    reward_info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions) if self.versions else -1
+
+    @property
+    def max_version(self) -> int:
+        return max(self.versions) if self.versions else -1
+
+
+def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad prompts to P, right-pad responses to R.
+
+    Returns input_ids/attention_mask/position_ids (B, P+R), responses/response_mask/
+    rollout_logprobs (B, R), rewards (B,), group_index (B,), min_version (B,).
+    """
+    if not samples:
+        raise ValueError("collate() needs at least one sample")
+    p_len = max(len(s.prompt_ids) for s in samples)
+    r_len = max(1, max(len(s.response_ids) for s in samples))
+    bsz = len(samples)
+    input_ids = torch.full((bsz, p_len + r_len), pad_id, dtype=torch.long)
+    attention = torch.zeros((bsz, p_len + r_len), dtype=torch.long)
+    response_mask = torch.zeros((bsz, r_len), dtype=torch.float32)
+    rollout_lp = torch.zeros((bsz, r_len), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[i, p_len - p : p_len] = torch.tensor(s.prompt_ids, dtype=torch.long)
+        attention[i, p_len - p : p_len] = 1
+        if r:
+            input_ids[i, p_len : p_len + r] = torch.tensor(s.response_ids, dtype=torch.long)
+            attention[i, p_len : p_len + r] = 1
+            mask = s.loss_mask if s.loss_mask else [1.0] * r
+            response_mask[i, :r] = torch.tensor(mask, dtype=torch.float32)
+            if s.rollout_logprobs:
+                rollout_lp[i, :r] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "position_ids": position_ids,
+        "responses": input_ids[:, p_len:].clone(),
+        "response_mask": response_mask,
+        "rollout_logprobs": rollout_lp,
+        "rewards": torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32),
+        "group_index": torch.tensor([s.group_id for s in samples], dtype=torch.long),
+        "min_version": torch.tensor([s.min_version for s in samples], dtype=torch.long),
+    }

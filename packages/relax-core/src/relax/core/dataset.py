@@ -1,0 +1,307 @@
+"""Prompt datasets: local JSONL / Parquet (or HF ``datasets`` on disk) into batches of ``PromptItem``.
+
+Rows are validated and tokenized once at construction so that bad data fails before any rollout
+starts (or is skipped and counted) and so that the order of prompts depends only on the seed, the
+epoch and the position: a resumed run continues with exactly the prompts it would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+JSONL_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+_HF_DISK_MARKERS = ("state.json", "dataset_dict.json")
+
+
+class DatasetError(ValueError):
+    """A dataset file is unreadable or a row is malformed (names file, 1-based row and field)."""
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt_ids: list[int]
+    prompt_text: str
+    label: Any
+    metadata: dict[str, Any]
+    media: list[dict[str, Any]]  # references ({"key": media_key, "ref": value}); nothing is loaded
+    uid: str  # "<file name>:<row>", stable across runs
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    path: str | list[str]  # file, directory of files, list of files, or a datasets.save_to_disk dir
+    prompt_key: str = "prompt"  # a string, or a list of chat messages [{role, content}]
+    label_key: str | None = "label"  # None: rows carry no label
+    metadata_keys: tuple[str, ...] = ()
+    media_keys: tuple[str, ...] = ()
+    system_prompt: str | None = None  # prepended unless the row's chat already starts with one
+    apply_chat_template: bool = False
+    max_prompt_length: int | None = None  # in tokens; longer prompts are dropped and counted
+    on_error: Literal["raise", "skip"] = "raise"
+    batch_size: int = 8
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = True  # a short last batch per epoch is dropped (batches never span epochs)
+    split: str = "train"  # only for a datasets.save_to_disk DatasetDict
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"data.on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(f"data.max_prompt_length must be >= 1 or null, got {self.max_prompt_length}")
+        if self.system_prompt is not None and not self.apply_chat_template:
+            raise ValueError("data.system_prompt needs data.apply_chat_template=true")
+
+
+def _resolve_files(path: str | Path | list[str] | list[Path]) -> list[Path]:
+    if isinstance(path, list | tuple):
+        return [f for p in path for f in _resolve_files(p)]
+    p = Path(path)
+    if not p.exists():
+        raise DatasetError(f"{p}: no such file or directory")
+    if p.is_file():
+        return [p]
+    if any((p / m).exists() for m in _HF_DISK_MARKERS):
+        return [p]
+    files = sorted(f for f in p.iterdir() if f.suffix in JSONL_SUFFIXES + PARQUET_SUFFIXES)
+    if not files:
+        raise DatasetError(f"{p}: directory holds no .jsonl/.json/.parquet files")
+    return files
+
+
+def _iter_raw(path: Path, split: str = "train") -> Iterator[tuple[int, dict[str, Any] | DatasetError]]:
+    """Yield (1-based row, row dict or the error that row raised); file-level problems raise."""
+    if path.is_dir():
+        yield from _iter_hf_disk(path, split)
+    elif path.suffix in PARQUET_SUFFIXES:
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises several unrelated types for a bad file
+            raise DatasetError(f"{path}: cannot read Parquet file: {e}") from e
+        yield from enumerate(rows, start=1)
+    elif path.suffix in JSONL_SUFFIXES:
+        yield from _iter_json(path)
+    else:
+        raise DatasetError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
+
+
+def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any] | DatasetError]]:
+    """JSON Lines (row = line number), or a .json file holding one array of objects."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path}: invalid JSON array: {e.msg} (line {e.lineno})") from e
+        for n, row in enumerate(rows, start=1):
+            yield n, _object_or_error(path, n, row)
+        return
+    for n, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield n, DatasetError(f"{path}: row {n}: invalid JSON: {e.msg} (column {e.colno})")
+            continue
+        yield n, _object_or_error(path, n, row)
+
+
+def _object_or_error(path: Path, n: int, row: Any) -> dict[str, Any] | DatasetError:
+    if isinstance(row, dict):
+        return row
+    return DatasetError(f"{path}: row {n}: expected a JSON object, got {type(row).__name__}")
+
+
+def _iter_hf_disk(path: Path, split: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(
+            f"{path}: this directory was written by datasets.save_to_disk; install the `datasets` "
+            "package to read it, or export it to JSONL/Parquet"
+        ) from None
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DatasetError(f"{path}: split {split!r} not found; splits: {sorted(ds)}")
+        ds = ds[split]
+    yield from enumerate(ds, start=1)
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a JSONL/Parquet file (or directory of them) as dicts; a bad row raises DatasetError."""
+    rows = []
+    for file in _resolve_files(path):
+        for _, row in _iter_raw(file):
+            if isinstance(row, DatasetError):
+                raise row
+            rows.append(row)
+    return rows
+
+
+def _check_messages(value: list[Any]) -> str | None:
+    """Why ``value`` is not a chat message list, or None if it is one."""
+    if not value:
+        return "empty message list"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            return f"message {i} is not a {{role, content}} object"
+        if not isinstance(m["content"], str | list):
+            return f"message {i} content must be a string or a list of parts"
+    return None
+
+
+def _media_refs(key: str, value: Any) -> list[dict[str, Any]] | None:
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str | dict) for v in values):
+        return None
+    return [{"key": key, "ref": v} for v in values]
+
+
+class PromptDataset:
+    """Validated, tokenized prompts with a seeded per-epoch order and a resumable cursor."""
+
+    def __init__(self, config: DatasetConfig, tokenizer: Any = None) -> None:
+        if tokenizer is None and (config.apply_chat_template or config.max_prompt_length):
+            raise ValueError("data.apply_chat_template / data.max_prompt_length need a tokenizer")
+        if config.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("data.apply_chat_template is true but the tokenizer has no chat template")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.stats = {"loaded": 0, "skipped_malformed": 0, "filtered_too_long": 0}
+        self.items: list[PromptItem] = []
+        for file in _resolve_files(config.path):
+            for row_no, row in _iter_raw(file, config.split):
+                try:
+                    if isinstance(row, DatasetError):
+                        raise row
+                    item = self._make_item(file, row_no, row)
+                except DatasetError:
+                    if config.on_error == "raise":
+                        raise
+                    self.stats["skipped_malformed"] += 1
+                    continue
+                if config.max_prompt_length and len(item.prompt_ids) > config.max_prompt_length:
+                    self.stats["filtered_too_long"] += 1
+                    continue
+                self.items.append(item)
+        self.stats["loaded"] = len(self.items)
+        if not self.items:
+            raise DatasetError(f"{config.path}: no usable prompts (stats: {self.stats})")
+        if config.drop_last and len(self.items) < config.batch_size:
+            raise DatasetError(
+                f"{config.path}: {len(self.items)} prompts is fewer than data.batch_size={config.batch_size}"
+            )
+        digest = hashlib.sha256()
+        for item in self.items:
+            digest.update(f"{item.uid}\0{item.prompt_text}\0".encode())
+        self.fingerprint = digest.hexdigest()[:16]
+        self.epoch = 0
+        self.position = 0  # index into this epoch's order of the next prompt
+        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, epoch_order(epoch)) cache
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _make_item(self, file: Path, row_no: int, row: dict[str, Any]) -> PromptItem:
+        cfg = self.config
+
+        def bad(key: str, why: str) -> DatasetError:
+            return DatasetError(f"{file}: row {row_no}: field {key!r}: {why}")
+
+        if cfg.prompt_key not in row:
+            raise bad(cfg.prompt_key, f"missing (row has {sorted(row)})")
+        prompt = row[cfg.prompt_key]
+        if isinstance(prompt, list):
+            if (why := _check_messages(prompt)) is not None:
+                raise bad(cfg.prompt_key, why)
+            if not cfg.apply_chat_template:
+                raise bad(cfg.prompt_key, "is a chat message list but data.apply_chat_template is false")
+        elif not isinstance(prompt, str) or not prompt:
+            raise bad(
+                cfg.prompt_key, f"expected a non-empty string or message list, got {type(prompt).__name__}"
+            )
+        label = None
+        if cfg.label_key is not None:
+            if cfg.label_key not in row:
+                raise bad(cfg.label_key, "missing")
+            label = row[cfg.label_key]
+        media: list[dict[str, Any]] = []
+        for key in cfg.media_keys:
+            if row.get(key) is None:
+                continue  # media are optional per row
+            refs = _media_refs(key, row[key])
+            if refs is None:
+                raise bad(key, "media must be a path/URL string, a dict, or a list of them")
+            media.extend(refs)
+        metadata = {k: row[k] for k in cfg.metadata_keys if k in row}
+        text = self._render(prompt)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) if self.tokenizer is not None else []
+        return PromptItem(list(ids), text, label, metadata, media, f"{file.name}:{row_no}")
+
+    def _render(self, prompt: str | list[dict[str, Any]]) -> str:
+        if not self.config.apply_chat_template:
+            return prompt  # type: ignore[return-value]  # lists were rejected above
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.config.system_prompt is not None and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.config.system_prompt})
+        # tokenize=False then encode: transformers 5 returns a BatchEncoding for tokenize=True, and
+        # the template already holds the special tokens (add_special_tokens=False avoids a 2nd BOS).
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Indices of ``items`` in the order epoch ``epoch`` visits them (a function of seed and epoch)."""
+        if not self.config.shuffle:
+            return list(range(len(self.items)))
+        return np.random.default_rng([self.config.seed, epoch]).permutation(len(self.items)).tolist()
+
+    def next_batch(self) -> list[PromptItem]:
+        """The next batch; advances the cursor, moving to the next epoch when this one is used up."""
+        n, bs = len(self.items), self.config.batch_size
+        remaining = n - self.position
+        if remaining == 0 or (self.config.drop_last and remaining < bs):
+            self.epoch, self.position = self.epoch + 1, 0
+        if self._order[0] != self.epoch:
+            self._order = (self.epoch, self.epoch_order(self.epoch))
+        batch = [self.items[i] for i in self._order[1][self.position : self.position + bs]]
+        self.position += len(batch)
+        return batch
+
+    def __iter__(self) -> Iterator[list[PromptItem]]:
+        """Endless batches; the caller decides when to stop (steps or epochs via ``self.epoch``)."""
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.config.seed,
+            "fingerprint": self.fingerprint,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the cursor; refuses a state saved for different data or seed (it would silently diverge)."""
+        if state["fingerprint"] != self.fingerprint or state["seed"] != self.config.seed:
+            raise DatasetError(
+                f"dataset state does not match this dataset: saved fingerprint/seed "
+                f"{state['fingerprint']}/{state['seed']}, now {self.fingerprint}/{self.config.seed}"
+            )
+        if not 0 <= state["position"] <= len(self.items):
+            raise DatasetError(
+                f"dataset state position {state['position']} out of range 0..{len(self.items)}"
+            )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

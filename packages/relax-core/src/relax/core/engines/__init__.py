@@ -1,0 +1,1 @@
+"""Built-in rollout engines (CPU-friendly, HF transformers)."""

@@ -1,0 +1,194 @@
+"""Plugin manager over the ``relax`` entry-point group, and the name registries it fills.
+
+Core's built-ins (``relax.core.builtin``) are an ordinary entry point, so they are loaded,
+listed and disabled exactly like third-party plugins. ``RELAX_DISABLE_PLUGINS`` is a comma list of
+entry-point names to skip (``core`` included, for tests that want a bare registry).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from relax.core import hookspecs
+
+ENTRY_POINT_GROUP = "relax"
+
+#: registry kind -> registration hook name
+REGISTRATION_HOOKS = {
+    "queue": "relax_register_queues",
+    "rollout_engine": "relax_register_rollout_engines",
+    "trainer": "relax_register_trainers",
+    "weight_sync": "relax_register_weight_syncs",
+    "reward": "relax_register_rewards",
+    "advantage": "relax_register_algorithms",
+    "policy_loss": "relax_register_algorithms",
+    "kl": "relax_register_algorithms",
+    "processor": "relax_register_processors",
+}
+ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be loaded or registered something invalid."""
+
+
+class UnknownNameError(KeyError):
+    """Config asked for a name nobody registered."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Registration:
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    plugin: str
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    distribution: str
+    version: str
+    registered: list[tuple[str, str]] = field(default_factory=list)  # (kind, name)
+
+
+class Registry:
+    """Name -> factory tables, one per kind; duplicate names are errors naming both plugins."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str, Registration]] = {kind: {} for kind in REGISTRATION_HOOKS}
+
+    def add(self, kind: str, name: str, factory: Callable[..., Any], plugin: str) -> None:
+        if kind not in self._entries:
+            raise PluginError(f"plugin {plugin!r} registered unknown kind {kind!r}; kinds: {sorted(self._entries)}")
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin {plugin!r} registered a {kind} with invalid name {name!r}")
+        if not callable(factory):
+            raise PluginError(f"plugin {plugin!r} registered {kind} {name!r} with a non-callable {factory!r}")
+        existing = self._entries[kind].get(name)
+        if existing is not None:
+            raise PluginError(
+                f"duplicate {kind} name {name!r}: registered by plugin {existing.plugin!r} and by plugin {plugin!r}"
+            )
+        self._entries[kind][name] = Registration(kind, name, factory, plugin)
+
+    def get(self, kind: str, name: str) -> Callable[..., Any]:
+        try:
+            return self._entries[kind][name].factory
+        except KeyError:
+            raise UnknownNameError(
+                f"unknown {kind} {name!r}; registered {kind} names: {self.names(kind)}"
+            ) from None
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._entries[kind])
+
+    def entries(self) -> list[Registration]:
+        return [reg for table in self._entries.values() for reg in table.values()]
+
+
+def _disabled() -> set[str]:
+    return {p.strip() for p in os.environ.get("RELAX_DISABLE_PLUGINS", "").split(",") if p.strip()}
+
+
+class RelaxPluginManager:
+    """pluggy manager + registries. Build with :func:`get_plugin_manager`."""
+
+    def __init__(self, extra_plugins: dict[str, Any] | None = None, load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager("relax")
+        self.pm.add_hookspecs(hookspecs)
+        self.infos: dict[str, PluginInfo] = {}
+        self.registry = Registry()
+        if load_entry_points:
+            self._load_entry_points()
+        for name, module in (extra_plugins or {}).items():
+            self._add(name, module, PluginInfo(name, "(in-process)", "-"))
+        self._run_registrations()
+
+    def _load_entry_points(self) -> None:
+        disabled = _disabled()
+        seen: set[str] = set()
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in disabled or ep.name in seen:
+                continue
+            seen.add(ep.name)
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken plugin must say who it is
+                raise PluginError(f"failed to load relax plugin {ep.name!r} ({ep.value}): {exc}") from exc
+            dist = ep.dist
+            info = PluginInfo(ep.name, dist.name if dist else "?", dist.version if dist else "?")
+            self._add(ep.name, module, info)
+
+    def _add(self, name: str, module: Any, info: PluginInfo) -> None:
+        self.pm.register(module, name=name)
+        self.infos[name] = info
+
+    def _run_registrations(self) -> None:
+        hooks = sorted(set(REGISTRATION_HOOKS.values()))
+        for plugin_name, module in self.pm.list_name_plugin():
+            for hook_name in hooks:
+                impl = getattr(module, hook_name, None)
+                if impl is None:
+                    continue
+                impl(self._register_fn(hook_name, plugin_name))
+
+    def _register_fn(self, hook_name: str, plugin: str) -> Callable[..., None]:
+        default_kind = next(k for k, h in REGISTRATION_HOOKS.items() if h == hook_name)
+        is_algorithm = hook_name == "relax_register_algorithms"
+
+        def register(name: str, factory: Callable[..., Any], kind: str | None = None) -> None:
+            if is_algorithm and kind not in ALGORITHM_KINDS:
+                raise PluginError(
+                    f"plugin {plugin!r}: relax_register_algorithms needs kind= one of {list(ALGORITHM_KINDS)}, got {kind!r}"
+                )
+            if not is_algorithm and kind not in (None, default_kind):
+                raise PluginError(f"plugin {plugin!r}: {hook_name} registers {default_kind!r}, not {kind!r}")
+            resolved = kind or default_kind
+            self.registry.add(resolved, name, factory, plugin)
+            self.infos[plugin].registered.append((resolved, name))
+
+        return register
+
+    @property
+    def hook(self):
+        return self.pm.hook
+
+    def get(self, kind: str, name: str) -> Callable[..., Any]:
+        return self.registry.get(kind, name)
+
+    def names(self, kind: str) -> list[str]:
+        return self.registry.names(kind)
+
+
+_MANAGER: RelaxPluginManager | None = None
+
+
+def get_plugin_manager(refresh: bool = False) -> RelaxPluginManager:
+    """Process-wide plugin manager (entry points are scanned once per process)."""
+    global _MANAGER
+    if _MANAGER is None or refresh:
+        _MANAGER = RelaxPluginManager()
+    return _MANAGER
+
+
+def format_plugins(manager: RelaxPluginManager) -> str:
+    """Human-readable listing for ``relax plugins``."""
+    lines = []
+    for info in manager.infos.values():
+        lines.append(f"{info.name} ({info.distribution} {info.version})")
+        by_kind: dict[str, list[str]] = {}
+        for kind, name in info.registered:
+            by_kind.setdefault(kind, []).append(name)
+        for kind in sorted(by_kind):
+            lines.append(f"  {kind}: {', '.join(sorted(by_kind[kind]))}")
+    return "\n".join(lines)

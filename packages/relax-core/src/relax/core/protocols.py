@@ -1,0 +1,107 @@
+"""Interfaces between roles (typing.Protocol; implementations never inherit from these).
+
+Shapes follow one convention everywhere: a batch is prompts left-padded to P plus responses
+right-padded to R; per-token tensors (logprobs, masks, advantages) are (B, R) over response tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete once (n samples per prompt = n requests)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    # tokens already generated for this request (partial rollout resumes from here)
+    prefix_response_ids: list[int] = field(default_factory=list)
+    prefix_logprobs: list[float] = field(default_factory=list)
+    prefix_versions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    response_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution used
+    versions: list[int]  # weight version that produced each token
+    finish_reason: str  # "stop" | "length" | "abort"
+    text: str = ""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+    def weight_version(self) -> int: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R) log-probs of the response tokens under the current weights, no grad."""
+        ...
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One optimizer step (micro-batched internally) on a collated batch; returns metrics."""
+        ...
+
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
+        """HF-named tensors, grouped into buckets of roughly ``bucket_bytes``."""
+        ...
+
+    def save(self, directory: str) -> None: ...
+
+    def load(self, directory: str) -> None: ...
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    def sync(self, trainer: Any, engines: list[Any], version: int) -> dict[str, float]:
+        """Move the trainer's weights to every engine as ``version``; return stats (seconds, bytes).
+
+        Raises ``WeightSyncError`` naming the engine if one does not acknowledge in time.
+        """
+        ...
+
+
+@runtime_checkable
+class Reward(Protocol):
+    async def score(self, sample: Any) -> float | dict[str, float]:
+        """Score one sample; a dict must contain ``"score"`` (the training reward)."""
+        ...
+
+
+@runtime_checkable
+class Processor(Protocol):
+    def __call__(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """Turn a (multimodal) chat message list into model inputs."""
+        ...

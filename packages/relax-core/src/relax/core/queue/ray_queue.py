@@ -1,0 +1,157 @@
+"""The transfer queue as a shared Ray actor, plus the client every role talks to.
+
+The actor is the plain :class:`TransferQueue` run with many threads (``max_concurrency``), so a
+consumer blocked in ``get`` never stalls producers. Payloads stay out of the actor: the client
+``ray.put``s every tensor/array of at least ``inline_bytes`` and the actor holds only the
+``ObjectRef`` (metadata travels inline); ``get`` resolves all refs of a batch with one ``ray.get``.
+
+Ownership: a payload is owned by the process that put it (Ray removed ``ray.put(_owner=...)``), so
+rows put by a producer that has since died lose their payload; consumers may die freely.
+The client is picklable: hand it to any actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from relax.core.queue.core import Batch, Key, TransferQueue, VersionSpec
+
+TransferQueueActor = ray.remote(num_cpus=0, max_concurrency=256)(TransferQueue)
+
+#: extra seconds a client waits for the actor beyond the queue-level timeout before giving up on it
+RPC_GRACE_S = 30.0
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    return 0
+
+
+class TransferQueueClient:
+    """Talks to a :data:`TransferQueueActor`; same methods and semantics as :class:`TransferQueue`."""
+
+    def __init__(self, actor: Any, inline_bytes: int = 64 << 10):
+        self.actor = actor
+        self.inline_bytes = inline_bytes
+
+    @classmethod
+    def create(
+        cls,
+        capacity: int,
+        consumers: Iterable[str] = (),
+        lease_timeout_s: float | None = None,
+        inline_bytes: int = 64 << 10,
+        name: str | None = None,
+    ) -> TransferQueueClient:
+        """Start the queue actor (named ``name`` if given, so other drivers can :meth:`connect`)."""
+        options = {"name": name} if name else {}
+        actor = TransferQueueActor.options(**options).remote(capacity, list(consumers), lease_timeout_s)
+        return cls(actor, inline_bytes)
+
+    @classmethod
+    def connect(cls, name: str, inline_bytes: int = 64 << 10) -> TransferQueueClient:
+        return cls(ray.get_actor(name), inline_bytes)
+
+    def _call(self, method: str, *args: Any, timeout: float | None = RPC_GRACE_S) -> Any:
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
+        except (
+            ray.exceptions.RayTaskError
+        ) as err:  # re-raise the queue's own error (TimeoutError, KeyError, ...)
+            cause = err.cause
+            raise (cause if isinstance(cause, Exception) else err) from None
+
+    def _offload(self, value: Any) -> Any:
+        return ray.put(value) if _nbytes(value) >= self.inline_bytes else value
+
+    def _offload_rows(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{col: self._offload(v) for col, v in row.items()} for row in rows]
+
+    @staticmethod
+    def _resolve(values: list[Any]) -> list[Any]:
+        """``values`` with every ObjectRef replaced by its value, all fetched with one ``ray.get``."""
+        where = [i for i, v in enumerate(values) if isinstance(v, ray.ObjectRef)]
+        if not where:
+            return values
+        out = list(values)
+        for i, value in zip(where, ray.get([values[i] for i in where]), strict=True):
+            out[i] = value
+        return out
+
+    @staticmethod
+    def _rpc_timeout(timeout: float | None) -> float | None:
+        return None if timeout is None else timeout + RPC_GRACE_S
+
+    def put_rows(
+        self,
+        partition: int,
+        rows: Sequence[dict[str, Any]],
+        group_ids: Sequence[Any] | None = None,
+        version: VersionSpec | list[VersionSpec] = 0,
+        group_size: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Key]:
+        args = (partition, self._offload_rows(rows), group_ids, version, group_size, timeout)
+        return self._call("put_rows", *args, timeout=self._rpc_timeout(timeout))
+
+    def add_columns(self, keys: Sequence[Key], columns: dict[str, Sequence[Any]]) -> None:
+        offloaded = {col: [self._offload(v) for v in values] for col, values in columns.items()}
+        self._call("add_columns", list(keys), offloaded)
+
+    def register_consumer(self, consumer: str) -> None:
+        self._call("register_consumer", consumer)
+
+    def get(
+        self,
+        consumer: str,
+        columns: Sequence[str],
+        batch_size: int,
+        timeout: float | None,
+        group_aware: bool = True,
+    ) -> Batch:
+        batch = self._call(
+            "get",
+            consumer,
+            list(columns),
+            batch_size,
+            timeout,
+            group_aware,
+            timeout=self._rpc_timeout(timeout),
+        )
+        cols = list(batch.data)
+        flat = self._resolve([v for c in cols for v in batch.data[c]])
+        n = len(batch.keys)
+        batch.data = {c: flat[j * n : (j + 1) * n] for j, c in enumerate(cols)}
+        return batch
+
+    def ack(self, consumer: str, keys: Iterable[Key]) -> None:
+        self._call("ack", consumer, list(keys))
+
+    def release(self, consumer: str) -> int:
+        return self._call("release", consumer)
+
+    def clear_partition(self, partition: int) -> int:
+        return self._call("clear_partition", partition)
+
+    def metrics(self) -> dict[str, float]:
+        return self._call("metrics")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Like :meth:`TransferQueue.state_dict`, with payloads fetched so the result can be saved anywhere."""
+        state = self._call("state_dict")
+        cells = [(row["columns"], c) for row in state["rows"] for c in row["columns"]]
+        for (columns, c), value in zip(cells, self._resolve([cols[c] for cols, c in cells]), strict=True):
+            columns[c] = value
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rows = [{**row, "columns": self._offload_rows([row["columns"]])[0]} for row in state["rows"]]
+        self._call("load_state_dict", {**state, "rows": rows})

@@ -1,0 +1,1 @@
+"""Built-in trainers (torch, HF transformers models)."""

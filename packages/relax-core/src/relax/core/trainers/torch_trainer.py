@@ -1,0 +1,302 @@
+"""Built-in torch trainer: any HF causal LM, AdamW, gradient accumulation, PPO-style mini-batches.
+
+The trainer knows nothing about the algorithm (prime-rl style): ``train_step`` computes response
+logprobs and entropy, packs them with the batch's columns into ``PolicyLossInputs`` and calls the
+injected ``objective(inputs) -> (loss, metrics)``. Each micro-batch gets the token/sequence counts
+of its whole mini-batch, so summing micro-batch losses (what backward does) equals one big batch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relax.core.algorithms import PolicyLossInputs, entropy_from_logits
+from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
+
+Objective = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, Any]]]
+_STATE_FILE = "trainer_state.pt"
+_OPTIONAL_COLUMNS = ("rollout_logprobs", "ref_logprobs", "teacher_logprobs")
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(token) from (..., V) logits, in fp32 (logsumexp form: no (..., V) log-softmax copy)."""
+    logits = logits.float()
+    return logits.gather(-1, tokens[..., None]).squeeze(-1) - logits.logsumexp(dim=-1)
+
+
+class TorchTrainer:
+    """``Trainer`` over ``AutoModelForCausalLM`` on one device.
+
+    ``warmup_steps`` / ``total_steps`` count ``train_step`` calls: all mini-batches of one call use
+    the same LR (as verl steps its scheduler once per update). ``trainable=False`` builds a frozen
+    model (reference role): no optimizer, ``train_step`` refuses. ``temperature`` divides the
+    logits (as verl does with the rollout temperature) so logprobs match a sampler at that temperature.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        objective: Objective | None = None,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        warmup_steps: int = 0,
+        total_steps: int = 0,
+        lr_schedule: str = "constant",
+        min_lr_ratio: float = 0.0,
+        micro_batch_size: int = 16,
+        num_minibatches: int = 1,
+        loss_agg_mode: str = "token-mean",
+        temperature: float = 1.0,
+        seed: int = 0,
+        dtype: str = "float32",
+        device: str = "cpu",
+        trainable: bool = True,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        self.objective = objective
+        self.lr, self.grad_clip = lr, grad_clip
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self.lr_schedule, self.min_lr_ratio = lr_schedule, min_lr_ratio
+        self.micro_batch_size, self.num_minibatches = micro_batch_size, num_minibatches
+        self.loss_agg_mode, self.temperature = loss_agg_mode, temperature
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
+        self.model.requires_grad_(trainable)
+        self.optimizer = (
+            torch.optim.AdamW(
+                self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
+            )
+            if trainable
+            else None
+        )
+        self.step = 0
+
+    # ------------------------------------------------------------------ forward
+    def _response_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R, V) logits predicting each response token (positions P-1 .. P+R-2)."""
+        resp_len = batch["responses"].shape[1]
+        out = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+            logits_to_keep=resp_len + 1,
+        )
+        logits = out.logits[:, :-1]
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
+    def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0; CPU tensor."""
+        batch = self._on_device(batch)
+        chunks = []
+        with torch.no_grad():
+            for sub in _split(batch, self.micro_batch_size):
+                lp = token_logprobs(self._response_logits(sub), sub["responses"])
+                chunks.append(torch.where(sub["response_mask"] > 0, lp, torch.zeros_like(lp)))
+        return torch.cat(chunks).cpu()
+
+    # ----------------------------------------------------------------- training
+    def current_lr(self) -> float:
+        return self.lr * lr_factor(
+            self.step, self.warmup_steps, self.total_steps, self.lr_schedule, self.min_lr_ratio
+        )
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One ``train_step``: ``num_minibatches`` optimizer steps over consecutive slices of the batch.
+
+        Needs ``advantages`` (B, R). ``old_logprobs`` default to this model's logprobs before the
+        first update (one extra forward); ``rollout_logprobs`` / ``ref_logprobs`` /
+        ``teacher_logprobs`` are passed through when present.
+
+        Metrics, averaged over mini-batches: ``loss``, ``grad_norm`` (before clipping), ``entropy``
+        (token mean), ``lr``, ``skipped_frac`` (non-finite gradients, update dropped) and the
+        objective's metrics (``*loss`` keys summed over micro-batches, others token-weighted).
+        """
+        if self.optimizer is None or self.objective is None:
+            raise RuntimeError("train_step needs a trainable TorchTrainer with an objective")
+        batch = self._on_device(batch)
+        if "old_logprobs" not in batch:
+            batch["old_logprobs"] = self.forward_logprobs(batch).to(self.device)
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
+        records = [self._optimizer_step(mini) for mini in _split(batch, size)]
+        self.step += 1
+        metrics = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
+        return {**metrics, "lr": lr}
+
+    def _optimizer_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        mask = batch["response_mask"]
+        tokens = float(mask.sum())
+        seqs = float((mask.sum(dim=-1) > 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, entropy_sum, obj_sums = 0.0, 0.0, {}
+        for sub in _split(batch, self.micro_batch_size):
+            logits = self._response_logits(sub)
+            logprobs = token_logprobs(logits, sub["responses"])
+            entropy = entropy_from_logits(logits.float())
+            inputs = PolicyLossInputs(
+                logprobs=logprobs,
+                old_logprobs=sub["old_logprobs"],
+                advantages=sub["advantages"],
+                response_mask=sub["response_mask"],
+                entropy=entropy,
+                loss_agg_mode=self.loss_agg_mode,
+                global_token_count=tokens,
+                global_seq_count=seqs,
+                **{k: sub[k] for k in _OPTIONAL_COLUMNS if k in sub},
+            )
+            loss, obj_metrics = self.objective(inputs)
+            loss.backward()
+            sub_mask = sub["response_mask"]
+            sub_tokens = float(sub_mask.sum())
+            loss_sum += float(loss.detach())
+            entropy_sum += float((entropy.detach() * sub_mask).sum())
+            for k, v in obj_metrics.items():
+                # "*loss" terms use the global counts, so they add up; other metrics are local means
+                obj_sums[k] = obj_sums.get(k, 0.0) + float(v) * (1.0 if k.endswith("loss") else sub_tokens)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # a NaN/inf gradient would destroy the weights: drop this update
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        denom = max(tokens, 1.0)
+        return {
+            **{k: v if k.endswith("loss") else v / denom for k, v in obj_sums.items()},
+            "loss": loss_sum,
+            "grad_norm": grad_norm,
+            "entropy": entropy_sum / denom,
+            "skipped_frac": float(skipped),
+        }
+
+    # ------------------------------------------------------------------ weights
+    def _unique_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named state, tied weights once (first name wins, as in ``save_pretrained``)."""
+        seen: set[int] = set()
+        for name, tensor in self.model.state_dict().items():
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                yield name, tensor
+
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of (HF name, detached copy); a bucket exceeds ``bucket_bytes`` only for one big tensor."""
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self._unique_tensors():
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor.detach().clone()))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """All weights as live views (no copy): consume before the next ``train_step``."""
+        return {name: tensor.detach() for name, tensor in self._unique_tensors()}
+
+    # -------------------------------------------------------------- checkpoints
+    def save(self, directory: str) -> None:
+        """Model, optimizer, step counter (the LR schedule's only state) and RNG states, one file."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        np_state = np.random.get_state()
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "step": self.step,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "numpy": (np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]),
+                "python": random.getstate(),
+            },
+        }
+        torch.save(state, path / _STATE_FILE)
+
+    def load(self, directory: str) -> None:
+        state = torch.load(Path(directory) / _STATE_FILE, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"].cpu())
+        if rng["cuda"]:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        name, keys, *rest = rng["numpy"]
+        np.random.set_state((name, keys.cpu().numpy(), *rest))
+        random.setstate(rng["python"])
+
+    def save_hf(self, directory: str) -> None:
+        """A plain HF model + tokenizer directory (``from_pretrained``-loadable, safetensors)."""
+        self.model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+
+
+def _split(batch: dict[str, Any], size: int) -> Iterator[dict[str, Any]]:
+    """Consecutive row slices of every per-row tensor in ``batch``."""
+    rows = batch["responses"].shape[0]
+    for start in range(0, rows, size):
+        yield {
+            k: v[start : start + size]
+            if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows
+            else v
+            for k, v in batch.items()
+        }
+
+
+def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> TorchTrainer:
+    """Build from a ``RelaxConfig``: the policy gets ``build_policy_objective(cfg.algorithm)``, the
+    reference (``reference=True``) is frozen. ``trainer.backend_params`` override any keyword."""
+    from relax.core.algorithms import build_policy_objective
+
+    t = cfg.trainer
+    kwargs: dict[str, Any] = dict(
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        betas=tuple(t.betas),
+        eps=t.eps,
+        grad_clip=t.grad_clip,
+        warmup_steps=t.warmup_steps,
+        total_steps=cfg.total_steps,
+        lr_schedule=t.lr_schedule,
+        min_lr_ratio=t.min_lr_ratio,
+        micro_batch_size=t.micro_batch_size,
+        num_minibatches=t.num_minibatches,
+        loss_agg_mode=cfg.algorithm.loss_agg_mode,
+        temperature=cfg.rollout.temperature,
+        seed=cfg.seed,
+        dtype=cfg.model.dtype,
+    )
+    objective = None if reference else build_policy_objective(cfg.algorithm)
+    return TorchTrainer(
+        model_path, objective=objective, trainable=not reference, **{**kwargs, **t.backend_params}
+    )

@@ -1,0 +1,131 @@
+"""Plugin discovery: built-ins via the entry point, a separately installed distribution, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from relax.core.hookspecs import hookimpl
+from relax.core.plugins import PluginError, RelaxPluginManager, UnknownNameError, format_plugins
+
+
+def _write_distribution(root: Path, dist: str, module: str, entry_name: str, body: str) -> None:
+    """A real installed distribution as importlib.metadata sees it: module + .dist-info with entry points."""
+    (root / f"{module}.py").write_text(textwrap.dedent(body))
+    info = root / f"{dist.replace('-', '_')}-0.3.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3.1\n")
+    (info / "entry_points.txt").write_text(f"[relax]\n{entry_name} = {module}\n")
+    (info / "RECORD").write_text("")
+
+
+PLUGIN_BODY = """
+from relax.core.hookspecs import hookimpl
+
+class ConstantReward:
+    async def score(self, sample):
+        return 0.5
+
+@hookimpl
+def relax_register_rewards(register):
+    register("constant_half", lambda **params: ConstantReward())
+"""
+
+
+def _relax(args: list[str], pythonpath: Path, **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(pythonpath), **env}
+    return subprocess.run([sys.executable, "-m", "relax.core.cli", *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+def test_builtins_are_registered_through_the_core_entry_point():
+    manager = RelaxPluginManager()
+    assert "core" in manager.infos
+    assert manager.infos["core"].distribution == "relax-core"
+    for kind, name in [("rollout_engine", "hf"), ("trainer", "torch"), ("reward", "numeric"),
+                       ("advantage", "grpo"), ("policy_loss", "ppo"), ("kl", "k3"), ("weight_sync", "object_store")]:
+        assert name in manager.names(kind), (kind, name)
+        assert (kind, name) in manager.infos["core"].registered
+
+
+def test_external_distribution_is_discovered_and_listed(tmp_path):
+    _write_distribution(tmp_path, "relax-foo", "relax_foo_plugin", "foo", PLUGIN_BODY)
+    proc = _relax(["plugins"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "foo (relax-foo 0.3.1)" in proc.stdout
+    assert "reward: constant_half" in proc.stdout
+    assert "core (relax-core" in proc.stdout
+    # and config validation accepts the plugin's name
+    proc = _relax(["validate", "reward.name=constant_half"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_disable_plugins_env(tmp_path):
+    _write_distribution(tmp_path, "relax-foo", "relax_foo_plugin", "foo", PLUGIN_BODY)
+    proc = _relax(["plugins"], tmp_path, RELAX_DISABLE_PLUGINS="foo")
+    assert proc.returncode == 0, proc.stderr
+    assert "relax-foo" not in proc.stdout and "core (relax-core" in proc.stdout
+
+
+def test_duplicate_name_names_both_plugins(tmp_path):
+    body = PLUGIN_BODY.replace("constant_half", "numeric")
+    _write_distribution(tmp_path, "relax-dup", "relax_dup_plugin", "dup", body)
+    proc = _relax(["plugins"], tmp_path)
+    assert proc.returncode != 0
+    assert "duplicate reward name 'numeric'" in proc.stderr
+    assert "'core'" in proc.stderr and "'dup'" in proc.stderr
+
+
+def test_in_process_plugin_and_unknown_name_error(monkeypatch):
+    monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "core")
+    mod = types.ModuleType("myplug")
+
+    @hookimpl
+    def relax_register_algorithms(register):
+        register("my_adv", lambda inputs: None, kind="advantage")
+
+    mod.relax_register_algorithms = relax_register_algorithms
+    manager = RelaxPluginManager(extra_plugins={"myplug": mod})
+    assert manager.names("advantage") == ["my_adv"]
+    with pytest.raises(UnknownNameError, match=r"unknown advantage 'nope'; registered advantage names: \['my_adv'\]"):
+        manager.get("advantage", "nope")
+    assert "myplug ((in-process) -)\n  advantage: my_adv" in format_plugins(manager)
+
+
+def test_algorithm_registration_requires_kind(monkeypatch):
+    monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "core")
+    mod = types.ModuleType("badplug")
+
+    @hookimpl
+    def relax_register_algorithms(register):
+        register("x", lambda: None)
+
+    mod.relax_register_algorithms = relax_register_algorithms
+    with pytest.raises(PluginError, match="needs kind= one of"):
+        RelaxPluginManager(extra_plugins={"badplug": mod})
+
+
+def test_lifecycle_hooks_are_called(monkeypatch):
+    monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "core")
+    seen = []
+    mod = types.ModuleType("observer")
+
+    @hookimpl
+    def relax_on_step_end(step, metrics):
+        seen.append((step, metrics["reward/mean"]))
+
+    @hookimpl
+    def relax_filter_group(group):
+        return len(group) > 1
+
+    mod.relax_on_step_end = relax_on_step_end
+    mod.relax_filter_group = relax_filter_group
+    manager = RelaxPluginManager(extra_plugins={"observer": mod})
+    manager.hook.relax_on_step_end(step=3, metrics={"reward/mean": 0.5})
+    assert seen == [(3, 0.5)]
+    assert manager.hook.relax_filter_group(group=[1]) == [False]
