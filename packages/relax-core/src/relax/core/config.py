@@ -26,6 +26,7 @@ __all__ = [
     "KLConfig",
     "LoggingConfig",
     "ModelConfig",
+    "QueueConfig",
     "RayConfig",
     "RelaxConfig",
     "RewardConfig",
@@ -75,6 +76,8 @@ class RolloutConfig:
     max_new_tokens: int = 64
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    # async/hybrid: what happens to in-flight sequences when new weights arrive
+    partial_rollout: Literal["in_place", "abort"] = "in_place"
     engine_params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -91,6 +94,8 @@ class TrainerConfig:
     min_lr_ratio: float = 0.0
     micro_batch_size: int = 16
     num_minibatches: int = 1
+    # False: use the engine's rollout logprobs as the PPO "old" policy (skips one forward pass)
+    recompute_old_logprobs: bool = True
     backend_params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,6 +114,12 @@ class WeightSyncConfig:
     timeout_s: float = 120.0
     bucket_mb: int = 64
     every_n_steps: int = 1
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    name: str = "ray"  # registered queue name (async/hybrid modes)
+    timeout_s: float = 600.0  # longest a role waits for rows before failing with a clear error
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,7 @@ class RelaxConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -334,6 +346,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         ("reward.timeout_s", cfg.reward.timeout_s, False),
         ("weight_sync.timeout_s", cfg.weight_sync.timeout_s, False),
         ("weight_sync.every_n_steps", cfg.weight_sync.every_n_steps, False),
+        ("queue.timeout_s", cfg.queue.timeout_s, False),
         ("checkpoint.save_every", cfg.checkpoint.save_every, True),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last, False),
         ("data.max_prompt_length", cfg.data.max_prompt_length, False),
@@ -362,6 +375,15 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         )
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
         errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")
+    if cfg.mode == "colocate" and cfg.weight_sync.every_n_steps != 1:
+        errors.append(
+            f"weight_sync.every_n_steps: mode 'colocate' is strictly on-policy and syncs every step, got {cfg.weight_sync.every_n_steps}"
+        )
+    if cfg.mode != "colocate" and cfg.weight_sync.every_n_steps > cfg.max_staleness + 1:
+        errors.append(
+            f"weight_sync.every_n_steps: {cfg.weight_sync.every_n_steps} would make rollout wait forever with "
+            f"max_staleness={cfg.max_staleness}; needs <= max_staleness + 1"
+        )
     if cfg.checkpoint.resume not in ("auto", "never") and not Path(cfg.checkpoint.resume).exists():
         errors.append(f"checkpoint.resume: {cfg.checkpoint.resume!r} is neither 'auto', 'never' nor an existing directory")
     if cfg.data.path is not None and Path(cfg.data.path).suffix not in (".jsonl", ".json", ".parquet") and not Path(cfg.data.path).is_dir():
@@ -378,6 +400,7 @@ def _plugin_errors(cfg: RelaxConfig) -> list[str]:
         ("trainer.backend", "trainer", cfg.trainer.backend),
         ("reward.name", "reward", cfg.reward.name),
         ("weight_sync.transport", "weight_sync", cfg.weight_sync.transport),
+        ("queue.name", "queue", cfg.queue.name),
         ("algorithm.advantage_estimator", "advantage", cfg.algorithm.advantage_estimator),
         ("algorithm.policy_loss", "policy_loss", cfg.algorithm.policy_loss),
         ("algorithm.kl.estimator", "kl", cfg.algorithm.kl.estimator),

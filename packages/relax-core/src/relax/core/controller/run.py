@@ -52,6 +52,7 @@ class RunState:
         self.step = 0
         self.version = 0
         self.next_group_id = 0
+        self.pipeline = None  # async/hybrid modes create it on their first step
         resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpoints.root)
         if resume_from is not None:
             self._resume(resume_from)
@@ -81,11 +82,15 @@ class RunState:
         log.info("resumed from %s at step %d (weight version %d)", path, self.step, self.version)
 
     def save_checkpoint(self) -> Path:
+        if self.pipeline is not None:  # the dataset has run ahead of training: record the trained position
+            dataset_state, next_group_id = self.pipeline.checkpoint_position(self.step)
+        else:
+            dataset_state, next_group_id = self.dataset.state_dict(), self.next_group_id
         state = {
             "step": self.step,
             "version": self.version,
-            "next_group_id": self.next_group_id,
-            "dataset": self.dataset.state_dict(),
+            "next_group_id": next_group_id,
+            "dataset": dataset_state,
             "py_random": random.getstate(),
             "np_random": [x.tolist() if isinstance(x, np.ndarray) else x for x in np.random.get_state()],
         }
@@ -120,6 +125,8 @@ class RunState:
         return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step}
 
     def shutdown(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
         for handle in [self.roles.trainer, self.roles.reference, self.roles.reward, *self.roles.engines]:
             if handle is not None:
                 ray.kill(handle)
@@ -134,12 +141,9 @@ def _tuplify(x: Any) -> Any:
 def run(cfg: RelaxConfig) -> dict[str, Any]:
     """Run training to ``cfg.total_steps``; returns a summary (run dir, final model dir, last metrics)."""
     from relax.core.controller.colocate import colocate_step
+    from relax.core.controller.modes import MODE_LOOPS
 
-    step_fns = {"colocate": colocate_step}
-    if cfg.mode not in step_fns:
-        from relax.core.controller.modes import MODE_LOOPS
-
-        step_fns.update(MODE_LOOPS)
+    step_fns = {"colocate": colocate_step, **MODE_LOOPS}
     state = RunState(cfg)
     notify_url = cfg.logging.webhook_url
     try:

@@ -66,6 +66,7 @@ class HFRolloutEngine:
         self._step_lock = threading.Lock()
         self._count_lock = threading.Lock()
         self._in_flight = 0
+        self._abort_epoch = 0
 
     # ------------------------------------------------------------------ control
     def weight_version(self) -> int:
@@ -81,6 +82,11 @@ class HFRolloutEngine:
 
     def resume(self) -> None:
         self._running.set()
+
+    def abort(self) -> None:
+        """End every in-flight ``generate`` at its next token boundary with finish reason ``"abort"``
+        (tokens so far are returned, so a caller may resubmit from scratch or continue the prefix)."""
+        self._abort_epoch += 1
 
     def health(self) -> dict[str, Any]:
         return {
@@ -153,6 +159,7 @@ class HFRolloutEngine:
                         return self.model(**inputs), self._version
 
     async def _generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
+        abort_epoch = self._abort_epoch
         bsz = len(reqs)
         budgets = [max(0, r.params.max_new_tokens - len(r.prefix_response_ids)) for r in reqs]
         steps = max(budgets, default=0)
@@ -209,6 +216,9 @@ class HFRolloutEngine:
             )
             attention = torch.cat([attention, attention.new_ones((bsz, 1))], dim=1)
             await asyncio.sleep(0)  # token boundary: let pause/update/health calls in
+            if self._abort_epoch != abort_epoch:
+                finish = [f or "abort" for f in finish]
+                break
             out, logits_version = await self._forward(
                 input_ids=fed[:, None],
                 attention_mask=attention,

@@ -1,0 +1,226 @@
+"""Async/hybrid data plane: a rollout producer and role pumps connected by the transfer queue.
+
+Threads in the driver move rows between the queue actor and the role actors (engines, reward,
+reference); the compute happens in the actors, concurrently with the trainer.
+
+Staleness gate: rows for step ``k`` are trained when the trainer holds version ``k - 1``; so the
+producer may start generating step ``k`` only once the engines serve version ``>= k - 1 -
+max_staleness``. Every token then comes from a version within the bound, even when a weight update
+lands mid-sequence (partial rollout), because engine versions only grow.
+
+Checkpoints record the dataset position as of the last *trained* step; rows generated ahead of it
+are regenerated after a resume (nothing lost, nothing trained twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+import torch
+
+from relax.core.controller.router import EngineRouter, stream_groups
+from relax.core.controller.samples import build_groups, sampling_params
+from relax.core.data import Sample, collate
+from relax.core.plugins import get_plugin_manager
+from relax.core.queue import Batch
+
+log = logging.getLogger("relax")
+
+POLL_S = 0.5
+
+
+def _row_lists(values: torch.Tensor, samples: list[Sample]) -> list[list[float]]:
+    """(B, R) tensor -> one list per sample, trimmed to its response length."""
+    return [values[i, : len(s.response_ids)].tolist() for i, s in enumerate(samples)]
+
+
+def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+@ray.remote(num_cpus=0)
+def advantage_task(samples: list[Sample], pad_id: int, cfg: Any, ref_rows: list[list[float]] | None) -> list[list[float]]:
+    """Advantage role (CPU, stateless): a whole step batch so global whitening sees every row."""
+    from relax.core.controller.stages import prepare_batch
+
+    raw = collate(samples, pad_id)
+    ref = pad_rows(ref_rows, raw["response_mask"].shape[1]) if ref_rows is not None else None
+    batch, _ = prepare_batch(samples, pad_id, cfg, raw["rollout_logprobs"], ref)
+    return _row_lists(batch["advantages"], samples)
+
+
+class Pipeline:
+    def __init__(self, state: Any) -> None:
+        cfg = state.cfg
+        self.state, self.cfg = state, cfg
+        self.group_size = cfg.rollout.n_samples_per_prompt
+        self.step_rows = cfg.rollout.prompts_per_step * self.group_size
+        self.separate_roles = cfg.mode == "async"  # hybrid: reference/advantages inside the train step
+        self.use_reference = self.separate_roles and state.roles.reference is not None
+        consumers = ["reward", "trainer"] + (["advantage"] if self.separate_roles else [])
+        consumers += ["reference"] if self.use_reference else []
+        self.trainer_columns = ["sample", "reward"] + (["advantages"] if self.separate_roles else [])
+        self.trainer_columns += ["ref_logprobs"] if self.use_reference else []
+        queue_factory = get_plugin_manager().get("queue", cfg.queue.name)
+        self.queue = queue_factory(capacity=(cfg.max_staleness + 2) * self.step_rows, consumers=consumers)
+        self.router = EngineRouter(state.roles.engines)
+        self.engine_version = state.version
+        self.gate = threading.Condition()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.dataset_states: dict[int, tuple[dict, int]] = {state.step: (state.dataset.state_dict(), state.next_group_id)}
+        self.rollout_stats: dict[int, dict[str, float]] = {}
+        self.threads = [self._spawn("rollout", self._produce), self._spawn("reward", self._reward_pump)]
+        if self.separate_roles:
+            self.threads.append(self._spawn("advantage", self._advantage_pump))
+        if self.use_reference:
+            self.threads.append(self._spawn("reference", self._reference_pump))
+
+    # ------------------------------------------------------------------ plumbing
+    def _spawn(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+        def guarded() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # surfaced to the trainer loop by take()
+                if not self.stop.is_set():
+                    log.error("%s role failed: %r", name, exc)
+                    self.errors.append(RuntimeError(f"{name} role failed: {exc!r}"))
+                    self.stop.set()
+
+        thread = threading.Thread(target=guarded, name=f"relax-{name}", daemon=True)
+        thread.start()
+        return thread
+
+    def _check(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+
+    def _pump(self, consumer: str, columns: list[str], batch_size: int, work: Callable[[Batch], dict[str, list]]) -> None:
+        while not self.stop.is_set():
+            try:
+                batch = self.queue.get(consumer, columns, batch_size, timeout=POLL_S)
+            except TimeoutError:
+                continue
+            self.queue.add_columns(batch.keys, work(batch))
+            self.queue.ack(consumer, batch.keys)
+
+    # ------------------------------------------------------------------ roles
+    def _produce(self) -> None:
+        cfg, state = self.cfg, self.state
+        params = sampling_params(cfg, state.stop_token_ids)
+        step = state.step
+        while not self.stop.is_set() and step < cfg.total_steps:
+            step += 1
+            with self.gate:
+                self.gate.wait_for(lambda: self.stop.is_set() or self.engine_version >= step - 1 - cfg.max_staleness)
+            if self.stop.is_set():
+                return
+            items = state.dataset.next_batch()
+            first_group = state.next_group_id
+            state.next_group_id += len(items)
+            self.dataset_states[step] = (state.dataset.state_dict(), state.next_group_id)
+            groups = build_groups(items, step, cfg, first_group)
+            started, tokens, resubmitted = time.perf_counter(), 0, 0
+            for finished, n_aborted in stream_groups(self.router, groups, params, cfg.seed, step, timeout_s=cfg.queue.timeout_s):
+                resubmitted += n_aborted
+                for group in finished:
+                    tokens += sum(len(s.response_ids) for s in group)
+                    self.queue.put_rows(
+                        step,
+                        [{"sample": s} for s in group],
+                        group_ids=[group[0].group_id] * len(group),
+                        version=[(s.min_version, s.max_version) for s in group],
+                        timeout=cfg.queue.timeout_s,
+                    )
+            seconds = time.perf_counter() - started
+            self.rollout_stats[step] = {
+                "time/generate_s": seconds,
+                "perf/rollout_tokens_per_s": tokens / max(seconds, 1e-9),
+                "rollout/resubmitted_requests": float(resubmitted),
+            }
+
+    def _reward_pump(self) -> None:
+        reward = self.state.roles.reward
+
+        def work(batch: Batch) -> dict[str, list]:
+            scored, _ = ray.get(reward.score.remote(batch.data["sample"]))
+            return {"reward": [(s.reward, s.reward_info) for s in scored]}
+
+        self._pump("reward", ["sample"], self.group_size, work)
+
+    def _reference_pump(self) -> None:
+        reference, pad_id = self.state.roles.reference, self.state.pad_id
+
+        def work(batch: Batch) -> dict[str, list]:
+            samples = batch.data["sample"]
+            logprobs = ray.get(reference.forward_logprobs.remote(collate(samples, pad_id)))
+            return {"ref_logprobs": _row_lists(logprobs, samples)}
+
+        self._pump("reference", ["sample"], self.group_size, work)
+
+    def _advantage_pump(self) -> None:
+        columns = ["sample", "reward"] + (["ref_logprobs"] if self.use_reference else [])
+
+        def work(batch: Batch) -> dict[str, list]:
+            samples = merge_rewards(batch)
+            ref = batch.data["ref_logprobs"] if self.use_reference else None
+            return {"advantages": ray.get(advantage_task.remote(samples, self.state.pad_id, self.cfg, ref))}
+
+        self._pump("advantage", columns, self.step_rows, work)
+
+    # ------------------------------------------------------------------ trainer side
+    def take(self) -> tuple[Batch, float]:
+        """Block for the next step batch (whole groups with every trainer column); returns it and the wait."""
+        started = time.perf_counter()
+        deadline = time.monotonic() + self.cfg.queue.timeout_s
+        while True:
+            self._check()
+            try:
+                batch = self.queue.get("trainer", self.trainer_columns, self.step_rows, timeout=POLL_S)
+                return batch, time.perf_counter() - started
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"trainer waited {self.cfg.queue.timeout_s:.0f}s for {self.step_rows} rows with "
+                        f"{self.trainer_columns}; queue: {self.queue.metrics()}"
+                    ) from None
+
+    def publish_weights(self) -> dict[str, float]:
+        """Push the trainer's weights to every engine; in-flight sequences pause (or abort) meanwhile."""
+        engines = self.state.roles.engines
+        in_place = self.cfg.rollout.partial_rollout == "in_place"
+        ray.get([e.pause.remote() if in_place else e.call.remote("abort") for e in engines])
+        try:
+            metrics = self.state.sync_weights()
+        finally:
+            if in_place:
+                ray.get([e.resume.remote() for e in engines])
+        with self.gate:
+            self.engine_version = self.state.version
+            self.gate.notify_all()
+        return metrics
+
+    def checkpoint_position(self, step: int) -> tuple[dict, int]:
+        return self.dataset_states[step]
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.gate:
+            self.gate.notify_all()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+
+def merge_rewards(batch: Batch) -> list[Sample]:
+    samples = batch.data["sample"]
+    for sample, (reward, info) in zip(samples, batch.data["reward"], strict=True):
+        sample.reward, sample.reward_info = reward, info
+    return samples
