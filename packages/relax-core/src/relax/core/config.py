@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from relax.core.algorithms.config import AlgorithmConfig, KLConfig
+from relax.core.algorithms.validate import algorithm_config_errors
 
 __all__ = [
     "AlgorithmConfig",
@@ -76,6 +77,7 @@ class RolloutConfig:
     max_new_tokens: int = 64
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False  # benchmarks/tests: always generate max_new_tokens
     # async/hybrid: what happens to in-flight sequences when new weights arrive
     partial_rollout: Literal["in_place", "abort"] = "in_place"
     engine_params: dict[str, Any] = field(default_factory=dict)
@@ -367,12 +369,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
             f"trainer.num_minibatches: {cfg.trainer.num_minibatches} does not divide the step batch "
             f"(rollout.prompts_per_step * rollout.n_samples_per_prompt = {batch})"
         )
-    group_estimators = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk"}
-    if cfg.algorithm.advantage_estimator in group_estimators and cfg.rollout.n_samples_per_prompt < 2:
-        errors.append(
-            f"rollout.n_samples_per_prompt: advantage estimator {cfg.algorithm.advantage_estimator!r} "
-            f"compares responses within a group and needs >= 2, got {cfg.rollout.n_samples_per_prompt}"
-        )
+    errors.extend(algorithm_config_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
         errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")
     if cfg.mode == "colocate" and cfg.weight_sync.every_n_steps != 1:

@@ -24,6 +24,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # generate exactly max_new_tokens unless a stop id/string matches
 
 
 @dataclass

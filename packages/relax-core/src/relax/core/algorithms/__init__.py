@@ -11,7 +11,14 @@ Names resolve through the plugin registry (``get_*``), so plugins can add their 
 
 from relax.core.algorithms.advantages import AdvantageInputs, last_token_rewards
 from relax.core.algorithms.aggregation import AGG_MODES, aggregate_loss, masked_mean, masked_whiten
-from relax.core.algorithms.config import AlgorithmConfig, CorrectionConfig, KLConfig
+from relax.core.algorithms.config import (
+    AlgorithmConfig,
+    CorrectionConfig,
+    CriticConfig,
+    DynamicSamplingConfig,
+    KLConfig,
+    OverlongConfig,
+)
 from relax.core.algorithms.corrections import masked_is, mismatch_metrics, opsm_mask, truncated_is
 from relax.core.algorithms.dapo import dynamic_sampling_keep, overlong_penalty
 from relax.core.algorithms.distillation import add_opd_to_advantages
@@ -43,8 +50,11 @@ __all__ = [
     "AdvantageInputs",
     "AlgorithmConfig",
     "CorrectionConfig",
+    "CriticConfig",
+    "DynamicSamplingConfig",
     "KLConfig",
     "KLController",
+    "OverlongConfig",
     "PolicyLossInputs",
     "add_opd_to_advantages",
     "aggregate_loss",

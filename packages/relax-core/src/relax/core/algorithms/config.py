@@ -25,6 +25,43 @@ class CorrectionConfig:
 
 
 @dataclass(frozen=True)
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling: drop groups whose ``metric`` is equal for every member (no gradient)
+    and draw extra prompt batches until the step has ``rollout.prompts_per_step`` groups."""
+
+    enable: bool = False
+    metric: str = "score"  # reward_info key compared within a group; "reward" = final (shaped) reward
+    max_extra_rounds: int = 4  # extra prompt batches per step at most; 0 = only filter
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    """DAPO soft overlong punishment over the last ``buffer`` tokens before ``rollout.max_new_tokens``."""
+
+    buffer: int = 0  # L_cache; 0 disables
+    penalty_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """PPO critic: HF backbone + scalar value head, trained with the clipped value loss."""
+
+    enable: bool = False
+    model_path: str | None = None  # None = the policy's initial model
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    value_clip: float = 0.5  # clip range of V around the rollout-time values
+    loss_agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    warmup_steps: int = 0  # the first N train steps update only the critic
+
+
+POLICY_INIT = "policy_init"  # teacher_model_path value meaning "the policy's initial model"
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     advantage_estimator: str = "grpo"  # registered kind="advantage" name
     policy_loss: str = "ppo"  # registered kind="policy_loss" name
@@ -44,3 +81,9 @@ class AlgorithmConfig:
     loss_scale_factor: float | None = None  # seq-mean-token-sum-norm divisor; None = padded length T
     opd_coef: float = 0.0  # on-policy distillation: advantage -= opd_coef * (logp - teacher_logp)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    greedy_baseline: bool = False  # one extra greedy response per prompt, scored (ReMax baseline)
+    # distillation teacher (policy_loss "opd" or opd_coef > 0): an HF directory or "policy_init"
+    teacher_model_path: str | None = None

@@ -9,6 +9,64 @@ from tqdm import tqdm
 
 from relax.core.controller import stages
 from relax.core.controller.samples import build_groups
+from relax.core.data import Sample
+
+
+def collect_groups(state, step: int, metrics: dict[str, float]) -> tuple[list[Sample], list[list[Sample]]]:
+    """Roll out, score and filter prompt batches until the step has ``rollout.prompts_per_step``
+    groups to train on (DAPO dynamic sampling draws up to ``max_extra_rounds`` extra batches).
+
+    Returns every scored sample (for rollout metrics) and the groups kept for training.
+    """
+    cfg, roles = state.cfg, state.roles
+    ds = cfg.algorithm.dynamic_sampling
+    target = cfg.rollout.prompts_per_step
+    scored_all: list[Sample] = []
+    kept: list[list[Sample]] = []
+    dropped_hook = dropped_uniform = extra_rounds = 0
+    while True:
+        groups, counts = _score_round(state, step, metrics)
+        for key, value in counts.items():
+            metrics[f"reward/{key}"] = metrics.get(f"reward/{key}", 0.0) + float(value)
+        if cfg.algorithm.greedy_baseline:
+            with stages.timed(metrics, "greedy_baseline"):
+                stages.greedy_baseline(roles.engines, roles.reward, groups, cfg, step, state.stop_token_ids)
+        scored_all += [s for g in groups for s in g]
+        round_kept, dropped = stages.filter_groups(groups)
+        dropped_hook += dropped
+        if ds.enable:
+            round_kept, dropped = stages.drop_uniform_groups(round_kept, ds.metric)
+            dropped_uniform += dropped
+        kept += round_kept
+        if not ds.enable or len(kept) >= target or extra_rounds >= ds.max_extra_rounds:
+            break
+        extra_rounds += 1
+    metrics["groups/dropped"] = float(dropped_hook)
+    if ds.enable:
+        metrics["groups/dropped_uniform"] = float(dropped_uniform)
+        metrics["groups/extra_rounds"] = float(extra_rounds)
+        metrics["groups/shortfall"] = float(max(0, target - len(kept)))
+        kept = kept[:target]
+    metrics["groups/kept"] = float(len(kept))
+    return scored_all, kept
+
+
+def _score_round(state, step: int, metrics: dict[str, float]) -> tuple[list[list[Sample]], dict[str, float]]:
+    """One prompt batch: generate, then score; the reward actor returns scored copies, regrouped here."""
+    cfg, roles = state.cfg, state.roles
+    groups = build_groups(state.dataset.next_batch(), step, cfg, state.next_group_id)
+    state.next_group_id += len(groups)
+    n_requests = sum(len(g) for g in groups)
+    with stages.timed(metrics, "generate"), tqdm(
+        total=n_requests, desc=f"rollout step {step}", leave=False, disable=not cfg.logging.progress
+    ) as bar:
+        stages.generate(roles.engines, groups, cfg, step, state.stop_token_ids, on_progress=bar.update)
+    with stages.timed(metrics, "reward"):
+        scored, counts = ray.get(roles.reward.score.remote([s for g in groups for s in g]))
+    by_group: dict[int, list[Sample]] = {}
+    for s in scored:
+        by_group.setdefault(s.group_id, []).append(s)
+    return list(by_group.values()), counts
 
 
 def colocate_step(state) -> dict[str, float]:
@@ -18,27 +76,10 @@ def colocate_step(state) -> dict[str, float]:
     step = state.step + 1
     started = time.perf_counter()
 
-    items = state.dataset.next_batch()
-    groups = build_groups(items, step, cfg, state.next_group_id)
-    state.next_group_id += len(groups)
-    n_requests = sum(len(g) for g in groups)
-    with stages.timed(metrics, "generate"), tqdm(
-        total=n_requests, desc=f"rollout step {step}", leave=False, disable=not cfg.logging.progress
-    ) as bar:
-        stages.generate(roles.engines, groups, cfg, step, state.stop_token_ids, on_progress=bar.update)
-    samples = [s for g in groups for s in g]
+    samples, kept = collect_groups(state, step, metrics)
     gen_tokens = sum(len(s.response_ids) for s in samples)
     metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(metrics["time/generate_s"], 1e-9)
-
-    with stages.timed(metrics, "reward"):
-        scored, counts = ray.get(roles.reward.score.remote(samples))
-    metrics.update({f"reward/{k}": float(v) for k, v in counts.items()})
-    metrics.update(stages.sample_metrics(scored))
-    by_group: dict[int, list] = {}
-    for s in scored:
-        by_group.setdefault(s.group_id, []).append(s)
-    kept, dropped = stages.filter_groups(list(by_group.values()))
-    metrics["groups/dropped"] = float(dropped)
+    metrics.update(stages.sample_metrics(samples))
     train_samples = [s for g in kept for s in g]
 
     if train_samples:
@@ -46,11 +87,9 @@ def colocate_step(state) -> dict[str, float]:
 
         raw = collate(train_samples, state.pad_id)
         with stages.timed(metrics, "logprob"):
-            old_ref = roles.trainer.forward_logprobs.remote(raw)
-            ref_ref = roles.reference.forward_logprobs.remote(raw) if roles.reference else None
-            old_lp = ray.get(old_ref)
-            ref_lp = ray.get(ref_ref) if ref_ref else None
-        batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp)
+            extra = stages.forward_batch(roles, raw, cfg)
+        old_lp, ref_lp = extra.pop("old_logprobs"), extra.pop("ref_logprobs", None)
+        batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, **extra)
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):
             train_metrics = ray.get(roles.trainer.train_step.remote(batch))

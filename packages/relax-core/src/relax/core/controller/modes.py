@@ -30,6 +30,7 @@ def pipelined_step(state) -> dict[str, float]:
     metrics.update(pipe.rollout_stats.pop(step, {}))
     metrics.update(stages.sample_metrics(samples))
     metrics.update(staleness_metrics([state.version - s.min_version for s in samples]))
+    metrics["rollout/mixed_version_frac"] = sum(s.min_version != s.max_version for s in samples) / len(samples)
     metrics["time/trainer_wait_s"] = waited
 
     by_group: dict[int, list] = {}

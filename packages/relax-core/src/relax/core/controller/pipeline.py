@@ -196,13 +196,13 @@ class Pipeline:
     def publish_weights(self) -> dict[str, float]:
         """Push the trainer's weights to every engine; in-flight sequences pause (or abort) meanwhile."""
         engines = self.state.roles.engines
-        in_place = self.cfg.rollout.partial_rollout == "in_place"
-        ray.get([e.pause.remote() if in_place else e.call.remote("abort") for e in engines])
+        ray.get([e.pause.remote() for e in engines])  # no decode step runs from here until resume
         try:
+            if self.cfg.rollout.partial_rollout == "abort":  # in-flight requests end and are resubmitted
+                ray.get([e.call.remote("abort") for e in engines])
             metrics = self.state.sync_weights()
         finally:
-            if in_place:
-                ray.get([e.resume.remote() for e in engines])
+            ray.get([e.resume.remote() for e in engines])
         with self.gate:
             self.engine_version = self.state.version
             self.gate.notify_all()

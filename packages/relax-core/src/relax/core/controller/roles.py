@@ -61,7 +61,8 @@ class RolloutRole:
 
 @ray.remote
 class TrainerRole:
-    """Hosts the policy trainer (or, with ``reference=True``, a frozen reference model)."""
+    """Hosts the policy trainer (and its critic, if any), or with ``reference=True`` a frozen model:
+    the KL reference, or a distillation teacher when ``model_path`` is the teacher's."""
 
     def __init__(self, cfg: RelaxConfig, model_path: str, reference: bool = False, num_threads: int | None = None):
         _limit_threads(num_threads)
@@ -70,6 +71,10 @@ class TrainerRole:
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.trainer.forward_logprobs(batch)
+
+    def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Critic values (PPO); the trainer must have been built with a critic."""
+        return self.trainer.forward_values(batch)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return self.trainer.train_step(batch)
@@ -92,12 +97,14 @@ class TrainerRole:
 
 @ray.remote
 class RewardRole:
-    """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``)."""
+    """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``),
+    then applies config-driven reward shaping (DAPO overlong penalty), so every mode sees it."""
 
     def __init__(self, cfg: RelaxConfig):
         factory = get_plugin_manager().get("reward", cfg.reward.name)
         self.reward = factory(**cfg.reward.params)
         self.cfg = cfg.reward
+        self.run_cfg = cfg
         self.name = cfg.reward.name
 
     def score(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
@@ -113,4 +120,7 @@ class RewardRole:
                 reward_name=self.name,
             )
         )
+        from relax.core.controller.stages import shape_rewards
+
+        shape_rewards(samples, self.run_cfg)
         return samples, {"failures": float(stats.failures), "timeouts": float(stats.timeouts), "seconds": stats.seconds}

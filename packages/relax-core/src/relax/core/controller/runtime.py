@@ -88,14 +88,34 @@ def build_dataset(cfg: RelaxConfig, tokenizer: Any, data_path: str):
 
 @dataclass
 class Roles:
-    trainer: Any
+    trainer: Any  # policy (and critic, when algorithm.critic.enable)
     reference: Any | None
     engines: list[Any]
     reward: Any
+    teacher: Any | None = None  # distillation teacher (frozen), when the algorithm reads teacher logprobs
+
+    def handles(self) -> list[Any]:
+        """Every actor handle, for shutdown."""
+        return [h for h in (self.trainer, self.reference, self.teacher, self.reward, *self.engines) if h is not None]
+
+
+def teacher_path(cfg: RelaxConfig, model_path: str) -> str | None:
+    """The distillation teacher's directory, or None when no loss reads teacher logprobs."""
+    from relax.core.algorithms.config import POLICY_INIT
+
+    a = cfg.algorithm
+    if not (a.policy_loss == "opd" or a.opd_coef > 0):
+        return None
+    return model_path if a.teacher_model_path == POLICY_INIT else a.teacher_model_path
 
 
 def start_roles(cfg: RelaxConfig, model_path: str) -> Roles:
-    """Place trainer, optional reference, engines and reward as Ray actors (CPU: fractional CPUs)."""
+    """Place trainer (with its critic, if any), optional reference and teacher, engines and reward
+    as Ray actors (CPU: fractional CPUs).
+
+    The critic lives inside the trainer actor: it trains on the same batches right after the
+    policy, so it saves a process (and a model copy in flight) and is checkpointed with the trainer.
+    """
     from relax.core.controller.roles import RewardRole, RolloutRole, TrainerRole
 
     threads = max(1, (os.cpu_count() or 2))
@@ -103,12 +123,15 @@ def start_roles(cfg: RelaxConfig, model_path: str) -> Roles:
     reference = None
     if cfg.algorithm.kl.coef > 0:
         reference = TrainerRole.options(num_cpus=0).remote(cfg, model_path, reference=True, num_threads=threads)
+    teacher = None
+    if (path := teacher_path(cfg, model_path)) is not None:
+        teacher = TrainerRole.options(num_cpus=0).remote(cfg, path, reference=True, num_threads=threads)
     engines = [
         RolloutRole.options(num_cpus=0, max_concurrency=4).remote(cfg, model_path, i, num_threads=threads)
         for i in range(cfg.rollout.num_engines)
     ]
     reward = RewardRole.options(num_cpus=0).remote(cfg)
+    roles = Roles(trainer, reference, engines, reward, teacher)
     # surface constructor errors (bad model dir, unknown plugin) before the loop starts
-    ray.get([trainer.__ray_ready__.remote(), reward.__ray_ready__.remote(), *[e.__ray_ready__.remote() for e in engines]]
-            + ([reference.__ray_ready__.remote()] if reference else []))
-    return Roles(trainer, reference, engines, reward)
+    ray.get([h.__ray_ready__.remote() for h in roles.handles()])
+    return roles

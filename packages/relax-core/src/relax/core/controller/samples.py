@@ -23,8 +23,9 @@ def sampling_params(cfg: RelaxConfig, stop_token_ids: list[int]) -> SamplingPara
         top_p=r.top_p,
         top_k=r.top_k,
         max_new_tokens=r.max_new_tokens,
-        stop_token_ids=tuple(dict.fromkeys([*r.stop_token_ids, *stop_token_ids])),
+        stop_token_ids=tuple(dict.fromkeys([*r.stop_token_ids, *([] if r.ignore_eos else stop_token_ids)])),
         stop=tuple(r.stop),
+        ignore_eos=r.ignore_eos,
     )
 
 

@@ -9,16 +9,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import ray
 import torch
 
-from relax.core.algorithms import AdvantageInputs, compute_advantages, get_kl_estimator
+from relax.core.algorithms import (
+    AdvantageInputs,
+    compute_advantages,
+    dynamic_sampling_keep,
+    get_kl_estimator,
+    mismatch_metrics,
+    overlong_penalty,
+)
 from relax.core.config import RelaxConfig
 from relax.core.controller.samples import apply_result, request_for, sampling_params
 from relax.core.data import Sample, collate
 from relax.core.plugins import get_plugin_manager
+from relax.core.protocols import SamplingParams
 
 
 @contextmanager
@@ -36,9 +45,12 @@ def generate(
     stop_token_ids: list[int],
     on_progress: Callable[[int], None] | None = None,
     timeout_s: float = 600.0,
+    params: SamplingParams | None = None,
 ) -> list[list[Sample]]:
-    """Spread every sample of every group over the engines (round robin chunks) and fill responses."""
-    params = sampling_params(cfg, stop_token_ids)
+    """Spread every sample of every group over the engines (round robin chunks) and fill responses.
+
+    ``params`` overrides the sampling parameters from ``cfg.rollout`` (e.g. greedy probes)."""
+    params = params or sampling_params(cfg, stop_token_ids)
     flat = [s for g in groups for s in g]
     n_chunks = max(len(engines), min(len(flat), 4 * len(engines)))
     chunks = [flat[i::n_chunks] for i in range(n_chunks)]
@@ -61,11 +73,85 @@ def generate(
     return groups
 
 
-def filter_groups(groups: list[list[Sample]]) -> tuple[list[list[Sample]], int]:
-    """Apply ``relax_filter_group`` hooks; returns kept groups and the number dropped."""
+def filter_groups(groups: list[list[Sample]], cfg: RelaxConfig | None = None) -> tuple[list[list[Sample]], int]:
+    """Apply ``relax_filter_group`` hooks, then (given ``cfg`` with ``algorithm.dynamic_sampling``
+    on) DAPO's uniform-reward filter; returns kept groups and the number dropped."""
     hook = get_plugin_manager().hook.relax_filter_group
     kept = [g for g in groups if False not in hook(group=g)]
+    if cfg is not None and cfg.algorithm.dynamic_sampling.enable:
+        kept, _ = drop_uniform_groups(kept, cfg.algorithm.dynamic_sampling.metric)
     return kept, len(groups) - len(kept)
+
+
+def _metric_value(sample: Sample, metric: str) -> float:
+    if metric == "reward":
+        return float(sample.reward or 0.0)
+    if metric not in sample.reward_info:
+        raise KeyError(
+            f"algorithm.dynamic_sampling.metric: reward_info has no {metric!r}; "
+            f"available: reward, {', '.join(sorted(sample.reward_info))}"
+        )
+    return float(sample.reward_info[metric])
+
+
+def drop_uniform_groups(groups: list[list[Sample]], metric: str = "score") -> tuple[list[list[Sample]], int]:
+    """DAPO dynamic sampling: keep groups whose ``metric`` (a ``reward_info`` key, or "reward" for
+    the final shaped reward) differs between members; returns kept groups and the number dropped."""
+    if not groups:
+        return [], 0
+    values = torch.tensor([_metric_value(s, metric) for g in groups for s in g], dtype=torch.float64)
+    index = torch.tensor([i for i, g in enumerate(groups) for _ in g])
+    keep = dynamic_sampling_keep(values, index)
+    starts = torch.tensor([0, *[len(g) for g in groups]]).cumsum(0)[:-1]
+    kept = [g for g, start in zip(groups, starts.tolist(), strict=True) if g and bool(keep[start])]
+    return kept, len(groups) - len(kept)
+
+
+def shape_rewards(samples: list[Sample], cfg: RelaxConfig) -> None:
+    """Add DAPO's soft overlong penalty (``algorithm.overlong``) to ``sample.reward`` in place and
+    record it in ``reward_info["overlong_penalty"]``; ``reward_info["score"]`` keeps the task score."""
+    ov = cfg.algorithm.overlong
+    if ov.buffer <= 0 or not samples:
+        return
+    lengths = torch.tensor([len(s.response_ids) for s in samples])
+    penalty = overlong_penalty(lengths, cfg.rollout.max_new_tokens, ov.buffer, ov.penalty_factor)
+    for sample, p in zip(samples, penalty.tolist(), strict=True):
+        sample.reward = float(sample.reward or 0.0) + p
+        sample.reward_info["overlong_penalty"] = p
+
+
+def greedy_baseline(
+    engines: list[Any], reward: Any, groups: list[list[Sample]], cfg: RelaxConfig, step: int, stop_token_ids: list[int]
+) -> None:
+    """ReMax baseline: one greedy response per group, scored by the reward role; its reward is
+    stored on every member as ``reward_info["greedy_reward"]`` (call after scoring the group)."""
+    probes = [
+        [Sample(prompt_ids=list(g[0].prompt_ids), group_id=g[0].group_id, index_in_group=-1,
+                prompt_text=g[0].prompt_text, label=g[0].label, metadata=dict(g[0].metadata), media=list(g[0].media))]
+        for g in groups
+        if g
+    ]
+    greedy = replace(sampling_params(cfg, stop_token_ids), temperature=0.0)
+    generate(engines, probes, cfg, step, stop_token_ids, params=greedy)
+    scored, _ = ray.get(reward.score.remote([p for (p,) in probes]))
+    by_group = {p.group_id: float(p.reward or 0.0) for p in scored}
+    for g in groups:
+        for s in g:
+            s.reward_info["greedy_reward"] = by_group[s.group_id]
+
+
+def forward_batch(roles: Any, raw: dict[str, torch.Tensor], cfg: RelaxConfig) -> dict[str, torch.Tensor]:
+    """The forward passes a collated batch needs, submitted together so the roles run concurrently:
+    ``old_logprobs`` (policy), ``ref_logprobs`` (reference role), ``teacher_logprobs`` (teacher role),
+    ``values`` (critic). Keys are present only for the roles that exist."""
+    refs = {"old_logprobs": roles.trainer.forward_logprobs.remote(raw)}
+    if cfg.algorithm.critic.enable:
+        refs["values"] = roles.trainer.forward_values.remote(raw)
+    if roles.reference is not None:
+        refs["ref_logprobs"] = roles.reference.forward_logprobs.remote(raw)
+    if getattr(roles, "teacher", None) is not None:
+        refs["teacher_logprobs"] = roles.teacher.forward_logprobs.remote(raw)
+    return dict(zip(refs, ray.get(list(refs.values())), strict=True))
 
 
 def prepare_batch(
@@ -74,22 +160,31 @@ def prepare_batch(
     cfg: RelaxConfig,
     old_logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
+    *,
+    values: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Collate, attach old/ref logprobs and advantages; return the batch and advantage metrics."""
+    """Collate, attach old/ref/teacher logprobs, critic values and advantages (greedy baseline
+    rewards come from ``reward_info["greedy_reward"]``); return the batch and metrics."""
     batch = collate(samples, pad_id)
     mask = batch["response_mask"]
     batch["old_logprobs"] = old_logprobs
-    if ref_logprobs is not None:
-        batch["ref_logprobs"] = ref_logprobs
-    rewards = batch["rewards"]
+    for name, tensor in [("ref_logprobs", ref_logprobs), ("teacher_logprobs", teacher_logprobs), ("values", values)]:
+        if tensor is not None:
+            batch[name] = tensor
+    greedy = None
+    if cfg.algorithm.greedy_baseline:
+        greedy = torch.tensor([s.reward_info["greedy_reward"] for s in samples], dtype=torch.float32)
     kl_coef = cfg.algorithm.kl.coef if cfg.algorithm.kl.use == "reward" else 0.0
     inputs = AdvantageInputs(
-        rewards=rewards,
+        rewards=batch["rewards"],
         response_mask=mask,
         index=batch["group_index"],
+        values=values,
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
         kl_coef=kl_coef,
+        greedy_rewards=greedy,
     )
     advantages, returns = compute_advantages(cfg.algorithm, inputs)
     batch["advantages"] = advantages
@@ -97,18 +192,29 @@ def prepare_batch(
     metrics: dict[str, float] = {}
     tokens = mask.sum().clamp(min=1)
     metrics["adv/mean"] = float((advantages * mask).sum() / tokens)
-    metrics["rollout/train_logprob_abs_diff"] = float(((batch["rollout_logprobs"] - old_logprobs).abs() * mask).sum() / tokens)
+    metrics["adv/abs_mean"] = float((advantages.abs() * mask).sum() / tokens)
+    mismatch = mismatch_metrics(old_logprobs, batch["rollout_logprobs"], mask)
+    metrics["rollout/train_logprob_abs_diff"] = mismatch["mismatch_abs_logprob_diff"]
+    metrics["rollout/train_k3_kl"] = mismatch["mismatch_k3_kl"]
     if ref_logprobs is not None:
         kl = get_kl_estimator(cfg.algorithm.kl.estimator)(old_logprobs, ref_logprobs)
         metrics["kl/policy_ref"] = float((kl * mask).sum() / tokens)
+    if teacher_logprobs is not None:
+        metrics["kl/policy_teacher"] = float(((old_logprobs - teacher_logprobs) * mask).sum() / tokens)
+    if values is not None:
+        metrics["critic/values_mean"] = float((values * mask).sum() / tokens)
+        metrics["critic/returns_mean"] = float((returns * mask).sum() / tokens)
+    if greedy is not None:
+        metrics["reward/greedy_mean"] = float(greedy.mean())
     return batch, metrics
 
 
 def sample_metrics(samples: list[Sample]) -> dict[str, float]:
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
     lengths = torch.tensor([float(len(s.response_ids)) for s in samples])
-    correct = torch.tensor([float(s.reward_info.get("acc", float((s.reward or 0.0) >= 1.0))) for s in samples])
-    return {
+    scores = [s.reward_info.get("score", s.reward or 0.0) for s in samples]
+    correct = torch.tensor([float(s.reward_info.get("acc", float(v >= 1.0))) for s, v in zip(samples, scores, strict=True)])
+    metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std(unbiased=False)),
         "reward/accuracy": float(correct.mean()),
@@ -116,3 +222,8 @@ def sample_metrics(samples: list[Sample]) -> dict[str, float]:
         "response/length_max": float(lengths.max()),
         "response/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
     }
+    penalties = [s.reward_info["overlong_penalty"] for s in samples if "overlong_penalty" in s.reward_info]
+    if penalties:
+        metrics["reward/overlong_penalty_mean"] = sum(penalties) / len(samples)
+        metrics["reward/overlong_frac"] = sum(p < 0 for p in penalties) / len(samples)
+    return metrics

@@ -30,7 +30,7 @@ class HFRolloutEngine:
 
     ``max_batch_size`` caps how many requests decode together (larger lists run in chunks).
     Requests without a seed draw one from the engine's generator (seeded by ``seed``).
-    Generation always stops at the model's EOS ids (generation config and tokenizer) in addition
+    Generation stops at the model's EOS ids (generation config and tokenizer; unless ``ignore_eos``) in addition
     to each request's ``stop_token_ids``; the stop token is kept in ``response_ids``.
     """
 
@@ -175,7 +175,7 @@ class HFRolloutEngine:
         top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=dev)
         uniforms = torch.stack([self._uniforms(r, steps) for r in reqs]).to(dev)
-        stop_ids = [self.eos_token_ids | set(r.params.stop_token_ids) for r in reqs]
+        stop_ids = [(frozenset() if r.params.ignore_eos else self.eos_token_ids) | set(r.params.stop_token_ids) for r in reqs]
 
         prompts = [list(r.prompt_ids) + list(r.prefix_response_ids) for r in reqs]
         width = max(len(p) for p in prompts)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from relax.core.algorithms import PolicyLossInputs, entropy_from_logits
+from relax.core.trainers.critic import Critic, split_rows
 from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
 
 Objective = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, Any]]]
@@ -38,6 +39,8 @@ class TorchTrainer:
     the same LR (as verl steps its scheduler once per update). ``trainable=False`` builds a frozen
     model (reference role): no optimizer, ``train_step`` refuses. ``temperature`` divides the
     logits (as verl does with the rollout temperature) so logprobs match a sampler at that temperature.
+    ``critic`` (PPO) is trained on every ``train_step`` whose batch carries ``values`` and
+    ``returns``; during the first ``critic_warmup_steps`` calls only the critic is updated.
     """
 
     def __init__(
@@ -62,6 +65,8 @@ class TorchTrainer:
         dtype: str = "float32",
         device: str = "cpu",
         trainable: bool = True,
+        critic: Critic | None = None,
+        critic_warmup_steps: int = 0,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -88,6 +93,7 @@ class TorchTrainer:
             if trainable
             else None
         )
+        self.critic, self.critic_warmup_steps = critic, critic_warmup_steps
         self.step = 0
 
     # ------------------------------------------------------------------ forward
@@ -112,10 +118,16 @@ class TorchTrainer:
         batch = self._on_device(batch)
         chunks = []
         with torch.no_grad():
-            for sub in _split(batch, self.micro_batch_size):
+            for sub in split_rows(batch, self.micro_batch_size):
                 lp = token_logprobs(self._response_logits(sub), sub["responses"])
                 chunks.append(torch.where(sub["response_mask"] > 0, lp, torch.zeros_like(lp)))
         return torch.cat(chunks).cpu()
+
+    def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R) critic values of the response states, 0 where masked; CPU tensor."""
+        if self.critic is None:
+            raise RuntimeError("forward_values needs a critic (algorithm.critic.enable=true)")
+        return self.critic.forward_values(batch)
 
     # ----------------------------------------------------------------- training
     def current_lr(self) -> float:
@@ -132,7 +144,9 @@ class TorchTrainer:
 
         Metrics, averaged over mini-batches: ``loss``, ``grad_norm`` (before clipping), ``entropy``
         (token mean), ``lr``, ``skipped_frac`` (non-finite gradients, update dropped) and the
-        objective's metrics (``*loss`` keys summed over micro-batches, others token-weighted).
+        objective's metrics (``*loss`` keys summed over micro-batches, others token-weighted);
+        with a critic also ``vf_loss``, ``vf_clip_frac``, ``values_mean``, ``critic_grad_norm``
+        (actor metrics are absent during critic warm-up).
         """
         if self.optimizer is None or self.objective is None:
             raise RuntimeError("train_step needs a trainable TorchTrainer with an objective")
@@ -143,9 +157,18 @@ class TorchTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
-        records = [self._optimizer_step(mini) for mini in _split(batch, size)]
+        train_critic = self.critic is not None and "values" in batch and "returns" in batch
+        train_actor = not (train_critic and self.step < self.critic_warmup_steps)
+        records = []
+        for mini in split_rows(batch, size):
+            record = self.critic.update(mini) if train_critic else {}
+            if train_actor:
+                record.update(self._optimizer_step(mini))
+            records.append(record)
         self.step += 1
         metrics = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
+        if self.critic is not None:
+            metrics["actor_updated"] = float(train_actor)
         return {**metrics, "lr": lr}
 
     def _optimizer_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -154,7 +177,7 @@ class TorchTrainer:
         seqs = float((mask.sum(dim=-1) > 0).sum())
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, entropy_sum, obj_sums = 0.0, 0.0, {}
-        for sub in _split(batch, self.micro_batch_size):
+        for sub in split_rows(batch, self.micro_batch_size):
             logits = self._response_logits(sub)
             logprobs = token_logprobs(logits, sub["responses"])
             entropy = entropy_from_logits(logits.float())
@@ -232,6 +255,7 @@ class TorchTrainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "step": self.step,
+            "critic": self.critic.state_dict() if self.critic else None,
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -247,6 +271,10 @@ class TorchTrainer:
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
+        if self.critic is not None:
+            if state.get("critic") is None:
+                raise ValueError(f"{directory}: checkpoint has no critic state, but this trainer has a critic")
+            self.critic.load_state_dict(state["critic"])
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
         if rng["cuda"]:
@@ -261,21 +289,10 @@ class TorchTrainer:
         self.tokenizer.save_pretrained(directory)
 
 
-def _split(batch: dict[str, Any], size: int) -> Iterator[dict[str, Any]]:
-    """Consecutive row slices of every per-row tensor in ``batch``."""
-    rows = batch["responses"].shape[0]
-    for start in range(0, rows, size):
-        yield {
-            k: v[start : start + size]
-            if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows
-            else v
-            for k, v in batch.items()
-        }
-
-
 def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> TorchTrainer:
-    """Build from a ``RelaxConfig``: the policy gets ``build_policy_objective(cfg.algorithm)``, the
-    reference (``reference=True``) is frozen. ``trainer.backend_params`` override any keyword."""
+    """Build from a ``RelaxConfig``: the policy gets ``build_policy_objective(cfg.algorithm)`` and,
+    with ``algorithm.critic.enable``, a ``Critic``; the reference (``reference=True``, also used for
+    a distillation teacher) is frozen. ``trainer.backend_params`` override any keyword."""
     from relax.core.algorithms import build_policy_objective
 
     t = cfg.trainer
@@ -297,6 +314,22 @@ def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> T
         dtype=cfg.model.dtype,
     )
     objective = None if reference else build_policy_objective(cfg.algorithm)
+    c = cfg.algorithm.critic
+    if c.enable and not reference:
+        kwargs["critic_warmup_steps"] = c.warmup_steps
+        kwargs["critic"] = Critic(
+            c.model_path or model_path,
+            lr=c.lr,
+            weight_decay=c.weight_decay,
+            betas=tuple(t.betas),
+            eps=t.eps,
+            grad_clip=c.grad_clip,
+            value_clip=c.value_clip,
+            loss_agg_mode=c.loss_agg_mode,
+            micro_batch_size=t.micro_batch_size,
+            dtype=t.backend_params.get("dtype", cfg.model.dtype),
+            device=t.backend_params.get("device", "cpu"),
+        )
     return TorchTrainer(
         model_path, objective=objective, trainable=not reference, **{**kwargs, **t.backend_params}
     )

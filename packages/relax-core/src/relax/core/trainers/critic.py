@@ -1,0 +1,133 @@
+"""PPO critic for the torch trainer: an HF backbone plus a scalar value head, own optimizer.
+
+The critic is a separate model (same architecture and initial weights as the policy unless
+``model_path`` says otherwise), so policy and value gradients never mix. ``TorchTrainer`` owns one
+when ``algorithm.critic.enable`` is set; its state travels in the trainer's checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from relax.core.algorithms import clipped_value_loss
+
+
+class ValueModel(nn.Module):
+    """``AutoModel`` backbone (no LM head) + ``Linear(hidden, 1)``, zero-initialised so that the
+    first values are 0 and early advantages equal the plain returns."""
+
+    def __init__(self, model_path: str, dtype: torch.dtype = torch.float32) -> None:
+        from transformers import AutoModel
+
+        super().__init__()
+        self.backbone = AutoModel.from_pretrained(model_path, dtype=dtype)
+        hidden = self.backbone.config.get_text_config().hidden_size
+        self.head = nn.Linear(hidden, 1, dtype=torch.float32)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R) fp32 value of the state before each response token (positions P-1 .. P+R-2, the
+        same alignment as the policy's logits), as verl's critic."""
+        resp_len = batch["responses"].shape[1]
+        hidden = self.backbone(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        ).last_hidden_state
+        return self.head(hidden[:, -resp_len - 1 : -1].float()).squeeze(-1)
+
+
+class Critic:
+    """Value model, AdamW and the clipped value loss; micro-batched like the policy."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        value_clip: float = 0.5,
+        loss_agg_mode: str = "token-mean",
+        micro_batch_size: int = 16,
+        dtype: str = "float32",
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = ValueModel(model_path, getattr(torch, dtype)).to(self.device).eval()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
+        )
+        self.grad_clip, self.value_clip = grad_clip, value_clip
+        self.loss_agg_mode, self.micro_batch_size = loss_agg_mode, micro_batch_size
+
+    def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R) values, 0 where ``response_mask`` is 0; CPU tensor."""
+        chunks = []
+        with torch.no_grad():
+            for sub in split_rows(batch, self.micro_batch_size):
+                sub = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in sub.items()}
+                values = self.model(sub)
+                chunks.append(torch.where(sub["response_mask"] > 0, values, torch.zeros_like(values)))
+        return torch.cat(chunks).cpu()
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One optimizer step on a mini-batch with ``values`` (at rollout time) and ``returns``.
+
+        Metrics: ``vf_loss`` (summed over micro-batches: global counts make it the mini-batch
+        loss), ``vf_clip_frac``, ``values_mean``, ``critic_grad_norm``.
+        """
+        mask = batch["response_mask"]
+        tokens = float(mask.sum())
+        seqs = float((mask.sum(dim=-1) > 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, clip_sum, value_sum = 0.0, 0.0, 0.0
+        for sub in split_rows(batch, self.micro_batch_size):
+            sub_mask = sub["response_mask"]
+            values = self.model(sub)
+            loss, metrics = clipped_value_loss(
+                values, sub["values"], sub["returns"], sub_mask, self.value_clip, self.loss_agg_mode,
+                global_token_count=tokens, global_seq_count=seqs,
+            )
+            loss.backward()
+            loss_sum += float(loss.detach())
+            clip_sum += metrics["vf_clip_frac"] * float(sub_mask.sum())
+            value_sum += float((values.detach() * sub_mask).sum())
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        denom = max(tokens, 1.0)
+        return {
+            "vf_loss": loss_sum,
+            "vf_clip_frac": clip_sum / denom,
+            "values_mean": value_sum / denom,
+            "critic_grad_norm": grad_norm,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def split_rows(batch: dict[str, Any], size: int) -> Iterator[dict[str, Any]]:
+    """Consecutive row slices of every per-row tensor in ``batch`` (others passed as they are)."""
+    rows = batch["responses"].shape[0]
+    for start in range(0, rows, size):
+        yield {
+            k: v[start : start + size] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows else v
+            for k, v in batch.items()
+        }
