@@ -247,3 +247,14 @@ def test_fuzz_concurrent_producers_and_consumers_exactly_once(seed):
     m = q.metrics()
     assert m["queue/max_rows"] <= capacity and m["queue/rows"] == 0
     assert m["queue/rows_produced"] == total
+
+
+def test_partition_filter_takes_one_step_only():
+    q = TransferQueue(capacity=16, consumers=["trainer"])
+    q.put_rows(2, [{"x": 20}, {"x": 21}], group_ids=["b", "b"])  # step 2 arrives first
+    q.put_rows(1, [{"x": 10}, {"x": 11}], group_ids=["a", "a"])
+    with pytest.raises(TimeoutError):
+        q.get("trainer", ["x"], 4, timeout=0.05, partition=1)  # only 2 rows of step 1 exist
+    batch = q.get("trainer", ["x"], 2, timeout=0.05, partition=1)
+    assert batch.data["x"] == [10, 11] and all(k[0] == 1 for k in batch.keys)
+    assert q.get("trainer", ["x"], 2, timeout=0.05, partition=2).data["x"] == [20, 21]

@@ -78,7 +78,8 @@ class Pipeline:
         self.errors: list[BaseException] = []
         self.dataset_states: dict[int, tuple[dict, int]] = {state.step: (state.dataset.state_dict(), state.next_group_id)}
         self.rollout_stats: dict[int, dict[str, float]] = {}
-        self.threads = [self._spawn("rollout", self._produce), self._spawn("reward", self._reward_pump)]
+        self.threads: list[threading.Thread] = []
+        self.threads += [self._spawn("rollout", self._produce), self._spawn("reward", self._reward_pump)]
         if self.separate_roles:
             self.threads.append(self._spawn("advantage", self._advantage_pump))
         if self.use_reference:
@@ -103,19 +104,25 @@ class Pipeline:
         if self.errors:
             raise self.errors[0]
 
-    def _pump(self, consumer: str, columns: list[str], batch_size: int, work: Callable[[Batch], dict[str, list]]) -> None:
+    def _pump(
+        self, consumer: str, columns: list[str], batch_size: int, work: Callable[[Batch], dict[str, list]], by_step: bool = False
+    ) -> None:
+        """Move rows through one role until stopped; ``by_step`` takes whole steps in order."""
+        step = self.state.step + 1
         while not self.stop.is_set():
             try:
-                batch = self.queue.get(consumer, columns, batch_size, timeout=POLL_S)
+                batch = self.queue.get(consumer, columns, batch_size, timeout=POLL_S, partition=step if by_step else None)
             except TimeoutError:
                 continue
             self.queue.add_columns(batch.keys, work(batch))
             self.queue.ack(consumer, batch.keys)
+            step += 1
 
     # ------------------------------------------------------------------ roles
     def _produce(self) -> None:
+        """Draw prompts in order as the gate opens; generate up to ``max_staleness + 1`` steps at
+        once, so a step's long-tail stragglers overlap the next steps' requests."""
         cfg, state = self.cfg, self.state
-        params = sampling_params(cfg, state.stop_token_ids)
         step = state.step
         while not self.stop.is_set() and step < cfg.total_steps:
             step += 1
@@ -128,24 +135,29 @@ class Pipeline:
             state.next_group_id += len(items)
             self.dataset_states[step] = (state.dataset.state_dict(), state.next_group_id)
             groups = build_groups(items, step, cfg, first_group)
-            started, tokens, resubmitted = time.perf_counter(), 0, 0
-            for finished, n_aborted in stream_groups(self.router, groups, params, cfg.seed, step, timeout_s=cfg.queue.timeout_s):
-                resubmitted += n_aborted
-                for group in finished:
-                    tokens += sum(len(s.response_ids) for s in group)
-                    self.queue.put_rows(
-                        step,
-                        [{"sample": s} for s in group],
-                        group_ids=[group[0].group_id] * len(group),
-                        version=[(s.min_version, s.max_version) for s in group],
-                        timeout=cfg.queue.timeout_s,
-                    )
-            seconds = time.perf_counter() - started
-            self.rollout_stats[step] = {
-                "time/generate_s": seconds,
-                "perf/rollout_tokens_per_s": tokens / max(seconds, 1e-9),
-                "rollout/resubmitted_requests": float(resubmitted),
-            }
+            self.threads.append(self._spawn(f"rollout-step-{step}", lambda s=step, g=groups: self._generate_step(s, g)))
+
+    def _generate_step(self, step: int, groups: list[list[Sample]]) -> None:
+        cfg = self.cfg
+        params = sampling_params(cfg, self.state.stop_token_ids)
+        started, tokens, resubmitted = time.perf_counter(), 0, 0
+        for finished, n_aborted in stream_groups(self.router, groups, params, cfg.seed, step, timeout_s=cfg.queue.timeout_s):
+            resubmitted += n_aborted
+            for group in finished:
+                tokens += sum(len(s.response_ids) for s in group)
+                self.queue.put_rows(
+                    step,
+                    [{"sample": s} for s in group],
+                    group_ids=[group[0].group_id] * len(group),
+                    version=[(s.min_version, s.max_version) for s in group],
+                    timeout=cfg.queue.timeout_s,
+                )
+        seconds = time.perf_counter() - started
+        self.rollout_stats[step] = {
+            "time/generate_s": seconds,
+            "perf/rollout_tokens_per_s": tokens / max(seconds, 1e-9),
+            "rollout/resubmitted_requests": float(resubmitted),
+        }
 
     def _reward_pump(self) -> None:
         reward = self.state.roles.reward
@@ -174,7 +186,7 @@ class Pipeline:
             ref = batch.data["ref_logprobs"] if self.use_reference else None
             return {"advantages": ray.get(advantage_task.remote(samples, self.state.pad_id, self.cfg, ref))}
 
-        self._pump("advantage", columns, self.step_rows, work)
+        self._pump("advantage", columns, self.step_rows, work, by_step=True)
 
     # ------------------------------------------------------------------ trainer side
     def take(self) -> tuple[Batch, float]:
@@ -184,7 +196,9 @@ class Pipeline:
         while True:
             self._check()
             try:
-                batch = self.queue.get("trainer", self.trainer_columns, self.step_rows, timeout=POLL_S)
+                batch = self.queue.get(
+                    "trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=self.state.step + 1
+                )
                 return batch, time.perf_counter() - started
             except TimeoutError:
                 if time.monotonic() > deadline:

@@ -7,6 +7,7 @@ late (long-tail) ones are still generating.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,14 +27,17 @@ class EngineRouter:
             raise ValueError("EngineRouter needs at least one engine")
         self.engines = list(engines)
         self.outstanding = [0] * len(engines)
+        self._lock = threading.Lock()  # several rollout steps submit concurrently
 
     def submit(self, requests: list[Any]) -> tuple[Any, int]:
-        idx = min(range(len(self.engines)), key=self.outstanding.__getitem__)
-        self.outstanding[idx] += len(requests)
+        with self._lock:
+            idx = min(range(len(self.engines)), key=self.outstanding.__getitem__)
+            self.outstanding[idx] += len(requests)
         return self.engines[idx].generate.remote(requests), idx
 
     def done(self, idx: int, n: int) -> None:
-        self.outstanding[idx] -= n
+        with self._lock:
+            self.outstanding[idx] -= n
 
 
 def stream_groups(

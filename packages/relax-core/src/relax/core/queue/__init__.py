@@ -38,6 +38,7 @@ class TransferQueueLike(Protocol):
         batch_size: int,
         timeout: float | None,
         group_aware: bool = True,
+        partition: int | None = None,
     ) -> Batch: ...
 
     def ack(self, consumer: str, keys: Iterable[Key]) -> None: ...

@@ -197,11 +197,13 @@ class TransferQueue:
         batch_size: int,
         timeout: float | None,
         group_aware: bool = True,
+        partition: int | None = None,
     ) -> Batch:
         """Lease ``batch_size`` rows that have all ``columns`` to ``consumer`` (blocks up to ``timeout``).
 
         Group-aware batches hold whole groups in arrival order (first fit), so ``batch_size`` should
-        be a sum of group sizes. An unknown consumer is registered on its first call; declare roles
+        be a sum of group sizes. ``partition`` restricts the batch to one rollout step (a trainer
+        that must see step ``k`` exactly while later steps are already arriving). An unknown consumer is registered on its first call; declare roles
         up front (constructor / ``register_consumer``) so no row is evicted before they see it.
         """
         if batch_size < 1:
@@ -214,7 +216,7 @@ class TransferQueue:
             while True:
                 now = time.monotonic()
                 next_expiry = self._expire_leases(now)
-                keys = self._select(consumer, columns, batch_size, group_aware)
+                keys = self._select(consumer, columns, batch_size, group_aware, partition)
                 if keys is not None:
                     break
                 if now >= deadline:
@@ -242,19 +244,19 @@ class TransferQueue:
         )
 
     def _select(
-        self, consumer: str, columns: list[str], batch_size: int, group_aware: bool
+        self, consumer: str, columns: list[str], batch_size: int, group_aware: bool, partition: int | None = None
     ) -> list[Key] | None:
         chosen: list[Key] = []
         if not group_aware:
             for key, row in self._rows.items():
-                if self._ready(row, consumer, columns):
+                if (partition is None or key[0] == partition) and self._ready(row, consumer, columns):
                     chosen.append(key)
                     if len(chosen) == batch_size:
                         return chosen
             return None
         seen: set[tuple] = set()
-        for row in self._rows.values():
-            if row.gkey in seen:
+        for key, row in self._rows.items():
+            if row.gkey in seen or (partition is not None and key[0] != partition):
                 continue
             seen.add(row.gkey)
             group = self._groups[row.gkey]

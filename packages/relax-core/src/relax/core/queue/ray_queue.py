@@ -116,6 +116,7 @@ class TransferQueueClient:
         batch_size: int,
         timeout: float | None,
         group_aware: bool = True,
+        partition: int | None = None,
     ) -> Batch:
         batch = self._call(
             "get",
@@ -124,6 +125,7 @@ class TransferQueueClient:
             batch_size,
             timeout,
             group_aware,
+            partition,
             timeout=self._rpc_timeout(timeout),
         )
         cols = list(batch.data)
