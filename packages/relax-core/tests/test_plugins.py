@@ -129,3 +129,12 @@ def test_lifecycle_hooks_are_called(monkeypatch):
     manager.hook.relax_on_step_end(step=3, metrics={"reward/mean": 0.5})
     assert seen == [(3, 0.5)]
     assert manager.hook.relax_filter_group(group=[1]) == [False]
+
+
+def test_relax_plugins_env_loads_unpackaged_module(tmp_path):
+    (tmp_path / "my_local_plugin.py").write_text(textwrap.dedent(PLUGIN_BODY))
+    proc = _relax(["plugins"], tmp_path, RELAX_PLUGINS="my_local_plugin")
+    assert proc.returncode == 0, proc.stderr
+    assert "my_local_plugin ((RELAX_PLUGINS) -)\n  reward: constant_half" in proc.stdout
+    proc = _relax(["plugins"], tmp_path, RELAX_PLUGINS="no_such_module_xyz")
+    assert proc.returncode != 0 and "cannot import plugin module 'no_such_module_xyz'" in proc.stderr

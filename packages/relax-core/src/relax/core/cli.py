@@ -8,6 +8,7 @@ import logging
 import sys
 
 from relax.core.config import ConfigError, load_config
+from relax.core.plugins import PluginError
 
 
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.fn(ns)
-    except ConfigError as exc:
+    except (ConfigError, PluginError) as exc:
         print(f"relax: {exc}", file=sys.stderr)
         return 2
 

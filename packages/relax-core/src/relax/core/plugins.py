@@ -3,10 +3,13 @@
 Core's built-ins (``relax.core.builtin``) are an ordinary entry point, so they are loaded,
 listed and disabled exactly like third-party plugins. ``RELAX_DISABLE_PLUGINS`` is a comma list of
 entry-point names to skip (``core`` included, for tests that want a bare registry).
+``RELAX_PLUGINS`` is a comma list of importable modules to load as plugins without packaging them
+(like ``PYTEST_PLUGINS``); Ray workers inherit it, so roles see the same registry as the driver.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,6 +113,7 @@ class RelaxPluginManager:
         self.registry = Registry()
         if load_entry_points:
             self._load_entry_points()
+            self._load_env_modules()
         for name, module in (extra_plugins or {}).items():
             self._add(name, module, PluginInfo(name, "(in-process)", "-"))
         self._run_registrations()
@@ -128,6 +132,16 @@ class RelaxPluginManager:
             dist = ep.dist
             info = PluginInfo(ep.name, dist.name if dist else "?", dist.version if dist else "?")
             self._add(ep.name, module, info)
+
+    def _load_env_modules(self) -> None:
+        for module_name in [m.strip() for m in os.environ.get("RELAX_PLUGINS", "").split(",") if m.strip()]:
+            if module_name in self.infos or module_name in _disabled():
+                continue
+            try:
+                module = importlib.import_module(module_name)
+            except Exception as exc:
+                raise PluginError(f"RELAX_PLUGINS: cannot import plugin module {module_name!r}: {exc}") from exc
+            self._add(module_name, module, PluginInfo(module_name, "(RELAX_PLUGINS)", "-"))
 
     def _add(self, name: str, module: Any, info: PluginInfo) -> None:
         self.pm.register(module, name=name)

@@ -28,7 +28,9 @@ def init_ray(cfg: RelaxConfig) -> bool:
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return False
-    worker_env = {k: os.environ[k] for k in (*RAY_ENV, "RAY_AUTH_MODE", "WANDB_MODE", "RELAX_CACHE_DIR", "OMP_NUM_THREADS") if k in os.environ}
+    forwarded = (*RAY_ENV, "RAY_AUTH_MODE", "WANDB_MODE", "RELAX_CACHE_DIR", "OMP_NUM_THREADS", "RELAX_PLUGINS",
+                 "RELAX_DISABLE_PLUGINS", "PYTHONPATH")
+    worker_env = {k: os.environ[k] for k in forwarded if k in os.environ}
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": True,

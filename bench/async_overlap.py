@@ -1,0 +1,74 @@
+"""Async/hybrid vs colocate throughput on a simulated cluster (real controller, sleeping compute).
+
+Engines (continuous batching, long-tailed log-normal response lengths) and the trainer are Ray
+actors from ``bench/sim_plugin.py``; everything else -- transfer queue, router, staleness gate,
+partial rollout, weight sync -- is the real Relax code. Prints steps/s of each mode and staleness
+relative to colocate, plus the trainer's idle fraction.
+
+    python bench/async_overlap.py [steps]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE), os.environ.get("PYTHONPATH", "")] if p)
+os.environ["RELAX_PLUGINS"] = "sim_plugin"
+for key, value in {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                   "HF_HUB_OFFLINE": "1"}.items():
+    os.environ.setdefault(key, value)
+sys.path.insert(0, str(HERE))
+
+from relax.core.config import load_config  # noqa: E402
+from relax.core.controller.run import run  # noqa: E402
+
+SIM = [
+    "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=2",
+    "rollout.prompts_per_step=16", "rollout.n_samples_per_prompt=8", "trainer.recompute_old_logprobs=false",
+    "logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
+    "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "checkpoint.resume=never", "data.task_size=4000",
+]
+WARMUP = 2
+
+
+def measure(mode: str, staleness: int, steps: int, root: Path) -> tuple[float, float]:
+    run_dir = root / f"{mode}-{staleness}"
+    every = 1
+    run(load_config(None, [*SIM, f"mode={mode}", f"max_staleness={staleness}", f"total_steps={steps}",
+                           f"run_dir={run_dir}", f"weight_sync.every_n_steps={every}"]))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = rows[WARMUP:]
+    seconds = timed[-1]["timestamp"] - rows[WARMUP - 1]["timestamp"]
+    idle = sum(r.get("perf/trainer_idle_frac", 0.0) for r in timed) / len(timed)
+    return len(timed) / seconds, idle
+
+
+def main(argv: list[str]) -> None:
+    import ray
+
+    steps = int(argv[0]) if argv else 12
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH", "RELAX_PLUGINS", "RAY_AUTH_MODE", "HF_HUB_OFFLINE")}})
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        base, _ = measure("colocate", 0, steps, root)
+        print(f"{'mode':<9} {'staleness':>9} {'steps/s':>8} {'vs colocate':>12} {'trainer idle':>13}")
+        print(f"{'colocate':<9} {0:>9} {base:>8.3f} {1.0:>11.2f}x {'-':>13}")
+        best = {}
+        for mode, staleness in [("async", 0), ("async", 1), ("async", 2), ("async", 4), ("hybrid", 1), ("hybrid", 2), ("hybrid", 4)]:
+            rate, idle = measure(mode, staleness, steps, root)
+            print(f"{mode:<9} {staleness:>9} {rate:>8.3f} {rate / base:>11.2f}x {idle:>12.1%}", flush=True)
+            if staleness >= 1:
+                best[(mode, staleness)] = (rate / base, idle)
+    ray.shutdown()
+    (mode, staleness), (ratio, idle) = max(best.items(), key=lambda kv: kv[1][0])
+    print(f"async_overlap: {ratio:.2f}x {mode} (max_staleness={staleness}, trainer idle {idle:.1%}) vs colocate throughput")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
