@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent / "plugins"
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE), os.environ.get("PYTHONPATH", "")] if p)
 os.environ["RELAX_PLUGINS"] = "sim_plugin"
 for key, value in {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",

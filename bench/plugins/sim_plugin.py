@@ -1,4 +1,4 @@
-"""Simulated cluster for ``bench/async_overlap.py``: a Relax plugin whose engine and trainer only sleep.
+"""Simulated cluster for ``bench/async_overlap.py`` (a plugin, not a benchmark): a Relax plugin whose engine and trainer only sleep.
 
 Loaded through ``RELAX_PLUGINS=sim_plugin`` so the real controller, queue, router, staleness gate
 and weight sync run unchanged; only the compute is replaced by sleeps (no model).
