@@ -88,3 +88,11 @@ def test_yaml_file_errors(tmp_path):
         load_config(listy)
     with pytest.raises(ConfigError, match="expected key.path=value"):
         parse_overrides(["trainer.lr"])
+
+
+def test_docs_config_reference_is_current():
+    from relax.core.config_docs import config_reference_markdown
+
+    assert (REPO / "docs" / "config.md").read_text() == config_reference_markdown(), (
+        "docs/config.md is stale: run `python -m relax.core.config_docs > docs/config.md`"
+    )
