@@ -66,8 +66,10 @@ def pipelined_step(state) -> dict[str, float]:
     if train_samples and state.version % cfg.weight_sync.every_n_steps == 0:
         with stages.timed(metrics, "sync"):
             metrics.update(pipe.publish_weights())
-    metrics.update({k: float(v) for k, v in pipe.queue.metrics().items()})
+    queue_metrics = {k: float(v) for k, v in pipe.queue.metrics().items()}
     elapsed = time.perf_counter() - started
+    metrics.update(queue_metrics)
+    metrics.update(pipe.rates(queue_metrics))
     metrics["time/step_s"] = elapsed
     metrics["perf/trainer_idle_frac"] = waited / max(elapsed, 1e-9)
     state.end_step(metrics)

@@ -78,6 +78,7 @@ class Pipeline:
         self.errors: list[BaseException] = []
         self.dataset_states: dict[int, tuple[dict, int]] = {state.step: (state.dataset.state_dict(), state.next_group_id)}
         self.rollout_stats: dict[int, dict[str, float]] = {}
+        self._last_rates: tuple[float, dict[str, float]] = (time.perf_counter(), {})
         self.threads: list[threading.Thread] = []
         self.threads += [self._spawn("rollout", self._produce), self._spawn("reward", self._reward_pump)]
         if self.separate_roles:
@@ -221,6 +222,15 @@ class Pipeline:
             self.engine_version = self.state.version
             self.gate.notify_all()
         return metrics
+
+    def rates(self, queue_metrics: dict[str, float]) -> dict[str, float]:
+        """Rows produced / consumed per second (per role) since the previous call."""
+        now = time.perf_counter()
+        counters = {k: v for k, v in queue_metrics.items() if k.startswith(("queue/rows_produced", "queue/rows_consumed/"))}
+        last_time, last = self._last_rates
+        self._last_rates = (now, counters)
+        dt = max(now - last_time, 1e-9)
+        return {f"{k}_per_s": (v - last.get(k, 0.0)) / dt for k, v in counters.items()}
 
     def checkpoint_position(self, step: int) -> tuple[dict, int]:
         return self.dataset_states[step]
