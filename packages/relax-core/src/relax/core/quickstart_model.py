@@ -31,9 +31,9 @@ CHAT_TEMPLATE = (
 
 # Small enough to step in milliseconds on one CPU core, big enough to memorise 55 sums.
 # initializer_range 0.1 (HF default 0.02): the initial policy already depends on the prompt, so GRPO
-# is less prone to collapse onto one answer for every prompt. Measured (GRPO + PPO clip, 32 prompts
-# x 8 samples, lr 5e-4..1e-3): reward 0.03 -> 0.4-0.7 in 100-150 steps, vs a plateau near 0.2
-# (always "9") with 0.02. Seed-sensitive: lr 2e-3 collapsed in every run tried.
+# is less prone to collapse onto one answer for every prompt (with 0.02 runs plateaued near 0.2,
+# always "9"). With the quick-start settings (lr 5e-4, 4 PPO mini-batches, entropy bonus 0.03) reward
+# goes 0.04 -> >= 0.8 by step 36-64 across seeds 0-7.
 QUICKSTART_MODEL = {
     "hidden_size": 128,
     "intermediate_size": 256,

@@ -88,6 +88,11 @@ class HFRolloutEngine:
         (tokens so far are returned, so a caller may resubmit from scratch or continue the prefix)."""
         self._abort_epoch += 1
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of the served weights, by HF name (to verify a weight sync)."""
+        with self._step_lock:
+            return {name: tensor.detach().clone() for name, tensor in self._params.items()}
+
     def health(self) -> dict[str, Any]:
         return {
             "ok": True,
