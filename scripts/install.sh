@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Install everything (uv if missing, then the locked workspace with CPU torch) into ./.venv
+# Install everything (uv if missing, then the locked workspace) into ./.venv.
+# CPU torch comes from the local wheel folder the lock points at (/opt/wheels); where that folder
+# does not exist, the same lock's `cuda` group takes torch from PyPI instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v uv >/dev/null 2>&1; then
   python3 -m pip install --quiet "uv==0.13.9"
 fi
 export UV_COMPILE_BYTECODE=1
-uv sync --frozen "$@"
+if compgen -G "/opt/wheels/torch-2.13.0+cpu-*.whl" >/dev/null; then
+  uv sync --frozen "$@"
+else
+  echo "install: /opt/wheels has no CPU torch wheel; using PyPI torch (group cuda)" >&2
+  uv sync --frozen --no-group cpu --group cuda "$@"
+fi
