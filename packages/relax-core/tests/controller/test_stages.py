@@ -12,7 +12,9 @@ from relax.core.data import Sample
 BASE = ["rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=4"]
 
 
-def sample(group: int, index: int, reward: float, n_tokens: int = 2, score: float | None = None, **info) -> Sample:
+def sample(
+    group: int, index: int, reward: float, n_tokens: int = 2, score: float | None = None, **info
+) -> Sample:
     s = Sample(prompt_ids=[5, 6, 7], group_id=group, index_in_group=index, response_ids=[9] * n_tokens)
     s.rollout_logprobs = [-1.0] * n_tokens
     s.reward = reward
@@ -68,7 +70,9 @@ def test_shape_rewards_adds_the_overlong_penalty():
 
 def _old_logprobs(samples, value=-1.25):
     r_len = max(len(s.response_ids) for s in samples)
-    mask = torch.tensor([[1.0] * len(s.response_ids) + [0.0] * (r_len - len(s.response_ids)) for s in samples])
+    mask = torch.tensor(
+        [[1.0] * len(s.response_ids) + [0.0] * (r_len - len(s.response_ids)) for s in samples]
+    )
     return value * mask
 
 
@@ -88,7 +92,13 @@ def test_prepare_batch_gae_uses_critic_values():
 
 def test_prepare_batch_remax_reads_the_greedy_reward():
     cfg = load_config(
-        None, [*BASE, "rollout.n_samples_per_prompt=1", "algorithm.advantage_estimator=remax", "algorithm.greedy_baseline=true"]
+        None,
+        [
+            *BASE,
+            "rollout.n_samples_per_prompt=1",
+            "algorithm.advantage_estimator=remax",
+            "algorithm.greedy_baseline=true",
+        ],
     )
     samples = [sample(0, 0, 1.0, greedy_reward=0.25), sample(1, 0, 0.0, greedy_reward=1.0)]
     batch, metrics = stages.prepare_batch(samples, 0, cfg, _old_logprobs(samples), None)
@@ -98,7 +108,13 @@ def test_prepare_batch_remax_reads_the_greedy_reward():
 
 def test_prepare_batch_carries_teacher_ref_and_rollout_logprobs_with_mismatch_metrics():
     cfg = load_config(
-        None, [*BASE, "algorithm.opd_coef=0.1", "algorithm.teacher_model_path=policy_init", "algorithm.kl.coef=0.1"]
+        None,
+        [
+            *BASE,
+            "algorithm.opd_coef=0.1",
+            "algorithm.teacher_model_path=policy_init",
+            "algorithm.kl.coef=0.1",
+        ],
     )
     samples = [sample(0, 0, 1.0), sample(0, 1, 0.0)]
     old = _old_logprobs(samples)  # rollout logprobs are -1.0: |diff| = 0.25 on every token
@@ -106,6 +122,8 @@ def test_prepare_batch_carries_teacher_ref_and_rollout_logprobs_with_mismatch_me
     batch, metrics = stages.prepare_batch(samples, 0, cfg, old, ref, teacher_logprobs=teacher)
     assert {"teacher_logprobs", "ref_logprobs", "rollout_logprobs", "old_logprobs"} <= set(batch)
     assert metrics["rollout/train_logprob_abs_diff"] == pytest.approx(0.25)
-    assert metrics["rollout/train_k3_kl"] == pytest.approx(float(torch.exp(torch.tensor(-0.25)) + 0.25 - 1), rel=1e-5)
+    assert metrics["rollout/train_k3_kl"] == pytest.approx(
+        float(torch.exp(torch.tensor(-0.25)) + 0.25 - 1), rel=1e-5
+    )
     assert metrics["kl/policy_teacher"] == pytest.approx(0.5)
     assert metrics["kl/policy_ref"] > 0

@@ -50,7 +50,11 @@ def _critic_errors(cfg: Any) -> list[str]:
             f"algorithm.critic.enable: advantage estimator {a.advantage_estimator!r} needs critic values; "
             "set algorithm.critic.enable=true"
         )
-    if c.enable and a.advantage_estimator in ADVANTAGE_ESTIMATORS and a.advantage_estimator not in VALUE_ESTIMATORS:
+    if (
+        c.enable
+        and a.advantage_estimator in ADVANTAGE_ESTIMATORS
+        and a.advantage_estimator not in VALUE_ESTIMATORS
+    ):
         errors.append(
             f"algorithm.critic.enable: advantage estimator {a.advantage_estimator!r} does not use critic values "
             f"(estimators that do: {_names(VALUE_ESTIMATORS)}); set it to false or change the estimator"
@@ -68,7 +72,9 @@ def _critic_errors(cfg: Any) -> list[str]:
             f"trains at all, got {c.warmup_steps}"
         )
     if c.model_path is not None and not Path(c.model_path).is_dir():
-        errors.append(f"algorithm.critic.model_path: {c.model_path!r} is not a directory (HF-format model expected)")
+        errors.append(
+            f"algorithm.critic.model_path: {c.model_path!r} is not a directory (HF-format model expected)"
+        )
     return errors
 
 
@@ -170,7 +176,12 @@ def _kl_and_correction_errors(a: Any) -> list[str]:
 def algorithm_config_errors(cfg: Any) -> list[str]:
     """Every impossible ``algorithm`` combination in a ``RelaxConfig``, one message per problem."""
     a = cfg.algorithm
-    errors = [*_sampling_errors(cfg), *_critic_errors(cfg), *_teacher_errors(a), *_kl_and_correction_errors(a)]
+    errors = [
+        *_sampling_errors(cfg),
+        *_critic_errors(cfg),
+        *_teacher_errors(a),
+        *_kl_and_correction_errors(a),
+    ]
     if a.advantage_estimator in ADVANTAGE_ESTIMATORS:
         fn = ADVANTAGE_ESTIMATORS[a.advantage_estimator]
         what = f"advantage estimator {a.advantage_estimator!r}"

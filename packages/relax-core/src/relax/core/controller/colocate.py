@@ -57,9 +57,12 @@ def _score_round(state, step: int, metrics: dict[str, float]) -> tuple[list[list
     groups = build_groups(state.dataset.next_batch(), step, cfg, state.next_group_id)
     state.next_group_id += len(groups)
     n_requests = sum(len(g) for g in groups)
-    with stages.timed(metrics, "generate"), tqdm(
-        total=n_requests, desc=f"rollout step {step}", leave=False, disable=not cfg.logging.progress
-    ) as bar:
+    with (
+        stages.timed(metrics, "generate"),
+        tqdm(
+            total=n_requests, desc=f"rollout step {step}", leave=False, disable=not cfg.logging.progress
+        ) as bar,
+    ):
         stages.generate(roles.engines, groups, cfg, step, state.stop_token_ids, on_progress=bar.update)
     with stages.timed(metrics, "reward"):
         scored, counts = ray.get(roles.reward.score.remote([s for g in groups for s in g]))

@@ -95,8 +95,14 @@ class Critic:
             sub_mask = sub["response_mask"]
             values = self.model(sub)
             loss, metrics = clipped_value_loss(
-                values, sub["values"], sub["returns"], sub_mask, self.value_clip, self.loss_agg_mode,
-                global_token_count=tokens, global_seq_count=seqs,
+                values,
+                sub["values"],
+                sub["returns"],
+                sub_mask,
+                self.value_clip,
+                self.loss_agg_mode,
+                global_token_count=tokens,
+                global_seq_count=seqs,
             )
             loss.backward()
             loss_sum += float(loss.detach())
@@ -128,6 +134,8 @@ def split_rows(batch: dict[str, Any], size: int) -> Iterator[dict[str, Any]]:
     rows = batch["responses"].shape[0]
     for start in range(0, rows, size):
         yield {
-            k: v[start : start + size] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows else v
+            k: v[start : start + size]
+            if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows
+            else v
             for k, v in batch.items()
         }
