@@ -376,6 +376,11 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         errors.append(
             f"weight_sync.every_n_steps: mode 'colocate' is strictly on-policy and syncs every step, got {cfg.weight_sync.every_n_steps}"
         )
+    if cfg.mode != "colocate":
+        for path, on in [("algorithm.dynamic_sampling.enable", cfg.algorithm.dynamic_sampling.enable),
+                         ("algorithm.greedy_baseline", cfg.algorithm.greedy_baseline)]:
+            if on:
+                errors.append(f"{path}: supported in mode 'colocate' only (it re-generates within a step), got mode {cfg.mode!r}")
     if cfg.mode != "colocate" and cfg.weight_sync.every_n_steps > cfg.max_staleness + 1:
         errors.append(
             f"weight_sync.every_n_steps: {cfg.weight_sync.every_n_steps} would make rollout wait forever with "

@@ -38,24 +38,22 @@ def pipelined_step(state) -> dict[str, float]:
     for i, s in enumerate(samples):
         by_group.setdefault(s.group_id, []).append(s)
         row_of[id(s)] = i
-    kept, dropped = stages.filter_groups(list(by_group.values()))
+    kept, dropped = stages.filter_groups([sorted(g, key=lambda s: s.index_in_group) for _, g in sorted(by_group.items())])
     metrics["groups/dropped"] = float(dropped)
-    train_samples = [s for g in kept for s in g]
+    train_samples = [s for g in kept for s in g]  # group order, as colocate trains them
     if train_samples:
         raw = collate(train_samples, state.pad_id)
+        width = raw["responses"].shape[1]
         with stages.timed(metrics, "logprob"):
-            if cfg.trainer.recompute_old_logprobs:
-                old_lp = ray.get(roles.trainer.forward_logprobs.remote(raw))
-            else:
-                old_lp = raw["rollout_logprobs"]
-            ref_lp = None
-            if pipe.use_reference:
-                ref_lp = pad_rows([batch.data["ref_logprobs"][row_of[id(s)]] for s in train_samples], raw["responses"].shape[1])
-            elif roles.reference is not None:  # hybrid: reference forward inside the step
-                ref_lp = ray.get(roles.reference.forward_logprobs.remote(raw))
-        train_batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp)
-        if pipe.separate_roles:  # advantages already computed by the advantage role
-            adv = pad_rows([batch.data["advantages"][row_of[id(s)]] for s in train_samples], raw["responses"].shape[1])
+            fwd = stages.forward_batch(roles, raw, cfg, with_reference=not pipe.use_reference)
+        if pipe.use_reference:  # computed by the reference role while the batch waited in the queue
+            fwd["ref_logprobs"] = pad_rows([batch.data["ref_logprobs"][row_of[id(s)]] for s in train_samples], width)
+        train_batch, adv_metrics = stages.prepare_batch(
+            train_samples, state.pad_id, cfg, fwd["old_logprobs"], fwd.get("ref_logprobs"),
+            values=fwd.get("values"), teacher_logprobs=fwd.get("teacher_logprobs"),
+        )
+        if pipe.advantage_role:  # advantages already computed by the advantage role
+            adv = pad_rows([batch.data["advantages"][row_of[id(s)]] for s in train_samples], width)
             train_batch["advantages"] = train_batch["returns"] = adv
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):

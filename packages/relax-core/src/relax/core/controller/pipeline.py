@@ -63,11 +63,13 @@ class Pipeline:
         self.state, self.cfg = state, cfg
         self.group_size = cfg.rollout.n_samples_per_prompt
         self.step_rows = cfg.rollout.prompts_per_step * self.group_size
-        self.separate_roles = cfg.mode == "async"  # hybrid: reference/advantages inside the train step
-        self.use_reference = self.separate_roles and state.roles.reference is not None
-        consumers = ["reward", "trainer"] + (["advantage"] if self.separate_roles else [])
+        # hybrid: reference logprobs and advantages inside the train step; async: queue roles, except
+        # that advantages needing the critic's current values are computed in the train step too
+        self.use_reference = cfg.mode == "async" and state.roles.reference is not None
+        self.advantage_role = cfg.mode == "async" and not cfg.algorithm.critic.enable
+        consumers = ["reward", "trainer"] + (["advantage"] if self.advantage_role else [])
         consumers += ["reference"] if self.use_reference else []
-        self.trainer_columns = ["sample", "reward"] + (["advantages"] if self.separate_roles else [])
+        self.trainer_columns = ["sample", "reward"] + (["advantages"] if self.advantage_role else [])
         self.trainer_columns += ["ref_logprobs"] if self.use_reference else []
         queue_factory = get_plugin_manager().get("queue", cfg.queue.name)
         self.queue = queue_factory(capacity=(cfg.max_staleness + 2) * self.step_rows, consumers=consumers)
@@ -81,7 +83,7 @@ class Pipeline:
         self._last_rates: tuple[float, dict[str, float]] = (time.perf_counter(), {})
         self.threads: list[threading.Thread] = []
         self.threads += [self._spawn("rollout", self._produce), self._spawn("reward", self._reward_pump)]
-        if self.separate_roles:
+        if self.advantage_role:
             self.threads.append(self._spawn("advantage", self._advantage_pump))
         if self.use_reference:
             self.threads.append(self._spawn("reference", self._reference_pump))

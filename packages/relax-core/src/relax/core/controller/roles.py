@@ -17,6 +17,7 @@ from relax.core.config import RelaxConfig
 from relax.core.data import Sample
 from relax.core.plugins import get_plugin_manager
 from relax.core.protocols import GenerationRequest, GenerationResult
+from relax.core.weight_sync import BroadcastReceiver, DiskReceiver
 
 
 def _limit_threads(num_threads: int | None) -> None:
@@ -26,8 +27,12 @@ def _limit_threads(num_threads: int | None) -> None:
 
 
 @ray.remote
-class RolloutRole:
-    """Hosts one rollout engine. Threaded so ``pause``/``health`` answer while ``generate`` runs."""
+class RolloutRole(BroadcastReceiver, DiskReceiver):
+    """Hosts one rollout engine. Threaded so ``pause``/``health`` answer while ``generate`` runs.
+
+    The receiver mixins give every engine the broadcast and disk weight-sync endpoints; they only
+    call ``update_weights`` / ``weight_version`` below.
+    """
 
     def __init__(self, cfg: RelaxConfig, model_path: str, engine_index: int = 0, num_threads: int | None = None):
         _limit_threads(num_threads)

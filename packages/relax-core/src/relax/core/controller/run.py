@@ -127,9 +127,8 @@ class RunState:
     def shutdown(self) -> None:
         if self.pipeline is not None:
             self.pipeline.close()
-        for handle in [self.roles.trainer, self.roles.reference, self.roles.reward, *self.roles.engines]:
-            if handle is not None:
-                ray.kill(handle)
+        for handle in self.roles.handles():
+            ray.kill(handle)
         if self.started_ray:
             ray.shutdown()
 

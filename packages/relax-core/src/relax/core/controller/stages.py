@@ -140,18 +140,25 @@ def greedy_baseline(
             s.reward_info["greedy_reward"] = by_group[s.group_id]
 
 
-def forward_batch(roles: Any, raw: dict[str, torch.Tensor], cfg: RelaxConfig) -> dict[str, torch.Tensor]:
+def forward_batch(
+    roles: Any, raw: dict[str, torch.Tensor], cfg: RelaxConfig, with_reference: bool = True
+) -> dict[str, torch.Tensor]:
     """The forward passes a collated batch needs, submitted together so the roles run concurrently:
-    ``old_logprobs`` (policy), ``ref_logprobs`` (reference role), ``teacher_logprobs`` (teacher role),
-    ``values`` (critic). Keys are present only for the roles that exist."""
-    refs = {"old_logprobs": roles.trainer.forward_logprobs.remote(raw)}
+    ``old_logprobs`` (policy; the engine's rollout logprobs when ``trainer.recompute_old_logprobs``
+    is off), ``ref_logprobs`` (reference role, unless ``with_reference`` is False because a queue
+    role already computed them), ``teacher_logprobs`` (teacher role), ``values`` (critic)."""
+    refs = {}
+    if cfg.trainer.recompute_old_logprobs:
+        refs["old_logprobs"] = roles.trainer.forward_logprobs.remote(raw)
     if cfg.algorithm.critic.enable:
         refs["values"] = roles.trainer.forward_values.remote(raw)
-    if roles.reference is not None:
+    if with_reference and roles.reference is not None:
         refs["ref_logprobs"] = roles.reference.forward_logprobs.remote(raw)
     if getattr(roles, "teacher", None) is not None:
         refs["teacher_logprobs"] = roles.teacher.forward_logprobs.remote(raw)
-    return dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    out = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    out.setdefault("old_logprobs", raw["rollout_logprobs"])
+    return out
 
 
 def prepare_batch(
