@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from relax.core.controller import stages
 from relax.core.controller.samples import build_groups
-from relax.core.data import Sample
+from relax.core.data import Sample, collate
 
 
 def collect_groups(state, step: int, metrics: dict[str, float]) -> tuple[list[Sample], list[list[Sample]]]:
@@ -86,8 +86,6 @@ def colocate_step(state) -> dict[str, float]:
     train_samples = [s for g in kept for s in g]
 
     if train_samples:
-        from relax.core.data import collate
-
         raw = collate(train_samples, state.pad_id)
         with stages.timed(metrics, "logprob"):
             extra = stages.forward_batch(roles, raw, cfg)
