@@ -64,7 +64,7 @@ def test_tensors_travel_as_object_refs_and_metadata_inline(ray_local):
     keys = client.put_rows(0, [{"prompt": "hi", "small": torch.ones(4), "big": big}], version=(2, 3))
     held = ray.get(client.actor.state_dict.remote())["rows"][0]["columns"]
     assert isinstance(held["big"], ray.ObjectRef)
-    assert held["prompt"] == "hi" and isinstance(held["small"], torch.Tensor)
+    assert held["prompt"] == "hi" and not isinstance(held["small"], ray.ObjectRef)  # inline
     client.add_columns(keys, {"ref_logprobs": [torch.arange(1024.0)]})
     batch = client.get("trainer", ["big", "small", "ref_logprobs"], batch_size=1, timeout=5)
     assert torch.equal(batch.data["big"][0], big) and torch.equal(batch.data["small"][0], torch.ones(4))
@@ -175,3 +175,12 @@ def test_checkpoint_restore_through_client(ray_local):
     assert batch.keys == [(3, 2), (3, 3)] and batch.versions == [(7, 7)] * 2
     assert all(torch.equal(a, b) for a, b in zip(batch.data["payload"], data[2:], strict=True))
     ray.kill(restored.actor)
+
+
+def test_small_tensors_round_trip_inline_with_dtype_and_values(ray_local):
+    client = TransferQueueClient.create(capacity=8, consumers=["c"])
+    values = [torch.arange(6, dtype=torch.int64), torch.randn(3, 4), torch.randn(5).to(torch.bfloat16), torch.tensor(True)]
+    client.put_rows(1, [{"t": v} for v in values])
+    got = client.get("c", ["t"], 4, timeout=10, group_aware=False).data["t"]
+    for sent, received in zip(values, got, strict=True):
+        assert isinstance(received, torch.Tensor) and received.dtype == sent.dtype and torch.equal(received, sent)
