@@ -202,6 +202,8 @@ class Pipeline:
                 batch = self.queue.get(
                     "trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=self.state.step + 1
                 )
+                for old in [s for s in self.dataset_states if s < self.state.step]:
+                    del self.dataset_states[old]  # only the last trained position is ever checkpointed
                 return batch, time.perf_counter() - started
             except TimeoutError:
                 if time.monotonic() > deadline:
@@ -243,6 +245,9 @@ class Pipeline:
             self.gate.notify_all()
         for thread in self.threads:
             thread.join(timeout=30)
+        actor = getattr(self.queue, "actor", None)  # the Ray queue's actor; the local queue has none
+        if actor is not None:
+            ray.kill(actor)
 
 
 def merge_rewards(batch: Batch) -> list[Sample]:
