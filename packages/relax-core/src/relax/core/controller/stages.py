@@ -221,7 +221,10 @@ def sample_metrics(samples: list[Sample]) -> dict[str, float]:
     lengths = torch.tensor([float(len(s.response_ids)) for s in samples])
     scores = [s.reward_info.get("score", s.reward or 0.0) for s in samples]
     correct = torch.tensor([float(s.reward_info.get("acc", float(v >= 1.0))) for s, v in zip(samples, scores, strict=True)])
+    group_ids = [s.group_id for s in samples]
     metrics = {
+        "data/group_id_min": float(min(group_ids)),  # which prompts a step drew: resume checks use it
+        "data/group_id_max": float(max(group_ids)),
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std(unbiased=False)),
         "reward/accuracy": float(correct.mean()),
