@@ -4,9 +4,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from relax.core.dataset import DatasetConfig, DatasetError, PromptDataset, load_rows
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from relax.core.dataset import DatasetConfig, DatasetError, PromptDataset, load_rows
 
 SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = (

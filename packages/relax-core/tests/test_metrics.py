@@ -6,9 +6,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from relax.core.metrics import MetricsError, MetricsLogger, notify
 from relax.core.metrics_plot import plot_curves, read_metrics
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

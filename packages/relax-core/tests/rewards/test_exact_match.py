@@ -1,6 +1,7 @@
 import asyncio
 
 import pytest
+
 from relax.core.data import Sample
 from relax.core.rewards import ExactMatchReward, NumericReward
 from relax.core.rewards.numeric import extract_number

@@ -2,6 +2,7 @@ import asyncio
 import time
 
 import pytest
+
 from relax.core.data import Sample
 from relax.core.rewards import ExactMatchReward, NumericReward, RewardError, score_samples
 

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from relax.core.dataset import DatasetConfig, PromptDataset
 from relax.core.tasks import arithmetic_rows, write_arithmetic_jsonl
 

@@ -3,7 +3,6 @@ bit-identical weights, serve the new version, and their sampling logprobs follow
 
 from __future__ import annotations
 
-
 import pytest
 import ray
 import torch

@@ -130,7 +130,7 @@ class Pipeline:
         while not self.stop.is_set() and step < cfg.total_steps:
             step += 1
             with self.gate:
-                self.gate.wait_for(lambda: self.stop.is_set() or self.engine_version >= step - 1 - cfg.max_staleness)
+                self.gate.wait_for(lambda s=step: self.stop.is_set() or self.engine_version >= s - 1 - cfg.max_staleness)
             if self.stop.is_set():
                 return
             items = state.dataset.next_batch()
