@@ -9,17 +9,12 @@ buys on separate accelerators mostly cannot appear here; this bench reports what
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
-for key, value in {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-                   "HF_HUB_OFFLINE": "1"}.items():
-    os.environ.setdefault(key, value)
-
-from relax.core.config import load_config  # noqa: E402
-from relax.core.controller.run import run  # noqa: E402
+from relax.core.config import load_config
+from relax.core.controller.run import run
 
 COMMON = ["logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
           "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "checkpoint.resume=never"]

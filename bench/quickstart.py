@@ -10,17 +10,12 @@ times, i.e. how much the controller/Ray orchestration adds on top of the work it
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
-for key, value in {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-                   "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}.items():
-    os.environ.setdefault(key, value)
-
-from relax.core.config import load_config  # noqa: E402
-from relax.core.controller.run import run  # noqa: E402
+from relax.core.config import load_config
+from relax.core.controller.run import run
 
 STAGES = ["generate", "reward", "logprob", "train", "sync"]
 

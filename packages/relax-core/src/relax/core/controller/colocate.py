@@ -90,7 +90,7 @@ def colocate_step(state) -> dict[str, float]:
         with stages.timed(metrics, "logprob"):
             extra = stages.forward_batch(roles, raw, cfg)
         old_lp, ref_lp = extra.pop("old_logprobs"), extra.pop("ref_logprobs", None)
-        batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, **extra)
+        batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra)
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):
             train_metrics = ray.get(roles.trainer.train_step.remote(batch))

@@ -48,13 +48,13 @@ def pipelined_step(state) -> dict[str, float]:
             fwd = stages.forward_batch(roles, raw, cfg, with_reference=not pipe.use_reference)
         if pipe.use_reference:  # computed by the reference role while the batch waited in the queue
             fwd["ref_logprobs"] = pad_rows([batch.data["ref_logprobs"][row_of[id(s)]] for s in train_samples], width)
+        adv = None
+        if pipe.advantage_role:  # already computed by the advantage role
+            adv = pad_rows([batch.data["advantages"][row_of[id(s)]] for s in train_samples], width)
         train_batch, adv_metrics = stages.prepare_batch(
             train_samples, state.pad_id, cfg, fwd["old_logprobs"], fwd.get("ref_logprobs"),
-            values=fwd.get("values"), teacher_logprobs=fwd.get("teacher_logprobs"),
+            values=fwd.get("values"), teacher_logprobs=fwd.get("teacher_logprobs"), raw=raw, advantages=adv,
         )
-        if pipe.advantage_role:  # advantages already computed by the advantage role
-            adv = pad_rows([batch.data["advantages"][row_of[id(s)]] for s in train_samples], width)
-            train_batch["advantages"] = train_batch["returns"] = adv
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):
             metrics.update({f"train/{k}": float(v) for k, v in ray.get(roles.trainer.train_step.remote(train_batch)).items()})

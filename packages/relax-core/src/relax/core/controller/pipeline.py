@@ -53,7 +53,7 @@ def advantage_task(samples: list[Sample], pad_id: int, cfg: Any, ref_rows: list[
 
     raw = collate(samples, pad_id)
     ref = pad_rows(ref_rows, raw["response_mask"].shape[1]) if ref_rows is not None else None
-    batch, _ = prepare_batch(samples, pad_id, cfg, raw["rollout_logprobs"], ref)
+    batch, _ = prepare_batch(samples, pad_id, cfg, raw["rollout_logprobs"], ref, raw=raw)
     return _row_lists(batch["advantages"], samples)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 from relax.core.config import RelaxConfig
@@ -55,7 +56,7 @@ def request_for(sample: Sample, params: SamplingParams, seed: int, step: int) ->
     return GenerationRequest(
         request_id=f"{step}/{sample.group_id}/{sample.index_in_group}",
         prompt_ids=sample.prompt_ids,
-        params=SamplingParams(**{**params.__dict__, "seed": sample_seed(seed, step, sample.group_id, sample.index_in_group)}),
+        params=replace(params, seed=sample_seed(seed, step, sample.group_id, sample.index_in_group)),
     )
 
 

@@ -24,7 +24,8 @@ from relax.core.algorithms import (
     overlong_penalty,
 )
 from relax.core.config import RelaxConfig
-from relax.core.controller.samples import apply_result, request_for, sampling_params
+from relax.core.controller.router import EngineRouter, stream_groups
+from relax.core.controller.samples import sampling_params
 from relax.core.data import Sample, collate
 from relax.core.plugins import get_plugin_manager
 from relax.core.protocols import SamplingParams
@@ -47,29 +48,13 @@ def generate(
     timeout_s: float = 600.0,
     params: SamplingParams | None = None,
 ) -> list[list[Sample]]:
-    """Spread every sample of every group over the engines (round robin chunks) and fill responses.
+    """Fill every sample's response through the same router the async producer uses.
 
     ``params`` overrides the sampling parameters from ``cfg.rollout`` (e.g. greedy probes)."""
     params = params or sampling_params(cfg, stop_token_ids)
-    flat = [s for g in groups for s in g]
-    n_chunks = max(len(engines), min(len(flat), 4 * len(engines)))
-    chunks = [flat[i::n_chunks] for i in range(n_chunks)]
-    pending = {}
-    for i, chunk in enumerate(chunks):
-        if chunk:
-            ref = engines[i % len(engines)].generate.remote([request_for(s, params, cfg.seed, step) for s in chunk])
-            pending[ref] = chunk
-    deadline = time.monotonic() + timeout_s
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise TimeoutError(f"rollout: {len(pending)} generate calls did not finish within {timeout_s:.0f}s")
-        ref = ready[0]
-        chunk = pending.pop(ref)
-        for sample, result in zip(chunk, ray.get(ref), strict=True):
-            apply_result(sample, result)
+    for finished, _ in stream_groups(EngineRouter(engines), groups, params, cfg.seed, step, timeout_s=timeout_s):
         if on_progress:
-            on_progress(len(chunk))
+            on_progress(sum(len(g) for g in finished))
     return groups
 
 
@@ -170,10 +155,13 @@ def prepare_batch(
     *,
     values: torch.Tensor | None = None,
     teacher_logprobs: torch.Tensor | None = None,
+    raw: dict[str, torch.Tensor] | None = None,
+    advantages: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Collate, attach old/ref/teacher logprobs, critic values and advantages (greedy baseline
-    rewards come from ``reward_info["greedy_reward"]``); return the batch and metrics."""
-    batch = collate(samples, pad_id)
+    """Collate (or reuse ``raw``, the collated ``samples``), attach old/ref/teacher logprobs, critic
+    values and advantages -- computed here unless an advantage role already did (``advantages``,
+    then also the returns); greedy baseline rewards come from ``reward_info["greedy_reward"]``."""
+    batch = dict(raw) if raw is not None else collate(samples, pad_id)
     mask = batch["response_mask"]
     batch["old_logprobs"] = old_logprobs
     for name, tensor in [("ref_logprobs", ref_logprobs), ("teacher_logprobs", teacher_logprobs), ("values", values)]:
@@ -182,18 +170,21 @@ def prepare_batch(
     greedy = None
     if cfg.algorithm.greedy_baseline:
         greedy = torch.tensor([s.reward_info["greedy_reward"] for s in samples], dtype=torch.float32)
-    kl_coef = cfg.algorithm.kl.coef if cfg.algorithm.kl.use == "reward" else 0.0
-    inputs = AdvantageInputs(
-        rewards=batch["rewards"],
-        response_mask=mask,
-        index=batch["group_index"],
-        values=values,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        greedy_rewards=greedy,
-    )
-    advantages, returns = compute_advantages(cfg.algorithm, inputs)
+    if advantages is None:
+        kl_coef = cfg.algorithm.kl.coef if cfg.algorithm.kl.use == "reward" else 0.0
+        inputs = AdvantageInputs(
+            rewards=batch["rewards"],
+            response_mask=mask,
+            index=batch["group_index"],
+            values=values,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            kl_coef=kl_coef,
+            greedy_rewards=greedy,
+        )
+        advantages, returns = compute_advantages(cfg.algorithm, inputs)
+    else:
+        returns = advantages
     batch["advantages"] = advantages
     batch["returns"] = returns
     metrics: dict[str, float] = {}
