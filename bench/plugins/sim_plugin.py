@@ -15,6 +15,7 @@ import math
 import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,12 +26,26 @@ from relax.core.protocols import GenerationResult
 CHUNK_TOKENS = 16  # pause/abort/version granularity
 
 
+@dataclass(frozen=True)
+class SimEngineParams:
+    slots: int = 32  # concurrent sequences
+    token_s: float = 0.001  # seconds per generated token
+    mean_len: float = 150.0
+    sigma: float = 1.0  # log-normal spread of response lengths
+    max_len: int = 2000
+
+
+@dataclass(frozen=True)
+class SimTrainerParams:
+    train_token_s: float = 4e-5
+    forward_token_s: float = 1e-5
+
+
 class SimEngine:
-    def __init__(self, cfg: Any, model_path: str) -> None:
-        p = {"slots": 32, "token_s": 0.001, "mean_len": 150, "sigma": 1.0, "max_len": 2000, **cfg.rollout.engine_params}
-        self.slots = threading.BoundedSemaphore(int(p["slots"]))
-        self.token_s, self.sigma, self.max_len = float(p["token_s"]), float(p["sigma"]), int(p["max_len"])
-        self.mu = math.log(float(p["mean_len"])) - self.sigma**2 / 2  # so that E[L] = mean_len
+    def __init__(self, p: SimEngineParams, ctx: Any = None) -> None:
+        self.slots = threading.BoundedSemaphore(p.slots)
+        self.token_s, self.sigma, self.max_len = p.token_s, p.sigma, p.max_len
+        self.mu = math.log(p.mean_len) - self.sigma**2 / 2  # so that E[L] = mean_len
         self._version = 0
         self._running = threading.Event()
         self._running.set()
@@ -79,9 +94,8 @@ class SimEngine:
 
 
 class SimTrainer:
-    def __init__(self, cfg: Any, model_path: str, reference: bool = False) -> None:
-        p = {"train_token_s": 4e-5, "forward_token_s": 1e-5, **cfg.trainer.backend_params}
-        self.train_token_s, self.forward_token_s = float(p["train_token_s"]), float(p["forward_token_s"])
+    def __init__(self, p: SimTrainerParams, ctx: Any = None) -> None:
+        self.train_token_s, self.forward_token_s = p.train_token_s, p.forward_token_s
         self.weight = torch.zeros(1024)
 
     def _tokens(self, batch: dict[str, torch.Tensor]) -> float:
@@ -119,14 +133,14 @@ class SimReward:
 
 @hookimpl
 def relax_register_rollout_engines(register):
-    register("sim", SimEngine)
+    register("sim", SimEngine, config=SimEngineParams)
 
 
 @hookimpl
 def relax_register_trainers(register):
-    register("sim", SimTrainer)
+    register("sim", SimTrainer, config=SimTrainerParams)
 
 
 @hookimpl
 def relax_register_rewards(register):
-    register("sim", lambda **params: SimReward())
+    register("sim", lambda params, ctx: SimReward())

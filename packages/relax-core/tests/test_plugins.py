@@ -34,7 +34,7 @@ class ConstantReward:
 
 @hookimpl
 def relax_register_rewards(register):
-    register("constant_half", lambda **params: ConstantReward())
+    register("constant_half", lambda params, ctx: ConstantReward())
 """
 
 

@@ -11,6 +11,7 @@ import ray
 from safetensors.torch import load_file
 
 from relax.core.config import load_config
+from relax.core.controller.contexts import engine_context
 from relax.core.controller.roles import RolloutRole
 from relax.core.controller.router import EngineRouter, stream_groups
 from relax.core.data import Sample
@@ -35,7 +36,7 @@ def _wait_until_generating(engine) -> None:
 @pytest.fixture(scope="module")
 def engine(ray_session):
     cfg = load_config(None, [])
-    handle = RolloutRole.options(max_concurrency=4).remote(cfg, ensure_quickstart_model(), 0)
+    handle = RolloutRole.options(max_concurrency=4).remote(cfg, engine_context(cfg, ensure_quickstart_model(), 0))
     yield handle
     ray.kill(handle)
 

@@ -1,53 +1,110 @@
 """Core's built-in plugin: registers the CPU backends through the same hooks as any plugin.
 
-Factories import their modules lazily so that ``relax plugins`` stays fast.
+Factories import their modules lazily so that ``relax plugins`` stays fast. Each backend's typed
+config section is a small dataclass here, next to its registration.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
+from relax.core.context import PluginContext, Resources
 from relax.core.hookspecs import hookimpl
 
 
-def _hf_engine(cfg: Any, model_path: str):
+@dataclass(frozen=True)
+class HFEngineParams:
+    """``rollout.engine_params`` of the ``hf`` engine."""
+
+    device: str = "cpu"
+    max_batch_size: int = 256  # requests decoded together; longer lists run in chunks
+    seed: int = 0  # draws seeds for requests that carry none
+    num_cpus: float = 1.0  # reserved per engine
+
+    def validate(self) -> list[str]:
+        errors = [] if self.max_batch_size >= 1 else [f"max_batch_size: must be >= 1, got {self.max_batch_size}"]
+        return errors + ([] if self.num_cpus >= 0 else [f"num_cpus: must be >= 0, got {self.num_cpus}"])
+
+
+@dataclass(frozen=True)
+class TorchTrainerParams:
+    """``trainer.backend_params`` of the ``torch`` trainer."""
+
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
+    world_size: int = 1  # data-parallel ranks (gloo on CPU, NCCL on GPU), each a Ray actor
+    num_cpus: float = 1.0  # reserved per rank
+
+    def validate(self) -> list[str]:
+        errors = [] if self.world_size >= 1 else [f"world_size: must be >= 1, got {self.world_size}"]
+        return errors + ([] if self.num_cpus >= 0 else [f"num_cpus: must be >= 0, got {self.num_cpus}"])
+
+
+@dataclass(frozen=True)
+class NumericRewardParams:
+    mode: Literal["first", "last", "answer"] = "first"  # which number in the response is the answer
+    abs_tol: float = 1e-6
+    rel_tol: float = 0.0
+
+
+@dataclass(frozen=True)
+class ExactMatchRewardParams:
+    case_sensitive: bool = False
+
+
+def _hf_engine(params: HFEngineParams, ctx: PluginContext):
     from relax.core.engines.hf import HFRolloutEngine
 
-    return HFRolloutEngine(model_path, dtype=cfg.model.dtype, **cfg.rollout.engine_params)
+    return HFRolloutEngine(
+        ctx.model_path, dtype=ctx.dtype, device=params.device, max_batch_size=params.max_batch_size, seed=params.seed
+    )
 
 
-def _torch_trainer(cfg: Any, model_path: str, reference: bool = False):
-    from relax.core.trainers.torch_trainer import trainer_from_config
+def _torch_trainer(params: TorchTrainerParams, ctx: PluginContext):
+    from relax.core.trainers.torch_trainer import trainer_from_context
 
-    return trainer_from_config(cfg, model_path, reference=reference)
+    return trainer_from_context(params, ctx)
 
 
-def _numeric_reward(**params: Any):
+def _numeric_reward(params: NumericRewardParams, ctx: PluginContext):
     from relax.core.rewards.numeric import NumericReward
 
-    return NumericReward(**params)
+    return NumericReward(mode=params.mode, abs_tol=params.abs_tol, rel_tol=params.rel_tol)
 
 
-def _exact_match_reward(**params: Any):
+def _exact_match_reward(params: ExactMatchRewardParams, ctx: PluginContext):
     from relax.core.rewards.exact_match import ExactMatchReward
 
-    return ExactMatchReward(**params)
+    return ExactMatchReward(case_sensitive=params.case_sensitive)
 
 
 @hookimpl
 def relax_register_rollout_engines(register):
-    register("hf", _hf_engine)
+    register("hf", _hf_engine, config=HFEngineParams, resources=lambda p: Resources(num_cpus=p.num_cpus))
 
 
 @hookimpl
 def relax_register_trainers(register):
-    register("torch", _torch_trainer)
+    register(
+        "torch",
+        _torch_trainer,
+        config=TorchTrainerParams,
+        resources=lambda p: Resources(num_cpus=p.num_cpus, num_gpus=float(p.device.startswith("cuda")), num_workers=p.world_size),
+    )
 
 
 @hookimpl
 def relax_register_rewards(register):
-    register("numeric", _numeric_reward)
-    register("exact_match", _exact_match_reward)
+    register("numeric", _numeric_reward, config=NumericRewardParams)
+    register("exact_match", _exact_match_reward, config=ExactMatchRewardParams)
+
+
+@hookimpl
+def relax_register_processors(register):
+    from relax.core.processors import TextProcessorParams, text_processor
+
+    register("text", text_processor, config=TextProcessorParams)
 
 
 @hookimpl

@@ -60,6 +60,8 @@ class DataConfig:
     max_prompt_length: int = 512
     shuffle: bool = True
     on_error: Literal["raise", "skip"] = "raise"
+    processor: str = "text"  # registered processor name: turns a row's prompt into model inputs
+    processor_params: Any = field(default_factory=dict)  # typed by the processor's registered config
     # quick-start task (used only when path is None)
     task_size: int = 2000
     task_max_operand: int = 9
@@ -80,7 +82,7 @@ class RolloutConfig:
     ignore_eos: bool = False  # benchmarks/tests: always generate max_new_tokens
     # async/hybrid: what happens to in-flight sequences when new weights arrive
     partial_rollout: Literal["in_place", "abort"] = "in_place"
-    engine_params: dict[str, Any] = field(default_factory=dict)
+    engine_params: Any = field(default_factory=dict)  # typed by the engine's registered config
 
 
 @dataclass(frozen=True)
@@ -98,13 +100,13 @@ class TrainerConfig:
     num_minibatches: int = 1
     # False: use the engine's rollout logprobs as the PPO "old" policy (skips one forward pass)
     recompute_old_logprobs: bool = True
-    backend_params: dict[str, Any] = field(default_factory=dict)
+    backend_params: Any = field(default_factory=dict)  # typed by the backend's registered config
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     name: str = "numeric"  # registered reward name
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Any = field(default_factory=dict)  # typed by the reward's registered config
     timeout_s: float = 30.0
     max_concurrency: int = 16
     on_error: Literal["raise", "zero"] = "raise"
@@ -116,6 +118,7 @@ class WeightSyncConfig:
     timeout_s: float = 120.0
     bucket_mb: int = 64
     every_n_steps: int = 1
+    params: Any = field(default_factory=dict)  # typed by the transport's registered config
 
 
 @dataclass(frozen=True)
@@ -288,9 +291,15 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True) -> RelaxC
         errors.extend(_semantic_errors(cfg))
         if check_plugins:
             errors.extend(_plugin_errors(cfg))
+            if not errors:
+                cfg = _typed_plugin_sections(cfg, errors)
     if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise config_error(errors)
     return cfg
+
+
+def config_error(errors: list[str]) -> ConfigError:
+    return ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, check_plugins: bool = True) -> RelaxConfig:
@@ -393,6 +402,45 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     return errors
 
 
+#: (section, selector field, params field, registry kind): where each plugin's own config lives
+PLUGIN_SECTIONS = (
+    ("rollout", "engine", "engine_params", "rollout_engine"),
+    ("trainer", "backend", "backend_params", "trainer"),
+    ("reward", "name", "params", "reward"),
+    ("weight_sync", "transport", "params", "weight_sync"),
+    ("data", "processor", "processor_params", "processor"),
+)
+
+
+def build_section(config_cls: type | None, value: Any, path: str, errors: list[str]) -> Any:
+    """Parse one plugin section (a mapping) into the plugin's registered dataclass; a dataclass may
+    add cross-field checks with ``validate(self) -> list[str]`` (messages name fields relative to it)."""
+    if config_cls is None or isinstance(value, config_cls):
+        return value
+    if not isinstance(value, dict):
+        errors.append(f"{path}: expected a mapping of {config_cls.__name__} fields, got {type(value).__name__}")
+        return value
+    local: list[str] = []
+    typed = _build(config_cls, value, path, local)
+    if typed is not None and hasattr(typed, "validate"):
+        local += [f"{path}.{msg}" for msg in typed.validate()]
+    errors.extend(local)
+    return typed if typed is not None else value
+
+
+def _typed_plugin_sections(cfg: RelaxConfig, errors: list[str]) -> RelaxConfig:
+    """Replace each selected plugin's dict section by its registered config dataclass."""
+    from relax.core.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    for section, selector, params_field, kind in PLUGIN_SECTIONS:
+        sec = getattr(cfg, section)
+        reg = manager.registration(kind, getattr(sec, selector))
+        typed = build_section(reg.config, getattr(sec, params_field), f"{section}.{params_field}", errors)
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(sec, **{params_field: typed})})
+    return cfg
+
+
 def _plugin_errors(cfg: RelaxConfig) -> list[str]:
     from relax.core.plugins import get_plugin_manager
 
@@ -402,6 +450,7 @@ def _plugin_errors(cfg: RelaxConfig) -> list[str]:
         ("trainer.backend", "trainer", cfg.trainer.backend),
         ("reward.name", "reward", cfg.reward.name),
         ("weight_sync.transport", "weight_sync", cfg.weight_sync.transport),
+        ("data.processor", "processor", cfg.data.processor),
         ("queue.name", "queue", cfg.queue.name),
         ("algorithm.advantage_estimator", "advantage", cfg.algorithm.advantage_estimator),
         ("algorithm.policy_loss", "policy_loss", cfg.algorithm.policy_loss),

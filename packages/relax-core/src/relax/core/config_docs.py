@@ -38,9 +38,33 @@ def config_reference_markdown() -> str:
         "| field | type | default |",
         "|---|---|---|",
     ]
-    # a literal "|" inside a cell would split the table column
-    lines += [f"| `{name}` | `{tp}` | `{default}` |".replace(" | None", r" \| None") for name, tp, default in _rows(RelaxConfig)]
+    lines += _table(_rows(RelaxConfig))
+    lines += [
+        "",
+        "## Plugin sections",
+        "",
+        "Each plugin's own section is parsed into the dataclass it registered (`register(name, factory,",
+        "config=...)`) when config selects it; unknown keys and wrong types are errors like core's own.",
+        "Listed for every plugin installed when this file was generated.",
+    ]
+    from relax.core.config import PLUGIN_SECTIONS
+    from relax.core.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    for section, selector, params_field, kind in PLUGIN_SECTIONS:
+        for name in manager.names(kind):
+            reg = manager.registration(kind, name)
+            if reg.config is None:
+                continue
+            lines += ["", f"### `{section}.{params_field}` when `{section}.{selector}: {name}` (plugin `{reg.plugin}`)", ""]
+            lines += ["| field | type | default |", "|---|---|---|"]
+            lines += _table(_rows(reg.config, f"{section}.{params_field}."))
     return "\n".join(lines) + "\n"
+
+
+def _table(rows: list[tuple[str, str, str]]) -> list[str]:
+    # a literal "|" inside a cell would split the table column
+    return [f"| `{name}` | `{tp}` | `{default}` |".replace(" | None", r" \| None") for name, tp, default in rows]
 
 
 if __name__ == "__main__":

@@ -174,13 +174,21 @@ def _media_refs(key: str, value: Any) -> list[dict[str, Any]] | None:
 class PromptDataset:
     """Validated, tokenized prompts with a seeded per-epoch order and a resumable cursor."""
 
-    def __init__(self, config: DatasetConfig, tokenizer: Any = None) -> None:
+    def __init__(self, config: DatasetConfig, tokenizer: Any = None, processor: Any = None) -> None:
+        """``processor`` (a ``Processor``, e.g. from ``data.processor``) renders chat prompts; by
+        default the built-in text processor over ``tokenizer``."""
         if tokenizer is None and (config.apply_chat_template or config.max_prompt_length):
             raise ValueError("data.apply_chat_template / data.max_prompt_length need a tokenizer")
-        if config.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("data.apply_chat_template is true but the tokenizer has no chat template")
+        if config.apply_chat_template and processor is None:
+            from relax.core.processors import TextProcessor
+
+            try:
+                processor = TextProcessor(tokenizer)
+            except ValueError:
+                raise ValueError("data.apply_chat_template is true but the tokenizer has no chat template") from None
         self.config = config
         self.tokenizer = tokenizer
+        self.processor = processor
         self.stats = {"loaded": 0, "skipped_malformed": 0, "filtered_too_long": 0}
         self.items: list[PromptItem] = []
         for file in _resolve_files(config.path):
@@ -248,19 +256,19 @@ class PromptDataset:
                 raise bad(key, "media must be a path/URL string, a dict, or a list of them")
             media.extend(refs)
         metadata = {k: row[k] for k in cfg.metadata_keys if k in row}
-        text = self._render(prompt)
-        ids = self.tokenizer.encode(text, add_special_tokens=False) if self.tokenizer is not None else []
+        text, ids = self._render(prompt)
         return PromptItem(list(ids), text, label, metadata, media, f"{file.name}:{row_no}")
 
-    def _render(self, prompt: str | list[dict[str, Any]]) -> str:
+    def _render(self, prompt: str | list[dict[str, Any]]) -> tuple[str, list[int]]:
+        """(prompt text, prompt ids): chat prompts go through the processor, plain ones are encoded."""
         if not self.config.apply_chat_template:
-            return prompt  # type: ignore[return-value]  # lists were rejected above
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if self.tokenizer is not None else []
+            return prompt, ids  # type: ignore[return-value]  # lists were rejected above
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if self.config.system_prompt is not None and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.config.system_prompt})
-        # tokenize=False then encode: transformers 5 returns a BatchEncoding for tokenize=True, and
-        # the template already holds the special tokens (add_special_tokens=False avoids a 2nd BOS).
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        out = self.processor(messages)
+        return out["prompt_text"], out["prompt_ids"]
 
     def epoch_order(self, epoch: int) -> list[int]:
         """Indices of ``items`` in the order epoch ``epoch`` visits them (a function of seed and epoch)."""

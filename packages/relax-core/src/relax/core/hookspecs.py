@@ -1,17 +1,30 @@
 """Hook specifications: the contract between Relax and its plugins.
 
 Hooks *register*; objects do the work (simonw/llm style). Every registration hook receives a
-``register(name, factory, **kw)`` callable; config then selects implementations by name.
-Core's own built-ins are registered through these same hooks (``relax.core.builtin``).
+``register(name, factory, *, config=None, resources=None)`` callable; config then selects
+implementations by name. Core's own built-ins are registered through these same hooks
+(``relax.core.builtin``).
 
-All registration hooks run once, in the driver process (``relax run`` / ``relax plugins``),
-when the plugin manager is first built, and again inside any Ray worker that calls
-``relax.core.plugins.get_plugin_manager()``. They must be cheap and import heavy libraries lazily:
-a factory is only called when config selects it.
+- ``config``: a dataclass; the plugin's config section (``rollout.engine_params``,
+  ``trainer.backend_params``, ``reward.params``, ``weight_sync.params``, ``data.processor_params``)
+  is parsed into it by core's loader -- unknown keys, wrong types and bad enum values are errors
+  naming the full dotted field, from ``relax validate`` too.
+- ``resources``: ``resources(params) -> relax.core.context.Resources`` (CPUs, GPUs, worker
+  processes) that the runtime reserves with Ray placement groups.
+- Factories are called ``factory(params, ctx)`` with the typed section and a
+  :class:`relax.core.context.PluginContext` (model/tokenizer path, index/rank, world, run dir,
+  timeouts) -- never the whole run config.
+
+All registration hooks run once, in every process that builds the plugin manager (the driver and
+each Ray worker that calls ``relax.core.plugins.get_plugin_manager()``). They must be cheap and
+import heavy libraries lazily: a factory is only called when config selects it. Every ``relax_*``
+function in a plugin module is treated as a hook implementation; a name that matches no spec here
+is an error naming the plugin.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pluggy
@@ -19,13 +32,15 @@ import pluggy
 hookspec = pluggy.HookspecMarker("relax")
 hookimpl = pluggy.HookimplMarker("relax")
 
+Register = Callable[..., None]
+
 
 @hookspec
-def relax_register_queues(register):
-    """Register transfer-queue implementations.
+def relax_register_queues(register: Register) -> None:
+    """Register transfer-queue implementations (``queue.name`` selects one).
 
     When: plugin-manager construction, in the driver and in any worker that builds one.
-    Parameters: ``register(name, factory)`` where ``factory(capacity=..., **kw) -> TransferQueue``.
+    Parameters: ``register(name, factory)`` where ``factory(capacity=..., consumers=[...]) -> TransferQueue``.
     Returns: nothing.
 
     .. versionadded:: 0.1
@@ -33,57 +48,70 @@ def relax_register_queues(register):
 
 
 @hookspec
-def relax_register_rollout_engines(register):
+def relax_register_rollout_engines(register: Register) -> None:
     """Register rollout engines (``rollout.engine`` selects one).
 
-    When: plugin-manager construction. The factory runs inside the rollout Ray actor.
-    Parameters: ``register(name, factory)`` where ``factory(cfg, model_path) -> RolloutEngine``
-    (``cfg`` is the whole ``RelaxConfig``; engine-specific settings live in ``rollout.engine_params``).
+    When: plugin-manager construction. The factory runs inside each rollout Ray actor.
+    Parameters: ``register(name, factory, config=ParamsDataclass, resources=fn)`` where
+    ``factory(params, ctx) -> RolloutEngine``; ``params`` is ``rollout.engine_params`` parsed into
+    ``config``; ``ctx.index`` / ``ctx.world_size`` are the engine's index and the fleet size.
     Returns: nothing.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 factories take ``(params, ctx)``; ``config=`` and ``resources=``.
     """
 
 
 @hookspec
-def relax_register_trainers(register):
+def relax_register_trainers(register: Register) -> None:
     """Register trainer backends (``trainer.backend`` selects one).
 
-    When: plugin-manager construction. The factory runs inside the trainer Ray actor.
-    Parameters: ``register(name, factory)`` where ``factory(cfg, model_path, reference=False) -> Trainer``
-    (``reference=True`` asks for a frozen model that only serves ``forward_logprobs``).
+    When: plugin-manager construction. The factory runs inside each trainer rank actor.
+    Parameters: ``register(name, factory, config=ParamsDataclass, resources=fn)`` where
+    ``factory(params, ctx) -> Trainer``; ``ctx.train`` (a ``TrainSpec``) carries core's optimisation
+    settings and the algorithm, ``ctx.train.trainable`` is False for a frozen reference/teacher;
+    ``ctx.index`` / ``ctx.world_size`` / ``ctx.master_addr`` / ``ctx.master_port`` describe the
+    worker group when ``resources(params).num_workers > 1``.
     Returns: nothing.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 factories take ``(params, ctx)``; ``config=`` and ``resources=``.
     """
 
 
 @hookspec
-def relax_register_weight_syncs(register):
+def relax_register_weight_syncs(register: Register) -> None:
     """Register weight-sync transports (``weight_sync.transport`` selects one).
 
-    When: plugin-manager construction, in the driver.
-    Parameters: ``register(name, factory)`` where ``factory(timeout_s=..., bucket_bytes=...) -> WeightSync``.
+    When: plugin-manager construction. The transport's sender runs in the trainer process and its
+    receiver in each engine process; the driver only orchestrates.
+    Parameters: ``register(name, factory, config=ParamsDataclass)`` where
+    ``factory(params, ctx) -> WeightSync``; ``ctx.timeout_s`` / ``ctx.bucket_bytes`` come from
+    ``weight_sync.timeout_s`` / ``weight_sync.bucket_mb``.
     Returns: nothing.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 factories take ``(params, ctx)``; ``config=``.
     """
 
 
 @hookspec
-def relax_register_rewards(register):
+def relax_register_rewards(register: Register) -> None:
     """Register reward functions (``reward.name`` selects one).
 
     When: plugin-manager construction. The factory runs inside the reward Ray actor.
-    Parameters: ``register(name, factory)`` where ``factory(**reward.params) -> Reward``.
+    Parameters: ``register(name, factory, config=ParamsDataclass)`` where
+    ``factory(params, ctx) -> Reward``; ``params`` is ``reward.params`` parsed into ``config``;
+    ``ctx.engine_handle()`` gives a judge engine when the run has one.
     Returns: nothing.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 factories take ``(params, ctx)``; ``config=``.
     """
 
 
 @hookspec
-def relax_register_algorithms(register):
+def relax_register_algorithms(register: Register) -> None:
     """Register algorithm pieces: advantage estimators, policy losses, KL estimators.
 
     When: plugin-manager construction, in every process that computes advantages or losses.
@@ -96,23 +124,68 @@ def relax_register_algorithms(register):
 
 
 @hookspec
-def relax_register_processors(register):
-    """Register multimodal processors (``data.processor`` selects one).
+def relax_register_processors(register: Register) -> None:
+    """Register prompt processors (``data.processor`` selects one; ``text`` is built in).
 
-    When: plugin-manager construction, in rollout and trainer processes.
-    Parameters: ``register(name, factory)`` where ``factory(cfg) -> Processor``.
+    When: plugin-manager construction. The factory runs in the driver, where the dataset turns rows
+    into prompts.
+    Parameters: ``register(name, factory, config=ParamsDataclass)`` where
+    ``factory(params, ctx) -> Processor``; ``params`` is ``data.processor_params``;
+    ``ctx.tokenizer_path`` / ``ctx.model_path`` locate the tokenizer and processor files.
     Returns: nothing.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 called by the dataset; factories take ``(params, ctx)``.
     """
 
 
 @hookspec
-def relax_on_step_end(step: int, metrics: dict[str, Any]):
+def relax_register_commands(register: Register) -> None:
+    """Add ``relax <name>`` subcommands.
+
+    When: when the ``relax`` CLI builds its argument parser, in the CLI process.
+    Parameters: ``register(name, handler, help="...", arguments=fn)`` where
+    ``arguments(parser)`` adds argparse arguments and ``handler(namespace) -> int`` runs the
+    command and returns its exit code. A name that clashes with a built-in command is an error.
+    Returns: nothing.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def relax_on_run_start(run: Any) -> None:
+    """Observe (and get control of) a run as it starts.
+
+    When: in the driver, after every role is up and weights are synced, before the first step.
+    Parameters: ``run`` -- a :class:`relax.core.controller.handle.RunHandle`: ``config`` (resolved),
+    ``run_dir``, ``step``, ``metrics`` (latest step's), and ``control`` (``pause()``, ``resume()``,
+    ``request_checkpoint()``, ``add_engine()``, ``remove_engine(index)``; applied between steps).
+    Returns: ignored. Keep it quick; start a thread for long-running work.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def relax_on_run_end(run: Any, status: str) -> None:
+    """Observe the end of a run.
+
+    When: in the driver, once, after the last step (or the failure) and before Ray shuts down.
+    Parameters: ``run`` (the same handle as ``relax_on_run_start``), ``status`` -- ``"completed"``,
+    ``"failed"`` or ``"interrupted"``.
+    Returns: ignored.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def relax_on_step_end(step: int, metrics: dict[str, float]) -> None:
     """Observe the end of a training step.
 
     When: in the driver, after the step's weights are synced and metrics logged.
-    Parameters: ``step`` (1-based global step), ``metrics`` (flat ``name -> float`` dict; read-only).
+    Parameters: ``step`` (1-based global step), ``metrics`` (flat ``name -> float`` dict; a copy).
     Returns: ignored.
 
     .. versionadded:: 0.1
@@ -124,7 +197,7 @@ def relax_filter_group(group: list[Any]) -> bool | None:
     """Decide whether a group of samples (all responses to one prompt) is kept for training.
 
     When: in the driver, after rewards are computed and before advantages.
-    Parameters: ``group`` — list of ``Sample`` with rewards set.
+    Parameters: ``group`` -- list of ``Sample`` with rewards set.
     Returns: ``False`` to drop the group, ``True``/``None`` to keep it. Any ``False`` drops it.
 
     .. versionadded:: 0.1

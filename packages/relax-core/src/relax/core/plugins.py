@@ -9,7 +9,9 @@ entry-point names to skip (``core`` included, for tests that want a bare registr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ REGISTRATION_HOOKS = {
     "policy_loss": "relax_register_algorithms",
     "kl": "relax_register_algorithms",
     "processor": "relax_register_processors",
+    "command": "relax_register_commands",
 }
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
 
@@ -50,10 +53,17 @@ class UnknownNameError(KeyError):
 
 @dataclass(frozen=True)
 class Registration:
+    """One registered name. ``config`` is the dataclass the plugin's config section is parsed into
+    (None: the section stays a dict); ``resources(params) -> Resources`` says what one instance
+    needs; ``options`` keeps kind-specific keywords (e.g. a command's ``help``)."""
+
     kind: str
     name: str
     factory: Callable[..., Any]
     plugin: str
+    config: type | None = None
+    resources: Callable[[Any], Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,7 +80,7 @@ class Registry:
     def __init__(self) -> None:
         self._entries: dict[str, dict[str, Registration]] = {kind: {} for kind in REGISTRATION_HOOKS}
 
-    def add(self, kind: str, name: str, factory: Callable[..., Any], plugin: str) -> None:
+    def add(self, kind: str, name: str, factory: Callable[..., Any], plugin: str, **extra: Any) -> None:
         if kind not in self._entries:
             raise PluginError(f"plugin {plugin!r} registered unknown kind {kind!r}; kinds: {sorted(self._entries)}")
         if not isinstance(name, str) or not name:
@@ -82,11 +92,17 @@ class Registry:
             raise PluginError(
                 f"duplicate {kind} name {name!r}: registered by plugin {existing.plugin!r} and by plugin {plugin!r}"
             )
-        self._entries[kind][name] = Registration(kind, name, factory, plugin)
+        config = extra.get("config")
+        if config is not None and not dataclasses.is_dataclass(config):
+            raise PluginError(f"plugin {plugin!r}: {kind} {name!r} config= must be a dataclass, got {config!r}")
+        self._entries[kind][name] = Registration(kind, name, factory, plugin, **extra)
 
     def get(self, kind: str, name: str) -> Callable[..., Any]:
+        return self.registration(kind, name).factory
+
+    def registration(self, kind: str, name: str) -> Registration:
         try:
-            return self._entries[kind][name].factory
+            return self._entries[kind][name]
         except KeyError:
             raise UnknownNameError(
                 f"unknown {kind} {name!r}; registered {kind} names: {self.names(kind)}"
@@ -103,11 +119,22 @@ def _disabled() -> set[str]:
     return {p.strip() for p in os.environ.get("RELAX_DISABLE_PLUGINS", "").split(",") if p.strip()}
 
 
+class _HookManager(pluggy.PluginManager):
+    """Treats every ``relax_*`` function of a plugin as a hook implementation, marked or not (as pytest
+    does with ``pytest_*``), so that ``check_pending`` turns a misspelt hook name into an error."""
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str):
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith("relax_") and inspect.isroutine(getattr(plugin, name, None)):
+            opts = {}
+        return opts
+
+
 class RelaxPluginManager:
     """pluggy manager + registries. Build with :func:`get_plugin_manager`."""
 
     def __init__(self, extra_plugins: dict[str, Any] | None = None, load_entry_points: bool = True) -> None:
-        self.pm = pluggy.PluginManager("relax")
+        self.pm = _HookManager("relax")
         self.pm.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
         self.registry = Registry()
@@ -144,23 +171,33 @@ class RelaxPluginManager:
             self._add(module_name, module, PluginInfo(module_name, "(RELAX_PLUGINS)", "-"))
 
     def _add(self, name: str, module: Any, info: PluginInfo) -> None:
-        self.pm.register(module, name=name)
+        try:
+            self.pm.register(module, name=name)
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.pm.unregister(name=name)
+            known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("relax_")))
+            raise PluginError(f"plugin {name!r}: {exc}; known hooks: {known}") from exc
         self.infos[name] = info
 
     def _run_registrations(self) -> None:
+        """Each registration hook runs through ``pm.hook``, one plugin at a time so that every
+        registration is attributed to the plugin that made it."""
         hooks = sorted(set(REGISTRATION_HOOKS.values()))
-        for plugin_name, module in self.pm.list_name_plugin():
+        plugins = dict(self.pm.list_name_plugin())
+        for plugin_name, module in plugins.items():
+            others = [m for n, m in plugins.items() if n != plugin_name]
             for hook_name in hooks:
-                impl = getattr(module, hook_name, None)
-                if impl is None:
-                    continue
-                impl(self._register_fn(hook_name, plugin_name))
+                caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
+                caller(register=self._register_fn(hook_name, plugin_name))
 
     def _register_fn(self, hook_name: str, plugin: str) -> Callable[..., None]:
         default_kind = next(k for k, h in REGISTRATION_HOOKS.items() if h == hook_name)
         is_algorithm = hook_name == "relax_register_algorithms"
 
-        def register(name: str, factory: Callable[..., Any], kind: str | None = None) -> None:
+        def register(name: str, factory: Callable[..., Any], kind: str | None = None, *,
+                     config: type | None = None, resources: Callable[[Any], Any] | None = None,
+                     **options: Any) -> None:
             if is_algorithm and kind not in ALGORITHM_KINDS:
                 raise PluginError(
                     f"plugin {plugin!r}: relax_register_algorithms needs kind= one of {list(ALGORITHM_KINDS)}, got {kind!r}"
@@ -168,7 +205,7 @@ class RelaxPluginManager:
             if not is_algorithm and kind not in (None, default_kind):
                 raise PluginError(f"plugin {plugin!r}: {hook_name} registers {default_kind!r}, not {kind!r}")
             resolved = kind or default_kind
-            self.registry.add(resolved, name, factory, plugin)
+            self.registry.add(resolved, name, factory, plugin, config=config, resources=resources, options=options)
             self.infos[plugin].registered.append((resolved, name))
 
         return register
@@ -182,6 +219,9 @@ class RelaxPluginManager:
 
     def names(self, kind: str) -> list[str]:
         return self.registry.names(kind)
+
+    def registration(self, kind: str, name: str) -> Registration:
+        return self.registry.registration(kind, name)
 
 
 _MANAGER: RelaxPluginManager | None = None

@@ -15,7 +15,9 @@ import torch
 
 from relax.core.config import RelaxConfig
 from relax.core.data import Sample
-from relax.core.plugins import get_plugin_manager
+from relax.core.context import PluginContext
+from relax.core.controller.capabilities import capabilities
+from relax.core.controller.contexts import build_plugin
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.core.weight_sync import BroadcastReceiver, DiskReceiver
 
@@ -34,11 +36,13 @@ class RolloutRole(BroadcastReceiver, DiskReceiver):
     call ``update_weights`` / ``weight_version`` below.
     """
 
-    def __init__(self, cfg: RelaxConfig, model_path: str, engine_index: int = 0, num_threads: int | None = None):
+    def __init__(self, cfg: RelaxConfig, ctx: PluginContext, num_threads: int | None = None):
         _limit_threads(num_threads)
-        factory = get_plugin_manager().get("rollout_engine", cfg.rollout.engine)
-        self.engine = factory(cfg, model_path)
-        self.engine_index = engine_index
+        self.engine = build_plugin(cfg, "rollout_engine", ctx)
+        self.engine_index = ctx.index
+
+    def capabilities(self) -> list[str]:
+        return capabilities(self.engine)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return asyncio.run(self.engine.generate(requests))
@@ -69,10 +73,12 @@ class TrainerRole:
     """Hosts the policy trainer (and its critic, if any), or with ``reference=True`` a frozen model:
     the KL reference, or a distillation teacher when ``model_path`` is the teacher's."""
 
-    def __init__(self, cfg: RelaxConfig, model_path: str, reference: bool = False, num_threads: int | None = None):
+    def __init__(self, cfg: RelaxConfig, ctx: PluginContext, num_threads: int | None = None):
         _limit_threads(num_threads)
-        factory = get_plugin_manager().get("trainer", cfg.trainer.backend)
-        self.trainer = factory(cfg, model_path, reference=reference)
+        self.trainer = build_plugin(cfg, "trainer", ctx)
+
+    def capabilities(self) -> list[str]:
+        return capabilities(self.trainer)
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.trainer.forward_logprobs(batch)
@@ -105,9 +111,8 @@ class RewardRole:
     """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``),
     then applies config-driven reward shaping (DAPO overlong penalty), so every mode sees it."""
 
-    def __init__(self, cfg: RelaxConfig):
-        factory = get_plugin_manager().get("reward", cfg.reward.name)
-        self.reward = factory(**cfg.reward.params)
+    def __init__(self, cfg: RelaxConfig, ctx: PluginContext):
+        self.reward = build_plugin(cfg, "reward", ctx)
         self.cfg = cfg.reward
         self.run_cfg = cfg
         self.name = cfg.reward.name

@@ -44,7 +44,7 @@ class RunState:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.stop_token_ids = [t for t in {self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
-        self.dataset = runtime.build_dataset(cfg, self.tokenizer, runtime.resolve_data_path(cfg, self.run_dir))
+        self.dataset = runtime.build_dataset(cfg, self.tokenizer, runtime.resolve_data_path(cfg, self.run_dir), self.model_path)
         self.roles = runtime.start_roles(cfg, self.model_path)
         sync_factory = get_plugin_manager().get("weight_sync", cfg.weight_sync.transport)
         self.weight_sync = sync_factory(timeout_s=cfg.weight_sync.timeout_s, bucket_bytes=cfg.weight_sync.bucket_mb << 20)

@@ -67,7 +67,7 @@ def resolve_data_path(cfg: RelaxConfig, run_dir: Path) -> str:
     return str(path)
 
 
-def build_dataset(cfg: RelaxConfig, tokenizer: Any, data_path: str):
+def build_dataset(cfg: RelaxConfig, tokenizer: Any, data_path: str, model_path: str):
     from relax.core.dataset import DatasetConfig, PromptDataset
 
     d = cfg.data
@@ -85,7 +85,10 @@ def build_dataset(cfg: RelaxConfig, tokenizer: Any, data_path: str):
         shuffle=d.shuffle,
         seed=cfg.seed,
     )
-    return PromptDataset(dataset_cfg, tokenizer)
+    from relax.core.controller.contexts import build_plugin, processor_context
+
+    processor = build_plugin(cfg, "processor", processor_context(cfg, model_path)) if d.apply_chat_template else None
+    return PromptDataset(dataset_cfg, tokenizer, processor)
 
 
 @dataclass
@@ -118,22 +121,31 @@ def start_roles(cfg: RelaxConfig, model_path: str) -> Roles:
     The critic lives inside the trainer actor: it trains on the same batches right after the
     policy, so it saves a process (and a model copy in flight) and is checkpointed with the trainer.
     """
+    from relax.core.controller import capabilities, contexts
     from relax.core.controller.roles import RewardRole, RolloutRole, TrainerRole
 
     threads = max(1, (os.cpu_count() or 2))
-    trainer = TrainerRole.options(num_cpus=0).remote(cfg, model_path, num_threads=threads)
+    trainer = TrainerRole.options(num_cpus=0).remote(cfg, contexts.trainer_context(cfg, model_path), num_threads=threads)
     reference = None
     if cfg.algorithm.kl.coef > 0:
-        reference = TrainerRole.options(num_cpus=0).remote(cfg, model_path, reference=True, num_threads=threads)
+        ctx = contexts.trainer_context(cfg, model_path, role="reference")
+        reference = TrainerRole.options(num_cpus=0).remote(cfg, ctx, num_threads=threads)
     teacher = None
     if (path := teacher_path(cfg, model_path)) is not None:
-        teacher = TrainerRole.options(num_cpus=0).remote(cfg, path, reference=True, num_threads=threads)
+        ctx = contexts.trainer_context(cfg, path, role="teacher")
+        teacher = TrainerRole.options(num_cpus=0).remote(cfg, ctx, num_threads=threads)
     engines = [
-        RolloutRole.options(num_cpus=0, max_concurrency=4).remote(cfg, model_path, i, num_threads=threads)
+        RolloutRole.options(num_cpus=0, max_concurrency=4).remote(
+            cfg, contexts.engine_context(cfg, model_path, i), num_threads=threads
+        )
         for i in range(cfg.rollout.num_engines)
     ]
-    reward = RewardRole.options(num_cpus=0).remote(cfg)
+    reward = RewardRole.options(num_cpus=0).remote(cfg, contexts.reward_context(cfg, model_path))
     roles = Roles(trainer, reference, engines, reward, teacher)
     # surface constructor errors (bad model dir, unknown plugin) before the loop starts
     ray.get([h.__ray_ready__.remote() for h in roles.handles()])
+    capabilities.check(cfg, {
+        "trainer": (cfg.trainer.backend, ray.get(trainer.capabilities.remote())),
+        "rollout": (cfg.rollout.engine, ray.get(engines[0].capabilities.remote())),
+    })
     return roles

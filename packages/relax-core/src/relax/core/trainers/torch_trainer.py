@@ -289,13 +289,16 @@ class TorchTrainer:
         self.tokenizer.save_pretrained(directory)
 
 
-def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> TorchTrainer:
-    """Build from a ``RelaxConfig``: the policy gets ``build_policy_objective(cfg.algorithm)`` and,
-    with ``algorithm.critic.enable``, a ``Critic``; the reference (``reference=True``, also used for
-    a distillation teacher) is frozen. ``trainer.backend_params`` override any keyword."""
+def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
+    """The ``torch`` backend's factory: ``params`` is ``TorchTrainerParams``, ``ctx.train`` carries
+    core's optimisation settings and the algorithm. A trainable policy gets
+    ``build_policy_objective(algorithm)`` and, with ``algorithm.critic.enable``, a ``Critic``; a
+    frozen model (reference / teacher, ``ctx.train.trainable`` False) gets neither."""
     from relax.core.algorithms import build_policy_objective
 
-    t = cfg.trainer
+    spec, t = ctx.train, ctx.train.optim
+    dtype = params.dtype or ctx.dtype
+    trainable = spec.trainable
     kwargs: dict[str, Any] = dict(
         lr=t.lr,
         weight_decay=t.weight_decay,
@@ -303,22 +306,23 @@ def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> T
         eps=t.eps,
         grad_clip=t.grad_clip,
         warmup_steps=t.warmup_steps,
-        total_steps=cfg.total_steps,
+        total_steps=spec.total_steps,
         lr_schedule=t.lr_schedule,
         min_lr_ratio=t.min_lr_ratio,
         micro_batch_size=t.micro_batch_size,
         num_minibatches=t.num_minibatches,
-        loss_agg_mode=cfg.algorithm.loss_agg_mode,
-        temperature=cfg.rollout.temperature,
-        seed=cfg.seed,
-        dtype=cfg.model.dtype,
+        loss_agg_mode=spec.algorithm.loss_agg_mode,
+        temperature=spec.temperature,
+        seed=ctx.seed,
+        dtype=dtype,
+        device=params.device,
     )
-    objective = None if reference else build_policy_objective(cfg.algorithm)
-    c = cfg.algorithm.critic
-    if c.enable and not reference:
+    objective = build_policy_objective(spec.algorithm) if trainable else None
+    c = spec.algorithm.critic
+    if c.enable and trainable:
         kwargs["critic_warmup_steps"] = c.warmup_steps
         kwargs["critic"] = Critic(
-            c.model_path or model_path,
+            c.model_path or ctx.model_path,
             lr=c.lr,
             weight_decay=c.weight_decay,
             betas=tuple(t.betas),
@@ -327,9 +331,15 @@ def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> T
             value_clip=c.value_clip,
             loss_agg_mode=c.loss_agg_mode,
             micro_batch_size=t.micro_batch_size,
-            dtype=t.backend_params.get("dtype", cfg.model.dtype),
-            device=t.backend_params.get("device", "cpu"),
+            dtype=dtype,
+            device=params.device,
         )
-    return TorchTrainer(
-        model_path, objective=objective, trainable=not reference, **{**kwargs, **t.backend_params}
-    )
+    return TorchTrainer(ctx.model_path, objective=objective, trainable=trainable, **kwargs)
+
+
+def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> TorchTrainer:
+    """Convenience for scripts and tests: the ``torch`` backend as ``relax run`` would build it."""
+    from relax.core.controller.contexts import plugin_params, trainer_context
+
+    ctx = trainer_context(cfg, model_path, role="reference" if reference else "trainer")
+    return trainer_from_context(plugin_params(cfg, "trainer"), ctx)

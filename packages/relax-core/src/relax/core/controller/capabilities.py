@@ -1,0 +1,53 @@
+"""Optional capabilities: methods a backend may implement, checked once at start-up.
+
+A config that needs a capability the selected backend lacks is an error before the first step
+(e.g. a PPO critic on a trainer without ``forward_values``), never a crash mid-run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: every optional method the controller may call, and what it is for
+OPTIONAL = {
+    "abort": "end in-flight requests now (rollout.partial_rollout: abort)",
+    "begin_weight_update": "prepare for a weight update (called before every transfer)",
+    "end_weight_update": "finish a weight update (called after every transfer)",
+    "forward_values": "critic values (algorithm.critic.enable)",
+    "save_hf": "export the final model in HF format (checkpoint.save_hf_final)",
+    "score_group": "score a whole group of samples at once (rewards)",
+}
+
+
+def capabilities(obj: Any) -> list[str]:
+    """The optional methods ``obj`` implements."""
+    return sorted(name for name in OPTIONAL if callable(getattr(obj, name, None)))
+
+
+def required(cfg: Any) -> dict[str, dict[str, str]]:
+    """role -> {capability: the config field that needs it}."""
+    need: dict[str, dict[str, str]] = {"trainer": {}, "rollout": {}}
+    if cfg.algorithm.critic.enable:
+        need["trainer"]["forward_values"] = "algorithm.critic.enable"
+    if cfg.checkpoint.save_hf_final:
+        need["trainer"]["save_hf"] = "checkpoint.save_hf_final"
+    if cfg.mode != "colocate" and cfg.rollout.partial_rollout == "abort":
+        need["rollout"]["abort"] = "rollout.partial_rollout=abort"
+    return need
+
+
+def check(cfg: Any, offered: dict[str, tuple[str, list[str]]]) -> None:
+    """``offered``: role -> (backend name, its capabilities). Raises naming backend, capability and field."""
+    problems = [
+        f"{role} backend {offered[role][0]!r} does not implement {cap}() ({OPTIONAL[cap]}), needed by {field}"
+        for role, caps in required(cfg).items()
+        if role in offered
+        for cap, field in caps.items()
+        if cap not in offered[role][1]
+    ]
+    if problems:
+        raise CapabilityError("; ".join(problems))
+
+
+class CapabilityError(RuntimeError):
+    """The selected backend lacks an optional method that the config needs."""
