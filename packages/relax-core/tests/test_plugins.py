@@ -138,3 +138,59 @@ def test_relax_plugins_env_loads_unpackaged_module(tmp_path):
     assert "my_local_plugin ((RELAX_PLUGINS) -)\n  reward: constant_half" in proc.stdout
     proc = _relax(["plugins"], tmp_path, RELAX_PLUGINS="no_such_module_xyz")
     assert proc.returncode != 0 and "cannot import plugin module 'no_such_module_xyz'" in proc.stderr
+
+
+def test_misspelt_hook_is_an_error_naming_the_plugin(monkeypatch):
+    monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "core")
+    mod = types.ModuleType("typoplug")
+
+    def relax_register_reward(register):  # missing "s"; unmarked functions count too
+        register("x", lambda params, ctx: None)
+
+    mod.relax_register_reward = relax_register_reward
+    with pytest.raises(PluginError, match=r"plugin 'typoplug'.*relax_register_reward.*known hooks: .*relax_register_rewards"):
+        RelaxPluginManager(extra_plugins={"typoplug": mod})
+
+
+def test_registration_goes_through_pm_hook_with_typed_config(monkeypatch):
+    """Registrations are attributed per plugin, keep their config class, and a hook that raises is
+    reported with the plugin's name."""
+    from dataclasses import dataclass
+
+    monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "core")
+
+    @dataclass(frozen=True)
+    class Params:
+        k: int = 1
+
+    calls = []
+    good, bad = types.ModuleType("good"), types.ModuleType("bad")
+
+    def good_rewards(register):
+        calls.append("good")
+        register("r", lambda params, ctx: None, config=Params)
+
+    def bad_rewards(register):
+        raise RuntimeError("boom")
+
+    good.relax_register_rewards = good_rewards
+    bad.relax_register_rewards = bad_rewards
+    manager = RelaxPluginManager(extra_plugins={"good": good})
+    assert calls == ["good"]
+    reg = manager.registration("reward", "r")
+    assert (reg.plugin, reg.config) == ("good", Params)
+    with pytest.raises(PluginError, match=r"plugin 'bad': relax_register_rewards raised RuntimeError: boom"):
+        RelaxPluginManager(extra_plugins={"good": good, "bad": bad})
+    notdc = types.ModuleType("notdc")
+    notdc.relax_register_rewards = lambda register: register("q", lambda p, c: None, config=dict)
+    with pytest.raises(PluginError, match="config= must be a dataclass"):
+        RelaxPluginManager(extra_plugins={"notdc": notdc})
+
+
+def test_plugin_command_clashing_with_a_builtin_is_an_error(tmp_path):
+    (tmp_path / "clash_plugin.py").write_text(
+        "def relax_register_commands(register):\n    register('run', lambda ns: 0, help='x')\n"
+    )
+    proc = _relax(["plugins"], tmp_path, RELAX_PLUGINS="clash_plugin")
+    assert proc.returncode == 2
+    assert "plugin 'clash_plugin' registered command 'run', which is a built-in relax command" in proc.stderr

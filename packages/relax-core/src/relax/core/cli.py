@@ -1,4 +1,4 @@
-"""``relax`` command line: run, validate, plugins."""
+"""``relax`` command line: run, validate, plugins, and subcommands that plugins register."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _load(ns: argparse.Namespace):
     path, overrides = _split_args(ns.args)
     if getattr(ns, "address", None):
         overrides = [*overrides, f"ray.address={ns.address}"]
-    return load_config(path, overrides)
+    return load_config(path, overrides, check_paths=True)  # before Ray: data, model and run_dir usable
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -71,14 +71,30 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(fn=cmd_validate)
     plugins = sub.add_parser("plugins", help="list installed plugins and what each registered")
     plugins.set_defaults(fn=cmd_plugins)
+    _add_plugin_commands(sub)
     return parser
+
+
+def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """``relax <name>`` for every command registered through ``relax_register_commands``."""
+    from relax.core.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    for name in manager.names("command"):
+        reg = manager.registration("command", name)
+        if name in sub.choices:
+            raise PluginError(f"plugin {reg.plugin!r} registered command {name!r}, which is a built-in relax command")
+        parser = sub.add_parser(name, help=reg.options.get("help", f"(from plugin {reg.plugin})"))
+        if (arguments := reg.options.get("arguments")) is not None:
+            arguments(parser)
+        parser.set_defaults(fn=reg.factory)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    ns = build_parser().parse_args(argv)
     try:
-        return ns.fn(ns)
+        ns = build_parser().parse_args(argv)
+        return int(ns.fn(ns) or 0)
     except (ConfigError, PluginError) as exc:
         print(f"relax: {exc}", file=sys.stderr)
         return 2

@@ -189,7 +189,12 @@ class RelaxPluginManager:
             others = [m for n, m in plugins.items() if n != plugin_name]
             for hook_name in hooks:
                 caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
-                caller(register=self._register_fn(hook_name, plugin_name))
+                try:
+                    caller(register=self._register_fn(hook_name, plugin_name))
+                except PluginError:
+                    raise
+                except Exception as exc:  # a broken plugin must say who it is
+                    raise PluginError(f"plugin {plugin_name!r}: {hook_name} raised {type(exc).__name__}: {exc}") from exc
 
     def _register_fn(self, hook_name: str, plugin: str) -> Callable[..., None]:
         default_kind = next(k for k, h in REGISTRATION_HOOKS.items() if h == hook_name)

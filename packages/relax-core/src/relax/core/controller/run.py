@@ -16,6 +16,7 @@ from tqdm import tqdm
 from relax.core.checkpoint import CheckpointManager, read_controller_state, resolve_resume
 from relax.core.config import RelaxConfig
 from relax.core.controller import runtime
+from relax.core.controller.handle import RunControl, RunHandle
 from relax.core.plugins import get_plugin_manager
 
 log = logging.getLogger("relax")
@@ -46,10 +47,14 @@ class RunState:
         self.stop_token_ids = [t for t in {self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
         self.dataset = runtime.build_dataset(cfg, self.tokenizer, runtime.resolve_data_path(cfg, self.run_dir), self.model_path)
         self.roles = runtime.start_roles(cfg, self.model_path)
-        sync_factory = get_plugin_manager().get("weight_sync", cfg.weight_sync.transport)
-        self.weight_sync = sync_factory(timeout_s=cfg.weight_sync.timeout_s, bucket_bytes=cfg.weight_sync.bucket_mb << 20)
+        from relax.core.controller.contexts import base_context, build_plugin
+
+        self.weight_sync = build_plugin(cfg, "weight_sync", base_context(cfg, "weight_sync", self.model_path))
+        if check := getattr(self.weight_sync, "check_engine", None):  # the transport serves this engine?
+            check(cfg.rollout.engine)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
         self.step = 0
+        self.last_metrics: dict[str, float] = {}
         self.version = 0
         self.next_group_id = 0
         self.pipeline = None  # async/hybrid modes create it on their first step
@@ -105,6 +110,7 @@ class RunState:
     def end_step(self, metrics: dict[str, float]) -> None:
         metrics["step"] = float(self.step)
         metrics["policy_version"] = float(self.version)
+        self.last_metrics = dict(metrics)
         self.metrics.log(self.step, metrics)
         get_plugin_manager().hook.relax_on_step_end(step=self.step, metrics=dict(metrics))
         every = self.cfg.checkpoint.save_every
@@ -116,7 +122,10 @@ class RunState:
         final_dir = None
         if self.cfg.checkpoint.save_hf_final:
             final_dir = self.run_dir / "final_hf"
-            ray.get(self.roles.trainer.save_hf.remote(str(final_dir)))
+            from relax.core.disk import disk_guard
+
+            with disk_guard("final HF save", final_dir):  # a full disk names the path and the cause
+                ray.get(self.roles.trainer.save_hf.remote(str(final_dir)))
         self.metrics.close()
         if self.cfg.logging.plot:
             from relax.core.metrics_plot import plot_curves
@@ -145,11 +154,16 @@ def run(cfg: RelaxConfig) -> dict[str, Any]:
     step_fns = {"colocate": colocate_step, **MODE_LOOPS}
     state = RunState(cfg)
     notify_url = cfg.logging.webhook_url
+    handle = RunHandle(state, RunControl())
+    hook = get_plugin_manager().hook
+    status = "failed"
     try:
+        hook.relax_on_run_start(run=handle)
         last: dict[str, float] = {}
         bar = tqdm(total=cfg.total_steps, initial=state.step, desc="train steps", disable=not cfg.logging.progress, unit="step")
         started = time.perf_counter()
         while state.step < cfg.total_steps:
+            handle.control.apply(state)  # plugins' pause / checkpoint / engine requests, between steps
             last = step_fns[cfg.mode](state)
             bar.update(1)
             bar.set_postfix(reward=f"{last.get('reward/mean', 0):.3f}", len=f"{last.get('response/length_mean', 0):.1f}")
@@ -160,7 +174,11 @@ def run(cfg: RelaxConfig) -> dict[str, Any]:
             from relax.core.metrics import notify
 
             notify(notify_url, "completed", {"name": cfg.name, **summary})
+        status = "completed"
         return summary
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
     except BaseException as exc:
         if notify_url:
             from relax.core.metrics import notify
@@ -168,4 +186,8 @@ def run(cfg: RelaxConfig) -> dict[str, Any]:
             notify(notify_url, "failed", {"name": cfg.name, "step": state.step, "error": repr(exc)})
         raise
     finally:
-        state.shutdown()
+        handle.control.cancel_pending(status)
+        try:
+            hook.relax_on_run_end(run=handle, status=status)
+        finally:
+            state.shutdown()
