@@ -96,3 +96,47 @@ def test_docs_config_reference_is_current():
     assert (REPO / "docs" / "config.md").read_text() == config_reference_markdown(), (
         "docs/config.md is stale: run `python -m relax.core.config_docs > docs/config.md`"
     )
+
+
+def test_builtin_plugin_sections_are_typed(tmp_path):
+    from relax.core.builtin import HFEngineParams, NumericRewardParams, TorchTrainerParams
+
+    cfg = load_config(None, ["rollout.engine_params.max_batch_size=8", "reward.params.abs_tol=1e-3"])
+    assert cfg.rollout.engine_params == HFEngineParams(max_batch_size=8)
+    assert cfg.reward.params == NumericRewardParams(abs_tol=1e-3)  # "1e-3" is a YAML string, parsed as a float
+    assert cfg.trainer.backend_params == TorchTrainerParams()  # defaults filled in, visible in --print
+    assert cfg.to_dict()["trainer"]["backend_params"]["world_size"] == 1
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.engine_params.max_batch_size=0", "rollout.engine_params.devise=cpu",
+                           "reward.params.mode=boxed", "trainer.backend_params.world_size=two"])
+    text = str(err.value)
+    for message in [
+        "rollout.engine_params.devise: unknown key; allowed keys: device, max_batch_size, seed, num_cpus",
+        "reward.params.mode: 'boxed' is not allowed; allowed values: 'first', 'last', 'answer'",
+        "trainer.backend_params.world_size: expected int, got str 'two'",
+    ]:
+        assert message in text
+    with pytest.raises(ConfigError, match=r"rollout.engine_params.max_batch_size: must be >= 1, got 0"):
+        load_config(None, ["rollout.engine_params.max_batch_size=0"])
+
+
+def test_capabilities_are_checked_against_what_the_config_needs():
+    from relax.core.controller.capabilities import CapabilityError, capabilities, check
+
+    class Bare:
+        def train_step(self, batch): ...
+
+    class WithValues(Bare):
+        def forward_values(self, batch): ...
+        def save_hf(self, directory): ...
+
+    assert capabilities(Bare()) == [] and capabilities(WithValues()) == ["forward_values", "save_hf"]
+    cfg = load_config(None, ["algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"])
+    check(cfg, {"trainer": ("mine", capabilities(WithValues())), "rollout": ("hf", ["abort"])})
+    with pytest.raises(CapabilityError) as err:
+        check(cfg, {"trainer": ("mine", capabilities(Bare())), "rollout": ("hf", [])})
+    assert "trainer backend 'mine' does not implement forward_values()" in str(err.value)
+    assert "needed by algorithm.critic.enable" in str(err.value) and "save_hf" in str(err.value)
+    asyncc = load_config(None, ["mode=async", "max_staleness=1", "rollout.partial_rollout=abort"])
+    with pytest.raises(CapabilityError, match=r"rollout backend 'hf' does not implement abort\(\).*rollout.partial_rollout=abort"):
+        check(asyncc, {"trainer": ("torch", ["forward_values", "save_hf"]), "rollout": ("hf", [])})
