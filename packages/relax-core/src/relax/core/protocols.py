@@ -52,6 +52,10 @@ class GenerationResult:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
+    """Every method the controller calls on an engine. Optional capabilities are separate
+    protocols below; they are detected by method presence and checked at start-up
+    (``relax.core.controller.capabilities``)."""
+
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
@@ -67,6 +71,8 @@ class RolloutEngine(Protocol):
 
 @runtime_checkable
 class Trainer(Protocol):
+    """Every method the controller calls on a trainer (policy, reference or teacher)."""
+
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) log-probs of the response tokens under the current weights, no grad."""
         ...
@@ -82,6 +88,47 @@ class Trainer(Protocol):
     def save(self, directory: str) -> None: ...
 
     def load(self, directory: str) -> None: ...
+
+
+# ---------------------------------------------------------------- optional capabilities
+
+
+@runtime_checkable
+class SupportsAbort(Protocol):
+    def abort(self) -> None:
+        """End every in-flight request now with finish reason ``"abort"`` (they are resubmitted)."""
+        ...
+
+
+@runtime_checkable
+class SupportsWeightUpdateBracket(Protocol):
+    """Engines that must prepare for and finish a weight update (e.g. SGLang); every transport calls
+    ``begin_weight_update`` before its first bucket and ``end_weight_update`` after its last."""
+
+    def begin_weight_update(self, version: int) -> None: ...
+
+    def end_weight_update(self, version: int) -> None: ...
+
+
+@runtime_checkable
+class SupportsValues(Protocol):
+    def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R) critic values of the response tokens (PPO, ``algorithm.critic.enable``)."""
+        ...
+
+
+@runtime_checkable
+class SupportsSaveHF(Protocol):
+    def save_hf(self, directory: str) -> None:
+        """Write the model in HF format (``checkpoint.save_hf_final``, ``relax convert``)."""
+        ...
+
+
+@runtime_checkable
+class SupportsGroupScoring(Protocol):
+    async def score_group(self, samples: list[Any]) -> list[float | dict[str, float]]:
+        """Score all responses to one prompt at once (pairwise judges, group-relative rewards)."""
+        ...
 
 
 @runtime_checkable
