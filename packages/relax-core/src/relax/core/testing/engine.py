@@ -190,12 +190,15 @@ class RolloutEngineConformance(EngineFixtures):
         seeds = list(range(100, 100 + len(many)))
         kw = dict(temperature=1.0, max_new_tokens=12)
         ignoring = self.generate(engine, many, seeds=seeds, ignore_eos=True, **kw)
+        for full in ignoring:
+            assert (len(full.response_ids), full.finish_reason) == (12, "length"), (
+                f"ignore_eos must run to max_new_tokens, got {len(full.response_ids)} tokens, {full.finish_reason!r}"
+            )
         assert any(eos & set(r.response_ids[:-1]) for r in ignoring), (
             "precondition: some of 16 ignore_eos samples of 12 tokens contain an EOS id"
         )
         stopping = self.generate(engine, many, seeds=seeds, **kw)
         for full, r in zip(ignoring, stopping, strict=True):
-            assert (len(full.response_ids), full.finish_reason) == (12, "length"), "ignore_eos must run to max_new_tokens"
             cut = next((i + 1 for i, t in enumerate(full.response_ids) if t in eos), None)
             if cut is None:
                 assert r.response_ids == full.response_ids and r.finish_reason == "length"
