@@ -2,7 +2,9 @@
 
 Layout: ``<run_dir>/checkpoints/step_000010/{trainer/, controller.json, ...}``. A directory only
 gets its final name once everything inside is written, so a crash mid-save leaves at most a
-``.tmp-*`` directory that is ignored (and cleaned) on the next save.
+``.tmp-*`` directory that is ignored (and cleaned) on the next save. A save that fails (a full
+disk, a read-only directory) removes its temp directory at once and raises ``DiskError`` naming
+the path and the cause.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relax.core.disk import disk_guard
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -24,17 +28,26 @@ class CheckpointManager:
 
     def save(self, step: int, write: Callable[[Path], None], controller_state: dict[str, Any]) -> Path:
         """Call ``write(tmp_dir)`` to fill the checkpoint, then publish it atomically."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        for stale in self.root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
         tmp = self.root / f".tmp-step_{step:06d}"
-        tmp.mkdir()
-        write(tmp)
-        (tmp / "controller.json").write_text(json.dumps(controller_state, indent=1, sort_keys=True))
         final = self.root / f"step_{step:06d}"
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        old = self.root / f".tmp-old-step_{step:06d}"
+        try:
+            with disk_guard(f"checkpoint step {step}", tmp):
+                self.root.mkdir(parents=True, exist_ok=True)
+                for stale in self.root.glob(".tmp-*"):
+                    shutil.rmtree(stale, ignore_errors=True)
+                tmp.mkdir()
+                write(tmp)
+                (tmp / "controller.json").write_text(json.dumps(controller_state, indent=1, sort_keys=True))
+                if final.exists():  # a re-saved step: the old copy stays until the new one is in place
+                    final.rename(old)
+                tmp.rename(final)
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written checkpoint behind
+            if old.exists() and not final.exists():
+                old.rename(final)
+            raise
         self._prune()
         return final
 

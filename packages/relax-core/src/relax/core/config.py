@@ -100,6 +100,9 @@ class TrainerConfig:
     num_minibatches: int = 1
     # False: use the engine's rollout logprobs as the PPO "old" policy (skips one forward pass)
     recompute_old_logprobs: bool = True
+    # a non-finite loss or gradient stops the run naming the step; true: skip that update instead
+    # (counted as train/skipped_nonfinite)
+    skip_nonfinite: bool = False
     backend_params: Any = field(default_factory=dict)  # typed by the backend's registered config
 
 
@@ -109,7 +112,8 @@ class RewardConfig:
     params: Any = field(default_factory=dict)  # typed by the reward's registered config
     timeout_s: float = 30.0
     max_concurrency: int = 16
-    on_error: Literal["raise", "zero"] = "raise"
+    on_error: Literal["raise", "zero"] = "raise"  # zero: a failed or timed-out sample scores fallback_score
+    fallback_score: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -284,7 +288,10 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def config_from_dict(data: dict[str, Any], check_plugins: bool = True) -> RelaxConfig:
+def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_paths: bool = False) -> RelaxConfig:
+    """``check_paths``: also check that data, model and run_dir are usable (the CLI does)."""
+    from relax.core.checks import launch_errors
+
     errors: list[str] = []
     cfg = _build(RelaxConfig, data, "", errors)
     if cfg is not None:
@@ -293,6 +300,7 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True) -> RelaxC
             errors.extend(_plugin_errors(cfg))
             if not errors:
                 cfg = _typed_plugin_sections(cfg, errors)
+        errors.extend(launch_errors(cfg, check_paths=check_paths, known=errors))
     if errors:
         raise config_error(errors)
     return cfg
@@ -302,7 +310,9 @@ def config_error(errors: list[str]) -> ConfigError:
     return ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, check_plugins: bool = True) -> RelaxConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, check_plugins: bool = True, check_paths: bool = False
+) -> RelaxConfig:
     """Load YAML (or the bundled quick-start when ``path`` is None), apply overrides, validate."""
     data: dict[str, Any] = {}
     if path is not None:
@@ -319,7 +329,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     else:
         data = quickstart_dict()
     data = _merge(data, parse_overrides(overrides or []))
-    return config_from_dict(data, check_plugins=check_plugins)
+    return config_from_dict(data, check_plugins=check_plugins, check_paths=check_paths)
 
 
 def quickstart_dict() -> dict[str, Any]:

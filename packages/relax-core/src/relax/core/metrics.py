@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from relax.core.disk import disk_guard
+
 log = logging.getLogger(__name__)
 
 BACKENDS = ("console", "tensorboard", "wandb", "clearml")
@@ -57,17 +59,20 @@ def _step_of(line: str) -> float:
 
 class _Jsonl:
     def __init__(self, path: Path, resume_step: int | None) -> None:
+        self.path = path
         kept: list[str] = []
         if resume_step is not None and path.exists():
             kept = [ln for ln in path.read_text(encoding="utf-8").splitlines() if _step_of(ln) <= resume_step]
-        path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
-        self.file = path.open("a", encoding="utf-8")
+        with disk_guard("metrics", path):
+            path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+            self.file = path.open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         # NaN/inf are not JSON; write null so every reader can parse the file
         row = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
-        self.file.write(json.dumps({"step": step, "timestamp": time.time(), **row}) + "\n")
-        self.file.flush()
+        with disk_guard(f"metrics step {step}", self.path):
+            self.file.write(json.dumps({"step": step, "timestamp": time.time(), **row}) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
         self.file.close()
@@ -169,7 +174,8 @@ class MetricsLogger:
         if unknown:
             raise MetricsError(f"unknown metrics backend(s) {unknown}; allowed: {list(BACKENDS)}")
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with disk_guard("metrics", self.run_dir):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
         self._sinks: list[Any] = [_Jsonl(self.jsonl_path, resume_step)]
         try:

@@ -1,0 +1,133 @@
+"""Launch checks: every config that would break a run after Ray starts is rejected before it,
+with every problem in one message and exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from relax.core.checks import launch_errors, nonfinite_errors
+from relax.core.config import ConfigError, RelaxConfig, load_config
+from relax.core.quickstart_model import build_tiny_model
+
+
+def relax_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "relax.core.cli", *args], capture_output=True, text=True, timeout=180, cwd=cwd,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("model"))
+
+
+#: the issue's observed cases: (override, text the error must contain)
+OBSERVED = [
+    ("data.path=/no/such/data.jsonl", "data.path: '/no/such/data.jsonl' does not exist"),
+    ("model.path=/no/such/model", "model.path: '/no/such/model' does not exist"),
+    ("trainer.lr=.inf", "trainer.lr: must be a finite number, got inf"),
+    ("trainer.lr=.nan", "trainer.lr: must be a finite number, got nan"),
+    ("rollout.temperature=.nan", "rollout.temperature: must be a finite number, got nan"),
+    ("weight_sync.bucket_mb=-1", "weight_sync.bucket_mb: must be > 0, got -1"),
+    ("reward.max_concurrency=0", "reward.max_concurrency: must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), OBSERVED, ids=[o for o, _ in OBSERVED])
+def test_observed_bad_configs_name_the_field(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override], check_paths=True)
+    assert message in str(err.value)
+
+
+def test_validate_cli_lists_every_problem_and_exits_2(readonly_dir):
+    cases = [c for c in OBSERVED if c[0] != "trainer.lr=.inf"]  # one trainer.lr (the last override wins)
+    proc = relax_cli("validate", *(o for o, _ in cases), f"run_dir={readonly_dir}/run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "config OK" not in proc.stdout
+    for _, message in cases:
+        assert message in proc.stderr
+    assert f"run_dir: '{readonly_dir}/run' cannot be created" in proc.stderr
+    assert proc.stderr.count("\n  ") == len(cases) + 1  # one line per problem
+    assert "Traceback" not in proc.stderr
+
+
+def test_run_cli_rejects_before_starting_ray(tmp_path):
+    proc = relax_cli("run", "trainer.lr=.inf", f"run_dir={tmp_path}/run", "logging.progress=false")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "trainer.lr: must be a finite number, got inf" in proc.stderr
+    assert "relax: running" not in proc.stdout and not (tmp_path / "run").exists()
+
+
+def test_unwritable_run_dir(readonly_dir):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"run_dir={readonly_dir}"], check_paths=True)
+    assert f"run_dir: '{readonly_dir}' is not writable" in str(err.value)
+    assert "read-only file system" in str(err.value) or "permission denied" in str(err.value)
+
+
+def test_model_dir_needs_config_and_tokenizer(tmp_path, model_dir):
+    load_config(None, [f"model.path={model_dir}", f"run_dir={tmp_path}/run"], check_paths=True)  # complete: OK
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"model.path={empty}"], check_paths=True)
+    assert f"model.path: '{empty}' has no config.json" in str(err.value)
+    assert f"model.path: '{empty}' has no tokenizer files" in str(err.value)
+
+
+def test_data_must_be_readable(tmp_path):
+    data = tmp_path / "d"
+    data.mkdir()
+    with pytest.raises(ConfigError, match="data.path: directory .* holds no .jsonl/.json/.parquet files"):
+        load_config(None, [f"data.path={data}"], check_paths=True)
+    (data / "a.jsonl").write_text('{"prompt": "1+1=", "label": "2"}\n')
+    load_config(None, [f"data.path={data}", f"run_dir={tmp_path}/run"], check_paths=True)
+    if os.geteuid() != 0:  # root reads anything: only a non-root run can check the permission message
+        (data / "a.jsonl").chmod(0)
+        with pytest.raises(ConfigError, match="is not readable: Permission denied"):
+            load_config(None, [f"data.path={data}"], check_paths=True)
+
+
+def test_paths_are_only_checked_when_asked():
+    cfg = load_config(None, ["model.path=/no/such/model"])  # tests build such configs freely
+    assert cfg.model.path == "/no/such/model"
+
+
+def test_every_float_is_checked_including_lists_and_plugin_sections():
+    for override, field in [
+        ("trainer.betas=[0.9, .nan]", "trainer.betas[1]"),
+        ("algorithm.clip_ratio_high=.inf", "algorithm.clip_ratio_high"),
+        ("algorithm.correction.is_high=.inf", "algorithm.correction.is_high"),
+        ("reward.fallback_score=.nan", "reward.fallback_score"),
+        ("reward.params.abs_tol=.nan", "reward.params.abs_tol"),  # typed NumericRewardParams
+        ("rollout.engine_params.num_cpus=.inf", "rollout.engine_params.num_cpus"),
+        ("queue.timeout_s=.inf", "queue.timeout_s"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert f"{field}: must be a finite number" in str(err.value), override
+    # the walk itself: nested dataclasses, dicts and lists
+    assert nonfinite_errors({"a": [1.0, {"b": float("-inf")}]}) == ["a[1].b: must be a finite number, got -inf"]
+    assert launch_errors(RelaxConfig()) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.eps=0", "trainer.eps: must be > 0"),
+        ("trainer.betas=[0.9, 1.0]", "trainer.betas[1]: must be in [0, 1)"),
+        ("trainer.weight_decay=-0.1", "trainer.weight_decay: must be >= 0"),
+        ("ray.num_cpus=0", "ray.num_cpus: must be >= 1 or null"),
+        ("data.task_size=0", "data.task_size: must be >= 1"),
+        ("rollout.engine_params.num_cpus=-1", "rollout.engine_params.num_cpus: must be >= 0"),
+    ],
+)
+def test_out_of_range_numbers(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        load_config(None, [override])
