@@ -1,7 +1,7 @@
 """The built-in HF engine passes the rollout-engine conformance suite."""
 
 from relax.core.engines.hf import HFRolloutEngine
-from relax.core.testing.engine import RolloutEngineConformance
+from relax.core.testing import RolloutEngineConformance
 
 
 class TestHFEngineConformance(RolloutEngineConformance):

@@ -30,7 +30,11 @@ def doc_problems(fn) -> list[str]:
     if doc and not doc.splitlines()[0].strip():
         problems.append("docstring has no summary line")
     sig = inspect.signature(fn)
-    problems += [f"parameter {p!r} has no type annotation" for p, v in sig.parameters.items() if v.annotation is inspect.Parameter.empty]
+    problems += [
+        f"parameter {p!r} has no type annotation"
+        for p, v in sig.parameters.items()
+        if v.annotation is inspect.Parameter.empty
+    ]
     if sig.return_annotation is inspect.Signature.empty:
         problems.append("no return annotation")
     return problems

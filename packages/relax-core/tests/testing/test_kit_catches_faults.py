@@ -26,7 +26,12 @@ from relax.core.testing.models import OTHER_MODEL_SEED, tiny_model_dir
 from relax.core.testing.processor import ProcessorConformance
 from relax.core.testing.queue import QueueConformance
 from relax.core.testing.reward import RewardConformance
-from relax.core.testing.trainer import LogprobAgreementConformance, TrainerConformance, make_batch, make_samples
+from relax.core.testing.trainer import (
+    LogprobAgreementConformance,
+    TrainerConformance,
+    make_batch,
+    make_samples,
+)
 from relax.core.trainers.torch_trainer import TorchTrainer
 
 FAILED = (AssertionError, pytest.fail.Exception)
@@ -77,10 +82,26 @@ class FaultyEngine(HFRolloutEngine):
                 p = dataclasses.replace(p, ignore_eos=False)
             if f == "one_token_too_many":
                 p = dataclasses.replace(p, max_new_tokens=p.max_new_tokens + 1)
-            prefix = {} if f == "drops_prefix" else dict(
-                prefix_response_ids=r.prefix_response_ids, prefix_logprobs=r.prefix_logprobs, prefix_versions=r.prefix_versions
+            prefix = (
+                {}
+                if f == "drops_prefix"
+                else dict(
+                    prefix_response_ids=r.prefix_response_ids,
+                    prefix_logprobs=r.prefix_logprobs,
+                    prefix_versions=r.prefix_versions,
+                )
             )
-            reqs.append(dataclasses.replace(r, params=p, **({"prefix_response_ids": [], "prefix_logprobs": [], "prefix_versions": []} if f == "drops_prefix" else prefix)))
+            reqs.append(
+                dataclasses.replace(
+                    r,
+                    params=p,
+                    **(
+                        {"prefix_response_ids": [], "prefix_logprobs": [], "prefix_versions": []}
+                        if f == "drops_prefix"
+                        else prefix
+                    ),
+                )
+            )
         results = await super().generate(reqs)
         for res in results:
             if f == "wrong_versions":
@@ -144,7 +165,13 @@ def test_engine_suite_passes_the_healthy_engine_it_was_given(env):
     """The harness itself: the same calls pass on an unmodified engine."""
     engine = FaultyEngine(env["model_dir"], "none")
     for test_name in dict(ENGINE_FAULTS):
-        call(HFSuite(), test_name, env, engine=engine, **({"budget": 3} if "max_new_tokens" in test_name else {}))
+        call(
+            HFSuite(),
+            test_name,
+            env,
+            engine=engine,
+            **({"budget": 3} if "max_new_tokens" in test_name else {}),
+        )
 
 
 # ------------------------------------------------------------------ trainers
@@ -230,7 +257,13 @@ def test_trainer_suite_catches(env, test_name, fault, tmp_path):
 def test_agreement_suite_catches_a_temperature_mismatch(env):
     trainer = TorchTrainer(env["model_dir"], temperature=0.9)
     with pytest.raises(FAILED):
-        call(TorchSuite(), "test_engine_logprobs_match_trainer_forward", env, engine=HFRolloutEngine(env["model_dir"]), trainer=trainer)
+        call(
+            TorchSuite(),
+            "test_engine_logprobs_match_trainer_forward",
+            env,
+            engine=HFRolloutEngine(env["model_dir"]),
+            trainer=trainer,
+        )
 
 
 # ------------------------------------------------------------------ rewards

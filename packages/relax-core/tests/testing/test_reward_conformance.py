@@ -29,7 +29,10 @@ class SleepyReward:
     async def score(self, sample):
         if sample.response_text == "slow":
             await asyncio.sleep(3600)
-        return {"score": float(sample.response_text == sample.label), "length": float(len(sample.response_text))}
+        return {
+            "score": float(sample.response_text == sample.label),
+            "length": float(len(sample.response_text)),
+        }
 
 
 class TestSlowRewardConformance(RewardConformance):

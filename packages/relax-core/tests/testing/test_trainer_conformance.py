@@ -1,14 +1,7 @@
 """The built-in torch trainer passes the trainer suite, and agrees with the HF engine on logprobs."""
 
-from relax.core.algorithms import build_policy_objective
-from relax.core.algorithms.config import AlgorithmConfig
 from relax.core.engines.hf import HFRolloutEngine
-from relax.core.testing.trainer import LogprobAgreementConformance, TrainerConformance
-from relax.core.trainers.torch_trainer import TorchTrainer
-
-
-def torch_trainer(model_dir):
-    return TorchTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, micro_batch_size=4)
+from relax.core.testing import LogprobAgreementConformance, TrainerConformance, torch_trainer
 
 
 class TestTorchTrainerConformance(TrainerConformance):

@@ -1,4 +1,74 @@
 """Conformance kit: pytest base classes a backend package subclasses in its own tests.
 
-Work in progress; see the submodules.
+Each class holds the contract core relies on for one seam, as ordinary ``test_*`` methods; a
+subclass supplies the object under test through a small factory method and pytest runs the rest.
+The classes are named ``*Conformance`` so pytest collects only your ``Test*`` subclasses. The tiny
+model (two-layer Qwen3 + tokenizer, built locally once per session, no hub) comes with the kit, as
+the ``model_dir`` / ``other_model_dir`` / ``tokenizer`` fixtures. Needs pytest (a test dependency).
+
+==============================  ==========================================================
+class                           you implement
+==============================  ==========================================================
+RolloutEngineConformance        ``make_engine(model_dir)`` [``close_engine(engine)``]
+TrainerConformance              ``make_trainer(model_dir)`` [``close_trainer(trainer)``]
+LogprobAgreementConformance     ``make_engine(model_dir)`` and ``make_trainer(model_dir)``
+WeightSyncConformance           ``make_transport(timeout_s, bucket_bytes)``; optionally
+                                ``make_receiver_engine`` / ``make_sender_trainer`` / ``kill_engine``
+RewardConformance               ``make_reward()`` [``samples``, ``expected_scores``, ``slow_sample``]
+QueueConformance                ``make_queue(capacity, consumers, lease_timeout_s)`` [``close_queue``]
+ProcessorConformance            ``make_processor(model_dir)`` [``conversations``, ``expected_prompt``]
+==============================  ==========================================================
+
+Example (a third-party engine package's ``tests/test_conformance.py``)::
+
+    from relax.core.testing import LogprobAgreementConformance, RolloutEngineConformance
+    from my_engine import MyEngine
+
+    class TestMyEngine(RolloutEngineConformance):
+        logprob_atol = 2e-3                       # tolerances are class attributes
+
+        def make_engine(self, model_dir):
+            return MyEngine(model_dir, dtype="float32")
+
+    class TestMyEngineAgreesWithTorch(LogprobAgreementConformance):
+        make_engine = TestMyEngine.make_engine
+        def make_trainer(self, model_dir):
+            from relax.core.testing import torch_trainer
+            return torch_trainer(model_dir)
+
+Optional capabilities (``abort``, ``save_hf``) are skipped with a reason when absent. Factories
+that start Ray actors need Ray initialised first (a session fixture in your ``conftest.py``).
 """
+
+from relax.core.testing.engine import EngineFixtures, RolloutEngineConformance, check_result
+from relax.core.testing.models import TinyModelFixtures, eos_token_ids, load_hf_weights, tiny_model_dir
+from relax.core.testing.processor import ProcessorConformance
+from relax.core.testing.queue import QueueConformance
+from relax.core.testing.reward import RewardConformance
+from relax.core.testing.trainer import (
+    LogprobAgreementConformance,
+    TrainerConformance,
+    TrainerFixtures,
+    make_batch,
+    make_samples,
+    torch_trainer,
+)
+
+__all__ = [
+    "EngineFixtures",
+    "LogprobAgreementConformance",
+    "ProcessorConformance",
+    "QueueConformance",
+    "RewardConformance",
+    "RolloutEngineConformance",
+    "TinyModelFixtures",
+    "TrainerConformance",
+    "TrainerFixtures",
+    "check_result",
+    "eos_token_ids",
+    "load_hf_weights",
+    "make_batch",
+    "make_samples",
+    "tiny_model_dir",
+    "torch_trainer",
+]

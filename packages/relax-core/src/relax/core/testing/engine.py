@@ -66,14 +66,18 @@ class EngineFixtures(TinyModelFixtures):
         ]
         results = self.run_async(engine.generate(reqs))
         got = [r.request_id for r in results]
-        assert got == [r.request_id for r in reqs], f"generate must return one result per request, in order: {got}"
+        assert got == [r.request_id for r in reqs], (
+            f"generate must return one result per request, in order: {got}"
+        )
         return results
 
 
 def check_result(result: GenerationResult, max_new_tokens: int, version: int | None) -> None:
     """The per-result contract (``version=None`` skips the version check)."""
     ids, n = result.response_ids, len(result.response_ids)
-    assert isinstance(ids, list) and all(isinstance(t, int) for t in ids), f"response_ids must be a list of int: {ids!r}"
+    assert isinstance(ids, list) and all(isinstance(t, int) for t in ids), (
+        f"response_ids must be a list of int: {ids!r}"
+    )
     assert n <= max_new_tokens, f"{n} tokens > max_new_tokens {max_new_tokens}"
     assert len(result.logprobs) == n and len(result.versions) == n, (
         f"{n} tokens but {len(result.logprobs)} logprobs and {len(result.versions)} versions"
@@ -81,14 +85,20 @@ def check_result(result: GenerationResult, max_new_tokens: int, version: int | N
     bad = [lp for lp in result.logprobs if not (math.isfinite(lp) and lp <= 1e-6)]
     assert not bad, f"logprobs must be finite and <= 0, got {bad}"
     if version is not None:
-        assert all(v == version for v in result.versions), f"versions {result.versions} != weight_version() {version}"
-    assert result.finish_reason in FINISH_REASONS, f"finish_reason {result.finish_reason!r} not in {sorted(FINISH_REASONS)}"
+        assert all(v == version for v in result.versions), (
+            f"versions {result.versions} != weight_version() {version}"
+        )
+    assert result.finish_reason in FINISH_REASONS, (
+        f"finish_reason {result.finish_reason!r} not in {sorted(FINISH_REASONS)}"
+    )
     if result.finish_reason == "length":
         assert n == max_new_tokens, f"finish_reason 'length' after {n} of {max_new_tokens} tokens"
     elif result.finish_reason == "stop":
         assert n >= 1, "finish_reason 'stop' with an empty response"
     if n < max_new_tokens:
-        assert result.finish_reason in ("stop", "abort"), f"{n} < {max_new_tokens} tokens with {result.finish_reason!r}"
+        assert result.finish_reason in ("stop", "abort"), (
+            f"{n} < {max_new_tokens} tokens with {result.finish_reason!r}"
+        )
     assert isinstance(result.text, str)
 
 
@@ -129,7 +139,9 @@ class RolloutEngineConformance(EngineFixtures):
 
     @pytest.mark.parametrize("budget", [1, 3])
     def test_max_new_tokens_is_exact_with_ignore_eos(self, engine, prompts, budget):
-        results = self.generate(engine, prompts, seeds=range(len(prompts)), max_new_tokens=budget, ignore_eos=True)
+        results = self.generate(
+            engine, prompts, seeds=range(len(prompts)), max_new_tokens=budget, ignore_eos=True
+        )
         for r in results:
             check_result(r, budget, engine.weight_version())
             assert (len(r.response_ids), r.finish_reason) == (budget, "length")
@@ -142,10 +154,14 @@ class RolloutEngineConformance(EngineFixtures):
         for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(x.logprobs, y.logprobs, atol=self.logprob_atol, rtol=0)
         c = self.generate(engine, prompts, seeds=[8] * len(prompts), **kw)
-        assert [r.response_ids for r in c] != [r.response_ids for r in a], "seeds 7 and 8 gave identical samples"
+        assert [r.response_ids for r in c] != [r.response_ids for r in a], (
+            "seeds 7 and 8 gave identical samples"
+        )
 
     def _free_sample(self, engine, prompt, seed, n=12) -> list[int]:
-        return self.generate(engine, [prompt], seeds=[seed], max_new_tokens=n, ignore_eos=True)[0].response_ids
+        return self.generate(engine, [prompt], seeds=[seed], max_new_tokens=n, ignore_eos=True)[
+            0
+        ].response_ids
 
     def test_stop_token_ids_end_the_response(self, engine, prompts, tokenizer):
         for seed in range(20):
@@ -162,7 +178,9 @@ class RolloutEngineConformance(EngineFixtures):
             engine, [prompts[0]], seeds=[seed], max_new_tokens=12, ignore_eos=True, stop_token_ids=(stop_tok,)
         )[0]
         check_result(got, 12, engine.weight_version())
-        assert got.response_ids == expected, f"stop id {stop_tok}: expected {expected}, got {got.response_ids}"
+        assert got.response_ids == expected, (
+            f"stop id {stop_tok}: expected {expected}, got {got.response_ids}"
+        )
         assert got.finish_reason == "stop"
 
     def test_stop_strings_end_the_response(self, engine, prompts, tokenizer):
@@ -176,8 +194,12 @@ class RolloutEngineConformance(EngineFixtures):
                     break
         else:
             pytest.fail("no seed in 0..19 sampled two ordinary tokens in a row (precondition)")
-        end = next(k for k in range(1, len(free) + 1) if stop in tokenizer.decode(free[:k], skip_special_tokens=True))
-        got = self.generate(engine, [prompts[1]], seeds=[seed], max_new_tokens=12, ignore_eos=True, stop=(stop,))[0]
+        end = next(
+            k for k in range(1, len(free) + 1) if stop in tokenizer.decode(free[:k], skip_special_tokens=True)
+        )
+        got = self.generate(
+            engine, [prompts[1]], seeds=[seed], max_new_tokens=12, ignore_eos=True, stop=(stop,)
+        )[0]
         check_result(got, 12, engine.weight_version())
         assert got.response_ids == free[:end], (
             f"stop string {stop!r}: expected tokens up to the one completing it, {free[:end]}, got {got.response_ids}"
@@ -225,7 +247,9 @@ class RolloutEngineConformance(EngineFixtures):
         check_result(got, self.max_new_tokens, None)
 
     def test_pause_holds_generation_until_resume(self, engine, prompts):
-        req = GenerationRequest("paused", prompts[0], SamplingParams(max_new_tokens=4, ignore_eos=True, seed=1))
+        req = GenerationRequest(
+            "paused", prompts[0], SamplingParams(max_new_tokens=4, ignore_eos=True, seed=1)
+        )
 
         async def scenario():
             engine.pause()
@@ -240,13 +264,17 @@ class RolloutEngineConformance(EngineFixtures):
         held, (result,) = self.run_async(scenario())
         assert held, f"a generate issued while paused finished within {self.pause_probe_s}s, before resume()"
         check_result(result, 4, engine.weight_version())
-        assert (len(result.response_ids), result.finish_reason) == (4, "length"), "resume() must let it finish"
+        assert (len(result.response_ids), result.finish_reason) == (4, "length"), (
+            "resume() must let it finish"
+        )
 
     def test_abort_ends_in_flight_requests(self, engine, prompts):
         if not callable(getattr(engine, "abort", None)):
             pytest.skip(f"{type(engine).__name__} has no abort() (optional capability: partial rollout)")
         budget = 64
-        req = GenerationRequest("aborted", prompts[0], SamplingParams(max_new_tokens=budget, ignore_eos=True, seed=2))
+        req = GenerationRequest(
+            "aborted", prompts[0], SamplingParams(max_new_tokens=budget, ignore_eos=True, seed=2)
+        )
 
         async def scenario():
             engine.pause()  # so the request is certainly in flight when abort() arrives
@@ -293,9 +321,15 @@ class RolloutEngineConformance(EngineFixtures):
             self.update_weights(engine, load_hf_weights(model_dir), version + 2)
         for a, e in zip(after, expected, strict=True):
             check_result(a, 6, version + 1)
-            assert a.response_ids == e.response_ids, "after update_weights the engine must serve the new weights"
+            assert a.response_ids == e.response_ids, (
+                "after update_weights the engine must serve the new weights"
+            )
             torch.testing.assert_close(a.logprobs, e.logprobs, atol=self.logprob_atol, rtol=0)
-        moved = max(abs(x - y) for a, b in zip(after, before, strict=True) for x, y in zip(a.logprobs, b.logprobs))
+        moved = max(
+            abs(x - y)
+            for a, b in zip(after, before, strict=True)
+            for x, y in zip(a.logprobs, b.logprobs, strict=True)
+        )
         assert moved > 1e-3, "outputs did not change although the weights did"
         restored = self.generate(engine, prompts, **kw)
         assert [r.response_ids for r in restored] == [r.response_ids for r in before], "restoring the weights"

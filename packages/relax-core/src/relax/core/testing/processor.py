@@ -68,7 +68,9 @@ class ProcessorConformance(TinyModelFixtures):
             pristine = copy.deepcopy(messages)
             first, second = processor(messages), processor(messages)
             assert messages == pristine, "the processor modified its input messages"
-            assert first["prompt_ids"] == second["prompt_ids"] and first["prompt_text"] == second["prompt_text"]
+            assert (
+                first["prompt_ids"] == second["prompt_ids"] and first["prompt_text"] == second["prompt_text"]
+            )
 
     def test_conversations_do_not_collide(self, processor):
         outs = [tuple(processor(m)["prompt_ids"]) for m in self.conversations()]

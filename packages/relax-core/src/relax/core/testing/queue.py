@@ -41,13 +41,17 @@ class QueueConformance:
     def make_queue(
         self, capacity: int, consumers: Sequence[str] = (), lease_timeout_s: float | None = None
     ) -> TransferQueueLike:
-        raise NotImplementedError(f"{type(self).__name__} must implement make_queue(self, capacity, consumers, lease_timeout_s)")
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement make_queue(self, capacity, consumers, lease_timeout_s)"
+        )
 
     def close_queue(self, queue: Any) -> None:
         """Release what ``make_queue`` started (e.g. kill an actor). Default: nothing."""
 
     @contextmanager
-    def queue(self, capacity: int, consumers: Sequence[str] = (), lease_timeout_s: float | None = None) -> Iterator[Any]:
+    def queue(
+        self, capacity: int, consumers: Sequence[str] = (), lease_timeout_s: float | None = None
+    ) -> Iterator[Any]:
         q = self.make_queue(capacity, consumers=list(consumers), lease_timeout_s=lease_timeout_s)
         try:
             yield q
@@ -73,7 +77,9 @@ class QueueConformance:
             batch = q.get("trainer", ["response", "reward"], batch_size=2, timeout=self.wait_s)
             adder.join()
             assert [tuple(k) for k in batch.keys] == keys
-            assert batch.data == {"response": [0, 1], "reward": [1.0, -1.0]}, "only the requested columns, in key order"
+            assert batch.data == {"response": [0, 1], "reward": [1.0, -1.0]}, (
+                "only the requested columns, in key order"
+            )
             assert [tuple(v) for v in batch.versions] == [(3, 3), (3, 3)]
 
     def test_consumers_have_independent_cursors(self):
@@ -141,11 +147,15 @@ class QueueConformance:
             q.put_rows(0, rows(4), version=2)
             done = q.get("trainer", ["response"], batch_size=2, timeout=self.wait_s, group_aware=False)
             q.ack("trainer", done.keys)
-            q.get("trainer", ["response"], batch_size=1, timeout=self.wait_s, group_aware=False)  # leased, lost
+            q.get(
+                "trainer", ["response"], batch_size=1, timeout=self.wait_s, group_aware=False
+            )  # leased, lost
             state = q.state_dict()
         with self.queue(8, ["trainer"]) as restored:
             restored.load_state_dict(state)
-            batch = restored.get("trainer", ["response"], batch_size=2, timeout=self.wait_s, group_aware=False)
+            batch = restored.get(
+                "trainer", ["response"], batch_size=2, timeout=self.wait_s, group_aware=False
+            )
             assert batch.data["response"] == [2, 3] and [tuple(v) for v in batch.versions] == [(2, 2)] * 2
             with pytest.raises(TimeoutError):
                 restored.get("trainer", ["response"], batch_size=1, timeout=self.short_s)
@@ -161,4 +171,7 @@ class QueueConformance:
             with pytest.raises(TimeoutError):
                 q.get("trainer", ["response"], batch_size=2, timeout=self.short_s)
             q.put_rows(1, rows(1, 6), group_ids=["c"], group_size=2)
-            assert q.get("trainer", ["response"], batch_size=2, timeout=self.wait_s).data["response"] == [5, 6]
+            assert q.get("trainer", ["response"], batch_size=2, timeout=self.wait_s).data["response"] == [
+                5,
+                6,
+            ]

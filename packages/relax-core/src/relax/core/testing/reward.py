@@ -46,7 +46,9 @@ def check_value(value: Any) -> float:
     """The score of a reward's return value; fails unless it is a finite float or such a dict."""
     if isinstance(value, dict):
         assert "score" in value, f"a dict reward must contain 'score', got keys {sorted(value)}"
-        bad = {k: v for k, v in value.items() if not (isinstance(v, numbers.Real) and math.isfinite(float(v)))}
+        bad = {
+            k: v for k, v in value.items() if not (isinstance(v, numbers.Real) and math.isfinite(float(v)))
+        }
         assert not bad, f"reward info values must be finite numbers: {bad}"
         return float(value["score"])
     assert isinstance(value, numbers.Real) and not isinstance(value, bool), (

@@ -40,7 +40,10 @@ def make_samples(tokenizer: Any, rows: int = 8, seed: int = 0) -> list[Sample]:
     def draw(n: int) -> list[int]:
         return vocab[torch.randint(len(vocab), (n,), generator=gen)].tolist()
 
-    return [Sample(prompt_ids=draw(3 + i % 4), group_id=i // 4, response_ids=draw(2 + (i * 3) % 5)) for i in range(rows)]
+    return [
+        Sample(prompt_ids=draw(3 + i % 4), group_id=i // 4, response_ids=draw(2 + (i * 3) % 5))
+        for i in range(rows)
+    ]
 
 
 def make_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -51,10 +54,25 @@ def make_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def _assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float, what: str) -> None:
+def torch_trainer(model_dir: str, **kw: Any) -> Any:
+    """Core's torch trainer with the default policy objective, tuned for the tiny model: the
+    reference side of a third-party engine's ``LogprobAgreementConformance``."""
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.trainers.torch_trainer import TorchTrainer
+
+    kw = {"objective": build_policy_objective(AlgorithmConfig()), "lr": 1e-2, "micro_batch_size": 4, **kw}
+    return TorchTrainer(model_dir, **kw)
+
+
+def _assert_same_weights(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float, what: str
+) -> None:
     assert got.keys() == want.keys(), f"{what}: names differ: {sorted(got.keys() ^ want.keys())}"
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{what}, {n}: {m}")
+        torch.testing.assert_close(
+            got[name], want[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{what}, {n}: {m}"
+        )
 
 
 class TrainerFixtures(TinyModelFixtures):
@@ -121,7 +139,9 @@ class TrainerConformance(TrainerFixtures):
         for row in (1, 6):  # a row alone (other padding, no neighbours) must score the same
             single = trainer.forward_logprobs(collate([samples[row]], pad_id=tokenizer.pad_token_id))
             r = len(samples[row].response_ids)
-            torch.testing.assert_close(single[0, :r].cpu().float(), lp[row, :r], atol=self.forward_atol, rtol=0)
+            torch.testing.assert_close(
+                single[0, :r].cpu().float(), lp[row, :r], atol=self.forward_atol, rtol=0
+            )
 
     def test_train_step_returns_finite_metrics_and_follows_the_advantages(self, trainer, batch):
         before = exported(trainer)
@@ -154,11 +174,15 @@ class TrainerConformance(TrainerFixtures):
         total = sum(t.numel() * t.element_size() for t in weights.values())
         limit = total // 4
         buckets = list(trainer.export_weights(limit))
-        assert len(buckets) >= 2, f"bucket_bytes={limit} (a quarter of the model) gave {len(buckets)} bucket(s)"
+        assert len(buckets) >= 2, (
+            f"bucket_bytes={limit} (a quarter of the model) gave {len(buckets)} bucket(s)"
+        )
         for i, bucket in enumerate(buckets):
             size = sum(t.numel() * t.element_size() for _, t in bucket)
             assert size <= limit or len(bucket) == 1, f"bucket {i} holds {size} bytes > bucket_bytes {limit}"
-        assert sorted(n for b in buckets for n, _ in b) == sorted(weights), "bucketing changed the exported names"
+        assert sorted(n for b in buckets for n, _ in b) == sorted(weights), (
+            "bucketing changed the exported names"
+        )
 
     def test_save_load_round_trip_resumes_identically(self, trainer, batch, model_dir, tmp_path):
         trainer.train_step(self.with_old_logprobs(trainer, batch))
@@ -169,12 +193,16 @@ class TrainerConformance(TrainerFixtures):
             _assert_same_weights(exported(resumed), exported(trainer), 0.0, "weights after load")
             m_resumed = resumed.train_step(self.with_old_logprobs(resumed, batch))
             m_straight = trainer.train_step(self.with_old_logprobs(trainer, batch))
-            _assert_same_weights(exported(resumed), exported(trainer), self.resume_atol, "weights one step after load")
+            _assert_same_weights(
+                exported(resumed), exported(trainer), self.resume_atol, "weights one step after load"
+            )
         finally:
             self.close_trainer(resumed)
         assert m_resumed.keys() == m_straight.keys()
         for k in m_straight:
-            assert math.isclose(float(m_resumed[k]), float(m_straight[k]), rel_tol=0, abs_tol=self.resume_atol + 1e-12), (
+            assert math.isclose(
+                float(m_resumed[k]), float(m_straight[k]), rel_tol=0, abs_tol=self.resume_atol + 1e-12
+            ), (
                 f"metric {k!r} after load {m_resumed[k]} != uninterrupted {m_straight[k]} (optimizer state not restored?)"
             )
 
@@ -211,5 +239,7 @@ class LogprobAgreementConformance(EngineFixtures, TrainerFixtures):
         batch = collate(samples, pad_id=tokenizer.pad_token_id)
         mask = batch["response_mask"] > 0
         trained = trainer.forward_logprobs(batch).cpu().float()
-        torch.testing.assert_close(trained[mask], batch["rollout_logprobs"][mask], atol=self.agreement_atol, rtol=0)
+        torch.testing.assert_close(
+            trained[mask], batch["rollout_logprobs"][mask], atol=self.agreement_atol, rtol=0
+        )
         assert trained[mask].min() < -0.5, "logprobs all ~0: the check would be vacuous"
