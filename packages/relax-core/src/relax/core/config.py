@@ -82,6 +82,14 @@ class RolloutConfig:
     ignore_eos: bool = False  # benchmarks/tests: always generate max_new_tokens
     # async/hybrid: what happens to in-flight sequences when new weights arrive
     partial_rollout: Literal["in_place", "abort"] = "in_place"
+    # faults: a generate call that takes longer than timeout_s, or a pause/resume/abort/health call
+    # unanswered after control_timeout_s, evicts its engine (its requests go to the others); lost
+    # engines are replaced (synced to the current weights) up to max_restarts times in all, waiting
+    # restart_backoff_s first (doubled after each replacement that fails to start)
+    timeout_s: float = 600.0
+    control_timeout_s: float = 30.0
+    max_restarts: int = 3
+    restart_backoff_s: float = 1.0
     engine_params: Any = field(default_factory=dict)  # typed by the engine's registered config
 
 
@@ -103,6 +111,9 @@ class TrainerConfig:
     # a non-finite loss or gradient stops the run naming the step; true: skip that update instead
     # (counted as train/skipped_nonfinite)
     skip_nonfinite: bool = False
+    timeout_s: float = 600.0  # longest a train step, forward pass, save or load may take
+    # a dead trainer restarts the run from its latest checkpoint up to this many times (0: the run fails)
+    max_restarts: int = 0
     backend_params: Any = field(default_factory=dict)  # typed by the backend's registered config
 
 
@@ -155,6 +166,9 @@ class LoggingConfig:
 class RayConfig:
     address: str | None = None  # None = start an embedded local instance
     num_cpus: int | None = None
+    # the interface this machine's Ray binds and advertises: null = 127.0.0.1 for an embedded Ray
+    # (nothing listens beyond loopback), Ray's choice when joining a cluster
+    node_ip_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -368,6 +382,12 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         ("weight_sync.timeout_s", cfg.weight_sync.timeout_s, False),
         ("weight_sync.every_n_steps", cfg.weight_sync.every_n_steps, False),
         ("queue.timeout_s", cfg.queue.timeout_s, False),
+        ("rollout.timeout_s", cfg.rollout.timeout_s, False),
+        ("rollout.control_timeout_s", cfg.rollout.control_timeout_s, False),
+        ("rollout.max_restarts", cfg.rollout.max_restarts, True),
+        ("rollout.restart_backoff_s", cfg.rollout.restart_backoff_s, True),
+        ("trainer.timeout_s", cfg.trainer.timeout_s, False),
+        ("trainer.max_restarts", cfg.trainer.max_restarts, True),
         ("checkpoint.save_every", cfg.checkpoint.save_every, True),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last, False),
         ("data.max_prompt_length", cfg.data.max_prompt_length, False),
