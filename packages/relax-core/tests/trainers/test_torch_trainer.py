@@ -10,7 +10,7 @@ from relax.core.algorithms.aggregation import aggregate_loss, masked_mean
 from relax.core.data import Sample, collate
 from relax.core.protocols import Trainer
 from relax.core.quickstart_model import build_tiny_model
-from relax.core.trainers.torch_trainer import TorchTrainer, token_logprobs, trainer_from_config
+from relax.core.trainers.torch_trainer import NonFiniteError, TorchTrainer, token_logprobs, trainer_from_config
 
 
 def ppo_objective(inputs):
@@ -45,7 +45,7 @@ def batch():
 
 
 def make(model_dir, **kw):
-    return TorchTrainer(model_dir, objective=ppo_objective, **{"lr": 1e-2, "micro_batch_size": 8, **kw})
+    return TorchTrainer(model_dir, **{"objective": ppo_objective, "lr": 1e-2, "micro_batch_size": 8, **kw})
 
 
 def params(trainer):
@@ -76,10 +76,10 @@ def test_positive_advantage_raises_logprob_and_metrics_are_real(model_dir, batch
     assert after[pos].mean() > before[pos].mean() + 0.1
     assert after[~pos & (mask > 0)].mean() < before[~pos & (mask > 0)].mean()
     first = metrics[0]
-    assert set(first) == {"loss", "grad_norm", "lr", "entropy", "ratio_mean", "skipped_frac"}
+    assert set(first) == {"loss", "grad_norm", "lr", "entropy", "ratio_mean", "skipped_nonfinite"}
     assert first["entropy"] == pytest.approx(expected_entropy, abs=1e-5)
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # first step is on-policy
-    assert first["lr"] == 1e-2 and first["grad_norm"] > 0 and first["skipped_frac"] == 0.0
+    assert first["lr"] == 1e-2 and first["grad_norm"] > 0 and first["skipped_nonfinite"] == 0.0
     # ratio is 1 at each step's start (old logprobs recomputed), so the loss is -token-mean(A)
     assert first["loss"] == pytest.approx(float(-(batch["advantages"] * mask).sum() / mask.sum()), abs=1e-6)
 
@@ -200,3 +200,62 @@ def test_from_config_policy_and_reference(model_dir, batch):
     torch.testing.assert_close(reference.forward_logprobs(batch), make(model_dir).forward_logprobs(batch))
     with pytest.raises(RuntimeError, match="trainable"):
         reference.train_step(batch)
+
+
+def nan_on_call(n):
+    """``ppo_objective`` whose ``n``-th call (1-based) returns a NaN loss."""
+    calls = []
+
+    def objective(inputs):
+        calls.append(1)
+        loss, metrics = ppo_objective(inputs)
+        return (loss * float("nan") if len(calls) == n else loss), metrics
+
+    return objective
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_leaves_weights_alone(model_dir, batch):
+    trainer = make(model_dir, objective=nan_on_call(2))
+    trainer.train_step(batch)
+    before = params(trainer)
+    with pytest.raises(NonFiniteError, match=r"train step 2: non-finite loss \(loss nan, grad_norm nan\); the update was not applied"):
+        trainer.train_step(batch)
+    assert_params_close(params(trainer), before, atol=0)
+
+
+def test_skip_nonfinite_skips_and_counts(model_dir, batch):
+    trainer = make(model_dir, objective=nan_on_call(2), num_minibatches=2, skip_nonfinite=True)
+    first = trainer.train_step(batch)  # calls 1 (mini-batch 1) and 2 (mini-batch 2: NaN, skipped)
+    assert first["skipped_nonfinite"] == 1.0
+    assert trainer.optimizer.state_dict()["state"][0]["step"] == 1  # one of two updates applied
+    second = trainer.train_step(batch)
+    assert second["skipped_nonfinite"] == 0.0
+    assert all(torch.isfinite(v).all() for v in params(trainer).values())
+
+
+def test_huge_lr_stops_the_run_or_is_skipped_and_counted(model_dir, batch):
+    """lr=1e30: Adam moves every weight by ~lr, the next loss overflows: an error naming the step,
+    or with skip_nonfinite every later update skipped and counted (weights stay finite)."""
+    trainer = make(model_dir, lr=1e30)
+    trainer.train_step(batch)
+    with pytest.raises(NonFiniteError, match=r"train step 2: non-finite (loss|gradient)"):
+        trainer.train_step(batch)
+    trainer = make(model_dir, lr=1e30, skip_nonfinite=True)
+    skipped = sum(trainer.train_step(batch)["skipped_nonfinite"] for _ in range(3))
+    assert skipped == 2 and all(torch.isfinite(v).all() for v in params(trainer).values())
+
+
+def test_infinite_lr_never_leaves_a_nan_model_even_in_skip_mode(model_dir, batch):
+    """lr=inf (config validation rejects it; a plugin could still compute one): the applied update
+    makes the weights non-finite, which no skip can undo, so the step fails either way."""
+    for skip in (False, True):
+        trainer = make(model_dir, lr=float("inf"), skip_nonfinite=skip)
+        with pytest.raises(NonFiniteError, match=r"train step 1: the update \(lr inf\) made the weights non-finite"):
+            trainer.train_step(batch)
+
+
+def test_from_config_passes_skip_nonfinite(model_dir):
+    from relax.core.config import load_config
+
+    cfg = load_config(None, ["trainer.skip_nonfinite=true"])
+    assert trainer_from_config(cfg, model_dir).skip_nonfinite is True

@@ -26,6 +26,10 @@ _STATE_FILE = "trainer_state.pt"
 _OPTIONAL_COLUMNS = ("rollout_logprobs", "ref_logprobs", "teacher_logprobs")
 
 
+class NonFiniteError(FloatingPointError):
+    """A train step produced a NaN/inf loss, gradient or weight; names the step."""
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log p(token) from (..., V) logits, in fp32 (logsumexp form: no (..., V) log-softmax copy)."""
     logits = logits.float()
@@ -67,6 +71,7 @@ class TorchTrainer:
         trainable: bool = True,
         critic: Critic | None = None,
         critic_warmup_steps: int = 0,
+        skip_nonfinite: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -94,6 +99,7 @@ class TorchTrainer:
             else None
         )
         self.critic, self.critic_warmup_steps = critic, critic_warmup_steps
+        self.skip_nonfinite = skip_nonfinite  # False: a NaN/inf loss or gradient raises NonFiniteError
         self.step = 0
 
     # ------------------------------------------------------------------ forward
@@ -143,7 +149,8 @@ class TorchTrainer:
         ``teacher_logprobs`` are passed through when present.
 
         Metrics, averaged over mini-batches: ``loss``, ``grad_norm`` (before clipping), ``entropy``
-        (token mean), ``lr``, ``skipped_frac`` (non-finite gradients, update dropped) and the
+        (token mean), ``lr``, ``skipped_nonfinite`` (updates dropped for a NaN/inf loss or gradient,
+        summed; only with ``skip_nonfinite``, else that raises ``NonFiniteError``) and the
         objective's metrics (``*loss`` keys summed over micro-batches, others token-weighted);
         with a critic also ``vf_loss``, ``vf_clip_frac``, ``values_mean``, ``critic_grad_norm``
         (actor metrics are absent during critic warm-up).
@@ -166,7 +173,7 @@ class TorchTrainer:
                 record.update(self._optimizer_step(mini))
             records.append(record)
         self.step += 1
-        metrics = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
+        metrics = {k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records)) for k in records[0]}
         if self.critic is not None:
             metrics["actor_updated"] = float(train_actor)
         return {**metrics, "lr": lr}
@@ -204,19 +211,29 @@ class TorchTrainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        skipped = not math.isfinite(grad_norm)
-        if skipped:  # a NaN/inf gradient would destroy the weights: drop this update
+        skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
+        if skipped:  # a NaN/inf update would destroy the weights: drop it, or stop the run
+            self._nonfinite(f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} "
+                            f"(loss {loss_sum}, grad_norm {grad_norm}); the update was not applied")
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
+            if not math.isfinite(float(torch.nn.utils.get_total_norm(params, norm_type=math.inf))):
+                lr = self.optimizer.param_groups[0]["lr"]  # the weights are gone: skipping cannot help
+                self._nonfinite(f"the update (lr {lr:g}) made the weights non-finite", skippable=False)
         denom = max(tokens, 1.0)
         return {
             **{k: v if k.endswith("loss") else v / denom for k, v in obj_sums.items()},
             "loss": loss_sum,
             "grad_norm": grad_norm,
             "entropy": entropy_sum / denom,
-            "skipped_frac": float(skipped),
+            "skipped_nonfinite": float(skipped),
         }
+
+    def _nonfinite(self, what: str, skippable: bool = True) -> None:
+        if not (self.skip_nonfinite and skippable):
+            hint = "; trainer.skip_nonfinite=true skips such updates instead of stopping" if skippable else ""
+            raise NonFiniteError(f"train step {self.step + 1}: {what}. Lower trainer.lr or check rewards and advantages{hint}")
 
     # ------------------------------------------------------------------ weights
     def _unique_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -309,6 +326,7 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
         total_steps=spec.total_steps,
         lr_schedule=t.lr_schedule,
         min_lr_ratio=t.min_lr_ratio,
+        skip_nonfinite=t.skip_nonfinite,
         micro_batch_size=t.micro_batch_size,
         num_minibatches=t.num_minibatches,
         loss_agg_mode=spec.algorithm.loss_agg_mode,
