@@ -1,10 +1,11 @@
 import asyncio
+import threading
 import time
 
 import pytest
 
 from relax.core.data import Sample
-from relax.core.rewards import ExactMatchReward, NumericReward, RewardError, score_samples
+from relax.core.rewards import ExactMatchReward, NumericReward, RewardError, ScoringLoop, reward_metrics, score_samples
 
 
 def samples(responses, label="7"):
@@ -139,3 +140,194 @@ def test_sync_score_function_runs_in_a_thread_with_timeout():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="on_error"):
         asyncio.run(score_samples(Broken(), [], on_error="skip"))
+
+
+# ---------------------------------------------------------------- hangs, groups, fallback, components
+
+FOREVER = threading.Event()  # never set
+
+
+class HangsSync:
+    """A plain ``def score`` that never returns for responses starting with "hang"."""
+
+    def score(self, sample):
+        if sample.response_text.startswith("hang"):
+            FOREVER.wait()
+        return 1.0
+
+
+class HangsAsync:
+    """``async def score`` that sleeps forever for "hang*"; ``stubborn`` also swallows every cancellation."""
+
+    def __init__(self, stubborn=False):
+        self.stubborn = stubborn
+
+    async def score(self, sample):
+        while sample.response_text.startswith("hang"):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if not self.stubborn:
+                    raise
+        return 1.0
+
+
+@pytest.mark.parametrize("reward", [HangsSync(), HangsAsync()], ids=["sync", "async"])
+def test_a_hanging_reward_is_abandoned_at_the_timeout(reward):
+    """asyncio.run returns at the timeout: nothing joins the hung thread or awaits the hung task."""
+    ss = samples(["a", "hang1", "b", "hang2"])
+    t0 = time.perf_counter()
+    stats = asyncio.run(score_samples(reward, ss, timeout_s=1.0, on_error="zero"))
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.0 + 2.0, elapsed
+    assert [s.reward for s in ss] == [1.0, 0.0, 1.0, 0.0]
+    assert (stats.scored, stats.errors, stats.timeouts) == (2, 0, 2)
+    assert ss[1].reward_info == {"score": 0.0, "reward_failed": 1.0, "reward_timeout": 1.0}
+    if isinstance(reward, HangsSync):  # left behind as daemon threads: they cannot hold the process open
+        hung = [t for t in threading.enumerate() if t.name == "relax-reward-score" and t.is_alive()]
+        assert len(hung) >= 2 and all(t.daemon for t in hung)
+
+
+@pytest.mark.parametrize("reward", [HangsSync(), HangsAsync(stubborn=True)], ids=["sync", "async-ignores-cancel"])
+def test_scoring_loop_moves_on_and_stays_usable(reward):
+    loop = ScoringLoop()
+    for _ in range(2):  # the abandoned calls of the first round do not block the second
+        ss = samples(["hang", "x"])
+        t0 = time.perf_counter()
+        stats = loop.score(reward, ss, timeout_s=1.0, on_error="zero", fallback_score=-1.0)
+        assert time.perf_counter() - t0 < 1.0 + 2.0
+        assert [s.reward for s in ss] == [-1.0, 1.0] and stats.timeouts == 1
+    with pytest.raises(RewardError, match=r"reward 'HangsSync|HangsAsync'.*group 0 index 0: timed out after 1s"):
+        loop.score(reward, samples(["hang"]), timeout_s=1.0, on_error="raise")
+
+
+def test_an_async_reward_that_blocks_its_loop_is_reported():
+    class Blocking:
+        async def score(self, sample):
+            time.sleep(2.0)  # blocks the event loop: no timeout can fire meanwhile
+            return 1.0
+
+    loop = ScoringLoop(margin_s=0.3)
+    t0 = time.perf_counter()
+    with pytest.raises(RewardError, match="blocks its event loop"):
+        loop.score(Blocking(), samples(["x"]), timeout_s=0.2)
+    assert time.perf_counter() - t0 < 1.5
+    ss = samples(["7"])
+    loop.score(NumericReward(), ss, timeout_s=5.0)  # a fresh loop serves the next call
+    assert ss[0].reward == 1.0
+
+
+class GroupJudge:
+    """Scores a whole group at once: 1.0 for the longest response, 0.0 for the others. ``score_group``
+    is a plain method; ``hang_group`` never returns, ``wrong_size_group`` returns one result."""
+
+    def __init__(self, hang_group=None, wrong_size_group=None):
+        self.calls, self.hang_group, self.wrong_size_group = [], hang_group, wrong_size_group
+
+    def score(self, sample):  # pragma: no cover - score_group takes precedence
+        raise AssertionError("score() called although score_group exists")
+
+    def judge(self, group):
+        self.calls.append([s.index_in_group for s in group])
+        if group[0].group_id == self.wrong_size_group:
+            return [1.0]
+        best = max(len(s.response_text) for s in group)
+        return [{"score": float(len(s.response_text) == best), "length": float(len(s.response_text))} for s in group]
+
+    def score_group(self, group):
+        if group[0].group_id == self.hang_group:
+            FOREVER.wait()
+        return self.judge(group)
+
+
+class AsyncGroupJudge(GroupJudge):
+    async def score_group(self, group):
+        if group[0].group_id == self.hang_group:
+            await asyncio.sleep(3600)
+        return self.judge(group)
+
+
+def grouped(responses_per_group):
+    return [
+        Sample(prompt_ids=[1], group_id=g, index_in_group=i, response_text=r)
+        for g, responses in enumerate(responses_per_group)
+        for i, r in enumerate(responses)
+    ]
+
+
+@pytest.mark.parametrize("cls", [AsyncGroupJudge, GroupJudge], ids=["async", "sync"])
+def test_score_group_scores_each_group_in_one_call(cls):
+    judge = cls()
+    ss = grouped([["a", "abc", "ab"], ["xy", "x"]])
+    stats = asyncio.run(score_samples(judge, ss))
+    assert sorted(judge.calls) == [[0, 1], [0, 1, 2]]
+    assert [s.reward for s in ss] == [0.0, 1.0, 0.0, 1.0, 0.0]
+    assert ss[1].reward_info == {"score": 1.0, "length": 3.0}
+    assert (stats.scored, stats.failures) == (5, 0)
+
+
+@pytest.mark.parametrize("cls", [AsyncGroupJudge, GroupJudge], ids=["async", "sync"])
+def test_score_group_timeout_and_errors_count_every_sample_of_the_group(cls):
+    judge = cls(hang_group=0, wrong_size_group=2)
+    ss = grouped([["a", "b"], ["cc", "c"], ["d", "dd", "ddd"]])
+    t0 = time.perf_counter()
+    stats = asyncio.run(score_samples(judge, ss, timeout_s=1.0, on_error="zero", fallback_score=0.25))
+    assert time.perf_counter() - t0 < 1.0 + 2.0
+    assert [s.reward for s in ss] == [0.25, 0.25, 1.0, 0.0, 0.25, 0.25, 0.25]
+    assert (stats.scored, stats.errors, stats.timeouts) == (2, 3, 2)
+    assert "score_group returned 1 results for 3 samples" in stats.first_error or "timed out" in stats.first_error
+    with pytest.raises(RewardError, match=rf"reward '{cls.__name__}' on sample group 2: ValueError: score_group returned 1"):
+        asyncio.run(score_samples(judge, grouped([["a"], ["b"], ["c", "cc"]])))
+
+
+def test_fallback_score_replaces_zero_and_is_validated():
+    ss = samples(["ok", "boom"])
+    stats = asyncio.run(score_samples(Broken(), ss, on_error="zero", fallback_score=-0.5))
+    assert [s.reward for s in ss] == [0.5, -0.5] and stats.errors == 1
+    assert ss[1].reward_info == {"score": -0.5, "reward_failed": 1.0}
+    with pytest.raises(ValueError, match="finite fallback_score"):
+        asyncio.run(score_samples(Broken(), ss, on_error="zero", fallback_score=float("nan")))
+
+
+def test_defaults_are_the_run_configs():
+    import inspect as _inspect
+
+    from relax.core.config import RewardConfig
+
+    params = _inspect.signature(score_samples).parameters
+    cfg = RewardConfig()
+    for name in ("timeout_s", "max_concurrency", "on_error", "fallback_score"):
+        assert params[name].default == getattr(cfg, name), name
+
+
+def test_reward_metrics_log_extra_components_and_failure_counts():
+    ss = samples(["ok", "boom", "ok", "hang"])
+    asyncio.run(score_samples(Broken(), ss[:3], on_error="zero"))
+    asyncio.run(score_samples(HangsAsync(), ss[3:], timeout_s=0.2, on_error="zero"))
+    metrics = reward_metrics(ss)
+    assert metrics["reward/extra_mean"] == 2.0  # only the two samples that carry it
+    assert metrics["reward/score_mean"] == pytest.approx((0.5 + 0.0 + 0.5 + 0.0) / 4)
+    assert (metrics["reward/failures"], metrics["reward/timeouts"]) == (2.0, 1.0)
+    assert "reward/reward_failed_mean" not in metrics and "reward/reward_timeout_mean" not in metrics
+
+
+def test_sample_metrics_include_reward_components():
+    from relax.core.controller.stages import sample_metrics
+
+    ss = samples(["ok", "ok"])
+    asyncio.run(score_samples(Broken(), ss))
+    metrics = sample_metrics(ss)
+    assert metrics["reward/extra_mean"] == 2.0 and metrics["reward/failures"] == 0.0
+
+
+def test_a_plain_method_returning_a_coroutine_is_awaited():
+    class Wrapped:
+        def score(self, sample):
+            async def inner():
+                return {"score": 1.0, "judge_tokens": 3}
+
+            return inner()
+
+    ss = samples(["x"])
+    asyncio.run(score_samples(Wrapped(), ss))
+    assert ss[0].reward_info == {"score": 1.0, "judge_tokens": 3.0}

@@ -3,12 +3,15 @@
 Rows are validated and tokenized once at construction so that bad data fails before any rollout
 starts (or is skipped and counted) and so that the order of prompts depends only on the seed, the
 epoch and the position: a resumed run continues with exactly the prompts it would have seen.
+Every bad row is reported with its file, row and (for bad bytes) byte offset; the counts of
+loaded, skipped and filtered rows are logged once and kept in ``stats``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +19,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from relax.core.config import DataConfig
+
+log = logging.getLogger(__name__)
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 _HF_DISK_MARKERS = ("state.json", "dataset_dict.json")
@@ -35,19 +41,24 @@ class PromptItem:
     uid: str  # "<file name>:<row>", stable across runs
 
 
+_DATA = DataConfig()  # the run config's ``data:`` section owns the defaults shared with it
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
+    """The dataset's settings; fields shared with ``DataConfig`` take their defaults from it."""
+
     path: str | list[str]  # file, directory of files, list of files, or a datasets.save_to_disk dir
-    prompt_key: str = "prompt"  # a string, or a list of chat messages [{role, content}]
-    label_key: str | None = "label"  # None: rows carry no label
-    metadata_keys: tuple[str, ...] = ()
-    media_keys: tuple[str, ...] = ()
-    system_prompt: str | None = None  # prepended unless the row's chat already starts with one
-    apply_chat_template: bool = False
-    max_prompt_length: int | None = None  # in tokens; longer prompts are dropped and counted
-    on_error: Literal["raise", "skip"] = "raise"
+    prompt_key: str = _DATA.prompt_key  # a string, or a list of chat messages [{role, content}]
+    label_key: str | None = _DATA.label_key  # None: rows carry no label
+    metadata_keys: tuple[str, ...] = tuple(_DATA.metadata_keys)
+    media_keys: tuple[str, ...] = tuple(_DATA.media_keys)
+    system_prompt: str | None = _DATA.system_prompt  # prepended unless the row's chat already starts with one
+    apply_chat_template: bool = _DATA.apply_chat_template
+    max_prompt_length: int | None = _DATA.max_prompt_length  # in tokens; longer prompts are dropped and counted
+    on_error: Literal["raise", "skip"] = _DATA.on_error
     batch_size: int = 8
-    shuffle: bool = True
+    shuffle: bool = _DATA.shuffle
     seed: int = 0
     drop_last: bool = True  # a short last batch per epoch is dropped (batches never span epochs)
     split: str = "train"  # only for a datasets.save_to_disk DatasetDict
@@ -97,10 +108,23 @@ def _iter_raw(path: Path, split: str = "train") -> Iterator[tuple[int, dict[str,
         raise DatasetError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
 
 
+def _bad_utf8(path: Path, where: str, data: bytes, e: UnicodeDecodeError, base: int = 0) -> DatasetError:
+    byte = data[e.start : e.start + 1].hex()
+    return DatasetError(f"{path}: {where}byte offset {base + e.start}: invalid UTF-8 (byte 0x{byte}: {e.reason})")
+
+
 def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any] | DatasetError]]:
-    """JSON Lines (row = line number), or a .json file holding one array of objects."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
+    """JSON Lines (row = line number), or a .json file holding one array of objects.
+
+    Lines are decoded one by one, so a bad byte spoils only its row (skippable with
+    ``on_error: skip``); in a JSON array it spoils the whole file."""
+    data = path.read_bytes()
+    if path.suffix == ".json" and data.lstrip()[:1] == b"[":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise _bad_utf8(path, f"line {line}: ", data, e) from None
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
@@ -108,8 +132,15 @@ def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any] | DatasetError]
         for n, row in enumerate(rows, start=1):
             yield n, _object_or_error(path, n, row)
         return
-    for n, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
-        if not line.strip():
+    offset = 0
+    for n, raw in enumerate(data.split(b"\n"), start=1):  # bytes: U+2028 inside a string is no line break
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8-sig" if start == 0 else "utf-8")
+        except UnicodeDecodeError as e:
+            yield n, _bad_utf8(path, f"row {n}: ", raw, e, base=start)
             continue
         try:
             row = json.loads(line)
@@ -190,6 +221,7 @@ class PromptDataset:
         self.tokenizer = tokenizer
         self.processor = processor
         self.stats = {"loaded": 0, "skipped_malformed": 0, "filtered_too_long": 0}
+        self.skipped: list[str] = []  # the first few skipped rows' errors
         self.items: list[PromptItem] = []
         for file in _resolve_files(config.path):
             for row_no, row in _iter_raw(file, config.split):
@@ -197,16 +229,21 @@ class PromptDataset:
                     if isinstance(row, DatasetError):
                         raise row
                     item = self._make_item(file, row_no, row)
-                except DatasetError:
+                except DatasetError as e:
                     if config.on_error == "raise":
                         raise
-                    self.stats["skipped_malformed"] += 1
+                    self._skip(str(e))
                     continue
                 if config.max_prompt_length and len(item.prompt_ids) > config.max_prompt_length:
                     self.stats["filtered_too_long"] += 1
                     continue
                 self.items.append(item)
         self.stats["loaded"] = len(self.items)
+        log.info(
+            "data %s: %d prompts loaded, %d malformed rows skipped, %d longer than max_prompt_length=%s filtered",
+            config.path, self.stats["loaded"], self.stats["skipped_malformed"], self.stats["filtered_too_long"],
+            config.max_prompt_length,
+        )
         if not self.items:
             raise DatasetError(f"{config.path}: no usable prompts (stats: {self.stats})")
         if config.drop_last and len(self.items) < config.batch_size:
@@ -223,6 +260,13 @@ class PromptDataset:
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def _skip(self, error: str, show: int = 5) -> None:
+        self.stats["skipped_malformed"] += 1
+        if len(self.skipped) < show:
+            self.skipped.append(error)
+            more = " (further skipped rows are only counted)" if len(self.skipped) == show else ""
+            log.warning("data: skipped %s%s", error, more)
 
     def _make_item(self, file: Path, row_no: int, row: dict[str, Any]) -> PromptItem:
         cfg = self.config

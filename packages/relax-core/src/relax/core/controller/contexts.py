@@ -72,8 +72,21 @@ def trainer_context(cfg: RelaxConfig, model_path: str, role: str = "trainer", **
     return base_context(cfg, role, model_path, train=spec, resources=resources_for(cfg, "trainer"), **fields)
 
 
-def reward_context(cfg: RelaxConfig, model_path: str | None) -> PluginContext:
-    return base_context(cfg, "reward", model_path, timeout_s=cfg.reward.timeout_s)
+class EngineHandle:
+    """``ctx.engine_handle`` of a reward: ``handle()`` is a rollout engine actor (e.g. to ask a judge
+    model with ``handle().generate.remote(requests)``), or None when the run has none. Picklable;
+    ``RewardRole.set_engines`` refreshes ``engines`` after an engine is replaced."""
+
+    def __init__(self, engines: list[Any] | None = None) -> None:
+        self.engines = list(engines or [])
+
+    def __call__(self) -> Any:
+        return self.engines[0] if self.engines else None
+
+
+def reward_context(cfg: RelaxConfig, model_path: str | None, engines: list[Any] | None = None) -> PluginContext:
+    """``engines``: the run's rollout engine handles, served to the reward by ``ctx.engine_handle()``."""
+    return base_context(cfg, "reward", model_path, timeout_s=cfg.reward.timeout_s, engine_handle=EngineHandle(engines))
 
 
 def processor_context(cfg: RelaxConfig, model_path: str) -> PluginContext:

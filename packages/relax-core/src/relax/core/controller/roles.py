@@ -109,26 +109,32 @@ class TrainerRole:
 @ray.remote
 class RewardRole:
     """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``),
-    then applies config-driven reward shaping (DAPO overlong penalty), so every mode sees it."""
+    then applies config-driven reward shaping (DAPO overlong penalty), so every mode sees it.
+    Scoring runs on a loop that is never closed, so an abandoned (timed-out) call never blocks."""
 
     def __init__(self, cfg: RelaxConfig, ctx: PluginContext):
+        from relax.core.rewards.runner import ScoringLoop
+
         self.reward = build_plugin(cfg, "reward", ctx)
         self.cfg = cfg.reward
         self.run_cfg = cfg
         self.name = cfg.reward.name
+        self.engine_handle = ctx.engine_handle
+        self.loop = ScoringLoop()
+
+    def capabilities(self) -> list[str]:
+        return capabilities(self.reward)
+
+    def set_engines(self, engines: list[Any]) -> None:
+        """The live rollout engines (after a replacement), for ``ctx.engine_handle()``."""
+        if hasattr(self.engine_handle, "engines"):
+            self.engine_handle.engines = list(engines)
 
     def score(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
-        from relax.core.rewards.runner import score_samples
-
-        stats = asyncio.run(
-            score_samples(
-                self.reward,
-                samples,
-                timeout_s=self.cfg.timeout_s,
-                max_concurrency=self.cfg.max_concurrency,
-                on_error=self.cfg.on_error,
-                reward_name=self.name,
-            )
+        c = self.cfg
+        stats = self.loop.score(
+            self.reward, samples, timeout_s=c.timeout_s, max_concurrency=c.max_concurrency, on_error=c.on_error,
+            reward_name=self.name, fallback_score=c.fallback_score,
         )
         from relax.core.controller.stages import shape_rewards
 

@@ -46,6 +46,7 @@ class RunState:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.stop_token_ids = [t for t in {self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
         self.dataset = runtime.build_dataset(cfg, self.tokenizer, runtime.resolve_data_path(cfg, self.run_dir), self.model_path)
+        self.data_counts = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}  # logged with the first step
         self.roles = runtime.start_roles(cfg, self.model_path)
         from relax.core.controller.contexts import base_context, build_plugin
 
@@ -110,6 +111,7 @@ class RunState:
     def end_step(self, metrics: dict[str, float]) -> None:
         metrics["step"] = float(self.step)
         metrics["policy_version"] = float(self.version)
+        metrics.update(self.__dict__.pop("data_counts", {}))
         self.last_metrics = dict(metrics)
         self.metrics.log(self.step, metrics)
         get_plugin_manager().hook.relax_on_step_end(step=self.step, metrics=dict(metrics))

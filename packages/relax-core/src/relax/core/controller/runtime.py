@@ -140,7 +140,7 @@ def start_roles(cfg: RelaxConfig, model_path: str) -> Roles:
         )
         for i in range(cfg.rollout.num_engines)
     ]
-    reward = RewardRole.options(num_cpus=0).remote(cfg, contexts.reward_context(cfg, model_path))
+    reward = RewardRole.options(num_cpus=0).remote(cfg, contexts.reward_context(cfg, model_path, engines))
     roles = Roles(trainer, reference, engines, reward, teacher)
     # surface constructor errors (bad model dir, unknown plugin) before the loop starts
     ray.get([h.__ray_ready__.remote() for h in roles.handles()])

@@ -223,6 +223,9 @@ def sample_metrics(samples: list[Sample]) -> dict[str, float]:
         "response/length_max": float(lengths.max()),
         "response/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
     }
+    from relax.core.rewards.runner import reward_metrics
+
+    metrics.update(reward_metrics(samples))  # reward/<key>_mean of reward_info, failure and timeout counts
     penalties = [s.reward_info["overlong_penalty"] for s in samples if "overlong_penalty" in s.reward_info]
     if penalties:
         metrics["reward/overlong_penalty_mean"] = sum(penalties) / len(samples)

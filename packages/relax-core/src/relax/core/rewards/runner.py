@@ -1,8 +1,18 @@
-"""Score samples concurrently with a per-sample timeout; a failing reward is an error, never a hang.
+"""Score samples concurrently with a per-call timeout; a failing reward is an error, never a hang.
 
-A timed-out score is cancelled and abandoned rather than awaited, so even a reward that swallows
-cancellation cannot block the step. Async rewards must not block the event loop (CPU-heavy work
-belongs in ``asyncio.to_thread``); a reward whose ``score`` is a plain function is run in a thread.
+A timed-out call is abandoned, never awaited: an ``async def score`` is cancelled and left behind
+(even one that swallows the cancellation), a plain ``def score`` runs in a daemon thread of its own
+that nothing ever joins -- so neither the step nor the event loop's shutdown waits for it (the
+default executor of ``asyncio.to_thread`` would be joined by ``asyncio.run``). ``ScoringLoop``
+goes one further for the reward role: scoring runs on a loop that is never closed, so abandoned
+coroutines cost nothing at all.
+
+A reward with ``score_group(samples)`` is called once per group (the samples sharing a
+``group_id``), with the same timeout and error handling per call; it returns one result per sample.
+Results are a float or a dict with ``"score"``; the dict's other numeric keys are kept in
+``sample.reward_info`` (logged as ``reward/<key>_mean``). Failed samples carry
+``reward_failed`` (and ``reward_timeout``) = 1.0 in ``reward_info``, so their counts travel with the
+samples in every mode.
 """
 
 from __future__ import annotations
@@ -12,12 +22,18 @@ import inspect
 import logging
 import math
 import numbers
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from relax.core.config import RewardConfig
+
 log = logging.getLogger(__name__)
+
+_DEFAULTS = RewardConfig()  # one place for the defaults: the run config's ``reward:`` section
+FAILED, TIMED_OUT = "reward_failed", "reward_timeout"  # reward_info flags of a sample that got the fallback
 
 
 class RewardError(RuntimeError):
@@ -27,8 +43,8 @@ class RewardError(RuntimeError):
 @dataclass(frozen=True)
 class ScoreStats:
     scored: int  # samples whose reward came from the reward function
-    errors: int  # raised or returned an invalid value (scored 0.0 under on_error="zero")
-    timeouts: int  # exceeded timeout_s (scored 0.0 under on_error="zero")
+    errors: int  # raised or returned an invalid value (scored fallback_score under on_error="zero")
+    timeouts: int  # exceeded timeout_s (scored fallback_score under on_error="zero")
     seconds: float
     first_error: str | None = None
 
@@ -56,70 +72,130 @@ def _as_result(value: Any) -> tuple[float, dict[str, float]]:
     return info["score"], info
 
 
-async def _score_one(reward: Any, sample: Any, timeout_s: float) -> Any:
-    if inspect.iscoroutinefunction(reward.score):
-        task = asyncio.ensure_future(reward.score(sample))
-    else:
-        task = asyncio.ensure_future(asyncio.to_thread(reward.score, sample))
+def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """Run ``fn(*args)`` in a new daemon thread; the future resolves on this loop. Nothing joins the
+    thread, so a call that never returns is simply left behind when its future is abandoned."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def target() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as e:  # noqa: BLE001  # handed to the awaiting coroutine
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    threading.Thread(target=target, name=f"relax-reward-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
+async def _call(fn: Callable[..., Any], arg: Any) -> Any:
+    """``fn(arg)``: awaited if a coroutine function, else in a daemon thread (and its result awaited
+    if it is awaitable, e.g. a plain method that returns a coroutine)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(arg)
+    value = await in_daemon_thread(fn, arg)
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _bounded(call: Awaitable[Any], timeout_s: float) -> Any:
+    """Await ``call`` for at most ``timeout_s``; on timeout (or our cancellation) cancel it and leave."""
+    task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    finally:  # on timeout or when we are cancelled: cancel, but never wait for it to stop
+    finally:
         if not task.done():
-            task.cancel()
+            task.cancel()  # never awaited: a call that ignores cancellation cannot hold us
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # silence "never retrieved"
     if not done:
         raise _Timeout
     return task.result()
 
 
+def _units(reward: Any, samples: Sequence[Any]) -> list[list[Any]]:
+    """One call's samples each: whole groups for ``score_group``, else single samples."""
+    if not callable(getattr(reward, "score_group", None)):
+        return [[s] for s in samples]
+    groups: dict[Any, list[Any]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    return list(groups.values())
+
+
 async def score_samples(
     reward: Any,
     samples: Sequence[Any],
-    timeout_s: float = 60.0,
-    max_concurrency: int = 64,
-    on_error: Literal["raise", "zero"] = "raise",
+    timeout_s: float = _DEFAULTS.timeout_s,
+    max_concurrency: int = _DEFAULTS.max_concurrency,
+    on_error: Literal["raise", "zero"] = _DEFAULTS.on_error,
     reward_name: str | None = None,
+    fallback_score: float = _DEFAULTS.fallback_score,
 ) -> ScoreStats:
     """Set ``sample.reward`` and ``sample.reward_info`` on every sample.
 
     ``on_error="raise"``: the first failure raises ``RewardError`` naming the reward, the sample
-    (group and index) and the cause. ``on_error="zero"``: a failed sample scores 0.0 with
-    ``reward_info={"score": 0.0, "reward_failed": 1.0}`` and is counted in the returned stats.
+    (group and index) and the cause. ``on_error="zero"``: a failed sample scores ``fallback_score``
+    with ``reward_info={"score": fallback_score, "reward_failed": 1.0}`` (plus ``"reward_timeout":
+    1.0`` for a timeout) and is counted in the returned stats. Counts are per sample, also when a
+    ``score_group`` call fails for its whole group.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"reward.on_error must be 'raise' or 'zero', got {on_error!r}")
-    if timeout_s <= 0 or max_concurrency < 1:
-        raise ValueError(f"need timeout_s > 0 and max_concurrency >= 1, got {timeout_s}, {max_concurrency}")
+    if not (timeout_s > 0 and max_concurrency >= 1 and math.isfinite(fallback_score)):
+        raise ValueError(
+            f"need timeout_s > 0, max_concurrency >= 1 and a finite fallback_score, got "
+            f"{timeout_s}, {max_concurrency}, {fallback_score}"
+        )
     name = reward_name or type(reward).__name__
     sem = asyncio.Semaphore(max_concurrency)
     counts = {"scored": 0, "errors": 0, "timeouts": 0}
     first_error: list[str] = []
     start = time.perf_counter()
+    by_group = callable(getattr(reward, "score_group", None))
 
-    async def run(sample: Any) -> None:
-        where = f"reward {name!r} on sample group {sample.group_id} index {sample.index_in_group}"
+    async def call(unit: list[Any]) -> list[tuple[float, dict[str, float]]]:
+        if not by_group:
+            return [_as_result(await _bounded(_call(reward.score, unit[0]), timeout_s))]
+        values = await _bounded(_call(reward.score_group, unit), timeout_s)
+        if not isinstance(values, list | tuple) or len(values) != len(unit):
+            got = f"{len(values)} results" if isinstance(values, list | tuple) else type(values).__name__
+            raise ValueError(f"score_group returned {got} for {len(unit)} samples")
+        return [_as_result(v) for v in values]
+
+    async def run(unit: list[Any]) -> None:
+        head = unit[0]
+        where = (f"reward {name!r} on sample group {head.group_id}" +
+                 ("" if by_group else f" index {head.index_in_group}"))
         async with sem:
             try:
-                score, info = _as_result(await _score_one(reward, sample, timeout_s))
+                results = await call(unit)
             except _Timeout:
-                kind, msg = "timeouts", f"{where}: timed out after {timeout_s:g}s"
-                cause = None
+                kind, msg, cause = "timeouts", f"{where}: timed out after {timeout_s:g}s", None
             except Exception as e:  # noqa: BLE001  # any reward bug becomes a RewardError
-                kind, msg = "errors", f"{where}: {type(e).__name__}: {e}"
-                cause = e
+                kind, msg, cause = "errors", f"{where}: {type(e).__name__}: {e}", e
             else:
-                sample.reward, sample.reward_info = score, info
-                counts["scored"] += 1
+                for sample, (score, info) in zip(unit, results, strict=True):
+                    sample.reward, sample.reward_info = score, info
+                counts["scored"] += len(unit)
                 return
         if on_error == "raise":
             raise RewardError(msg) from cause
         if not first_error:
             first_error.append(msg)
-            log.warning("%s (scored 0.0; further failures are only counted)", msg)
-        counts[kind] += 1
-        sample.reward, sample.reward_info = 0.0, {"score": 0.0, "reward_failed": 1.0}
+            log.warning("%s (scored %g; further failures are only counted)", msg, fallback_score)
+        counts[kind] += len(unit)
+        flags = {FAILED: 1.0, **({TIMED_OUT: 1.0} if kind == "timeouts" else {})}
+        for sample in unit:
+            sample.reward, sample.reward_info = fallback_score, {"score": fallback_score, **flags}
 
-    tasks = [asyncio.ensure_future(run(s)) for s in samples]
+    tasks = [asyncio.ensure_future(run(u)) for u in _units(reward, samples)]
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -128,3 +204,55 @@ async def score_samples(
     return ScoreStats(
         **counts, seconds=time.perf_counter() - start, first_error=first_error[0] if first_error else None
     )
+
+
+class ScoringLoop:
+    """An event loop in a daemon thread, never closed: abandoned reward calls stay on it instead of
+    being awaited at shutdown. A reward that blocks the loop itself (a blocking call inside
+    ``async def score``) is detected by ``run``'s overall bound; the loop is then replaced."""
+
+    def __init__(self, margin_s: float = 30.0) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.margin_s = margin_s  # slack on top of the per-call timeouts before the loop counts as stuck
+
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="relax-reward-loop", daemon=True).start()
+        return self._loop
+
+    def score(self, reward: Any, samples: Sequence[Any], **kwargs: Any) -> ScoreStats:
+        """``score_samples`` on this loop; blocks the caller until every sample has a result."""
+        timeout_s = kwargs.get("timeout_s", _DEFAULTS.timeout_s)
+        waves = math.ceil(len(_units(reward, samples)) / kwargs.get("max_concurrency", _DEFAULTS.max_concurrency))
+        bound = timeout_s * max(1, waves) + self.margin_s  # every wave ends within timeout_s unless the loop is stuck
+        future = asyncio.run_coroutine_threadsafe(score_samples(reward, samples, **kwargs), self._ensure())
+        try:
+            return future.result(timeout=bound)
+        except TimeoutError:
+            future.cancel()
+            self._loop = None  # the stuck loop keeps its thread; later calls get a fresh loop
+            name = kwargs.get("reward_name") or type(reward).__name__
+            raise RewardError(
+                f"reward {name!r}: scoring {len(samples)} samples did not finish within {bound:g}s although each "
+                f"call is limited to {timeout_s:g}s: an async score() blocks its event loop (use a plain def, "
+                "which runs in a thread, or asyncio.to_thread for blocking work)"
+            ) from None
+
+
+def reward_metrics(samples: Sequence[Any]) -> dict[str, float]:
+    """Step metrics from the samples' ``reward_info``: ``reward/<key>_mean`` for every numeric key
+    (over the samples that carry it) and the ``reward/failures`` / ``reward/timeouts`` counts --
+    computed from the samples themselves, so async and hybrid modes report them like colocate."""
+    sums: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for s in samples:
+        for key, value in s.reward_info.items():
+            if key in (FAILED, TIMED_OUT) or not isinstance(value, numbers.Real):
+                continue
+            sums[key] = sums.get(key, 0.0) + float(value)
+            seen[key] = seen.get(key, 0) + 1
+    out = {f"reward/{key}_mean": sums[key] / seen[key] for key in sums}
+    out["reward/failures"] = float(sum(s.reward_info.get(FAILED, 0.0) for s in samples))
+    out["reward/timeouts"] = float(sum(s.reward_info.get(TIMED_OUT, 0.0) for s in samples))
+    return out
