@@ -53,7 +53,7 @@ def test_update_mid_generation(engine, mode):
     resubmitted = []
 
     def consume() -> None:
-        for finished, n_aborted in stream_groups(router, groups, params, seed=0, step=1, chunks_per_engine=1):
+        for finished, n_aborted in stream_groups(router, groups, params, seed=0, step=1, timeout_s=120, chunks_per_engine=1):
             collected.extend(finished)
             resubmitted.append(n_aborted)
 

@@ -1,0 +1,261 @@
+"""The run's rollout engines as a mutable fleet: routing, eviction, replacement, control calls.
+
+An engine that dies, or does not answer a control call within ``rollout.control_timeout_s`` (or a
+generate call within ``rollout.timeout_s``), is evicted: removed from routing (its in-flight
+requests go to the other engines, see :mod:`relax.core.controller.router`) and killed. A
+replacement with a new, never reused index is started up to ``rollout.max_restarts`` times in
+total, after ``rollout.restart_backoff_s`` (doubled after each replacement that failed to start),
+synced to the current weight version, and only then routed to. With no engine left and no
+replacement coming, waiting streams fail with :class:`NoEnginesLeft` naming the last loss.
+
+``weights_lock`` serialises everything that must see the trainer's weights equal to the run's
+weight version: the mode loops hold it from a train step until its version is committed (and
+through weight publication), and a replacement is synced under it, so a new engine gets exactly
+the version it is labelled with. ``add_engine`` / ``remove_engine`` are the control API behind
+``RunState.add_engine`` / ``remove_engine`` (called between steps by ``RunControl``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, describe
+from relax.core.controller.router import EngineRouter
+
+log = logging.getLogger("relax")
+
+READY_POLL_S = 0.5
+
+
+def kill(handle: Any) -> None:
+    """Kill an actor, ignoring one that is already gone (Ray also reaps a stopped process)."""
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception as exc:  # already dead, or Ray is shutting down
+        log.debug("kill: %s", exc)
+
+
+def _remote(handle: Any, method: str) -> Any:
+    """``handle.method`` or, for capabilities the role forwards (e.g. ``abort``), ``handle.call``."""
+    if hasattr(handle, method):
+        return getattr(handle, method).remote
+    return lambda *args: handle.call.remote(method, *args)
+
+
+class EngineFleet:
+    def __init__(
+        self,
+        cfg: Any,
+        engines: list[Any],
+        start_engine: Callable[[int, int | None], Any],
+        sync_engines: Callable[[list[Any]], dict[str, float]],
+        counters: FaultCounters | None = None,
+    ) -> None:
+        """``engines``: the run's engine list (``Roles.engines``), kept equal to the live set;
+        ``start_engine(index, slot)`` creates an engine actor on the reservation of configured
+        engine ``slot`` (None: outside the reservation); ``sync_engines(handles)`` pushes the
+        current weights to just those engines (``RunState.sync_weights``)."""
+        self.rollout = cfg.rollout
+        self.engines = engines
+        self.router = EngineRouter(dict(enumerate(engines)), on_failure=self.evict)
+        self.weights_lock = threading.RLock()
+        self.counters = counters or FaultCounters()
+        self._start_engine, self._sync_engines = start_engine, sync_engines
+        self._lock = threading.Lock()
+        self._next_index = len(engines)
+        self._slots: dict[int, int | None] = {i: i for i in range(len(engines))}  # index -> reservation slot
+        self._restarts = 0  # replacement engines started so far
+        self._replacing = 0  # replacements in progress
+        self._failed_starts = 0  # consecutive replacements that failed to start (backoff exponent)
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ views
+    def live(self) -> dict[int, Any]:
+        """Serving engines by index."""
+        return self.router.live()
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative ``fault/*`` counters plus the number of serving engines."""
+        self.counters.set("resubmitted_requests", float(self.router.resubmitted))
+        return {**self.counters.metrics(), "fault/engines_live": float(len(self.router))}
+
+    # ------------------------------------------------------------------ failures
+    def evict(self, index: int, reason: str, replace: bool = True) -> None:
+        """Stop routing to engine ``index`` and kill it; start a replacement if restarts remain.
+        Thread-safe and idempotent (a second report about the same engine does nothing)."""
+        handle = self.router.remove_engine(index)
+        if handle is None:
+            return
+        self._forget(handle)
+        kill(handle)
+        self.counters.add("engine_evictions")
+        if not (replace and self._schedule_replacement(index, reason)):
+            log.error("relax: %s; evicted it (no replacement: rollout.max_restarts=%d)", reason, self.rollout.max_restarts)
+            self._close_if_empty(reason)
+
+    def _schedule_replacement(self, old: int, reason: str) -> bool:
+        with self._lock:
+            if self._stop.is_set() or self._restarts >= self.rollout.max_restarts:
+                return False
+            self._restarts += 1
+            self._replacing += 1
+            index, attempt = self._take_index(), self._restarts
+            self._slots[index] = self._slots.get(old)  # the replacement runs where the lost engine ran
+        log.warning("relax: %s; evicted it, starting rollout engine[%d] as replacement %d of at most %d",
+                    reason, index, attempt, self.rollout.max_restarts)
+        threading.Thread(
+            target=self._replace, args=(old, index, reason, time.monotonic()), name=f"relax-replace-{index}", daemon=True
+        ).start()
+        return True
+
+    def _replace(self, old: int, index: int, reason: str, lost_at: float) -> None:
+        error: BaseException | None = None
+        try:
+            stopped = self._stop.wait(self.rollout.restart_backoff_s * 2**self._failed_starts)
+            if not stopped:
+                try:
+                    self._start(index)
+                except Exception as exc:
+                    error = exc
+        finally:
+            with self._lock:
+                self._replacing -= 1
+                self._failed_starts = 0 if error is None else self._failed_starts + 1
+        if stopped or self._stop.is_set():
+            return
+        if error is not None:
+            self.counters.add("engine_start_failures")
+            why = f"{reason}; its replacement rollout engine[{index}] failed to start ({describe(error)})"
+            log.error("relax: %s", why)
+            if not self._schedule_replacement(old, why):
+                self._close_if_empty(why)
+            return
+        seconds = time.monotonic() - lost_at
+        self.counters.add("engine_restarts")
+        self.counters.set("last_recovery_s", seconds)
+        log.warning("relax: rollout engine[%d] serves in place of engine[%d], %.1fs after it was lost", index, old, seconds)
+
+    def _close_if_empty(self, reason: str) -> None:
+        with self._lock:
+            replacing, used = self._replacing, self._restarts
+        if not self.router.live() and not replacing:
+            self.router.close(NoEnginesLeft(
+                f"{reason}; no rollout engine left (rollout.max_restarts={self.rollout.max_restarts}, {used} used)"
+            ))
+
+    # ------------------------------------------------------------------ starting engines
+    def _take_index(self) -> int:
+        index, self._next_index = self._next_index, self._next_index + 1
+        return index
+
+    def _start(self, index: int) -> Any:
+        """Create engine ``index``, wait until it is constructed, sync it to the current weights
+        (under ``weights_lock``) and only then route to it."""
+        handle = self._start_engine(index, self._slots.get(index))
+        try:
+            ready = handle.__ray_ready__.remote()
+            deadline = time.monotonic() + self.rollout.timeout_s
+            while not ray.wait([ready], timeout=READY_POLL_S)[0]:
+                if self._stop.is_set():
+                    raise RuntimeError("the run is stopping")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rollout engine[{index}] did not start within {self.rollout.timeout_s:g}s")
+            ray.get(ready)
+            with self.weights_lock:
+                if self._stop.is_set():
+                    raise RuntimeError("the run is stopping")
+                self._sync_engines([handle])
+                self.router.add_engine(handle, index)
+                self.engines.append(handle)
+        except BaseException:
+            kill(handle)
+            raise
+        return handle
+
+    def _forget(self, handle: Any) -> None:
+        with self._lock:
+            self.engines[:] = [h for h in self.engines if h is not handle]
+
+    # ------------------------------------------------------------------ control API
+    def add_engine(self) -> int:
+        """Start one more engine, synced to the current weight version before it serves; returns
+        its index. Blocks until it serves (engine start-up is bounded by ``rollout.timeout_s``)."""
+        with self._lock:
+            index = self._take_index()
+        self._start(index)
+        log.info("relax: rollout engine[%d] added; serving: %s", index, sorted(self.router.live()))
+        return index
+
+    def remove_engine(self, index: int) -> None:
+        """Stop routing to engine ``index`` and kill it; its in-flight requests go to the others."""
+        live = self.router.live()
+        if index not in live:
+            raise KeyError(f"rollout engine[{index}] is not serving; serving: {sorted(live)}")
+        if len(live) == 1:
+            raise ValueError(f"rollout engine[{index}] is the last serving engine; add one before removing it")
+        handle = self.router.remove_engine(index)
+        if handle is not None:
+            self._forget(handle)
+            kill(handle)
+        log.info("relax: rollout engine[%d] removed; serving: %s", index, sorted(self.router.live()))
+
+    # ------------------------------------------------------------------ calls on every engine
+    def control(self, method: str, *args: Any, engines: dict[int, Any] | None = None) -> dict[int, Any]:
+        """Call ``method`` on every serving engine (or ``engines``) within ``rollout.control_timeout_s``;
+        returns answers by index. A dead or silent engine is evicted; an engine that raises is an error."""
+        engines = self.router.live() if engines is None else engines
+        timeout = self.rollout.control_timeout_s
+        refs = {i: _remote(h, method)(*args) for i, h in engines.items()}
+        deadline = time.monotonic() + timeout
+        answers = {}
+        for i, ref in refs.items():
+            try:
+                answers[i] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                self.evict(i, f"rollout engine[{i}] did not answer {method} within {timeout:g}s")
+            except ray.exceptions.RayActorError as exc:
+                self.evict(i, f"rollout engine[{i}] died before answering {method} ({describe(exc)})")
+            except ray.exceptions.RayTaskError as exc:
+                raise RoleError(f"rollout engine[{i}] failed in {method}: {describe(exc)}", "rollout engine", i, method) from exc
+        return answers
+
+    def sync(self) -> dict[str, float]:
+        """Push the current weights to every serving engine. A sync that fails because an engine
+        died or hangs evicts that engine and is retried on the rest; any other failure is raised."""
+        with self.weights_lock:
+            while True:
+                engines = self.router.live()
+                if not engines:  # replacements are synced when they start
+                    return {}
+                try:
+                    return self._sync_engines(list(engines.values()))
+                except Exception as exc:
+                    answered = self.control("weight_version", engines=engines)
+                    if len(answered) == len(engines):
+                        raise  # every engine is fine: the transport or the trainer failed
+                    log.warning("relax: weight sync failed (%s); retrying on engines %s", describe(exc), sorted(answered))
+
+    def publish(self, abort: bool) -> dict[str, float]:
+        """Async modes: pause every engine (no decode step runs), optionally abort in-flight
+        requests (they come back as ``abort`` and are resubmitted), sync, resume."""
+        with self.weights_lock:
+            paused = self.control("pause")
+            try:
+                if abort:
+                    self.control("abort", engines={i: h for i, h in self.router.live().items() if i in paused})
+                return self.sync()
+            finally:
+                live = self.router.live()
+                self.control("resume", engines={i: live[i] for i in paused if i in live})
+
+    def close(self) -> None:
+        """Stop replacing engines and wake every stream waiting for one."""
+        self._stop.set()
+        self.router.close(RuntimeError("the run is shutting down"))

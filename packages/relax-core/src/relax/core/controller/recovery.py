@@ -1,0 +1,152 @@
+"""Step commits, emergency checkpoints on failure, and trainer restarts.
+
+A step is *committed* when the trainer's update for it has returned: the run's step, its weight
+version and the data position trained so far (``state.trained_position``) advance together. An
+emergency checkpoint saves exactly the committed state -- if the failure struck while a train step
+was in flight, it first waits (bounded) for that step and commits it, or saves nothing if it
+failed -- so ``checkpoint.resume=auto`` continues without skipping or repeating a prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relax.core.controller import faults, signals
+
+log = logging.getLogger("relax")
+
+
+# ---------------------------------------------------------------------------- step commits
+
+
+def position_at(state: Any, step: int) -> tuple[dict, int]:
+    """(dataset state, next group id) as of the end of ``step``."""
+    if state.pipeline is not None:  # the producer runs ahead: it recorded the position per step
+        return state.pipeline.checkpoint_position(step)
+    return state.dataset.state_dict(), state.next_group_id
+
+
+def commit_step(state: Any, step: int, trained: bool) -> None:
+    state.step = step
+    state.version += 1 if trained else 0
+    state.train_inflight = None
+    state.trained_position = position_at(state, step)
+
+
+def train(state: Any, batch: dict, step: int) -> dict[str, float]:
+    """One bounded ``train_step`` for ``step``, committed as soon as it returns. Holds the fleet's
+    ``weights_lock`` so no replacement engine is synced while weights and version disagree."""
+    with state.fleet.weights_lock:
+        ref = state.roles.trainer.train_step.remote(batch)
+        state.train_inflight = (ref, step)
+        metrics = faults.wait(ref, state.cfg.trainer.timeout_s, "trainer", "train_step")
+        commit_step(state, step, trained=True)
+    return metrics
+
+
+# ---------------------------------------------------------------------------- on failure
+
+
+def trainer_lost(state: Any) -> bool:
+    """The trainer actor is dead or does not answer within ``rollout.control_timeout_s``."""
+    return not faults.alive(state.roles.trainer, state.cfg.rollout.control_timeout_s)
+
+
+def emergency_checkpoint(state: Any, error: BaseException) -> Path | None:
+    """Save the committed state if the trainer is alive; returns the checkpoint (None: nothing saved,
+    with the reason logged). A second Ctrl-C skips it."""
+    guard = signals.current()
+    try:
+        with signals.phase("checkpoint"):
+            if guard is not None and guard.skip_checkpoint:
+                log.warning("relax: emergency checkpoint skipped (interrupted again)")
+                return None
+            return _emergency_checkpoint(state, error)
+    except KeyboardInterrupt:
+        log.warning("relax: emergency checkpoint skipped (interrupted again)")
+        return None
+    except Exception as exc:  # never mask the original failure
+        log.error("relax: emergency checkpoint failed: %s", faults.describe(exc))
+        return None
+
+
+def _emergency_checkpoint(state: Any, error: BaseException) -> Path | None:
+    cfg = state.cfg
+    if trainer_lost(state):
+        log.error("relax: no emergency checkpoint: the trainer is gone")
+        error.relax_trainer_lost = True  # type: ignore[attr-defined]
+        return None
+    if state.train_inflight is not None:  # the failure struck mid-update: settle that step first
+        ref, step = state.train_inflight
+        try:
+            faults.wait(ref, cfg.trainer.timeout_s, "trainer", "train_step")
+        except Exception as exc:
+            log.error("relax: no emergency checkpoint: the trainer failed mid-step (%s)", faults.describe(exc))
+            return None
+        commit_step(state, step, trained=True)
+    if state.pipeline is not None:
+        state.pipeline.close()  # the producer stops drawing prompts; trained positions stay recorded
+    latest = state.checkpoints.latest()
+    if state.step == 0 or (latest is not None and latest.name == f"step_{state.step:06d}"):
+        return latest  # nothing trained since the last checkpoint
+    started = time.perf_counter()
+    path = state.save_checkpoint(position=state.trained_position)
+    log.warning("relax: emergency checkpoint at step %d: %s (%.1fs)", state.step, path, time.perf_counter() - started)
+    return path
+
+
+# ---------------------------------------------------------------------------- restarts
+
+
+def restart_point(cfg: Any, checkpoints_root: Path, since: float) -> str:
+    """Where a restarted attempt resumes: the newest checkpoint this run wrote (``since`` = its start
+    time), else where the run itself started from (``checkpoint.resume`` as configured)."""
+    from relax.core.checkpoint import CheckpointManager
+
+    written = [p for _, p in CheckpointManager(checkpoints_root).list() if p.stat().st_mtime >= since]
+    return str(written[-1]) if written else cfg.checkpoint.resume
+
+
+def with_trainer_restarts(cfg: Any, attempt: Callable[[Any, faults.FaultCounters], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``attempt(cfg, counters)``; when it fails because the trainer actor died, run it again
+    from the latest checkpoint, up to ``trainer.max_restarts`` times."""
+    counters = faults.FaultCounters()
+    since = time.time() - 1.0  # mtime granularity
+    root = Path(cfg.run_dir) / "checkpoints"
+    restarts = 0
+    while True:
+        try:
+            return attempt(cfg, counters)
+        except Exception as exc:
+            if not getattr(exc, "relax_trainer_lost", False) or restarts >= cfg.trainer.max_restarts:
+                raise
+            restarts += 1
+            counters.add("trainer_restarts")
+            resume = restart_point(cfg, root, since)
+            log.error("relax: the trainer died (%s); restarting the run from %s (restart %d of %d)",
+                      faults.describe(exc), resume, restarts, cfg.trainer.max_restarts)
+            cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=resume))
+
+
+def annotate(error: BaseException, state: Any, checkpoint: Path | None) -> None:
+    """Attach what the CLI reports: the step reached and the checkpoint to resume from."""
+    error.relax_step = getattr(state, "step", 0)  # type: ignore[attr-defined]
+    latest = checkpoint or (state.checkpoints.latest() if state is not None else None)
+    error.relax_checkpoint = str(latest) if latest else None  # type: ignore[attr-defined]
+
+
+def reason(error: BaseException) -> str:
+    """The one-line reason the CLI prints."""
+    if isinstance(error, signals.Interrupted):
+        return f"interrupted by {error.signame}"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    first = (str(error).strip().splitlines() or [""])[0]
+    if isinstance(error, faults.RoleError | faults.NoEnginesLeft):
+        return first  # already names the role, its index and the operation
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
