@@ -71,36 +71,52 @@ class RolloutRole(BroadcastReceiver, DiskReceiver):
 @ray.remote
 class TrainerRole:
     """Hosts the policy trainer (and its critic, if any), or with ``reference=True`` a frozen model:
-    the KL reference, or a distillation teacher when ``model_path`` is the teacher's."""
+    the KL reference, or a distillation teacher when ``model_path`` is the teacher's.
+
+    With ``trainer.resources.num_workers > 1`` every rank is a ``TrainerRole`` and rank 0 leads
+    (``lead``): the training-state methods below run on all ranks and answer with rank 0's result;
+    weight export, weight-sync endpoints, ``capabilities`` and ``call`` run on rank 0 only.
+    """
 
     def __init__(self, cfg: RelaxConfig, ctx: PluginContext, num_threads: int | None = None):
         _limit_threads(num_threads)
         self.trainer = build_plugin(cfg, "trainer", ctx)
 
+        self.peers = None  # WorkerGroup of ranks 1.. when this actor is rank 0 of a worker group
+
+    def lead(self, peers: Any) -> None:
+        self.peers = peers
+
+    def _all(self, method: str, *args: Any) -> Any:
+        """``trainer.method(*args)`` here and on every peer rank; this rank's (rank 0's) result."""
+        fn = getattr(self.trainer, method)
+        if self.peers is None:
+            return fn(*args)
+        return self.peers.run(method, *args, local=lambda: fn(*args))
     def capabilities(self) -> list[str]:
         return capabilities(self.trainer)
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.trainer.forward_logprobs(batch)
+        return self._all("forward_logprobs", batch)
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Critic values (PPO); the trainer must have been built with a critic."""
-        return self.trainer.forward_values(batch)
+        return self._all("forward_values", batch)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        return self.trainer.train_step(batch)
+        return self._all("train_step", batch)
 
     def export_weights(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
         return list(self.trainer.export_weights(bucket_bytes))
 
     def save(self, directory: str) -> None:
-        self.trainer.save(directory)
+        self._all("save", directory)
 
     def load(self, directory: str) -> None:
-        self.trainer.load(directory)
+        self._all("load", directory)
 
     def save_hf(self, directory: str) -> None:
-        self.trainer.save_hf(directory)
+        self._all("save_hf", directory)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.trainer, method)(*args, **kwargs)

@@ -138,8 +138,7 @@ class RunState:
     def shutdown(self) -> None:
         if self.pipeline is not None:
             self.pipeline.close()
-        for handle in self.roles.handles():
-            ray.kill(handle)
+        self.roles.release()  # kills every actor and removes the run's placement groups
         if self.started_ray:
             ray.shutdown()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,27 @@ def init_ray(cfg: RelaxConfig) -> bool:
         kwargs["address"] = cfg.ray.address
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        kwargs["num_cpus"] = cfg.ray.num_cpus or max(2, os.cpu_count() or 2)
+        kwargs["num_cpus"] = embedded_num_cpus(cfg)
     ray.init(**kwargs)
     return True
+
+
+def embedded_num_cpus(cfg: RelaxConfig) -> int:
+    """Logical CPUs for an embedded Ray: the machine's cores, raised to what the config reserves
+    (placement groups count logical CPUs; several roles may share a core, torch threads are
+    limited per role). An explicit ``ray.num_cpus`` below the reservation is an error."""
+    from relax.core.controller.placement import required_cpus
+
+    need = required_cpus(cfg)
+    if cfg.ray.num_cpus is not None:
+        if cfg.ray.num_cpus < need:
+            raise ValueError(
+                f"ray.num_cpus: {cfg.ray.num_cpus} is less than the {need} CPUs the run reserves (trainer and "
+                "engines, see trainer.backend_params / rollout.engine_params num_cpus and world_size); "
+                "raise it or leave it null"
+            )
+        return cfg.ray.num_cpus
+    return max(2, os.cpu_count() or 2, need)
 
 
 def resolve_model_path(cfg: RelaxConfig) -> str:
@@ -93,15 +111,28 @@ def build_dataset(cfg: RelaxConfig, tokenizer: Any, data_path: str, model_path: 
 
 @dataclass
 class Roles:
-    trainer: Any  # policy (and critic, when algorithm.critic.enable)
+    trainer: Any  # policy (and critic, when algorithm.critic.enable); rank 0 when a worker group
     reference: Any | None
     engines: list[Any]
     reward: Any
     teacher: Any | None = None  # distillation teacher (frozen), when the algorithm reads teacher logprobs
+    trainer_peers: list[Any] = field(default_factory=list)  # trainer ranks 1.. (led by ``trainer``)
+    placement: Any | None = None  # relax.core.controller.placement.Placement; released at shutdown
 
     def handles(self) -> list[Any]:
         """Every actor handle, for shutdown."""
-        return [h for h in (self.trainer, self.reference, self.teacher, self.reward, *self.engines) if h is not None]
+        return [h for h in (self.trainer, *self.trainer_peers, self.reference, self.teacher, self.reward,
+                            *self.engines) if h is not None]
+
+    def release(self) -> None:
+        """Kill every actor and release the placement groups (idempotent; Ray may already be gone)."""
+        for handle in self.handles():
+            try:
+                ray.kill(handle)
+            except Exception as exc:  # already dead, or Ray shut down
+                log.debug("kill failed: %s", exc)
+        if self.placement is not None:
+            self.placement.remove()
 
 
 def teacher_path(cfg: RelaxConfig, model_path: str) -> str | None:
@@ -114,38 +145,71 @@ def teacher_path(cfg: RelaxConfig, model_path: str) -> str | None:
     return model_path if a.teacher_model_path == POLICY_INIT else a.teacher_model_path
 
 
-def start_roles(cfg: RelaxConfig, model_path: str) -> Roles:
-    """Place trainer (with its critic, if any), optional reference and teacher, engines and reward
-    as Ray actors (CPU: fractional CPUs).
+def start_roles(cfg: RelaxConfig, model_path: str, placement_timeout_s: float | None = None) -> Roles:
+    """Reserve the declared resources (``controller.placement``), then start trainer (with its
+    critic, if any; a worker group of rank actors when the backend declares ``num_workers > 1``),
+    engines on their bundles, and optional reference / teacher and the reward with no reservation.
+    On any start-up failure every actor is killed and every placement group released.
 
     The critic lives inside the trainer actor: it trains on the same batches right after the
     policy, so it saves a process (and a model copy in flight) and is checkpointed with the trainer.
     """
-    from relax.core.controller import capabilities, contexts
-    from relax.core.controller.roles import RewardRole, RolloutRole, TrainerRole
+    from relax.core.controller import capabilities, placement
 
-    threads = max(1, (os.cpu_count() or 2))
-    trainer = TrainerRole.options(num_cpus=0).remote(cfg, contexts.trainer_context(cfg, model_path), num_threads=threads)
-    reference = None
+    reserved = placement.reserve(
+        placement.plan_for(cfg),
+        timeout_s=placement.DEFAULT_TIMEOUT_S if placement_timeout_s is None else placement_timeout_s,
+        fixed_cluster=not cfg.ray.address,
+        run_name=cfg.name,
+    )
+    roles = Roles(None, None, [], None, placement=reserved)
+    try:
+        _start_actors(cfg, model_path, roles)
+        capabilities.check(cfg, {
+            "trainer": (cfg.trainer.backend, ray.get(roles.trainer.capabilities.remote())),
+            "rollout": (cfg.rollout.engine, ray.get(roles.engines[0].capabilities.remote())),
+        })
+    except BaseException:
+        roles.release()
+        raise
+    return roles
+
+
+def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
+    """Fill ``roles`` as actors start, so that a failure can release what was started."""
+    from relax.core.controller import contexts
+    from relax.core.controller.roles import RewardRole, RolloutRole, TrainerRole
+    from relax.core.controller.worker_group import spawn
+
+    cores = max(1, os.cpu_count() or 2)
+    reserved = roles.placement
     if cfg.algorithm.kl.coef > 0:
-        ctx = contexts.trainer_context(cfg, model_path, role="reference")
-        reference = TrainerRole.options(num_cpus=0).remote(cfg, ctx, num_threads=threads)
-    teacher = None
+        ref_ctx = contexts.trainer_context(cfg, model_path, role="reference")
+        roles.reference = TrainerRole.options(num_cpus=0).remote(cfg, ref_ctx, num_threads=cores)
     if (path := teacher_path(cfg, model_path)) is not None:
-        ctx = contexts.trainer_context(cfg, path, role="teacher")
-        teacher = TrainerRole.options(num_cpus=0).remote(cfg, ctx, num_threads=threads)
-    engines = [
-        RolloutRole.options(num_cpus=0, max_concurrency=4).remote(
-            cfg, contexts.engine_context(cfg, model_path, i), num_threads=threads
+        teacher_ctx = contexts.trainer_context(cfg, path, role="teacher")
+        roles.teacher = TrainerRole.options(num_cpus=0).remote(cfg, teacher_ctx, num_threads=cores)
+    roles.engines = [
+        RolloutRole.options(**reserved.engine_options(i), max_concurrency=4).remote(
+            cfg, contexts.engine_context(cfg, model_path, i), num_threads=cores
         )
         for i in range(cfg.rollout.num_engines)
     ]
-    reward = RewardRole.options(num_cpus=0).remote(cfg, contexts.reward_context(cfg, model_path, engines))
-    roles = Roles(trainer, reference, engines, reward, teacher)
+    roles.reward = RewardRole.options(num_cpus=0).remote(cfg, contexts.reward_context(cfg, model_path, roles.engines))
+    trainer_opts = reserved.trainer_options()
+    ctx = contexts.trainer_context(cfg, model_path)
+    if len(trainer_opts) == 1:
+        roles.trainer = TrainerRole.options(**trainer_opts[0]).remote(cfg, ctx, num_threads=cores)
+    else:  # a worker group: ranks start together (blocking until they rendezvous); rank 0 leads
+        threads = max(1, cores // len(trainer_opts))
+
+        def rank_args(info):
+            rank_ctx = replace(ctx, index=info.rank, world_size=info.world_size, master_addr=info.master_addr,
+                               master_port=info.master_port)
+            return (cfg, rank_ctx), {"num_threads": threads}
+
+        group = spawn(TrainerRole, "trainer", trainer_opts, rank_args, reserved.node_ids(reserved.plan.trainer))
+        roles.trainer, roles.trainer_peers = group.handles[0], group.handles[1:]
+        ray.get(roles.trainer.lead.remote(group.peers()))
     # surface constructor errors (bad model dir, unknown plugin) before the loop starts
     ray.get([h.__ray_ready__.remote() for h in roles.handles()])
-    capabilities.check(cfg, {
-        "trainer": (cfg.trainer.backend, ray.get(trainer.capabilities.remote())),
-        "rollout": (cfg.rollout.engine, ray.get(engines[0].capabilities.remote())),
-    })
-    return roles

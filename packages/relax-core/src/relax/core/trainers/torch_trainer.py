@@ -19,6 +19,7 @@ import torch
 
 from relax.core.algorithms import PolicyLossInputs, entropy_from_logits
 from relax.core.trainers.critic import Critic, split_rows
+from relax.core.trainers.data_parallel import DataParallel, shard_bounds, take_rows
 from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
 
 Objective = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, Any]]]
@@ -45,6 +46,9 @@ class TorchTrainer:
     logits (as verl does with the rollout temperature) so logprobs match a sampler at that temperature.
     ``critic`` (PPO) is trained on every ``train_step`` whose batch carries ``values`` and
     ``returns``; during the first ``critic_warmup_steps`` calls only the critic is updated.
+    ``data_parallel``: this process is one rank of a data-parallel group (every method is then
+    called on every rank with the same batch; each rank computes its share of the rows and rank 0
+    returns the result, see ``relax.core.trainers.data_parallel``).
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class TorchTrainer:
         critic: Critic | None = None,
         critic_warmup_steps: int = 0,
         skip_nonfinite: bool = False,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,6 +105,9 @@ class TorchTrainer:
         )
         self.critic, self.critic_warmup_steps = critic, critic_warmup_steps
         self.skip_nonfinite = skip_nonfinite  # False: a NaN/inf loss or gradient raises NonFiniteError
+        if data_parallel is not None and critic is not None:
+            raise ValueError("the torch trainer's critic is not data-parallel: use world_size 1 with algorithm.critic")
+        self.dp = data_parallel
         self.step = 0
 
     # ------------------------------------------------------------------ forward
@@ -120,7 +128,17 @@ class TorchTrainer:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0; CPU tensor."""
+        """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0; CPU tensor.
+        Data-parallel: each rank scores its rows; rank 0 returns all of them, other ranks None."""
+        if self.dp is None:
+            return self._logprobs(batch)
+        rows = batch["responses"].shape[0]
+        local = take_rows(batch, *shard_bounds(rows, self.dp.rank, self.dp.world_size))
+        width = batch["responses"].shape[1]
+        lp = self._logprobs(local) if local["responses"].shape[0] else torch.zeros((0, width))
+        return self.dp.gather_rows(lp, rows)
+
+    def _logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = self._on_device(batch)
         chunks = []
         with torch.no_grad():
@@ -158,16 +176,18 @@ class TorchTrainer:
         if self.optimizer is None or self.objective is None:
             raise RuntimeError("train_step needs a trainable TorchTrainer with an objective")
         batch = self._on_device(batch)
-        if "old_logprobs" not in batch:
-            batch["old_logprobs"] = self.forward_logprobs(batch).to(self.device)
+        size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
+        if self.dp is not None:
+            minis = [self._rank_rows(mini) for mini in split_rows(batch, size)]
+        elif "old_logprobs" not in batch:
+            batch["old_logprobs"] = self._logprobs(batch).to(self.device)
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
         train_critic = self.critic is not None and "values" in batch and "returns" in batch
         train_actor = not (train_critic and self.step < self.critic_warmup_steps)
         records = []
-        for mini in split_rows(batch, size):
+        for mini in minis if self.dp is not None else split_rows(batch, size):
             record = self.critic.update(mini) if train_critic else {}
             if train_actor:
                 record.update(self._optimizer_step(mini))
@@ -178,10 +198,23 @@ class TorchTrainer:
             metrics["actor_updated"] = float(train_actor)
         return {**metrics, "lr": lr}
 
+    def _rank_rows(self, mini: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's rows of a mini-batch, with ``old_logprobs`` scored before any update. A rank
+        with no rows takes one fully masked row: it still joins every collective, contributing 0."""
+        start, end = shard_bounds(mini["responses"].shape[0], self.dp.rank, self.dp.world_size)
+        rows = take_rows(mini, start, end) if end > start else take_rows(mini, 0, 1)
+        if end == start:
+            rows["response_mask"] = torch.zeros_like(rows["response_mask"])
+        if "old_logprobs" not in rows:
+            rows["old_logprobs"] = self._logprobs(rows).to(self.device)
+        return rows
+
     def _optimizer_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         mask = batch["response_mask"]
         tokens = float(mask.sum())
         seqs = float((mask.sum(dim=-1) > 0).sum())
+        if self.dp is not None:  # normalise by the whole mini-batch across ranks
+            tokens, seqs = self.dp.sum([tokens, seqs])
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, entropy_sum, obj_sums = 0.0, 0.0, {}
         for sub in split_rows(batch, self.micro_batch_size):
@@ -207,8 +240,14 @@ class TorchTrainer:
             entropy_sum += float((entropy.detach() * sub_mask).sum())
             for k, v in obj_metrics.items():
                 # "*loss" terms use the global counts, so they add up; other metrics are local means
-                obj_sums[k] = obj_sums.get(k, 0.0) + float(v) * (1.0 if k.endswith("loss") else sub_tokens)
+                weight = 1.0 if k.endswith("loss") else sub_tokens
+                obj_sums[k] = obj_sums.get(k, 0.0) + (float(v) * weight if weight else 0.0)
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.dp is not None:  # every rank ran the same modules, so the same params have grads
+            self.dp.all_reduce_grads(params)
+            keys = sorted(obj_sums)
+            loss_sum, entropy_sum, *sums = self.dp.sum([loss_sum, entropy_sum, *(obj_sums[k] for k in keys)])
+            obj_sums = dict(zip(keys, sums, strict=True))
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
@@ -264,7 +303,10 @@ class TorchTrainer:
 
     # -------------------------------------------------------------- checkpoints
     def save(self, directory: str) -> None:
-        """Model, optimizer, step counter (the LR schedule's only state) and RNG states, one file."""
+        """Model, optimizer, step counter (the LR schedule's only state) and RNG states, one file.
+        Data-parallel: rank 0 writes (every rank holds the same state); every rank ``load``s."""
+        if self.dp is not None and self.dp.rank != 0:
+            return
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         np_state = np.random.get_state()
@@ -305,6 +347,8 @@ class TorchTrainer:
         self.model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
 
+        if self.dp is not None and self.dp.rank != 0:
+            return
 
 def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     """The ``torch`` backend's factory: ``params`` is ``TorchTrainerParams``, ``ctx.train`` carries
@@ -339,6 +383,14 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     c = spec.algorithm.critic
     if c.enable and trainable:
         kwargs["critic_warmup_steps"] = c.warmup_steps
+    if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
+        if spec.algorithm.critic.enable and trainable:
+            raise ValueError("trainer.backend_params.world_size > 1 with algorithm.critic.enable: the torch "
+                             "trainer's critic is not data-parallel yet; use world_size 1")
+        kwargs["data_parallel"] = DataParallel(
+            ctx.index, ctx.world_size, ctx.master_addr, ctx.master_port,
+            backend="nccl" if str(params.device).startswith("cuda") else "gloo", timeout_s=max(60.0, ctx.timeout_s),
+        )
         kwargs["critic"] = Critic(
             c.model_path or ctx.model_path,
             lr=c.lr,
