@@ -131,3 +131,17 @@ def test_every_float_is_checked_including_lists_and_plugin_sections():
 def test_out_of_range_numbers(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
         load_config(None, [override])
+
+
+def test_suffix_rules_cover_fields_nobody_wrote_a_rule_for():
+    """Any ``*timeout_s`` > 0, ``*num_cpus`` / ``*num_gpus`` >= 0, also inside an untyped plugin section."""
+    from dataclasses import replace
+
+    from relax.core.checks import range_errors
+
+    cfg = RelaxConfig()
+    cfg = replace(cfg, rollout=replace(cfg.rollout, engine_params={"warmup_timeout_s": 0, "num_gpus": -1, "n": -5}))
+    errors = range_errors(cfg)
+    assert "rollout.engine_params.warmup_timeout_s: must be > 0, got 0" in errors
+    assert "rollout.engine_params.num_gpus: must be >= 0, got -1" in errors
+    assert not any("engine_params.n:" in e for e in errors)

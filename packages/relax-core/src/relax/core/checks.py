@@ -27,21 +27,33 @@ _HF_DISK_MARKERS = ("state.json", "dataset_dict.json")
 
 def nonfinite_errors(value: Any, path: str = "") -> list[str]:
     """Every NaN / inf float in a config tree (dataclasses, dicts, lists), named by dotted path."""
-    return [f"{p}: must be a finite number, got {v!r}" for p, v in _floats(value, path) if not math.isfinite(v)]
+    return [f"{p}: must be a finite number, got {v!r}" for p, v in _numbers(value, path) if not math.isfinite(v)]
 
 
-def _floats(value: Any, path: str) -> Iterator[tuple[str, float]]:
-    if isinstance(value, float):
+#: field-name suffix -> (predicate, rule): ranges every such field obeys, in core's config and in
+#: plugin sections alike (a new ``*_timeout_s`` field is checked without a new rule)
+SUFFIX_RULES = {
+    "timeout_s": (lambda v: v > 0, "> 0"),
+    "bucket_mb": (lambda v: v > 0, "> 0"),
+    "max_concurrency": (lambda v: v >= 1, ">= 1"),
+    "num_cpus": (lambda v: v >= 0, ">= 0"),
+    "num_gpus": (lambda v: v >= 0, ">= 0"),
+}
+
+
+def _numbers(value: Any, path: str) -> Iterator[tuple[str, float]]:
+    """Every int / float leaf (not bool) of a config tree with its dotted path."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
         yield path, value
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
-            yield from _floats(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
+            yield from _numbers(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
     elif isinstance(value, dict):
         for k, v in value.items():
-            yield from _floats(v, f"{path}.{k}" if path else str(k))
+            yield from _numbers(v, f"{path}.{k}" if path else str(k))
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            yield from _floats(v, f"{path}[{i}]")
+            yield from _numbers(v, f"{path}[{i}]")
 
 
 def range_errors(cfg: Any) -> list[str]:
@@ -52,9 +64,11 @@ def range_errors(cfg: Any) -> list[str]:
         if not ok:
             errors.append(f"{path}: must be {rule}, got {value!r}")
 
-    ws, rw, t = cfg.weight_sync, cfg.reward, cfg.trainer
-    need(ws.bucket_mb > 0, "weight_sync.bucket_mb", "> 0", ws.bucket_mb)
-    need(rw.max_concurrency >= 1, "reward.max_concurrency", ">= 1", rw.max_concurrency)
+    for path, value in _numbers(cfg, ""):
+        for suffix, (ok, rule) in SUFFIX_RULES.items():
+            if path.rsplit(".", 1)[-1].endswith(suffix) and not path.startswith("ray."):
+                need(ok(value), path, rule, value)
+    t = cfg.trainer
     need(t.weight_decay >= 0, "trainer.weight_decay", ">= 0", t.weight_decay)
     need(t.eps > 0, "trainer.eps", "> 0", t.eps)
     for i, beta in enumerate(t.betas):
