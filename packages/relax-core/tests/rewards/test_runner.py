@@ -5,7 +5,14 @@ import time
 import pytest
 
 from relax.core.data import Sample
-from relax.core.rewards import ExactMatchReward, NumericReward, RewardError, ScoringLoop, reward_metrics, score_samples
+from relax.core.rewards import (
+    ExactMatchReward,
+    NumericReward,
+    RewardError,
+    ScoringLoop,
+    reward_metrics,
+    score_samples,
+)
 
 
 def samples(responses, label="7"):

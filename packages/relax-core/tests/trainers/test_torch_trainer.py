@@ -10,7 +10,12 @@ from relax.core.algorithms.aggregation import aggregate_loss, masked_mean
 from relax.core.data import Sample, collate
 from relax.core.protocols import Trainer
 from relax.core.quickstart_model import build_tiny_model
-from relax.core.trainers.torch_trainer import NonFiniteError, TorchTrainer, token_logprobs, trainer_from_config
+from relax.core.trainers.torch_trainer import (
+    NonFiniteError,
+    TorchTrainer,
+    token_logprobs,
+    trainer_from_config,
+)
 
 
 def ppo_objective(inputs):
