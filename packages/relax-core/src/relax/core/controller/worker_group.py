@@ -254,5 +254,7 @@ def _describe(exc: BaseException) -> str:
         if getattr(exc, "_actor_init_failed", False):  # the constructor raised: say what
             return f"constructor failed: {str(exc).strip().splitlines()[-1]}"
         return "actor died"
+    kind = type(getattr(exc, "cause", None) or exc).__name__  # a rank's RayTaskError: its own exception
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+    last = text[-1] if text else ""
+    return last if last.startswith(f"{kind}:") else f"{kind}: {last}"
