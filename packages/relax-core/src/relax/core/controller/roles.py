@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
 import ray
@@ -83,6 +84,7 @@ class TrainerRole:
         self.trainer = build_plugin(cfg, "trainer", ctx)
 
         self.peers = None  # WorkerGroup of ranks 1.. when this actor is rank 0 of a worker group
+        self._fan_out = threading.Lock()  # one fan-out at a time: every rank sees the calls in one order
 
     def lead(self, peers: Any) -> None:
         self.peers = peers
@@ -92,7 +94,8 @@ class TrainerRole:
         fn = getattr(self.trainer, method)
         if self.peers is None:
             return fn(*args)
-        return self.peers.run(method, *args, local=lambda: fn(*args))
+        with self._fan_out:
+            return self.peers.run(method, *args, local=lambda: fn(*args))
     def capabilities(self) -> list[str]:
         return capabilities(self.trainer)
 
