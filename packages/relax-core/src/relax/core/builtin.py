@@ -79,9 +79,14 @@ def _exact_match_reward(params: ExactMatchRewardParams, ctx: PluginContext):
     return ExactMatchReward(case_sensitive=params.case_sensitive)
 
 
+def _device_resources(params: HFEngineParams | TorchTrainerParams) -> Resources:
+    """One GPU per engine / trainer rank when the backend runs on CUDA."""
+    return Resources(num_cpus=params.num_cpus, num_gpus=1.0 if params.device.startswith("cuda") else 0.0)
+
+
 @hookimpl
 def relax_register_rollout_engines(register):
-    register("hf", _hf_engine, config=HFEngineParams, resources=lambda p: Resources(num_cpus=p.num_cpus))
+    register("hf", _hf_engine, config=HFEngineParams, resources=_device_resources)
 
 
 @hookimpl
@@ -90,7 +95,7 @@ def relax_register_trainers(register):
         "torch",
         _torch_trainer,
         config=TorchTrainerParams,
-        resources=lambda p: Resources(num_cpus=p.num_cpus, num_gpus=float(p.device.startswith("cuda")), num_workers=p.world_size),
+        resources=lambda p: Resources(p.num_cpus, _device_resources(p).num_gpus, num_workers=p.world_size),
     )
 
 
