@@ -51,12 +51,12 @@ def test_colocate_quickstart_learns_on_cuda(ray_session, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL broadcast needs 2 CUDA GPUs (one per rank)")
 def test_nccl_broadcast_is_bit_identical(ray_session):
+    """The driver process is the trainer (rank 0, one GPU); an engine actor on the other GPU receives."""
     import ray
 
-    from relax.core.weight_sync import BroadcastReceiver, BroadcastSync
+    from relax.core.weight_sync import BroadcastSync, serve_receiver
 
-    @ray.remote(num_gpus=1)
-    class Receiver(BroadcastReceiver):
+    class Engine:
         def __init__(self):
             self.state, self.version = {}, 0
 
@@ -67,21 +67,31 @@ def test_nccl_broadcast_is_bit_identical(ray_session):
         def weight_version(self):
             return self.version
 
+    @ray.remote(num_gpus=1)
+    class EngineHost:  # as RolloutRole: hosts the engine and the weight-sync receive endpoint
+        def __init__(self):
+            self.engine = Engine()
+
+        def weight_receiver(self, spec, method, *args):
+            return serve_receiver(self, self.engine, spec, method, *args)
+
         def get(self):
-            return self.state
+            return self.engine.state
 
         def gpu(self):
             return int(ray.get_gpu_ids()[0])
 
     class Trainer:
-        def __init__(self):
-            self.state = {"a": torch.randn(1000, 33), "b": torch.randn(7).to(torch.bfloat16)}
+        def __init__(self):  # small CPU tensors are staged on the GPU; the large CUDA one is sent directly
+            self.state = {"a": torch.randn(1000, 33), "b": torch.randn(7).to(torch.bfloat16),
+                          "c": torch.randn(700, 600, device="cuda")}
 
         def export_weights(self, bucket_bytes):
             yield list(self.state.items())
 
-    trainer, receiver = Trainer(), Receiver.remote()
+    receiver = EngineHost.remote()
     torch.cuda.set_device(1 if ray.get(receiver.gpu.remote()) == 0 else 0)  # one GPU per NCCL rank
+    trainer = Trainer()
     BroadcastSync(timeout_s=120, bucket_bytes=1 << 20, backend="nccl").sync(trainer, [receiver], 3)
     got = ray.get(receiver.get.remote())
-    assert all(torch.equal(got[n], t) for n, t in trainer.state.items())
+    assert all(torch.equal(got[n], t.cpu()) for n, t in trainer.state.items())

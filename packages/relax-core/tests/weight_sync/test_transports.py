@@ -1,5 +1,6 @@
-"""Weight-sync transports against real Ray actors: bit-identical delivery, version handshake,
-and dead/stuck receivers turning into a WeightSyncError that names the engine, within the timeout."""
+"""Weight-sync transports between a trainer actor and engine actors (dict-backed, awkward dtypes):
+bit-identical delivery, begin/end around every update, the version handshake, and dead/stuck engines
+or trainers turning into a WeightSyncError that names them, within the timeout."""
 
 from __future__ import annotations
 
@@ -12,27 +13,28 @@ import pytest
 import ray
 import torch
 
+from relax.core.context import PluginContext
+from relax.core.plugins import get_plugin_manager
 from relax.core.protocols import WeightSync
 from relax.core.weight_sync import (
     TRANSPORTS,
-    BroadcastReceiver,
-    BroadcastSync,
-    DiskReceiver,
-    DiskSync,
+    BroadcastParams,
     InProcessSync,
-    ObjectStoreSync,
+    Transport,
     WeightSyncError,
+    serve_receiver,
+    serve_sender,
 )
-from relax.core.weight_sync.flat import ZeroCopyBucket, chunks, pack, unpack
+from relax.core.weight_sync.flat import ZeroCopyBucket, chunks, pack, plan, segments, unpack
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 BUCKET = 16 << 10
 
 
 def make_state(seed: int = 0, big: int = 0) -> dict[str, torch.Tensor]:
-    """Awkward dtypes and shapes on purpose: bf16, 0-dim fp16, bool, int, non-contiguous, empty."""
+    """Awkward dtypes and shapes on purpose: bf16, 0-dim fp16, bool, int, non-contiguous, empty, large."""
     g = torch.Generator().manual_seed(seed)
     state = {
         "embed.weight": torch.randn(96, 64, generator=g),
@@ -42,6 +44,7 @@ def make_state(seed: int = 0, big: int = 0) -> dict[str, torch.Tensor]:
         "layers.0.ids": torch.randint(-(2**40), 2**40, (17,), generator=g),
         "lm_head.weight": torch.randn(12, 40, generator=g).t(),
         "empty": torch.zeros(0, 4),
+        "lm_head.big": torch.randn(700, 600, generator=g).t(),  # >= 1 MiB: broadcast sends it directly
     }
     for i in range(big // 4096):  # 16 KiB each: one trainer bucket apiece
         state[f"layers.{i + 1}.mlp.weight"] = torch.randn(64, 64, generator=g)
@@ -61,8 +64,8 @@ def assert_identical(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
 
 
 class DictTrainer:
-    def __init__(self, state: dict[str, torch.Tensor]):
-        self.state = state
+    def __init__(self, state: dict[str, torch.Tensor], slow_s: float = 0.0):
+        self.state, self.slow_s = state, slow_s
 
     def export_weights(self, bucket_bytes: int = 64 << 20):
         bucket, size = [], 0
@@ -70,28 +73,25 @@ class DictTrainer:
             bucket.append((name, t))
             size += t.numel() * t.element_size()
             if size >= bucket_bytes:
+                time.sleep(self.slow_s)
                 yield bucket
                 bucket, size = [], 0
         if bucket:
             yield bucket
 
 
-class ListTrainer(DictTrainer):
-    """Returns all buckets at once, as a trainer role wrapping a generator in ``list()`` does."""
-
-    def export_weights(self, bucket_bytes: int = 64 << 20):
-        return list(super().export_weights(bucket_bytes))
-
-
-class DictEngine(BroadcastReceiver, DiskReceiver):
-    """Minimal receiver: a dict of tensors and a version; ``fault`` injects failures."""
+class DictEngine:
+    """Minimal engine: a dict of tensors, a version, a log of weight-update calls; ``fault`` injects failures."""
 
     def __init__(self, name: str = "dict", fault: str = ""):
-        self.name = name
-        self.fault = fault
+        self.name, self.fault = name, fault
         self.state: dict[str, torch.Tensor] = {}
         self.version = -1
+        self.calls: list[str] = []
         self.unblock = threading.Event()
+
+    def begin_weight_update(self, version: int) -> None:
+        self.calls.append(f"begin {version}")
 
     def update_weights(self, named_tensors, version: int) -> None:
         if self.fault == "hang":
@@ -100,13 +100,12 @@ class DictEngine(BroadcastReceiver, DiskReceiver):
             time.sleep(0.3)
         for name, t in named_tensors:
             self.state[name] = t.clone()
+        self.calls.append(f"update {version}")
         if self.fault != "stale":
             self.version = version
 
-    def receive_broadcast(self, meta, version: int) -> int:
-        if self.fault == "hang_receive":
-            self.unblock.wait()
-        return super().receive_broadcast(meta, version)
+    def end_weight_update(self, version: int) -> None:
+        self.calls.append(f"end {version}")
 
     def weight_version(self) -> int:
         return self.version
@@ -116,11 +115,32 @@ class DictEngine(BroadcastReceiver, DiskReceiver):
         return {n: self.state[n] for n in names}
 
 
-EngineActor = ray.remote(num_cpus=0)(DictEngine)
-TrainerActors = {
-    "generator": ray.remote(num_cpus=0)(DictTrainer),
-    "list": ray.remote(num_cpus=0)(ListTrainer),
-}
+class EngineHost:
+    """Stands in for ``RolloutRole``: hosts an engine object and the weight-sync receive endpoint."""
+
+    def __init__(self, name: str = "dict", fault: str = ""):
+        self.engine = DictEngine(name, fault)
+
+    def weight_receiver(self, spec, method: str, *args):
+        return serve_receiver(self, self.engine, spec, method, *args)
+
+    def engine_call(self, method: str, *args):
+        attr = getattr(self.engine, method)
+        return attr(*args) if callable(attr) else attr
+
+
+class TrainerHost:
+    """Stands in for ``TrainerRole``: hosts a trainer object and the weight-sync send endpoint."""
+
+    def __init__(self, state: dict[str, torch.Tensor], slow_s: float = 0.0):
+        self.trainer = DictTrainer(state, slow_s)
+
+    def weight_sender(self, spec, method: str, *args):
+        yield from serve_sender(self, self.trainer, spec, method, *args)
+
+
+EngineActor = ray.remote(num_cpus=0, max_concurrency=4)(EngineHost)
+TrainerActor = ray.remote(num_cpus=0)(TrainerHost)
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +149,19 @@ def engines(ray_local):
     yield actors
     for actor in actors:
         ray.kill(actor)
+
+
+def make_sync(transport: str, tmp_path, timeout_s: float = 30, **params) -> Transport:
+    """Through the registry, as ``relax run`` builds it: ``factory(params, ctx)``."""
+    if transport == "disk":
+        params.setdefault("directory", str(tmp_path))
+    factory = get_plugin_manager().get("weight_sync", transport)
+    ctx = PluginContext(role="weight_sync", timeout_s=timeout_s, bucket_bytes=BUCKET)
+    return factory(TRANSPORTS[transport].config(**params), ctx)
+
+
+def calls_of(engine) -> list[str]:
+    return list(engine.calls) if isinstance(engine, DictEngine) else ray.get(engine.engine_call.remote("calls"))
 
 
 def test_pack_unpack_is_bit_identical_with_fixed_size_chunks():
@@ -143,41 +176,78 @@ def test_pack_unpack_is_bit_identical_with_fixed_size_chunks():
     )
 
 
+def test_segments_cover_every_tensor_once_and_bound_runs():
+    state = make_state(big=40_000)
+    layout, total = plan(list(state.items()))
+    segs = segments(layout, direct_bytes=16 << 10, run_bytes=20_000)
+    assert [i for s in segs for i in range(s.first, s.last)] == list(range(len(layout)))
+    for s in segs:
+        assert s.start == layout[s.first][3] and s.end == layout[s.last - 1][3] + layout[s.last - 1][4] <= total
+        if s.direct:
+            assert s.last == s.first + 1 and layout[s.first][4] >= 16 << 10
+        else:
+            assert s.end - s.start <= 20_000 and all(layout[i][4] < 16 << 10 for i in range(s.first, s.last))
+    assert any(s.direct for s in segs) and any(not s.direct for s in segs)
+
+
+@pytest.mark.parametrize("where", ["actor", "local"])
 @pytest.mark.parametrize("transport", ["in_process", "object_store", "broadcast", "disk"])
-def test_delivery_is_bit_identical_and_versioned(engines, transport, tmp_path):
-    kw = {"directory": str(tmp_path)} if transport == "disk" else {}
-    sync = TRANSPORTS[transport](timeout_s=30, bucket_bytes=BUCKET, **kw)
+def test_delivery_is_bit_identical_versioned_and_bracketed(engines, transport, where, tmp_path):
+    """Trainer actor → engine actors (the run's path), or a local trainer (colocated) → actors and
+    local engines: every byte arrives, every engine serves the version, begin/end bracket the buckets."""
+    sync = make_sync(transport, tmp_path)
     assert isinstance(sync, WeightSync)
-    targets = list(engines) + (
-        [DictEngine("local")] if transport in ("in_process", "object_store", "disk") else []
-    )
+    local_engines = [DictEngine("local")] if where == "local" and transport != "broadcast" else []
+    targets = list(engines) + local_engines
     for version in (1, 2):  # the second round reuses the broadcast group and overwrites every tensor
         state = make_state(seed=version, big=20_000)
-        stats = sync.sync(DictTrainer(state), targets, version)
-        assert stats["bytes"] == nbytes(state) and stats["buckets"] >= 4
+        trainer = TrainerActor.remote(state) if where == "actor" else DictTrainer(state)
+        before = [len(calls_of(e)) for e in targets]
+        stats = sync.sync(trainer, targets, version)
+        assert stats["bytes"] == nbytes(state) and stats["buckets"] >= 4 and stats["engines"] == len(targets)
         assert stats["bytes_per_s"] == pytest.approx(stats["bytes"] / stats["seconds"])
-        for engine in targets:
-            if isinstance(engine, DictEngine):
-                assert_identical(engine.snapshot(list(state)), state)
-                assert engine.weight_version() == version
-            else:
-                assert_identical(ray.get(engine.snapshot.remote(list(state)), timeout=30), state)
-                assert ray.get(engine.weight_version.remote(), timeout=30) == version
+        logs = [calls_of(e)[n:] for e, n in zip(targets, before, strict=True)]
+        for engine in local_engines:
+            assert_identical(engine.snapshot(list(state)), state)
+            assert engine.weight_version() == version
+        for engine in engines:
+            assert_identical(ray.get(engine.engine_call.remote("snapshot", list(state)), timeout=30), state)
+            assert ray.get(engine.engine_call.remote("weight_version"), timeout=30) == version
+        for log in logs:
+            assert log[0] == f"begin {version}" and log[-1] == f"end {version}", log
+            assert len(log) >= 3 and set(log[1:-1]) == {f"update {version}"}, log
+        if where == "actor":
+            ray.kill(trainer)
     if transport == "disk":
         assert sorted(p.name for p in tmp_path.iterdir()) == ["v00000001", "v00000002"]
 
 
-@pytest.mark.parametrize(
-    ("transport", "export"), [("object_store", "generator"), ("in_process", "list"), ("object_store", "list")]
-)
-def test_trainer_as_actor(engines, transport, export):
-    state = make_state(seed=7, big=10_000)
-    trainer = TrainerActors[export].remote(state)
-    stats = TRANSPORTS[transport](timeout_s=30, bucket_bytes=BUCKET).sync(trainer, engines, 7)
-    assert stats["bytes"] >= nbytes(state) and stats["buckets"] >= 3  # streamed: serialized bytes
-    for engine in engines:
-        assert_identical(ray.get(engine.snapshot.remote(list(state)), timeout=30), state)
-    ray.kill(trainer)
+def test_params_are_typed_from_yaml_and_checked():
+    from relax.core.config import ConfigError, load_config
+
+    cfg = load_config(None, ["weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"])
+    assert cfg.weight_sync.params == BroadcastParams(backend="nccl", master_addr=None)
+    with pytest.raises(ConfigError, match=r"weight_sync\.params\.backend"):
+        load_config(None, ["weight_sync.transport=broadcast", "weight_sync.params={backend: mpi}"])
+    with pytest.raises(ConfigError, match=r"weight_sync\.params\.max_inflight"):
+        load_config(None, ["weight_sync.transport=object_store", "weight_sync.params={max_inflight: 0}"])
+    sync = TRANSPORTS["broadcast"](timeout_s=5, backend="gloo")  # keywords override params and ctx
+    assert sync.params.backend == "gloo" and sync.timeout_s == 5 and sync.spec.name == "broadcast"
+
+
+def test_transport_declares_the_engines_it_serves():
+    class OnlyHF(InProcessSync):
+        engines = ("hf",)
+
+    OnlyHF().check_engine("hf")
+    with pytest.raises(WeightSyncError, match=r"transport 'in_process' cannot serve rollout\.engine 'sglang'.*hf"):
+        OnlyHF().check_engine("sglang")
+    for cls in TRANSPORTS.values():
+        cls().check_engine("anything")  # the built-ins serve every engine with update_weights
+    with pytest.raises(WeightSyncError, match=r"transport 'in_process' cannot serve engine object.*update_weights"):
+        InProcessSync(timeout_s=5).sync(DictTrainer(make_state()), [object()], 1)
+    with pytest.raises(WeightSyncError, match=r"broadcast transport needs engines that are Ray actors.*engine\[0\]"):
+        TRANSPORTS["broadcast"](timeout_s=5).sync(DictTrainer(make_state()), [DictEngine("x")], 1)
 
 
 def test_engines_disagreeing_on_version_is_an_error():
@@ -189,46 +259,40 @@ def test_engines_disagreeing_on_version_is_an_error():
 def test_stuck_local_engine_times_out_naming_it():
     stuck = DictEngine("stuck", fault="hang")
     start = time.monotonic()
-    with pytest.raises(
-        WeightSyncError, match=r"engine\[1\] \(stuck\) did not finish update_weights.*within 1s"
-    ):
-        InProcessSync(timeout_s=1, bucket_bytes=BUCKET).sync(
-            DictTrainer(make_state()), [DictEngine(), stuck], 1
-        )
+    with pytest.raises(WeightSyncError, match=r"engine\[1\] \(stuck\) did not finish update_weights.*within 1s"):
+        InProcessSync(timeout_s=1, bucket_bytes=BUCKET).sync(DictTrainer(make_state()), [DictEngine(), stuck], 1)
     assert time.monotonic() - start < 3
     stuck.unblock.set()
 
 
 @pytest.mark.parametrize(
-    ("make", "fault", "what"),
-    [
-        (lambda d: ObjectStoreSync(timeout_s=2, bucket_bytes=BUCKET), "hang", "update_weights"),
-        (lambda d: DiskSync(timeout_s=2, bucket_bytes=BUCKET, directory=d), "hang", "load_weights_from_disk"),
-        (lambda d: BroadcastSync(timeout_s=2, bucket_bytes=BUCKET), "hang_receive", "receive_broadcast"),
-    ],
-    ids=["object_store", "disk", "broadcast"],
+    ("transport", "what"),
+    [("in_process", "update_weights"), ("object_store", "update_weights"), ("disk", "load"), ("broadcast", "receive")],
 )
-def test_stuck_actor_engine_times_out_naming_it(engines, tmp_path, make, fault, what):
-    stuck = EngineActor.remote("stuck", fault)
-    ray.get(stuck.weight_version.remote(), timeout=60)  # started
-    name = f"engine\\[1\\] \\(DictEngine actor {stuck._actor_id.hex()[:12]}\\)"
+def test_stuck_engine_actor_times_out_naming_it(engines, tmp_path, transport, what):
+    stuck = EngineActor.remote("stuck", "hang")
+    ray.get(stuck.engine_call.remote("weight_version"), timeout=60)  # started
+    trainer = TrainerActor.remote(make_state())
+    name = f"engine\\[1\\] \\(EngineHost actor {stuck._actor_id.hex()[:12]}\\)"
     start = time.monotonic()
     with pytest.raises(WeightSyncError, match=f"{name}.*{what}"):
-        make(str(tmp_path)).sync(DictTrainer(make_state()), [engines[0], stuck], 1)
+        make_sync(transport, tmp_path, timeout_s=2).sync(trainer, [engines[0], stuck], 1)
     assert time.monotonic() - start < 2 + 7  # timeout plus grace for naming the culprit
     ray.kill(stuck)
+    ray.kill(trainer)
 
 
-@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
-def test_engine_killed_mid_sync_fails_fast_naming_it(engines, transport):
+@pytest.mark.parametrize("transport", ["in_process", "object_store", "broadcast", "disk"])
+def test_engine_killed_mid_sync_fails_fast_naming_it(engines, transport, tmp_path):
     victim = EngineActor.remote("victim", "slow")
-    ray.get(victim.weight_version.remote(), timeout=60)
-    name = f"engine[1] (DictEngine actor {victim._actor_id.hex()[:12]})"
-    sync = TRANSPORTS[transport](timeout_s=20, bucket_bytes=BUCKET)
+    ray.get(victim.engine_call.remote("weight_version"), timeout=60)
+    name = f"engine[1] (EngineHost actor {victim._actor_id.hex()[:12]})"
+    sync = make_sync(transport, tmp_path, timeout_s=20)
     state = make_state(big=100_000)  # ~25 buckets of 16 KiB at 0.3 s each on the victim
+    trainer = TrainerActor.remote(state)
     with cf.ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(sync.sync, DictTrainer(state), [engines[1], victim], 5)
-        time.sleep(1.5)
+        fut = pool.submit(sync.sync, trainer, [engines[1], victim], 5)
+        time.sleep(3.0)
         assert not fut.done()
         ray.kill(victim)
         killed = time.monotonic()
@@ -236,3 +300,17 @@ def test_engine_killed_mid_sync_fails_fast_naming_it(engines, transport):
             fut.result(timeout=30)
     assert time.monotonic() - killed < 10  # detected as dead, not waited out
     assert name in str(err.value) and "died" in str(err.value)
+    ray.kill(trainer)
+
+
+def test_trainer_killed_mid_push_is_named(engines, tmp_path):
+    trainer = TrainerActor.remote(make_state(big=40_000), slow_s=0.5)
+    sync = make_sync("object_store", tmp_path, timeout_s=20)
+    with cf.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(sync.sync, trainer, list(engines), 9)
+        time.sleep(2.0)
+        ray.kill(trainer)
+        killed = time.monotonic()
+        with pytest.raises(WeightSyncError, match=rf"trainer \(TrainerHost actor {trainer._actor_id.hex()[:12]}\) died"):
+            fut.result(timeout=30)
+    assert time.monotonic() - killed < 10

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -20,7 +21,7 @@ from relax.core.context import PluginContext
 from relax.core.controller.capabilities import capabilities
 from relax.core.controller.contexts import build_plugin
 from relax.core.protocols import GenerationRequest, GenerationResult
-from relax.core.weight_sync import BroadcastReceiver, DiskReceiver
+from relax.core.weight_sync import serve_receiver, serve_sender
 
 
 def _limit_threads(num_threads: int | None) -> None:
@@ -30,12 +31,8 @@ def _limit_threads(num_threads: int | None) -> None:
 
 
 @ray.remote
-class RolloutRole(BroadcastReceiver, DiskReceiver):
-    """Hosts one rollout engine. Threaded so ``pause``/``health`` answer while ``generate`` runs.
-
-    The receiver mixins give every engine the broadcast and disk weight-sync endpoints; they only
-    call ``update_weights`` / ``weight_version`` below.
-    """
+class RolloutRole:
+    """Hosts one rollout engine. Threaded so ``pause``/``health`` answer while ``generate`` runs."""
 
     def __init__(self, cfg: RelaxConfig, ctx: PluginContext, num_threads: int | None = None):
         _limit_threads(num_threads)
@@ -54,6 +51,10 @@ class RolloutRole(BroadcastReceiver, DiskReceiver):
 
     def weight_version(self) -> int:
         return self.engine.weight_version()
+
+    def weight_receiver(self, spec: Any, method: str, *args: Any) -> Any:
+        """Weight-sync endpoint: the transport's receiver for this engine (built once per transport)."""
+        return serve_receiver(self, self.engine, spec, method, *args)
 
     def pause(self) -> None:
         self.engine.pause()
@@ -82,7 +83,6 @@ class TrainerRole:
     def __init__(self, cfg: RelaxConfig, ctx: PluginContext, num_threads: int | None = None):
         _limit_threads(num_threads)
         self.trainer = build_plugin(cfg, "trainer", ctx)
-
         self.peers = None  # WorkerGroup of ranks 1.. when this actor is rank 0 of a worker group
         self._fan_out = threading.Lock()  # one fan-out at a time: every rank sees the calls in one order
 
@@ -96,6 +96,7 @@ class TrainerRole:
             return fn(*args)
         with self._fan_out:
             return self.peers.run(method, *args, local=lambda: fn(*args))
+
     def capabilities(self) -> list[str]:
         return capabilities(self.trainer)
 
@@ -109,8 +110,13 @@ class TrainerRole:
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return self._all("train_step", batch)
 
-    def export_weights(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-        return list(self.trainer.export_weights(bucket_bytes))
+    def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Streams buckets (a Ray generator: one object per bucket, never the whole model at once)."""
+        yield from self.trainer.export_weights(bucket_bytes)
+
+    def weight_sender(self, spec: Any, method: str, *args: Any) -> Iterator[Any]:
+        """Weight-sync endpoint: the transport's sender in this process (``push`` streams progress)."""
+        yield from serve_sender(self, self.trainer, spec, method, *args)
 
     def save(self, directory: str) -> None:
         self._all("save", directory)

@@ -284,7 +284,10 @@ class TorchTrainer:
                 yield name, tensor
 
     def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Buckets of (HF name, detached copy); a bucket exceeds ``bucket_bytes`` only for one big tensor."""
+        """Buckets of (HF name, detached view of the live weight); a bucket exceeds ``bucket_bytes``
+        only for one big tensor. Views, not copies: a transport copies each bucket once on its way
+        (pack, object-store put, file write), so the export adds no memory; consume a bucket before
+        the next ``train_step``."""
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, tensor in self._unique_tensors():

@@ -1,45 +1,62 @@
-"""Weight sync: move trainer weights to rollout engines under a version number.
+"""Weight sync: move trainer weights to rollout engines under a version number, trainer → engines
+directly (the driver only orchestrates; see ``transport``).
 
-Transports (all implement ``relax.core.protocols.WeightSync``; constructors are the factories,
-``factory(timeout_s, bucket_bytes, **kw)``):
+Built-in transports (``weight_sync.transport``, typed ``weight_sync.params``):
 
-- ``"in_process"`` — :class:`InProcessSync`, direct calls (colocated trainer and engines);
-- ``"object_store"`` — :class:`ObjectStoreSync`, one Ray object-store put per bucket;
-- ``"broadcast"`` — :class:`BroadcastSync`, torch.distributed (gloo / NCCL); engines mix in
-  :class:`BroadcastReceiver`;
-- ``"disk"`` — :class:`DiskSync`, safetensors shards; engines mix in :class:`DiskReceiver`.
+- ``in_process`` — :class:`InProcessSync`, direct calls (colocated trainer and engines, tests);
+- ``object_store`` — :class:`ObjectStoreSync`, one Ray object-store put per bucket (``max_inflight``);
+- ``broadcast`` — :class:`BroadcastSync`, torch.distributed gloo / NCCL (``backend``, ``master_addr``);
+- ``disk`` — :class:`DiskSync`, safetensors shards per version (``directory``, ``keep``).
 
-Every call has a deadline; a dead or stuck engine raises :class:`WeightSyncError` naming it, and
-after the update every engine must report the new ``weight_version()``.
+A third-party transport subclasses :class:`Transport` (``name``, ``config``, ``send``, a
+:class:`Receiver` subclass) and registers it in ``relax_register_weight_syncs`` as
+``register(name, TransportClass, config=ParamsDataclass)``. Every call has a deadline; a dead or
+stuck engine raises :class:`WeightSyncError` naming it, and after the update every engine must
+report the new ``weight_version()``.
 """
 
 from relax.core.weight_sync.base import WeightSyncError
-from relax.core.weight_sync.broadcast import BroadcastReceiver, BroadcastSync
-from relax.core.weight_sync.direct import InProcessSync, ObjectStoreSync
-from relax.core.weight_sync.disk import DiskReceiver, DiskSync
+from relax.core.weight_sync.broadcast import BroadcastParams, BroadcastReceiver, BroadcastSync
+from relax.core.weight_sync.direct import InProcessParams, InProcessSync, ObjectStoreParams, ObjectStoreSync
+from relax.core.weight_sync.disk import DiskParams, DiskReceiver, DiskSync
+from relax.core.weight_sync.transport import (
+    Peers,
+    Receiver,
+    Transport,
+    TransportSpec,
+    serve_receiver,
+    serve_sender,
+)
 
-TRANSPORTS = {
-    "in_process": InProcessSync,
-    "object_store": ObjectStoreSync,
-    "broadcast": BroadcastSync,
-    "disk": DiskSync,
+TRANSPORTS: dict[str, type[Transport]] = {
+    cls.name: cls for cls in (InProcessSync, ObjectStoreSync, BroadcastSync, DiskSync)
 }
 
 
 def register_builtin_weight_syncs(register) -> None:
     """Called from ``relax.core.builtin``'s ``relax_register_weight_syncs`` hook."""
-    for name, factory in TRANSPORTS.items():
-        register(name, factory)
+    for name, cls in TRANSPORTS.items():
+        register(name, cls, config=cls.config)
 
 
 __all__ = [
     "TRANSPORTS",
+    "BroadcastParams",
     "BroadcastReceiver",
     "BroadcastSync",
+    "DiskParams",
     "DiskReceiver",
     "DiskSync",
+    "InProcessParams",
     "InProcessSync",
+    "ObjectStoreParams",
     "ObjectStoreSync",
+    "Peers",
+    "Receiver",
+    "Transport",
+    "TransportSpec",
     "WeightSyncError",
     "register_builtin_weight_syncs",
+    "serve_receiver",
+    "serve_sender",
 ]

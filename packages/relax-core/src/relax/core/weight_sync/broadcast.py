@@ -1,194 +1,256 @@
-"""torch.distributed broadcast transport (gloo on CPU, NCCL on GPU) and the engine-side mixin.
+"""torch.distributed broadcast transport (gloo on CPU, NCCL on GPU).
 
-The process that calls ``sync`` is rank 0 of a private process group (its own TCPStore; the
-default group, which a trainer may use for DDP, is never touched); engine actor ``i`` is rank
-``i + 1``. Per trainer bucket: tensors are packed into one flat byte buffer, engines get the layout
-by an actor call (``receive_broadcast``) and the bytes by broadcasts of fixed-size chunks
-(``bucket_bytes``). Every collective waits at most ``timeout_s``; after any failure the group is
-dropped and rebuilt on the next sync.
+The trainer's process is rank 0 of a private process group (its own store; the default group, which
+a trainer may use for data parallelism, is never touched); engine actor ``i`` is rank ``i + 1``. One actor
+call per sync (``receive``) starts each engine's receive loop; then, per bucket, a header broadcast
+carries the bucket's layout and broadcasts of segments carry its bytes (see ``flat.segments``):
+large tensors straight from the trainer's memory, small ones packed into a reused staging buffer.
+An empty header ends the loop. Each engine receives into one preallocated buffer and applies every
+segment while later ones are still arriving. No per-bucket round trip: the sender never waits for
+an engine between buckets. Every collective waits at most ``timeout_s``;
+after any failure the group is dropped and rebuilt on the next sync.
+
+The store and gloo's sockets listen on 127.0.0.1 when Ray runs on one machine, else on the node IP
+(or ``master_addr``) — never on every interface.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime
-import time
+import ipaddress
+import pickle
+import socket
 import uuid
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from relax.core.weight_sync.base import (
-    WeightSyncError,
-    bucket_nbytes,
-    describe_error,
-    engine_names,
-    is_actor,
-    iter_buckets,
-    start,
-    stats,
-    verify_versions,
-    wait_all,
-)
-from relax.core.weight_sync.flat import chunks, pack, unpack
+from relax.core.weight_sync.base import WeightSyncError, bucket_nbytes, describe_error
+from relax.core.weight_sync.flat import Segment, byte_view, pack_into, plan, segments, unpack
+from relax.core.weight_sync.transport import Peers, Receiver, Transport
 
 BLAME_GRACE_S = 3.0  # how long a failed collective waits for engines to report before naming culprits
+DIRECT_BYTES = 1 << 20  # tensors at least this large are broadcast from their own memory
+RUN_BYTES = 4 << 20  # small tensors are packed into staging runs of at most this size (two are reused)
 
 
-def new_group(backend: str, store: Any, rank: int, world_size: int, timeout_s: float) -> Any:
-    """A process group outside torch's global registry; blocks until every rank joined."""
+@dataclass(frozen=True)
+class BroadcastParams:
+    """``weight_sync.params`` of ``broadcast``."""
+
+    backend: Literal["gloo", "nccl"] = "gloo"
+    master_addr: str | None = None  # the store's address; None: 127.0.0.1 on one machine, else the node IP
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
+
+
+def default_master_addr() -> str:
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
+    return ray.util.get_node_ip_address() if len(alive) > 1 else "127.0.0.1"
+
+
+def listen(addr: str) -> tuple[int, int]:
+    """A listening TCP socket bound to ``addr`` only: (file descriptor, port). TCPStore takes the fd."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((addr, 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    return sock.detach(), port
+
+
+def new_group(backend: str, store: Any, rank: int, world: int, timeout_s: float, host: str) -> Any:
+    """A process group outside torch's global registry; blocks until every rank joined. Gloo binds
+    its sockets to ``host``."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        return dist.ProcessGroupGloo(store, rank, world, opts)
     if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, opts)
     raise ValueError(f"unknown broadcast backend {backend!r}; use 'gloo' or 'nccl'")
 
 
-def broadcast_chunk(group: Any, chunk: torch.Tensor, timeout_s: float) -> None:
+def broadcast(group: Any, tensor: torch.Tensor) -> Any:
+    """Start a broadcast from rank 0; returns the work to wait on."""
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
-    group.broadcast([chunk], opts).wait(datetime.timedelta(seconds=timeout_s))
+    return group.broadcast([tensor], opts)
 
 
-def _device(backend: str) -> torch.device:
+def device_of(backend: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-class BroadcastReceiver:
-    """Engine-side mixin for :class:`BroadcastSync`; the engine provides ``update_weights(named, version)``
-    and ``weight_version()``. Runs in a (threaded or plain) Ray actor: the calls block on collectives."""
+def send_header(group: Any, meta: dict | None, device: torch.device, timeout: datetime.timedelta) -> None:
+    """The next bucket's layout (``None``: no more buckets) as a length and a pickled byte string."""
+    data = b"" if meta is None else pickle.dumps(meta)
+    broadcast(group, torch.tensor([len(data)], dtype=torch.int64, device=device)).wait(timeout)
+    if data:
+        broadcast(group, torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)).wait(timeout)
 
-    _relax_group: Any = None
 
-    def init_group(
-        self,
-        master_addr: str,
-        port: int,
-        rank: int,
-        world_size: int,
-        backend: str = "gloo",
-        timeout_s: float = 60.0,
-        group_name: str = "",
-    ) -> int:
-        self.destroy_group()
-        store = dist.TCPStore(
-            master_addr, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
-        )
-        self._relax_group = (
-            new_group(backend, store, rank, world_size, timeout_s),
-            store,
-            backend,
-            timeout_s,
-            group_name,
-        )
+def recv_header(group: Any, device: torch.device, timeout: datetime.timedelta) -> dict | None:
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    broadcast(group, size).wait(timeout)
+    if not int(size.item()):
+        return None
+    data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    broadcast(group, data).wait(timeout)
+    return pickle.loads(data.cpu().numpy().tobytes())
+
+
+class BroadcastReceiver(Receiver):
+    """Engine side: joins the group, receives each bucket into one reused buffer, applies it segment
+    by segment through ``engine.update_weights`` (which copies out of the buffer)."""
+
+    group: Any = None
+    group_name = ""
+    buffer: torch.Tensor | None = None
+
+    def join(self, addr: str, port: int, rank: int, world: int, name: str) -> int:
+        import ray
+
+        self.close()
+        timeout = datetime.timedelta(seconds=self.transport.timeout_s)
+        store = dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
+        host = addr if is_loopback(addr) else ray.util.get_node_ip_address()
+        self.group = new_group(self.transport.params.backend, store, rank, world, self.transport.timeout_s, host)
+        self.store, self.group_name = store, name
         return rank
 
-    def receive_broadcast(self, meta: dict[str, Any], version: int) -> int:
-        if self._relax_group is None:
-            raise RuntimeError("receive_broadcast before init_group")
-        group, _, backend, timeout_s, group_name = self._relax_group
-        if meta.get("group_name", "") != group_name:  # another sender re-initialised this engine's group
-            raise RuntimeError(
-                f"receive_broadcast for group {meta.get('group_name')!r}, but this engine joined {group_name!r}"
-            )
-        flat = torch.empty(meta["total"], dtype=torch.uint8, device=_device(backend))
-        for chunk in chunks(flat, meta["chunk_bytes"]):
-            broadcast_chunk(group, chunk, timeout_s)
-        self.update_weights(unpack(flat, meta["layout"]), version)
-        return self.weight_version()
+    def receive(self, group_name: str, version: int) -> int:
+        """Receive and apply buckets until the sender's empty header; returns the number of buckets."""
+        if self.group is None or group_name != self.group_name:  # another sender rebuilt the group
+            raise WeightSyncError(f"receive for group {group_name!r}, but this engine joined {self.group_name!r}")
+        device = device_of(self.transport.params.backend)
+        timeout = datetime.timedelta(seconds=self.transport.timeout_s)
+        buckets = 0
+        while (meta := recv_header(self.group, device, timeout)) is not None:
+            if self.buffer is None or self.buffer.numel() < meta["total"]:
+                self.buffer = None  # free the old one first
+                self.buffer = torch.empty(meta["total"], dtype=torch.uint8, device=device)
+            segs = [Segment(*s) for s in meta["segments"]]
+            works = [broadcast(self.group, self.buffer[s.start : s.end]) if s.end > s.start else None for s in segs]
+            for seg, work in zip(segs, works, strict=True):  # apply each segment while later ones arrive
+                if work is not None:
+                    work.wait(timeout)
+                self.engine.update_weights(unpack(self.buffer, meta["layout"][seg.first : seg.last]), version)
+            buckets += 1
+        return buckets
 
-    def destroy_group(self) -> None:
-        self._relax_group = None
+    def close(self) -> None:
+        self.group = self.store = self.buffer = None
+        self.group_name = ""
 
 
-class BroadcastSync:
-    """Trainer → engines over a torch.distributed broadcast; engines must be Ray actors that mix in
-    :class:`BroadcastReceiver`. ``master_addr`` defaults to this node's IP."""
+class BroadcastSync(Transport):
+    """Trainer → engines over a torch.distributed broadcast; engines must be Ray actors."""
 
-    def __init__(
-        self,
-        timeout_s: float = 60.0,
-        bucket_bytes: int = 64 << 20,
-        backend: str = "gloo",
-        master_addr: str | None = None,
-    ):
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"unknown broadcast backend {backend!r}; use 'gloo' or 'nccl'")
-        self.timeout_s = timeout_s
-        self.bucket_bytes = bucket_bytes
-        self.backend = backend
-        self.master_addr = master_addr
+    name = "broadcast"
+    config = BroadcastParams
+    receiver_cls = BroadcastReceiver
+    actors_only = True
+
+    def __init__(self, params: Any = None, ctx: Any = None, **overrides: Any):
+        super().__init__(params, ctx, **overrides)
         self._group: Any = None
         self._store: Any = None
         self._members: tuple = ()
-        self._name = ""
+        self._group_name = ""
+        self._staging: list[torch.Tensor | None] = [None, None]
 
-    def sync(self, trainer: Any, engines: list[Any], version: int) -> dict[str, float]:
-        if not all(is_actor(e) for e in engines):
-            raise TypeError(
-                "the broadcast transport needs engines that are Ray actors (mixing in BroadcastReceiver)"
-            )
-        t0 = time.perf_counter()
-        names = engine_names(engines)
-        nbytes = buckets = 0
+    def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
         try:
-            self._ensure_group(engines, names)
-            for bucket in iter_buckets(trainer, self.bucket_bytes, self.timeout_s):
-                what = f"receive_broadcast(bucket {buckets}, version {version})"
-                flat, layout = pack(bucket)
-                meta = {
-                    "layout": layout,
-                    "total": flat.numel(),
-                    "chunk_bytes": self.bucket_bytes,
-                    "group_name": self._name,
-                }
-                pending = {
-                    n: start(e, "receive_broadcast", meta, version)
-                    for n, e in zip(names, engines, strict=True)
-                }
-                self._send(flat.to(_device(self.backend)), pending, what)
-                wait_all(pending, self.timeout_s, what)
-                nbytes += bucket_nbytes(bucket)
+            self._ensure_group(peers)
+            device = device_of(self.params.backend)
+            timeout = datetime.timedelta(seconds=self.timeout_s)
+            pending = peers.start("receive", self._group_name, version)
+            buckets = 0
+            for bucket in trainer.export_weights(self.bucket_bytes):
+                layout, total = plan(bucket)
+                segs = segments(layout, DIRECT_BYTES, RUN_BYTES)
+                meta = {"layout": layout, "total": total, "segments": [tuple(s) for s in segs]}
+                try:
+                    send_header(self._group, meta, device, timeout)
+                    self._broadcast(bucket, layout, segs, device)
+                except Exception as exc:
+                    self._blame(pending, f"receive(bucket {buckets}, version {version})", exc)
                 buckets += 1
-            verify_versions(engines, names, version, self.timeout_s)
+                yield bucket_nbytes(bucket)
+            try:
+                send_header(self._group, None, device, timeout)
+            except Exception as exc:
+                self._blame(pending, f"receive(end, version {version})", exc)
+            received = peers.wait(pending, f"receive(version {version})")
+            if set(received.values()) != {buckets}:
+                raise WeightSyncError(f"engines received {received} buckets of version {version}, sent {buckets}")
         except BaseException:
-            self._drop_group()  # a failed collective leaves the group unusable
+            self.close()  # a failed collective leaves the group unusable
             raise
-        return stats(t0, nbytes, buckets, len(engines))
 
-    def _ensure_group(self, engines: list[Any], names: list[str]) -> None:
-        members = tuple(e._actor_id.hex() for e in engines)
+    def _broadcast(self, bucket: list, layout: list, segs: list[Segment], device: torch.device) -> None:
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        works: list[tuple[Any, torch.Tensor]] = []
+        staged: list[Any] = [None, None]  # the work still reading each staging slot
+        packed = 0
+        for seg in segs:
+            if seg.end == seg.start:
+                continue
+            if seg.direct:
+                buf = byte_view(bucket[seg.first][1]).to(device)
+            else:
+                slot, packed = packed % 2, packed + 1
+                if staged[slot] is not None:
+                    staged[slot].wait(timeout)
+                buf = self._staging_buffer(slot, device)[: seg.end - seg.start]
+                pack_into(buf, bucket[seg.first : seg.last], layout[seg.first : seg.last], seg.start)
+            work = broadcast(self._group, buf)
+            works.append((work, buf))
+            if not seg.direct:
+                staged[slot] = work
+        for work, _ in works:
+            work.wait(timeout)
+
+    def _staging_buffer(self, slot: int, device: torch.device) -> torch.Tensor:
+        if self._staging[slot] is None:
+            self._staging[slot] = torch.empty(RUN_BYTES, dtype=torch.uint8, device=device)
+        return self._staging[slot]
+
+    def _ensure_group(self, peers: Peers) -> None:
+        members = tuple(e._actor_id.hex() for e in peers.engines)
         if self._group is not None and members == self._members:
             return
-        self._drop_group()
-        import ray
-
-        addr = self.master_addr or ray.util.get_node_ip_address()
-        world = len(engines) + 1
+        self.close()
+        addr = self.params.master_addr or default_master_addr()
+        world = len(peers.engines) + 1
+        fd, port = listen(addr)
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        store = dist.TCPStore(addr, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
         name = f"relax-weights-{uuid.uuid4().hex[:12]}"
-        pending = {
-            n: start(e, "init_group", addr, store.port, rank, world, self.backend, self.timeout_s, name)
-            for rank, (n, e) in enumerate(zip(names, engines, strict=True), start=1)
-        }
+        pending = peers.start_each("join", [(addr, port, rank, world, name) for rank in range(1, world)])
         try:
-            group = new_group(self.backend, store, 0, world, self.timeout_s)
+            group = new_group(self.params.backend, store, 0, world, self.timeout_s, addr)
         except Exception as exc:
-            self._blame(pending, "init_group", exc)
-        wait_all(pending, self.timeout_s, "init_group")
-        self._group, self._store, self._members, self._name = group, store, members, name
-
-    def _send(self, flat: torch.Tensor, pending: dict, what: str) -> None:
-        for chunk in chunks(flat, self.bucket_bytes):
-            try:
-                broadcast_chunk(self._group, chunk, self.timeout_s)
-            except Exception as exc:
-                self._blame(pending, what, exc)
+            self._blame(pending, "join", exc)
+        peers.wait(pending, "join")
+        self._group, self._store, self._members, self._group_name = group, store, members, name
 
     def _blame(self, pending: dict[str, cf.Future], what: str, exc: BaseException) -> None:
         """Turn a failed collective into an error naming the engine(s) at fault. Peers of a stuck or
@@ -196,15 +258,9 @@ class BroadcastSync:
         import ray.exceptions
 
         cf.wait(pending.values(), timeout=min(self.timeout_s, BLAME_GRACE_S))
-        died = [
-            n
-            for n, f in pending.items()
-            if f.done() and isinstance(f.exception(), ray.exceptions.RayActorError)
-        ]
+        died = [n for n, f in pending.items() if f.done() and isinstance(f.exception(), ray.exceptions.RayActorError)]
         stuck = [n for n, f in pending.items() if not f.done()]
-        failed = [
-            f"{n} ({describe_error(f.exception())})" for n, f in pending.items() if f.done() and f.exception()
-        ]
+        failed = [f"{n} ({describe_error(f.exception())})" for n, f in pending.items() if f.done() and f.exception()]
         if died:
             culprit = f"{', '.join(died)} died during {what}"
         elif stuck:
@@ -213,5 +269,5 @@ class BroadcastSync:
             culprit = f"{what} failed on {', '.join(failed) or 'no engine'}"
         raise WeightSyncError(f"{culprit}; collective failed ({describe_error(exc)})") from exc
 
-    def _drop_group(self) -> None:
-        self._group, self._store, self._members = None, None, ()
+    def close(self) -> None:
+        self._group, self._store, self._members, self._group_name = None, None, (), ""

@@ -1,77 +1,65 @@
-"""Transports that hand buckets to ``engine.update_weights`` directly: in-process and Ray object store."""
+"""Transports that hand whole buckets to each engine's ``update_weights``: in-process and Ray object store."""
 
 from __future__ import annotations
 
-import time
 from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from relax.core.weight_sync.base import (
-    bucket_nbytes,
-    call_all,
-    engine_names,
-    is_actor,
-    iter_bucket_refs,
-    iter_buckets,
-    start,
-    stats,
-    verify_versions,
-    wait_all,
-)
+from relax.core.weight_sync.base import bucket_nbytes, is_actor
+from relax.core.weight_sync.flat import ZeroCopyBucket
+from relax.core.weight_sync.transport import Peers, Transport
 
 
-class InProcessSync:
-    """Colocated mode: every bucket goes to each engine as the trainer's own tensors (no copy here;
-    the engine copies into its parameters). Actor engines also work, at one pickled copy per engine."""
-
-    def __init__(self, timeout_s: float = 60.0, bucket_bytes: int = 64 << 20):
-        self.timeout_s = timeout_s
-        self.bucket_bytes = bucket_bytes
-
-    def sync(self, trainer: Any, engines: list[Any], version: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        names = engine_names(engines)
-        nbytes = buckets = 0
-        for bucket in iter_buckets(trainer, self.bucket_bytes, self.timeout_s):
-            what = f"update_weights(bucket {buckets}, version {version})"
-            call_all(engines, names, "update_weights", (bucket, version), self.timeout_s, what)
-            nbytes += bucket_nbytes(bucket)
-            buckets += 1
-        verify_versions(engines, names, version, self.timeout_s)
-        return stats(t0, nbytes, buckets, len(engines))
+@dataclass(frozen=True)
+class InProcessParams:
+    """``weight_sync.params`` of ``in_process`` (none)."""
 
 
-class ObjectStoreSync:
-    """One object-store put per bucket; every engine receives the same ObjectRef, which Ray resolves
-    in the engine process to a list of (name, tensor) that are read-only views of the shared buffer
-    (engines copy them into their parameters). Up to ``max_inflight`` buckets are in flight."""
+@dataclass(frozen=True)
+class ObjectStoreParams:
+    """``weight_sync.params`` of ``object_store``."""
 
-    def __init__(self, timeout_s: float = 60.0, bucket_bytes: int = 64 << 20, max_inflight: int = 2):
-        self.timeout_s = timeout_s
-        self.bucket_bytes = bucket_bytes
-        self.max_inflight = max(1, max_inflight)
+    max_inflight: int = 2  # buckets in the object store at once (the trainer's extra memory)
 
-    def sync(self, trainer: Any, engines: list[Any], version: int) -> dict[str, float]:
+    def validate(self) -> list[str]:
+        return [] if self.max_inflight >= 1 else [f"max_inflight: must be >= 1, got {self.max_inflight}"]
+
+
+class InProcessSync(Transport):
+    """Colocated: each bucket goes to every engine as the trainer's own tensors (the engine copies
+    them into its parameters). Engine actors also work, at one pickled copy per engine per bucket."""
+
+    name = "in_process"
+    config = InProcessParams
+
+    def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
+        for i, bucket in enumerate(trainer.export_weights(self.bucket_bytes)):
+            peers.call("update", bucket, version, what=f"update_weights(bucket {i}, version {version})")
+            yield bucket_nbytes(bucket)
+
+
+class ObjectStoreSync(Transport):
+    """One ``ray.put`` per bucket in the trainer's process; every engine actor receives the same
+    ObjectRef, which Ray resolves in the engine's process to read-only views of the shared buffer
+    (the engine copies them into its parameters). Up to ``max_inflight`` buckets are in flight."""
+
+    name = "object_store"
+    config = ObjectStoreParams
+
+    def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
         import ray
 
-        t0 = time.perf_counter()
-        names = engine_names(engines)
-        inflight: deque[tuple[str, dict]] = deque()
-        nbytes = buckets = 0
-        for ref, size in iter_bucket_refs(trainer, self.bucket_bytes, self.timeout_s):
-            value = None if all(is_actor(e) for e in engines) else ray.get(ref, timeout=self.timeout_s)
-            pending = {
-                n: start(e, "update_weights", ref if is_actor(e) else value, version)
-                for n, e in zip(names, engines, strict=True)
-            }
-            inflight.append((f"update_weights(bucket {buckets}, version {version})", pending))
-            nbytes += size
-            buckets += 1
-            while len(inflight) >= self.max_inflight:
-                what, pending = inflight.popleft()
-                wait_all(pending, self.timeout_s, what)
+        inflight: deque[tuple[dict, str]] = deque()  # (pending calls, what)
+        for i, bucket in enumerate(trainer.export_weights(self.bucket_bytes)):
+            ref = ray.put(ZeroCopyBucket(bucket))
+            local = None if all(is_actor(e) for e in peers.engines) else ray.get(ref, timeout=self.timeout_s)
+            args = [(ref if is_actor(e) else local, version) for e in peers.engines]
+            inflight.append((peers.start_each("update", args), f"update_weights(bucket {i}, version {version})"))
+            del ref, local, args  # the object is freed once every engine has read it
+            while len(inflight) >= self.params.max_inflight:
+                peers.wait(*inflight.popleft())
+            yield bucket_nbytes(bucket)
         while inflight:
-            what, pending = inflight.popleft()
-            wait_all(pending, self.timeout_s, what)
-        verify_versions(engines, names, version, self.timeout_s)
-        return stats(t0, nbytes, buckets, len(engines))
+            peers.wait(*inflight.popleft())

@@ -1,9 +1,9 @@
-"""Disk transport: safetensors shards in a per-version directory, loaded by each engine.
+"""Disk transport: the trainer writes safetensors shards into a per-version directory, engines load it.
 
 Layout: ``<directory>/v00000042/model-00000.safetensors, ...`` plus ``model.safetensors.index.json``
-(HF style ``weight_map``). A version directory appears atomically (written under a temporary name,
-then renamed), so an engine never reads a half-written version. Engines on other nodes need
-``directory`` on a shared filesystem.
+(HF style ``weight_map``), one shard per bucket. A version directory appears atomically (written under
+a temporary name, then renamed), so an engine never reads a half-written version. Engines on other
+nodes need ``directory`` on a shared filesystem.
 """
 
 from __future__ import annotations
@@ -12,28 +12,33 @@ import json
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save_file
 
-from relax.core.weight_sync.base import (
-    NamedTensors,
-    bucket_nbytes,
-    call_all,
-    engine_names,
-    iter_buckets,
-    stats,
-    verify_versions,
-)
+from relax.core.protocols import NamedTensors
+from relax.core.weight_sync.base import bucket_nbytes
+from relax.core.weight_sync.transport import Peers, Receiver, Transport
 
 INDEX = "model.safetensors.index.json"
 
 
-def write_weights(buckets: Iterator[NamedTensors], path: Path, version: int) -> tuple[int, int]:
-    """Write one shard per bucket under ``path`` (atomically); returns (bytes, shards)."""
+@dataclass(frozen=True)
+class DiskParams:
+    """``weight_sync.params`` of ``disk``."""
+
+    directory: str | None = None  # None: a fresh temporary directory on the trainer's node
+    keep: int = 2  # newest version directories kept
+
+    def validate(self) -> list[str]:
+        return [] if self.keep >= 1 else [f"keep: must be >= 1, got {self.keep}"]
+
+
+def write_weights(buckets: Iterable[NamedTensors], path: Path, version: int) -> Iterator[int]:
+    """Write one shard per bucket under ``path`` (atomically, once all are written); yields bytes per shard."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -45,19 +50,17 @@ def write_weights(buckets: Iterator[NamedTensors], path: Path, version: int) -> 
         for name, t in bucket:
             t = t.detach().cpu().contiguous()
             ptr = t.untyped_storage().data_ptr()
-            tensors[name] = (
-                t.clone() if ptr in seen and t.numel() else t
-            )  # safetensors refuses shared storage
+            tensors[name] = t.clone() if ptr in seen and t.numel() else t  # safetensors refuses shared storage
             seen.add(ptr)
             weight_map[name] = fname
         save_file(tensors, tmp / fname, metadata={"relax_version": str(version)})
         nbytes += bucket_nbytes(bucket)
         shards += 1
+        yield bucket_nbytes(bucket)
     index = {"metadata": {"total_size": nbytes, "relax_version": version}, "weight_map": weight_map}
     (tmp / INDEX).write_text(json.dumps(index))
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
-    return nbytes, shards
 
 
 def read_weights(path: str | os.PathLike) -> Iterator[NamedTensors]:
@@ -68,53 +71,26 @@ def read_weights(path: str | os.PathLike) -> Iterator[NamedTensors]:
         yield [(name, shard[name]) for name, f in weight_map.items() if f == fname]
 
 
-class DiskReceiver:
-    """Engine-side mixin for :class:`DiskSync`; the engine provides ``update_weights`` and ``weight_version``."""
-
-    def load_weights_from_disk(self, path: str, version: int) -> int:
+class DiskReceiver(Receiver):
+    def load(self, path: str, version: int) -> None:
         for named in read_weights(path):
-            self.update_weights(named, version)
-        return self.weight_version()
+            self.engine.update_weights(named, version)
 
 
-class DiskSync:
-    """Trainer writes a version directory; every engine loads it (``load_weights_from_disk``).
-    Keeps the newest ``keep`` version directories."""
+class DiskSync(Transport):
+    """Trainer writes a version directory; every engine loads it shard by shard."""
 
-    def __init__(
-        self,
-        timeout_s: float = 60.0,
-        bucket_bytes: int = 1 << 30,
-        directory: str | None = None,
-        keep: int = 2,
-    ):
-        self.timeout_s = timeout_s
-        self.bucket_bytes = bucket_bytes
-        self.directory = Path(directory) if directory else None  # default: a temp dir, made on first sync
-        self.keep = max(1, keep)
+    name = "disk"
+    config = DiskParams
+    receiver_cls = DiskReceiver
 
-    def sync(self, trainer: Any, engines: list[Any], version: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        names = engine_names(engines)
-        if self.directory is None:
-            self.directory = Path(tempfile.mkdtemp(prefix="relax-weights-"))
-        path = self.directory / f"v{version:08d}"
-        nbytes, shards = write_weights(
-            iter_buckets(trainer, self.bucket_bytes, self.timeout_s), path, version
-        )
-        call_all(
-            engines,
-            names,
-            "load_weights_from_disk",
-            (str(path), version),
-            self.timeout_s,
-            f"load_weights_from_disk({path})",
-        )
-        verify_versions(engines, names, version, self.timeout_s)
-        self._prune()
-        return stats(t0, nbytes, shards, len(engines))
-
-    def _prune(self) -> None:
-        versions = sorted(p for p in self.directory.glob("v[0-9]*") if p.is_dir())
-        for old in versions[: -self.keep]:
+    def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
+        if self.params.directory is None and not hasattr(self, "_tmpdir"):
+            self._tmpdir = tempfile.mkdtemp(prefix="relax-weights-")
+        root = Path(self.params.directory or self._tmpdir)
+        path = root / f"v{version:08d}"
+        yield from write_weights(trainer.export_weights(self.bucket_bytes), path, version)
+        peers.call("load", str(path), version, what=f"load({path})")
+        versions = sorted(p for p in root.glob("v[0-9]*") if p.is_dir())
+        for old in versions[: -self.params.keep]:
             shutil.rmtree(old, ignore_errors=True)
