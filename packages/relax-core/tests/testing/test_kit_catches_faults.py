@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import math
 import random
+import threading
 
 import pytest
 import torch
@@ -32,7 +33,9 @@ from relax.core.testing.trainer import (
     make_batch,
     make_samples,
 )
+from relax.core.testing.transport import WeightSyncConformance
 from relax.core.trainers.torch_trainer import TorchTrainer
+from relax.core.weight_sync import WeightSyncError
 
 FAILED = (AssertionError, pytest.fail.Exception)
 
@@ -393,3 +396,60 @@ def test_processor_suite_catches(env, test_name, fault):
     processor.fault = fault
     with pytest.raises(FAILED):
         call(ProcessorConformance(), test_name, env, processor=copy.copy(processor))
+
+
+# ------------------------------------------------------------------ weight-sync transports
+class FaultyTransport:
+    """Pushes buckets straight into local engines, with one seeded fault."""
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    def sync(self, trainer, engines, version):
+        buckets = list(trainer.export_weights(1 << 18))
+        if self.fault == "drops_bucket":
+            buckets = buckets[:-1]
+        if self.fault == "corrupts":
+            name, tensor = buckets[0][0]
+            buckets[0][0] = (name, tensor + 1e-6)
+        for engine in engines:
+            worker = threading.Thread(
+                target=lambda e=engine: [
+                    e.update_weights(b, version - (self.fault == "wrong_version")) for b in buckets
+                ],
+                daemon=True,
+            )
+            worker.start()
+            worker.join(timeout=1.0)
+            if worker.is_alive():
+                raise WeightSyncError("a weight update timed out")  # names no engine
+        return {"buckets": float(len(buckets))}
+
+
+class TransportSuite(WeightSyncConformance):
+    timeout_s = 1.0
+
+
+@pytest.mark.parametrize(
+    ("test_name", "fault"),
+    [
+        ("test_sync_delivers_bit_identical_weights_and_serves_the_version", "drops_bucket"),
+        ("test_sync_delivers_bit_identical_weights_and_serves_the_version", "corrupts"),
+        ("test_sync_delivers_bit_identical_weights_and_serves_the_version", "wrong_version"),
+        ("test_dead_engine_is_named_within_the_timeout", "none"),
+    ],
+)
+def test_transport_suite_catches(env, test_name, fault):
+    suite = TransportSuite()
+    release = threading.Event()
+    fleet = {
+        "transport": FaultyTransport(fault),
+        "trainer": suite.make_sender_trainer(env["other_model_dir"]),
+        "engines": [suite.make_receiver_engine(env["model_dir"], i) for i in range(2)],
+        "release": release,
+    }
+    try:
+        with pytest.raises(FAILED):
+            call(suite, test_name, env, fleet=fleet)
+    finally:
+        release.set()

@@ -12,8 +12,8 @@ class                           you implement
 RolloutEngineConformance        ``make_engine(model_dir)`` [``close_engine(engine)``]
 TrainerConformance              ``make_trainer(model_dir)`` [``close_trainer(trainer)``]
 LogprobAgreementConformance     ``make_engine(model_dir)`` and ``make_trainer(model_dir)``
-WeightSyncConformance           ``make_transport(timeout_s, bucket_bytes)``; optionally
-                                ``make_receiver_engine`` / ``make_sender_trainer`` / ``kill_engine``
+WeightSyncConformance           ``make_transport(timeout_s, bucket_bytes)`` [``make_receiver_engine``,
+                                ``make_sender_trainer``, ``served_weights``, ``break_engine``]
 RewardConformance               ``make_reward()`` [``samples``, ``expected_scores``, ``slow_sample``]
 QueueConformance                ``make_queue(capacity, consumers, lease_timeout_s)`` [``close_queue``]
 ProcessorConformance            ``make_processor(model_dir)`` [``conversations``, ``expected_prompt``]
@@ -53,6 +53,7 @@ from relax.core.testing.trainer import (
     make_samples,
     torch_trainer,
 )
+from relax.core.testing.transport import WeightSyncConformance
 
 __all__ = [
     "EngineFixtures",
@@ -64,6 +65,7 @@ __all__ = [
     "TinyModelFixtures",
     "TrainerConformance",
     "TrainerFixtures",
+    "WeightSyncConformance",
     "check_result",
     "eos_token_ids",
     "load_hf_weights",

@@ -3,6 +3,7 @@
 A seeded two-layer Qwen3 with the quick-start's character-level tokenizer (24 tokens, chat template,
 ``<|im_end|>`` as EOS). The larger init scale (0.3) makes its next-token distributions far from
 uniform, so logprob comparisons are not vacuous and EOS is sampled often enough to test stop rules.
+Every tensor carries seeded noise, so the models of two seeds differ in every tensor.
 """
 
 from __future__ import annotations
@@ -34,7 +35,21 @@ def tiny_model_dir(root: str | os.PathLike[str], seed: int = MODEL_SEED) -> str:
     with _build_lock:
         if not (target / "config.json").exists():
             build_tiny_model(target, seed=seed, **MODEL_OVERRIDES)
+            _perturb(target, seed)
     return str(target)
+
+
+def _perturb(model_dir: Path, seed: int) -> None:
+    """Add seeded noise to every tensor, so two seeds differ everywhere (freshly initialised norms
+    are all ones: a weight sync that dropped them would otherwise go unnoticed)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        tensors = load_file(shard)
+        noisy = {n: t + 0.02 * torch.randn(t.shape, generator=gen, dtype=t.dtype) for n, t in tensors.items()}
+        save_file(noisy, shard, metadata={"format": "pt"})
 
 
 def load_hf_weights(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
