@@ -30,10 +30,13 @@ def _load(ns: argparse.Namespace):
 
 def cmd_run(ns: argparse.Namespace) -> int:
     cfg = _load(ns)
-    from relax.core.controller.run import run
+    try:
+        from relax.core.controller.run import run
 
-    print(f"relax: running {cfg.name!r} in {cfg.mode} mode for {cfg.total_steps} steps -> {cfg.run_dir}", flush=True)
-    summary = run(cfg)
+        print(f"relax: running {cfg.name!r} in {cfg.mode} mode for {cfg.total_steps} steps -> {cfg.run_dir}", flush=True)
+        summary = run(cfg)
+    except BaseException as exc:  # Ctrl-C too: one line and how to resume, the traceback to a file
+        return _report_failure(exc, ns, cfg)
     last = summary.get("last_metrics", {})
     print(
         f"relax: done in {summary['seconds']:.0f}s; final reward mean {last.get('reward/mean', float('nan')):.3f}; "
@@ -41,6 +44,46 @@ def cmd_run(ns: argparse.Namespace) -> int:
         flush=True,
     )
     return 0
+
+
+def _report_failure(exc: BaseException, ns: argparse.Namespace, cfg) -> int:
+    """Print why the run stopped and the command that resumes it; exit 130/143 for SIGINT/SIGTERM."""
+    import shlex
+    import traceback
+    from pathlib import Path
+
+    from relax.core.controller.recovery import reason
+    from relax.core.controller.signals import Interrupted
+
+    if isinstance(exc, SystemExit):
+        raise exc
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ray is down; a late Ctrl-C must not spew a traceback
+        signal.signal(sig, signal.SIG_IGN)
+    log_path: Path | None = Path(cfg.run_dir) / "error.log"
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("".join(traceback.format_exception(exc)))
+    except OSError:
+        log_path = None
+    step = getattr(exc, "relax_step", None)
+    where = f" at step {step} of {cfg.total_steps}" if step is not None else ""
+    detail = f" (traceback: {log_path})" if log_path else ""
+    print(f"relax: stopped{where}: {reason(exc)}{detail}", file=sys.stderr, flush=True)
+    checkpoint = getattr(exc, "relax_checkpoint", None)
+    args = [a for a in ns.args if not a.startswith("checkpoint.resume=")]
+    if checkpoint:
+        in_run = Path(checkpoint).parent == Path(cfg.run_dir) / "checkpoints"
+        args.append("checkpoint.resume=auto" if in_run else f"checkpoint.resume={checkpoint}")
+    command = shlex.join(["relax", "run", *args, *(["--address", ns.address] if getattr(ns, "address", None) else [])])
+    if checkpoint:
+        print(f"relax: resume from {checkpoint} with: {command}", file=sys.stderr, flush=True)
+    else:
+        print(f"relax: no checkpoint to resume from; start again with: {command}", file=sys.stderr, flush=True)
+    if isinstance(exc, Interrupted):
+        return 143 if exc.signame == "SIGTERM" else 130
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-import ray
 from tqdm import tqdm
 
-from relax.core.controller import stages
+from relax.core.controller import recovery, stages
 from relax.core.controller.samples import build_groups
 from relax.core.data import Sample, collate
 
@@ -30,7 +29,7 @@ def collect_groups(state, step: int, metrics: dict[str, float]) -> tuple[list[Sa
             metrics[f"reward/{key}"] = metrics.get(f"reward/{key}", 0.0) + float(value)
         if cfg.algorithm.greedy_baseline:
             with stages.timed(metrics, "greedy_baseline"):
-                stages.greedy_baseline(roles.engines, roles.reward, groups, cfg, step, state.stop_token_ids)
+                stages.greedy_baseline(state.fleet.router, roles.reward, groups, cfg, step, state.stop_token_ids)
         scored_all += [s for g in groups for s in g]
         round_kept, dropped = stages.filter_groups(groups)
         dropped_hook += dropped
@@ -63,9 +62,9 @@ def _score_round(state, step: int, metrics: dict[str, float]) -> tuple[list[list
             total=n_requests, desc=f"rollout step {step}", leave=False, disable=not cfg.logging.progress
         ) as bar,
     ):
-        stages.generate(roles.engines, groups, cfg, step, state.stop_token_ids, on_progress=bar.update)
+        stages.generate(state.fleet.router, groups, cfg, step, state.stop_token_ids, on_progress=bar.update)
     with stages.timed(metrics, "reward"):
-        scored, counts = ray.get(roles.reward.score.remote([s for g in groups for s in g]))
+        scored, counts = stages.score(roles.reward, [s for g in groups for s in g], cfg)
     by_group: dict[int, list[Sample]] = {}
     for s in scored:
         by_group.setdefault(s.group_id, []).append(s)
@@ -93,15 +92,16 @@ def colocate_step(state) -> dict[str, float]:
         batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra)
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):
-            train_metrics = ray.get(roles.trainer.train_step.remote(batch))
+            train_metrics = recovery.train(state, batch, step)
         metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
-    state.step = step
-    state.version += 1 if train_samples else 0
+    else:
+        recovery.commit_step(state, step, trained=False)
     if train_samples and state.version % cfg.weight_sync.every_n_steps == 0:
         with stages.timed(metrics, "sync"):
             metrics.update(state.sync_weights())
     elapsed = time.perf_counter() - started
     metrics["time/step_s"] = elapsed
     metrics["perf/tokens_per_s"] = gen_tokens / max(elapsed, 1e-9)
+    metrics.update(state.fleet.metrics())
     state.end_step(metrics)
     return metrics

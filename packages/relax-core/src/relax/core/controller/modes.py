@@ -10,9 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-import ray
-
-from relax.core.controller import stages
+from relax.core.controller import recovery, stages
 from relax.core.controller.pipeline import Pipeline, merge_rewards, pad_rows
 from relax.core.data import collate
 
@@ -57,10 +55,10 @@ def pipelined_step(state) -> dict[str, float]:
         )
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):
-            metrics.update({f"train/{k}": float(v) for k, v in ray.get(roles.trainer.train_step.remote(train_batch)).items()})
-        state.version += 1
+            metrics.update({f"train/{k}": float(v) for k, v in recovery.train(state, train_batch, step).items()})
+    else:
+        recovery.commit_step(state, step, trained=False)
     pipe.queue.ack("trainer", batch.keys)
-    state.step = step
     if train_samples and state.version % cfg.weight_sync.every_n_steps == 0:
         with stages.timed(metrics, "sync"):
             metrics.update(pipe.publish_weights())
@@ -70,6 +68,7 @@ def pipelined_step(state) -> dict[str, float]:
     metrics.update(pipe.rates(queue_metrics))
     metrics["time/step_s"] = elapsed
     metrics["perf/trainer_idle_frac"] = waited / max(elapsed, 1e-9)
+    metrics.update(state.fleet.metrics())
     state.end_step(metrics)
     return metrics
 

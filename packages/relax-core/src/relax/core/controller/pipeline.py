@@ -23,7 +23,8 @@ from typing import Any
 import ray
 import torch
 
-from relax.core.controller.router import EngineRouter, stream_groups
+from relax.core.controller import faults, stages
+from relax.core.controller.router import stream_groups
 from relax.core.controller.samples import build_groups, sampling_params
 from relax.core.data import Sample, collate
 from relax.core.plugins import get_plugin_manager
@@ -32,6 +33,7 @@ from relax.core.queue import Batch
 log = logging.getLogger("relax")
 
 POLL_S = 0.5
+CLOSE_S = 10.0  # longest close() waits for the role threads to notice the stop
 
 
 def _row_lists(values: torch.Tensor, samples: list[Sample]) -> list[list[float]]:
@@ -73,7 +75,7 @@ class Pipeline:
         self.trainer_columns += ["ref_logprobs"] if self.use_reference else []
         queue_factory = get_plugin_manager().get("queue", cfg.queue.name)
         self.queue = queue_factory(capacity=(cfg.max_staleness + 2) * self.step_rows, consumers=consumers)
-        self.router = EngineRouter(state.roles.engines)
+        self.router = state.fleet.router
         self.engine_version = state.version
         self.gate = threading.Condition()
         self.stop = threading.Event()
@@ -93,10 +95,11 @@ class Pipeline:
         def guarded() -> None:
             try:
                 fn()
-            except BaseException as exc:  # surfaced to the trainer loop by take()
+            except BaseException as exc:  # surfaced to the trainer loop by take(), with its own type
                 if not self.stop.is_set():
-                    log.error("%s role failed: %r", name, exc)
-                    self.errors.append(RuntimeError(f"{name} role failed: {exc!r}"))
+                    log.error("%s role failed: %s", name, exc)
+                    exc.add_note(f"(in the {name} thread of the async pipeline)")
+                    self.errors.append(exc)
                     self.stop.set()
 
         thread = threading.Thread(target=guarded, name=f"relax-{name}", daemon=True)
@@ -144,7 +147,7 @@ class Pipeline:
         cfg = self.cfg
         params = sampling_params(cfg, self.state.stop_token_ids)
         started, tokens, resubmitted = time.perf_counter(), 0, 0
-        for finished, n_aborted in stream_groups(self.router, groups, params, cfg.seed, step, timeout_s=cfg.queue.timeout_s):
+        for finished, n_aborted in stream_groups(self.router, groups, params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s):
             resubmitted += n_aborted
             for group in finished:
                 tokens += sum(len(s.response_ids) for s in group)
@@ -166,7 +169,7 @@ class Pipeline:
         reward = self.state.roles.reward
 
         def work(batch: Batch) -> dict[str, list]:
-            scored, _ = ray.get(reward.score.remote(batch.data["sample"]))
+            scored, _ = stages.score(reward, batch.data["sample"], self.cfg)
             return {"reward": [(s.reward, s.reward_info) for s in scored]}
 
         self._pump("reward", ["sample"], self.group_size, work)
@@ -176,7 +179,8 @@ class Pipeline:
 
         def work(batch: Batch) -> dict[str, list]:
             samples = batch.data["sample"]
-            logprobs = ray.get(reference.forward_logprobs.remote(collate(samples, pad_id)))
+            ref = reference.forward_logprobs.remote(collate(samples, pad_id))
+            logprobs = faults.wait(ref, self.cfg.trainer.timeout_s, "reference", "forward_logprobs")
             return {"ref_logprobs": _row_lists(logprobs, samples)}
 
         self._pump("reference", ["sample"], self.group_size, work)
@@ -187,7 +191,8 @@ class Pipeline:
         def work(batch: Batch) -> dict[str, list]:
             samples = merge_rewards(batch)
             ref = batch.data["ref_logprobs"] if self.use_reference else None
-            return {"advantages": ray.get(advantage_task.remote(samples, self.state.pad_id, self.cfg, ref))}
+            task = advantage_task.remote(samples, self.state.pad_id, self.cfg, ref)
+            return {"advantages": faults.wait(task, self.cfg.trainer.timeout_s, "advantage", "compute")}
 
         self._pump("advantage", columns, self.step_rows, work, by_step=True)
 
@@ -213,19 +218,13 @@ class Pipeline:
                     ) from None
 
     def publish_weights(self) -> dict[str, float]:
-        """Push the trainer's weights to every engine; in-flight sequences pause (or abort) meanwhile."""
-        engines = self.state.roles.engines
-        ray.get([e.pause.remote() for e in engines])  # no decode step runs from here until resume
-        try:
-            if self.cfg.rollout.partial_rollout == "abort":  # in-flight requests end and are resubmitted
-                ray.get([e.call.remote("abort") for e in engines])
-            metrics = self.state.sync_weights()
-        finally:
-            ray.get([e.resume.remote() for e in engines])
+        """Push the trainer's weights to every engine; in-flight sequences pause (or abort) meanwhile.
+        A dead or silent engine is evicted (and replaced) instead of failing the step."""
+        stats = self.state.fleet.publish(abort=self.cfg.rollout.partial_rollout == "abort")
         with self.gate:
             self.engine_version = self.state.version
             self.gate.notify_all()
-        return metrics
+        return {f"weight_sync/{k}": float(v) for k, v in stats.items()}
 
     def rates(self, queue_metrics: dict[str, float]) -> dict[str, float]:
         """Rows produced / consumed per second (per role) since the previous call."""
@@ -243,8 +242,9 @@ class Pipeline:
         self.stop.set()
         with self.gate:
             self.gate.notify_all()
+        deadline = time.monotonic() + CLOSE_S  # threads are daemons: a stuck one cannot hold up shutdown
         for thread in self.threads:
-            thread.join(timeout=30)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         actor = getattr(self.queue, "actor", None)  # the Ray queue's actor; the local queue has none
         if actor is not None:
             ray.kill(actor)

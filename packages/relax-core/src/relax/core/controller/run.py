@@ -15,7 +15,9 @@ from tqdm import tqdm
 
 from relax.core.checkpoint import CheckpointManager, read_controller_state, resolve_resume
 from relax.core.config import RelaxConfig
-from relax.core.controller import runtime
+from relax.core.controller import faults, recovery, runtime, signals, teardown
+from relax.core.controller.faults import FaultCounters
+from relax.core.controller.fleet import EngineFleet
 from relax.core.controller.handle import RunControl, RunHandle
 from relax.core.plugins import get_plugin_manager
 
@@ -29,7 +31,7 @@ PLOT_KEYS = ("reward/mean", "response/length_mean")
 class RunState:
     """Everything a mode loop needs, plus logging and checkpointing around each step."""
 
-    def __init__(self, cfg: RelaxConfig) -> None:
+    def __init__(self, cfg: RelaxConfig, counters: FaultCounters | None = None) -> None:
         from transformers import AutoTokenizer
 
         from relax.core.metrics import MetricsLogger
@@ -54,6 +56,10 @@ class RunState:
         if check := getattr(self.weight_sync, "check_engine", None):  # the transport serves this engine?
             check(cfg.rollout.engine)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+        self.fleet = EngineFleet(
+            cfg, self.roles.engines, self._start_engine, self.sync_weights, counters  # engines by stable index
+        )
+        self.train_inflight = None  # (ref, step) while a train step runs: see controller.recovery
         self.step = 0
         self.last_metrics: dict[str, float] = {}
         self.version = 0
@@ -62,6 +68,7 @@ class RunState:
         resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpoints.root)
         if resume_from is not None:
             self._resume(resume_from)
+        self.trained_position = (self.dataset.state_dict(), self.next_group_id)
         lc = cfg.logging
         backends = [name for name, on in [("console", lc.console), ("tensorboard", lc.tensorboard),
                                           ("wandb", lc.wandb), ("clearml", lc.clearml)] if on]
@@ -79,7 +86,7 @@ class RunState:
 
     def _resume(self, path: Path) -> None:
         state = read_controller_state(path)
-        ray.get(self.roles.trainer.load.remote(str(path / "trainer")))
+        faults.wait(self.roles.trainer.load.remote(str(path / "trainer")), self.cfg.trainer.timeout_s, "trainer", "load")
         self.dataset.load_state_dict(state["dataset"])
         self.step, self.version, self.next_group_id = state["step"], state["version"], state["next_group_id"]
         random.setstate(_tuplify(state["py_random"]))
@@ -87,8 +94,12 @@ class RunState:
         self.sync_weights()
         log.info("resumed from %s at step %d (weight version %d)", path, self.step, self.version)
 
-    def save_checkpoint(self) -> Path:
-        if self.pipeline is not None:  # the dataset has run ahead of training: record the trained position
+    def save_checkpoint(self, position: tuple[dict, int] | None = None) -> Path:
+        """``position``: the (dataset state, next group id) to record instead of the current one
+        (an emergency checkpoint mid-step records the last committed step's)."""
+        if position is not None:
+            dataset_state, next_group_id = position
+        elif self.pipeline is not None:  # the dataset has run ahead of training: record the trained position
             dataset_state, next_group_id = self.pipeline.checkpoint_position(self.step)
         else:
             dataset_state, next_group_id = self.dataset.state_dict(), self.next_group_id
@@ -100,13 +111,33 @@ class RunState:
             "py_random": random.getstate(),
             "np_random": [x.tolist() if isinstance(x, np.ndarray) else x for x in np.random.get_state()],
         }
-        return self.checkpoints.save(self.step, lambda tmp: ray.get(self.roles.trainer.save.remote(str(tmp / "trainer"))), state)
+        return self.checkpoints.save(self.step, lambda tmp: faults.wait(
+            self.roles.trainer.save.remote(str(tmp / "trainer")), self.cfg.trainer.timeout_s, "trainer", "save"
+        ), state)
 
     # ------------------------------------------------------------------ shared step helpers
 
-    def sync_weights(self) -> dict[str, float]:
-        stats = self.weight_sync.sync(self.roles.trainer, self.roles.engines, self.version)
-        return {f"weight_sync/{k}": float(v) for k, v in stats.items()}
+    def sync_weights(self, engines: list[Any] | None = None) -> dict[str, float]:
+        """Push the trainer's weights (version ``self.version``) to every serving engine -- a dead or
+        stuck one is evicted and the rest synced -- and return ``weight_sync/*`` metrics; with
+        ``engines``, to just those handles (a new engine before it serves), returning raw stats."""
+        if engines is not None:
+            return self.weight_sync.sync(self.roles.trainer, engines, self.version)
+        return {f"weight_sync/{k}": float(v) for k, v in self.fleet.sync().items()}
+
+    # ------------------------------------------------------------------ engine set (control API)
+
+    def _start_engine(self, index: int, slot: int | None = None) -> Any:
+        return runtime.start_engine(self.cfg, self.model_path, index, self.roles.placement, slot)
+
+    def add_engine(self) -> int:
+        """Start a rollout engine, synced to the current weight version before it serves; returns
+        its (new, never reused) index. Call between steps (``RunControl.add_engine``)."""
+        return self.fleet.add_engine()
+
+    def remove_engine(self, index: int) -> None:
+        """Stop and kill rollout engine ``index``; its in-flight requests go to the other engines."""
+        self.fleet.remove_engine(index)
 
     def end_step(self, metrics: dict[str, float]) -> None:
         metrics["step"] = float(self.step)
@@ -136,6 +167,7 @@ class RunState:
         return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step}
 
     def shutdown(self) -> None:
+        self.fleet.close()  # no more replacements; streams waiting for an engine stop
         if self.pipeline is not None:
             self.pipeline.close()
         self.roles.release()  # kills every actor and removes the run's placement groups
@@ -148,12 +180,31 @@ def _tuplify(x: Any) -> Any:
 
 
 def run(cfg: RelaxConfig) -> dict[str, Any]:
-    """Run training to ``cfg.total_steps``; returns a summary (run dir, final model dir, last metrics)."""
+    """Run training to ``cfg.total_steps``; returns a summary (run dir, final model dir, last metrics).
+
+    Faults: SIGINT/SIGTERM interrupt the run (see ``controller.signals``); on any failure an
+    emergency checkpoint of the last committed step is saved if the trainer is alive, and the
+    exception carries ``relax_step`` / ``relax_checkpoint``; a dead trainer restarts the run from
+    its latest checkpoint up to ``trainer.max_restarts`` times; an embedded Ray is torn down
+    completely (``controller.teardown``) however the run ends."""
+    with signals.guarded():
+        started_ray = runtime.init_ray(cfg)
+        if (guard := signals.current()) is not None:
+            guard.install()  # ray.init installs its own SIGTERM handler
+        try:
+            return recovery.with_trainer_restarts(cfg, _run_attempt)
+        finally:
+            if started_ray:
+                with signals.phase("cleanup"):
+                    teardown.shutdown_ray()
+
+
+def _run_attempt(cfg: RelaxConfig, counters: FaultCounters) -> dict[str, Any]:
     from relax.core.controller.colocate import colocate_step
     from relax.core.controller.modes import MODE_LOOPS
 
     step_fns = {"colocate": colocate_step, **MODE_LOOPS}
-    state = RunState(cfg)
+    state = RunState(cfg, counters)
     notify_url = cfg.logging.webhook_url
     handle = RunHandle(state, RunControl())
     hook = get_plugin_manager().hook
@@ -177,10 +228,12 @@ def run(cfg: RelaxConfig) -> dict[str, Any]:
             notify(notify_url, "completed", {"name": cfg.name, **summary})
         status = "completed"
         return summary
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         status = "interrupted"
+        recovery.annotate(exc, state, recovery.emergency_checkpoint(state, exc))
         raise
     except BaseException as exc:
+        recovery.annotate(exc, state, recovery.emergency_checkpoint(state, exc))
         if notify_url:
             from relax.core.metrics import notify
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,21 @@ RAY_ENV = {
 }
 
 
+LOOPBACK = "127.0.0.1"
+#: Ray replaces a loopback node address by the machine's network address unless it thinks it runs
+#: on a single machine; this is its switch for that (named for the platforms where it is the default)
+_SINGLE_MACHINE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 def init_ray(cfg: RelaxConfig) -> bool:
-    """Start an embedded local Ray (or join ``ray.address``). Returns True if we started it."""
+    """Start an embedded local Ray (or join ``ray.address``). Returns True if we started it.
+
+    Embedded: every Ray listener (GCS, raylet, object manager, agents, workers) binds to
+    127.0.0.1 and the dashboard is off. Cluster: the driver binds ``ray.node_ip_address`` (Ray's
+    choice when null) and Ray's token authentication stays as the cluster runs it (never disabled
+    here). Neither path sets ``RAY_AUTH_MODE``: Ray's default (token) applies unless the
+    environment says otherwise.
+    """
     for key, value in RAY_ENV.items():
         os.environ.setdefault(key, value)
     if ray.is_initialized():
@@ -38,11 +53,38 @@ def init_ray(cfg: RelaxConfig) -> bool:
     }
     if cfg.ray.address:
         kwargs["address"] = cfg.ray.address
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        kwargs["num_cpus"] = embedded_num_cpus(cfg)
-    ray.init(**kwargs)
+        if cfg.ray.node_ip_address:
+            kwargs["_node_ip_address"] = cfg.ray.node_ip_address
+        if os.environ.get("RAY_AUTH_MODE") == "disabled":
+            log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
+        ray.init(**kwargs)
+        return True
+    kwargs["num_cpus"] = embedded_num_cpus(cfg)
+    kwargs["_node_ip_address"] = cfg.ray.node_ip_address or LOOPBACK
+    with _single_machine():
+        ray.init(**kwargs)
     return True
+
+
+@contextmanager
+def _single_machine() -> Iterator[None]:
+    """Keep Ray on 127.0.0.1 while it starts: its daemons read the switch from the environment
+    they inherit; this (already imported) driver reads the constant Ray computed from it at import."""
+    from ray._private import ray_constants
+
+    saved_env = {k: os.environ.get(k) for k in _SINGLE_MACHINE_ENV}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(_SINGLE_MACHINE_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def embedded_num_cpus(cfg: RelaxConfig) -> int:
@@ -175,10 +217,34 @@ def start_roles(cfg: RelaxConfig, model_path: str, placement_timeout_s: float | 
     return roles
 
 
+#: an engine's actor threads: generate calls of up to ``max_staleness + 1`` concurrent steps (two
+#: chunks each, plus resubmissions) must leave threads free for pause/resume/health calls
+ENGINE_CONCURRENCY = 32
+
+
+def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any | None, slot: int | None) -> Any:
+    """Create rollout engine ``index`` (returns at once; the actor loads in the background).
+
+    ``slot``: which configured engine's reservation it runs on -- a replacement takes the slot of
+    the engine it replaces; None (an engine added at run time) runs outside the reservation with
+    the resources the engine declares."""
+    from relax.core.controller import contexts
+    from relax.core.controller.roles import RolloutRole
+
+    if slot is not None and placement is not None:
+        options = placement.engine_options(slot)
+    else:
+        declared = contexts.resources_for(cfg, "rollout_engine")
+        options = {"num_cpus": 0, "num_gpus": declared.num_gpus * max(1, declared.num_workers)}
+    return RolloutRole.options(**options, max_concurrency=ENGINE_CONCURRENCY).remote(
+        cfg, contexts.engine_context(cfg, model_path, index), num_threads=max(1, os.cpu_count() or 2)
+    )
+
+
 def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     """Fill ``roles`` as actors start, so that a failure can release what was started."""
     from relax.core.controller import contexts
-    from relax.core.controller.roles import RewardRole, RolloutRole, TrainerRole
+    from relax.core.controller.roles import RewardRole, TrainerRole
     from relax.core.controller.worker_group import spawn
 
     cores = max(1, os.cpu_count() or 2)
@@ -189,12 +255,7 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     if (path := teacher_path(cfg, model_path)) is not None:
         teacher_ctx = contexts.trainer_context(cfg, path, role="teacher")
         roles.teacher = TrainerRole.options(num_cpus=0).remote(cfg, teacher_ctx, num_threads=cores)
-    roles.engines = [
-        RolloutRole.options(**reserved.engine_options(i), max_concurrency=4).remote(
-            cfg, contexts.engine_context(cfg, model_path, i), num_threads=cores
-        )
-        for i in range(cfg.rollout.num_engines)
-    ]
+    roles.engines = [start_engine(cfg, model_path, i, reserved, slot=i) for i in range(cfg.rollout.num_engines)]
     roles.reward = RewardRole.options(num_cpus=0).remote(cfg, contexts.reward_context(cfg, model_path, roles.engines))
     trainer_opts = reserved.trainer_options()
     ctx = contexts.trainer_context(cfg, model_path)

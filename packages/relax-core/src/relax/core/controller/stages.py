@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-import ray
 import torch
 
 from relax.core.algorithms import (
@@ -24,6 +23,7 @@ from relax.core.algorithms import (
     overlong_penalty,
 )
 from relax.core.config import RelaxConfig
+from relax.core.controller import faults
 from relax.core.controller.router import EngineRouter, stream_groups
 from relax.core.controller.samples import sampling_params
 from relax.core.data import Sample, collate
@@ -39,23 +39,30 @@ def timed(metrics: dict[str, float], name: str):
 
 
 def generate(
-    engines: list[Any],
+    router: EngineRouter | list[Any],
     groups: list[list[Sample]],
     cfg: RelaxConfig,
     step: int,
     stop_token_ids: list[int],
     on_progress: Callable[[int], None] | None = None,
-    timeout_s: float = 600.0,
     params: SamplingParams | None = None,
 ) -> list[list[Sample]]:
-    """Fill every sample's response through the same router the async producer uses.
+    """Fill every sample's response through the same router the async producer uses (a list of
+    engine handles gets a router of its own). Each generate call is bounded by ``rollout.timeout_s``.
 
     ``params`` overrides the sampling parameters from ``cfg.rollout`` (e.g. greedy probes)."""
     params = params or sampling_params(cfg, stop_token_ids)
-    for finished, _ in stream_groups(EngineRouter(engines), groups, params, cfg.seed, step, timeout_s=timeout_s):
+    if not isinstance(router, EngineRouter):
+        router = EngineRouter(router)
+    for finished, _ in stream_groups(router, groups, params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s):
         if on_progress:
             on_progress(sum(len(g) for g in finished))
     return groups
+
+
+def score(reward: Any, samples: list[Sample], cfg: RelaxConfig) -> tuple[list[Sample], dict[str, float]]:
+    """Score through the reward role, bounded by :func:`relax.core.controller.faults.reward_timeout`."""
+    return faults.wait(reward.score.remote(samples), faults.reward_timeout(cfg, len(samples)), "reward", "score")
 
 
 def filter_groups(groups: list[list[Sample]], cfg: RelaxConfig | None = None) -> tuple[list[list[Sample]], int]:
@@ -106,7 +113,7 @@ def shape_rewards(samples: list[Sample], cfg: RelaxConfig) -> None:
 
 
 def greedy_baseline(
-    engines: list[Any], reward: Any, groups: list[list[Sample]], cfg: RelaxConfig, step: int, stop_token_ids: list[int]
+    router: EngineRouter | list[Any], reward: Any, groups: list[list[Sample]], cfg: RelaxConfig, step: int, stop_token_ids: list[int]
 ) -> None:
     """ReMax baseline: one greedy response per group, scored by the reward role; its reward is
     stored on every member as ``reward_info["greedy_reward"]`` (call after scoring the group)."""
@@ -117,8 +124,8 @@ def greedy_baseline(
         if g
     ]
     greedy = replace(sampling_params(cfg, stop_token_ids), temperature=0.0)
-    generate(engines, probes, cfg, step, stop_token_ids, params=greedy)
-    scored, _ = ray.get(reward.score.remote([p for (p,) in probes]))
+    generate(router, probes, cfg, step, stop_token_ids, params=greedy)
+    scored, _ = score(reward, [p for (p,) in probes], cfg)
     by_group = {p.group_id: float(p.reward or 0.0) for p in scored}
     for g in groups:
         for s in g:
@@ -132,16 +139,20 @@ def forward_batch(
     ``old_logprobs`` (policy; the engine's rollout logprobs when ``trainer.recompute_old_logprobs``
     is off), ``ref_logprobs`` (reference role, unless ``with_reference`` is False because a queue
     role already computed them), ``teacher_logprobs`` (teacher role), ``values`` (critic)."""
-    refs = {}
+    refs = {}  # output -> (role, operation, ref)
     if cfg.trainer.recompute_old_logprobs:
-        refs["old_logprobs"] = roles.trainer.forward_logprobs.remote(raw)
+        refs["old_logprobs"] = ("trainer", "forward_logprobs", roles.trainer.forward_logprobs.remote(raw))
     if cfg.algorithm.critic.enable:
-        refs["values"] = roles.trainer.forward_values.remote(raw)
+        refs["values"] = ("trainer", "forward_values", roles.trainer.forward_values.remote(raw))
     if with_reference and roles.reference is not None:
-        refs["ref_logprobs"] = roles.reference.forward_logprobs.remote(raw)
+        refs["ref_logprobs"] = ("reference", "forward_logprobs", roles.reference.forward_logprobs.remote(raw))
     if getattr(roles, "teacher", None) is not None:
-        refs["teacher_logprobs"] = roles.teacher.forward_logprobs.remote(raw)
-    out = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+        refs["teacher_logprobs"] = ("teacher", "forward_logprobs", roles.teacher.forward_logprobs.remote(raw))
+    deadline = time.monotonic() + cfg.trainer.timeout_s  # the calls run concurrently: one bound for all
+    out = {
+        name: faults.wait(ref, max(0.0, deadline - time.monotonic()), role, op)
+        for name, (role, op, ref) in refs.items()
+    }
     out.setdefault("old_logprobs", raw["rollout_logprobs"])
     return out
 
