@@ -1,5 +1,5 @@
 """Every built-in weight-sync transport passes the transport suite: in-process, object store and disk
-with local trainer and engines (a stuck engine), broadcast with engine actors (a killed one)."""
+with local trainer and engines (a stuck engine), broadcast between actors (a killed engine)."""
 
 import sys
 
@@ -7,8 +7,8 @@ import pytest
 import ray
 
 from relax.core.config import load_config
-from relax.core.controller.contexts import engine_context
-from relax.core.controller.roles import RolloutRole
+from relax.core.controller.contexts import engine_context, trainer_context
+from relax.core.controller.roles import RolloutRole, TrainerRole
 from relax.core.testing.transport import WeightSyncConformance
 from relax.core.weight_sync import BroadcastSync, DiskSync, InProcessSync, ObjectStoreSync
 
@@ -42,7 +42,8 @@ class TestObjectStoreConformance(WeightSyncConformance):
 
 
 class TestBroadcastConformance(WeightSyncConformance):
-    """Engines are real ``RolloutRole`` actors hosting the HF engine (broadcast needs processes)."""
+    """As deployed: the trainer is a ``TrainerRole`` actor that pushes (trainer-sourced, the driver
+    only orchestrates) to ``RolloutRole`` actors hosting the HF engine."""
 
     @pytest.fixture(scope="class", autouse=True)
     @classmethod
@@ -57,3 +58,7 @@ class TestBroadcastConformance(WeightSyncConformance):
         return RolloutRole.options(num_cpus=0, max_concurrency=4).remote(
             cfg, engine_context(cfg, model_dir, index)
         )
+
+    def make_sender_trainer(self, model_dir):
+        cfg = load_config(None, [f"model.path={model_dir}"])
+        return TrainerRole.options(num_cpus=0).remote(cfg, trainer_context(cfg, model_dir))
