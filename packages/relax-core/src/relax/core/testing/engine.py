@@ -272,24 +272,30 @@ class RolloutEngineConformance(EngineFixtures):
         if not callable(getattr(engine, "abort", None)):
             pytest.skip(f"{type(engine).__name__} has no abort() (optional capability: partial rollout)")
         budget = 64
-        req = GenerationRequest(
-            "aborted", prompts[0], SamplingParams(max_new_tokens=budget, ignore_eos=True, seed=2)
-        )
+        reqs = [  # several in one call: an engine that batches in chunks must end them all
+            GenerationRequest(
+                f"aborted-{i}", p, SamplingParams(max_new_tokens=budget, ignore_eos=True, seed=i)
+            )
+            for i, p in enumerate(prompts[:3])
+        ]
 
         async def scenario():
-            engine.pause()  # so the request is certainly in flight when abort() arrives
+            engine.pause()  # so the requests are certainly in flight when abort() arrives
             try:
-                task = asyncio.ensure_future(engine.generate([req]))
+                task = asyncio.ensure_future(engine.generate(reqs))
                 await asyncio.sleep(self.pause_probe_s)
                 engine.abort()
             finally:
                 engine.resume()
             return await asyncio.wait_for(task, self.timeout_s)
 
-        (result,) = self.run_async(scenario())
-        check_result(result, budget, engine.weight_version())
-        assert result.finish_reason == "abort", f"an aborted request finished with {result.finish_reason!r}"
-        assert len(result.response_ids) < budget
+        results = self.run_async(scenario())
+        for result in results:
+            check_result(result, budget, engine.weight_version())
+            assert (result.finish_reason, len(result.response_ids) < budget) == ("abort", True), (
+                f"request {result.request_id} of an aborted generate finished with {result.finish_reason!r} "
+                f"after {len(result.response_ids)} tokens"
+            )
         (after,) = self.generate(engine, [prompts[0]], seeds=[2], max_new_tokens=4, ignore_eos=True)
         assert after.finish_reason == "length", "requests submitted after abort() must run normally"
 
