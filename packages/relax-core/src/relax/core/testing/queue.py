@@ -175,3 +175,16 @@ class QueueConformance:
                 5,
                 6,
             ]
+
+    def test_partition_filter_and_clear_partition(self):
+        with self.queue(8, ["trainer"]) as q:
+            q.put_rows(0, rows(2))
+            q.put_rows(1, rows(2, 2))
+            one = q.get("trainer", ["response"], batch_size=2, timeout=self.wait_s, partition=1)
+            assert one.data["response"] == [2, 3], "partition=1 must hand out only that partition's rows"
+            assert q.clear_partition(0) == 2
+            with pytest.raises(TimeoutError):
+                q.get("trainer", ["response"], batch_size=1, timeout=self.short_s)
+            assert q.put_rows(0, rows(6)) == [(0, 2), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7)], (
+                "cleared rows free capacity; indices keep counting"
+            )
