@@ -83,7 +83,16 @@ def reward_timeout(cfg: Any, n_samples: int) -> float:
 
 
 def alive(handle: Any, timeout_s: float) -> bool:
-    """Whether an actor answers at all within ``timeout_s`` (a stopped or dead one does not)."""
+    """Whether an actor is alive. Asks Ray's control store (the actor need not answer: a busy
+    trainer is alive); falls back to a ``__ray_ready__`` call within ``timeout_s``."""
+    try:
+        from ray._private.state import actors  # no public API without the dashboard
+
+        info = actors(actor_id=handle._actor_id.hex())
+        if info:
+            return info.get("State") not in ("DEAD", "DEPENDENCIES_UNREADY")
+    except Exception as exc:  # fall back to asking the actor
+        log.debug("actor state lookup failed: %s", exc)
     try:
         ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)
         return True

@@ -53,8 +53,9 @@ def train(state: Any, batch: dict, step: int) -> dict[str, float]:
 
 
 def trainer_lost(state: Any) -> bool:
-    """The trainer actor is dead or does not answer within ``rollout.control_timeout_s``."""
-    return not faults.alive(state.roles.trainer, state.cfg.rollout.control_timeout_s)
+    """The trainer actor (or any rank of its worker group) is dead."""
+    ranks = [state.roles.trainer, *getattr(state.roles, "trainer_peers", [])]
+    return not all(faults.alive(h, state.cfg.rollout.control_timeout_s) for h in ranks)
 
 
 def emergency_checkpoint(state: Any, error: BaseException) -> Path | None:
