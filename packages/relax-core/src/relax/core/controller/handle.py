@@ -119,19 +119,25 @@ class RunHandle:
         """The latest step's metrics (a copy)."""
         return dict(self._state.last_metrics)
 
+    @property
+    def engine_indices(self) -> list[int]:
+        """Indices of the engines serving now (stable; a replacement gets a new index)."""
+        return sorted(self._state.fleet.live())
+
     def engine_health(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-        """``health()`` of every rollout engine; an engine that does not answer in time reports
-        ``{"ok": False, "error": ...}`` instead of blocking the caller."""
+        """``health()`` of every serving rollout engine, by index order; an engine that does not
+        answer in time reports ``{"ok": False, "error": ...}`` instead of blocking the caller."""
         import time
 
         import ray
 
-        refs = [engine.health.remote() for engine in self._state.roles.engines]
+        engines = sorted(self._state.fleet.live().items())
+        refs = [engine.health.remote() for _, engine in engines]
         deadline = time.monotonic() + timeout_s
         out = []
-        for index, ref in enumerate(refs):
+        for (index, _), ref in zip(engines, refs, strict=True):
             try:
-                out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                out.append({"engine_index": index, **ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))})
             except Exception as exc:  # dead or stuck: say so, never hang the caller
                 out.append({"engine_index": index, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return out
