@@ -51,8 +51,11 @@ def is_dead(exc: BaseException) -> bool:
 
 def describe(exc: BaseException) -> str:
     """One line for an actor failure: ``actor died`` or the remote exception's last line."""
-    if is_dead(exc):
+    if is_dead(exc) and not getattr(exc, "actor_init_failed", False):
         return "actor died"
+    if is_dead(exc):  # its constructor raised: the message ends with that exception
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        return f"failed to start: {lines[-1].strip() if lines else 'constructor raised'}"
     if isinstance(exc, ray.exceptions.RayTaskError):
         exc = exc.cause if isinstance(exc.cause, BaseException) else exc
     lines = str(exc).strip().splitlines()
@@ -69,6 +72,9 @@ def wait(refs: Any, timeout_s: float, role: str, op: str, index: int | None = No
     except ray.exceptions.GetTimeoutError:
         raise RoleTimeout(f"{who} did not answer {op} within {timeout_s:g}s", role, index, op) from None
     except ray.exceptions.RayActorError as exc:
+        if getattr(exc, "actor_init_failed", False):  # keep the constructor's error (bad path, config...)
+            exc.add_note(f"(raised by {who} in {op})")
+            raise
         raise RoleDied(f"{who} died during {op} ({describe(exc)})", role, index, op) from exc
     except ray.exceptions.RayTaskError as exc:  # also an instance of the remote exception's type
         exc.add_note(f"(raised by {who} in {op})")

@@ -158,7 +158,7 @@ class RunState:
             from relax.core.disk import disk_guard
 
             with disk_guard("final HF save", final_dir):  # a full disk names the path and the cause
-                ray.get(self.roles.trainer.save_hf.remote(str(final_dir)))
+                faults.wait(self.roles.trainer.save_hf.remote(str(final_dir)), self.cfg.trainer.timeout_s, "trainer", "save_hf")
         self.metrics.close()
         if self.cfg.logging.plot:
             from relax.core.metrics_plot import plot_curves

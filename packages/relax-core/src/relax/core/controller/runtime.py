@@ -272,5 +272,21 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
         group = spawn(TrainerRole, "trainer", trainer_opts, rank_args, reserved.node_ids(reserved.plan.trainer))
         roles.trainer, roles.trainer_peers = group.handles[0], group.handles[1:]
         ray.get(roles.trainer.lead.remote(group.peers()))
-    # surface constructor errors (bad model dir, unknown plugin) before the loop starts
-    ray.get([h.__ray_ready__.remote() for h in roles.handles()])
+    # surface constructor errors (bad model dir, unknown plugin) before the loop starts, naming the role
+    _await_started(roles, max(cfg.rollout.timeout_s, cfg.trainer.timeout_s))
+
+
+def _await_started(roles: Roles, timeout_s: float) -> None:
+    import time
+
+    from relax.core.controller import faults
+
+    named = [("trainer", None, roles.trainer)]
+    named += [("trainer rank", r + 1, h) for r, h in enumerate(roles.trainer_peers)]
+    named += [(role, None, h) for role, h in [("reference", roles.reference), ("teacher", roles.teacher),
+                                              ("reward", roles.reward)] if h is not None]
+    named += [("rollout engine", i, h) for i, h in enumerate(roles.engines)]
+    refs = [(role, index, h.__ray_ready__.remote()) for role, index, h in named]
+    deadline = time.monotonic() + timeout_s
+    for role, index, ref in refs:
+        faults.wait(ref, max(0.0, deadline - time.monotonic()), role, "start-up", index)
