@@ -132,8 +132,9 @@ class HFRolloutEngine:
             self._in_flight += 1
         try:
             results: list[GenerationResult] = []
+            abort_epoch = self._abort_epoch  # an abort ends this whole call, not just the running chunk
             for start in range(0, len(requests), self.max_batch_size):
-                results += await self._generate_batch(requests[start : start + self.max_batch_size])
+                results += await self._generate_batch(requests[start : start + self.max_batch_size], abort_epoch)
             return results
         finally:
             with self._count_lock:
@@ -163,8 +164,7 @@ class HFRolloutEngine:
                     with torch.no_grad():
                         return self.model(**inputs), self._version
 
-    async def _generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
-        abort_epoch = self._abort_epoch
+    async def _generate_batch(self, reqs: list[GenerationRequest], abort_epoch: int) -> list[GenerationResult]:
         bsz = len(reqs)
         budgets = [max(0, r.params.max_new_tokens - len(r.prefix_response_ids)) for r in reqs]
         steps = max(budgets, default=0)
