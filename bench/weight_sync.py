@@ -5,9 +5,11 @@ to an engine actor that copies them into preallocated parameters (as the HF engi
 every built-in transport; the bytes never pass through this (driver) process. Each transport gets
 fresh actors, is synced once cold (buffers, broadcast group) and then ``--repeats`` times (median).
 
-Baseline: single-process memcpy of the same 100 MiB, ``torch.empty_like(x).copy_(x)`` (the issue's
-definition: it includes the page faults of a fresh buffer), measured before and after the
-transports; a copy into a preallocated buffer is printed for context. Peak extra RSS is the
+Baseline: single-process memcpy of the same 100 MiB in this process, ``torch.empty_like(x).copy_(x)``
+(the issue's definition: it includes the page faults of a fresh buffer), timed right before each
+timed sync; a ratio is the median over rounds of memcpy time / sync time, so that load from other
+processes drifting during the run affects both sides alike. A copy into a preallocated buffer is
+paired the same way and printed for context. Peak extra RSS is the
 process's peak resident memory during the timed syncs minus its resident memory before them, in
 buckets (RssShmem growth, the Ray object store's shared pages mapped by the process, is shown
 apart). The headline (last line) is gloo broadcast bandwidth over that memcpy bandwidth.
@@ -142,7 +144,8 @@ def memcpy_seconds(x: torch.Tensor, repeats: int, fresh: bool) -> list[float]:
     return times[1:]
 
 
-def bench_transport(name: str, args, directory: str, nbytes: int) -> dict[str, float]:
+def bench_transport(name: str, args, directory: str, x: torch.Tensor) -> dict[str, float]:
+    nbytes = x.numel() * x.element_size()
     bucket = args.bucket_mb << 20
     trainer = TrainerHost.remote(args.mb)
     shapes, want = ray.get(trainer.shapes_and_checksum.remote())
@@ -154,57 +157,67 @@ def bench_transport(name: str, args, directory: str, nbytes: int) -> dict[str, f
     ctx = PluginContext(role="weight_sync", timeout_s=300, bucket_bytes=bucket)
     sync = factory(factory.config(**params), ctx)
 
+    fresh, warm = [], []
+
     def timed(versions) -> tuple[list[float], dict[str, float]]:
         before = {r: ray.get(h.reset_peak.remote()) for r, h in hosts.items()}
-        seconds = [sync.sync(trainer, [engine], v)["seconds"] for v in versions]
+        seconds = []
+        for v in versions:
+            fresh.append(statistics.median(memcpy_seconds(x, 3, fresh=True)))
+            warm.append(statistics.median(memcpy_seconds(x, 3, fresh=False)))
+            seconds.append(sync.sync(trainer, [engine], v)["seconds"])
         after = {r: ray.get(h.memory.remote()) for r, h in hosts.items()}
         extra = {r: (after[r]["VmHWM"] - before[r]["VmRSS"]) / bucket for r in hosts}
         shm = {f"{r}_shm": (after[r]["RssShmem"] - before[r]["RssShmem"]) / bucket for r in hosts}
         return seconds, {**extra, **shm}
 
     (cold,), cold_extra = timed([1])
+    fresh.clear(), warm.clear()
     seconds, extra = timed(range(2, args.repeats + 2))
     got = ray.get(engine.checksum.remote())
     assert abs(got - want) < 1e-6 * max(1.0, abs(want)), (name, got, want)
     for h in hosts.values():
         ray.kill(h)
-    return {"bps": nbytes / statistics.median(seconds), "cold_bps": nbytes / cold, "extra": extra, "cold_extra": cold_extra}
+    return {
+        "bps": nbytes / statistics.median(seconds),
+        "cold_bps": nbytes / cold,
+        "ratio": statistics.median(f / t for f, t in zip(fresh, seconds, strict=True)),
+        "warm_ratio": statistics.median(w / t for w, t in zip(warm, seconds, strict=True)),
+        "memcpy_bps": nbytes / statistics.median(fresh),
+        "warm_bps": nbytes / statistics.median(warm),
+        "extra": extra,
+        "cold_extra": cold_extra,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--bucket-mb", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     nbytes = sum(t.numel() * t.element_size() for t in Trainer(args.mb).state.values())
     x = torch.randn(nbytes // 4)
-    fresh = memcpy_seconds(x, args.repeats, fresh=True)
-    warm = memcpy_seconds(x, args.repeats, fresh=False)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in TRANSPORTS:
-            results[name] = bench_transport(name, args, tmp, nbytes)
+            results[name] = bench_transport(name, args, tmp, x)
     ray.shutdown()
-    fresh += memcpy_seconds(x, args.repeats, fresh=True)  # before and after: speed drifts here
-    warm += memcpy_seconds(x, args.repeats, fresh=False)
-    memcpy_bps, warm_bps = nbytes / statistics.median(fresh), nbytes / statistics.median(warm)
 
     print(f"model: {nbytes / 2**20:.1f} MiB in {len(Trainer(args.mb).state)} tensors; bucket {args.bucket_mb} MiB; "
           f"median of {args.repeats} syncs after a cold one; torch threads {torch.get_num_threads()}")
-    print(f"memcpy torch.empty_like(x).copy_(x): {memcpy_bps / 1e9:.2f} GB/s; into a preallocated buffer: "
-          f"{warm_bps / 1e9:.2f} GB/s")
     for name, r in results.items():
         print(
-            f"{name:>12}: {r['bps'] / 1e9:.2f} GB/s = {r['bps'] / memcpy_bps:.2f}x memcpy "
-            f"({r['bps'] / warm_bps:.2f}x preallocated copy; cold first sync {r['cold_bps'] / 1e9:.2f} GB/s); "
+            f"{name:>12}: {r['bps'] / 1e9:.2f} GB/s = {r['ratio']:.2f}x memcpy ({r['memcpy_bps'] / 1e9:.2f} GB/s), "
+            f"{r['warm_ratio']:.2f}x preallocated copy ({r['warm_bps'] / 1e9:.2f} GB/s); "
+            f"cold first sync {r['cold_bps'] / 1e9:.2f} GB/s; "
             f"peak extra RSS in buckets: trainer {r['extra']['trainer']:.2f}, engine {r['extra']['engine']:.2f} "
             f"(cold sync: {r['cold_extra']['trainer']:.2f}, {r['cold_extra']['engine']:.2f}; of the timed peak, "
             f"shared object-store pages: {r['extra']['trainer_shm']:.2f}, {r['extra']['engine_shm']:.2f})"
         )
-    print(f"weight_sync: {results['broadcast']['bps'] / memcpy_bps:.2f}x gloo broadcast vs single-process memcpy bandwidth")
+    print(f"weight_sync: {results['broadcast']['ratio']:.2f}x gloo broadcast vs single-process memcpy bandwidth")
 
 
 if __name__ == "__main__":

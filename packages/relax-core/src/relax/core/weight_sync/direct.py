@@ -28,15 +28,17 @@ class ObjectStoreParams:
 
 
 class InProcessSync(Transport):
-    """Colocated: each bucket goes to every engine as the trainer's own tensors (the engine copies
-    them into its parameters). Engine actors also work, at one pickled copy per engine per bucket."""
+    """Colocated: each bucket goes to every local engine as the trainer's own tensors (the engine
+    copies them into its parameters). Engine actors also work, at one object-store copy of the bucket
+    per engine (``object_store`` shares one)."""
 
     name = "in_process"
     config = InProcessParams
 
     def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
         for i, bucket in enumerate(trainer.export_weights(self.bucket_bytes)):
-            peers.call("update", bucket, version, what=f"update_weights(bucket {i}, version {version})")
+            args = [(ZeroCopyBucket(bucket) if is_actor(e) else bucket, version) for e in peers.engines]
+            peers.wait(peers.start_each("update", args), f"update_weights(bucket {i}, version {version})")
             yield bucket_nbytes(bucket)
 
 
