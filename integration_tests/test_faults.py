@@ -27,7 +27,7 @@ from relax.core.plugins import get_plugin_manager
 
 pytestmark = pytest.mark.slow
 
-PROMPTS, GROUP, TOKENS = 4, 4, 24
+PROMPTS, GROUP, TOKENS = 4, 4, 16
 SMALL = [
     f"rollout.prompts_per_step={PROMPTS}",
     f"rollout.n_samples_per_prompt={GROUP}",
@@ -144,7 +144,7 @@ def _kill_one_engine_mid_step(obs: Observer, run) -> None:
 @pytest.mark.parametrize(("mode", "staleness"), [("colocate", 0), ("async", 1)])
 def test_engine_killed_mid_step_is_replaced_and_nothing_is_lost(ray_session, tmp_path, observer, mode, staleness):
     obs = observer(_kill_one_engine_mid_step)
-    steps = 4
+    steps = 3
     cfg = load_config(None, [*SMALL, f"total_steps={steps}", f"run_dir={tmp_path}", f"mode={mode}",
                              f"max_staleness={staleness}", "rollout.num_engines=2", "rollout.max_restarts=1"])
     summary = run(cfg)
@@ -202,41 +202,41 @@ def test_stopped_engine_fails_the_run_naming_it_within_the_bound(ray_session, tm
 
 
 def _kill_the_only_engine(obs: Observer, run) -> None:
-    (_, handle), = _when_generating(run, at_step=3).items()
+    (_, handle), = _when_generating(run, at_step=2).items()
     os.kill(_pid(handle), signal.SIGKILL)
 
 
 def test_emergency_checkpoint_then_resume_auto_continues(ray_session, tmp_path, observer):
     obs = observer(_kill_the_only_engine)
-    common = [*SMALL, "total_steps=4", f"run_dir={tmp_path}", "rollout.max_restarts=0", "checkpoint.keep_last=5"]
+    common = [*SMALL, "total_steps=3", f"run_dir={tmp_path}", "rollout.max_restarts=0", "checkpoint.keep_last=5"]
     with pytest.raises(NoEnginesLeft, match=r"rollout engine\[0\] died during generate") as err:
         run(load_config(None, common))
-    assert err.value.relax_step == 2
-    assert err.value.relax_checkpoint == str(tmp_path / "checkpoints" / "step_000002")  # saved at the failure
-    assert json.loads((tmp_path / "checkpoints" / "step_000002" / "controller.json").read_text())["step"] == 2
+    assert err.value.relax_step == 1
+    assert err.value.relax_checkpoint == str(tmp_path / "checkpoints" / "step_000001")  # saved at the failure
+    assert json.loads((tmp_path / "checkpoints" / "step_000001" / "controller.json").read_text())["step"] == 1
     get_plugin_manager().pm.unregister(obs)
     resumed = observer()
     summary = run(load_config(None, [*common, "checkpoint.resume=auto"]))
-    assert summary["steps"] == 4
-    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2, 3, 4]
-    obs.trained = [t for t in obs.trained if t[0] < 2 * PROMPTS] + resumed.trained  # step 3's rollout was lost
-    obs.check_every_sample_trained_once(4)
+    assert summary["steps"] == 3
+    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2, 3]
+    obs.trained = [t for t in obs.trained if t[0] < PROMPTS] + resumed.trained  # step 2's rollout was lost
+    obs.check_every_sample_trained_once(3)
 
 
 def _kill_the_trainer(obs: Observer, run) -> None:
     deadline = time.monotonic() + 120
-    while run.step < 2 and time.monotonic() < deadline:
+    while run.step < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(_pid(run._state.roles.trainer), signal.SIGKILL)
 
 
 def test_dead_trainer_restarts_from_the_latest_checkpoint(ray_session, tmp_path, observer):
     observer(_kill_the_trainer)
-    cfg = load_config(None, [*SMALL, "total_steps=4", f"run_dir={tmp_path}", "checkpoint.save_every=1",
+    cfg = load_config(None, [*SMALL, "total_steps=3", f"run_dir={tmp_path}", "checkpoint.save_every=1",
                              "trainer.max_restarts=1"])
     summary = run(cfg)
-    assert summary["steps"] == 4
+    assert summary["steps"] == 3
     rows = _metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["fault/trainer_restarts"] == 1
-    assert rows[-1]["policy_version"] == 4
+    assert rows[-1]["policy_version"] == 3
