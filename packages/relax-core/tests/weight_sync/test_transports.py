@@ -314,3 +314,69 @@ def test_trainer_killed_mid_push_is_named(engines, tmp_path):
         with pytest.raises(WeightSyncError, match=rf"trainer \(TrainerHost actor {trainer._actor_id.hex()[:12]}\) died"):
             fut.result(timeout=30)
     assert time.monotonic() - killed < 10
+
+
+THIRD_PARTY = '''
+from dataclasses import dataclass
+
+from relax.core.weight_sync import Receiver, Transport
+from relax.core.weight_sync.base import bucket_nbytes
+
+
+@dataclass(frozen=True)
+class PerTensorParams:
+    scale: int = 1  # sent tensors are multiplied by this (so the test sees its params arrive)
+
+
+class PerTensorReceiver(Receiver):
+    def put(self, name, tensor, version):
+        self.engine.update_weights([(name, tensor)], version)
+
+
+class PerTensorSync(Transport):
+    """A toy transport: one receiver call per tensor."""
+
+    name = "per_tensor"
+    config = PerTensorParams
+    receiver_cls = PerTensorReceiver
+    engines = ("dict",)
+
+    def send(self, trainer, peers, version):
+        for bucket in trainer.export_weights(self.bucket_bytes):
+            for name, tensor in bucket:
+                peers.call("put", name, tensor * self.params.scale, version, what=f"put({name})")
+            yield bucket_nbytes(bucket)
+
+
+def relax_register_weight_syncs(register):
+    register("per_tensor", PerTensorSync, config=PerTensorParams)
+'''
+
+
+def test_third_party_transport_plugs_in_through_the_registry(ray_local, tmp_path):
+    """A plugin module registers a Transport subclass; the trainer and engine actors load it from
+    ``RELAX_PLUGINS`` and rebuild it by name, with its typed params, in their own processes."""
+    (tmp_path / "third_party_ws.py").write_text(THIRD_PARTY)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from relax.core.plugins import RelaxPluginManager
+
+        manager = RelaxPluginManager(extra_plugins={"third_party_ws": __import__("third_party_ws")})
+        registration = manager.registration("weight_sync", "per_tensor")
+        sync = registration.factory(registration.config(scale=3), PluginContext(role="weight_sync", timeout_s=30))
+    finally:
+        sys.path.remove(str(tmp_path))
+    sync.check_engine("dict")
+    with pytest.raises(WeightSyncError, match="cannot serve rollout.engine 'hf'"):
+        sync.check_engine("hf")
+    env = {"env_vars": {"RELAX_PLUGINS": "third_party_ws", "PYTHONPATH": str(tmp_path)}}
+    state = {"a": torch.randn(3, 4), "b": torch.arange(5)}
+    trainer = TrainerActor.options(runtime_env=env).remote(state)
+    engines = [EngineActor.options(runtime_env=env).remote(f"e{i}") for i in range(2)]
+    stats = sync.sync(trainer, engines, 4)
+    assert stats["bytes"] == nbytes(state) and stats["engines"] == 2
+    for engine in engines:
+        assert_identical(ray.get(engine.engine_call.remote("snapshot", list(state))), {n: t * 3 for n, t in state.items()})
+        assert ray.get(engine.engine_call.remote("calls")) == ["begin 4", "update 4", "update 4", "end 4"]
+    for actor in [trainer, *engines]:
+        ray.kill(actor)

@@ -84,9 +84,13 @@ class DiskSync(Transport):
     config = DiskParams
     receiver_cls = DiskReceiver
 
+    def __init__(self, params: Any = None, ctx: Any = None, **overrides: Any):
+        super().__init__(params, ctx, **overrides)
+        self._tmpdir: str | None = None
+
     def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
-        if self.params.directory is None and not hasattr(self, "_tmpdir"):
-            self._tmpdir = tempfile.mkdtemp(prefix="relax-weights-")
+        if self.params.directory is None and self._tmpdir is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="relax-weights-")  # in the trainer's process
         root = Path(self.params.directory or self._tmpdir)
         path = root / f"v{version:08d}"
         yield from write_weights(trainer.export_weights(self.bucket_bytes), path, version)

@@ -174,7 +174,7 @@ class Transport:
         import ray
 
         label = f"trainer ({actor_label(trainer)})"
-        wait_s = 2 * self.timeout_s + PROGRESS_GRACE_S  # a bucket may take a send and a wait, each timed
+        wait_s = 3 * self.timeout_s + PROGRESS_GRACE_S  # between reports: a few steps, each timed by the transport
         stream = trainer.weight_sender.options(num_returns="streaming").remote(self.spec, "push", engines, version)
         last: dict[str, float] | None = None
         while True:
@@ -198,10 +198,11 @@ class Transport:
 
     # ------------------------------------------------------------------ sender (trainer's process)
     def push(self, trainer: Any, engines: list[Any], version: int) -> Iterator[dict[str, float]]:
-        """begin, every bucket, end, version check; yields running totals after each bucket."""
+        """begin, every bucket, end, version check; yields running totals after begin and each bucket."""
         peers = Peers(self, engines)
         peers.call("begin", version, what=f"begin_weight_update({version})")
         nbytes = buckets = 0
+        yield {"bytes": nbytes, "buckets": buckets}
         for sent in self.send(trainer, peers, version):
             nbytes, buckets = nbytes + sent, buckets + 1
             yield {"bytes": nbytes, "buckets": buckets}
