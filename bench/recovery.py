@@ -73,7 +73,7 @@ class Killer:
 
     def _watch(self) -> None:
         while not self.stop.is_set():
-            new = set(self.run._state.fleet.live()) - self.known
+            new = set(self.run.engine_indices) - self.known
             if new:
                 self.known |= new
                 pending = [k for k in self.kills if k[1] is None]
