@@ -1,8 +1,9 @@
 """An out-of-tree plugin package, really installed: ``examples/plugins/relax-hello`` is built and
 installed with ``uv pip install --target`` into a temporary site directory that only the ``relax``
 subprocesses of this module see (so the rest of the suite keeps a plugin-free registry). It adds a
-reward with a typed config section, an engine, a run hook and a subcommand; ``relax run`` uses them,
-its own conformance tests pass, and docs/plugins.md quotes its files verbatim."""
+reward with a typed config section, an engine, a weight-sync transport, a run hook and a
+subcommand; ``relax run`` uses them, its own conformance tests pass, and docs/plugins.md quotes its
+files verbatim."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def test_plugins_lists_what_the_package_registered(site):
     proc = relax(site, "plugins")
     assert proc.returncode == 0, proc.stderr
     block = proc.stdout.split("hello (relax-hello 0.1.0)\n", 1)[1].split("\n\n")[0]
-    assert "command: last-reward" in block and "reward: length" in block and "rollout_engine: counting" in block
+    for line in ["command: last-reward", "reward: length", "rollout_engine: counting", "weight_sync: checksummed"]:
+        assert line in block
 
 
 def test_plugin_config_section_is_typed_and_validated(site):
@@ -65,13 +67,15 @@ def test_plugin_config_section_is_typed_and_validated(site):
 def test_relax_run_uses_the_plugins_engine_reward_hook_and_command(site, tmp_path):
     run_dir = tmp_path / "run"
     proc = relax(site, "run", "total_steps=2", f"run_dir={run_dir}", "rollout.engine=counting", "reward.name=length",
-                 "reward.params.target=2", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
+                 "reward.params.target=2", "weight_sync.transport=checksummed",
+                 "weight_sync.params.algorithm=adler32", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
                  "trainer.micro_batch_size=16", "trainer.num_minibatches=1", "data.task_size=100",
                  "logging.progress=false", "logging.plot=false", "logging.tensorboard=false",
                  "checkpoint.save_hf_final=false", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "hello_summary.json").read_text())  # written by the run-end hook
     assert summary["status"] == "completed" and summary["step"] == 2
+    assert summary["engines"][0]["weight_version"] == 2  # synced through the checksummed transport
     assert summary["engines"][0]["tokens_generated"] > 0  # the counting engine generated the rollouts
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["reward/mean"] <= 0 for r in rows)  # length reward: -|len - 2| / 2
@@ -93,7 +97,7 @@ def test_docs_plugins_quotes_the_package_verbatim():
     text = (REPO / "docs" / "plugins.md").read_text()
     blocks = re.findall(r"```(?:python|toml)\n# file: (\S+)\n(.*?)```", text, flags=re.S)
     assert {path for path, _ in blocks} >= {"pyproject.toml", "src/relax_hello/reward.py", "src/relax_hello/engine.py",
-                                            "src/relax_hello/command.py", "src/relax_hello/hooks.py",
-                                            "tests/test_conformance.py"}
+                                            "src/relax_hello/transport.py", "src/relax_hello/command.py",
+                                            "src/relax_hello/hooks.py", "tests/test_conformance.py"}
     for path, body in blocks:
         assert (PACKAGE / path).read_text() == body, f"docs/plugins.md is out of date for {path}"
