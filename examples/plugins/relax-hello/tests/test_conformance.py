@@ -1,9 +1,10 @@
-from relax.core.context import PluginContext
-from relax.core.data import Sample
-from relax.core.testing import RewardConformance, RolloutEngineConformance, WeightSyncConformance
 from relax_hello.engine import CountingEngine, CountingParams
 from relax_hello.reward import LengthParams, LengthReward
 from relax_hello.transport import ChecksumSync
+
+from relax.core.context import PluginContext
+from relax.core.data import Sample
+from relax.core.testing import RewardConformance, RolloutEngineConformance, WeightSyncConformance
 
 
 class TestCountingEngine(RolloutEngineConformance):
