@@ -185,7 +185,7 @@ class RelaxPluginManager:
         registration is attributed to the plugin that made it."""
         hooks = sorted(set(REGISTRATION_HOOKS.values()))
         plugins = dict(self.pm.list_name_plugin())
-        for plugin_name, module in plugins.items():
+        for plugin_name in plugins:
             others = [m for n, m in plugins.items() if n != plugin_name]
             for hook_name in hooks:
                 caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)

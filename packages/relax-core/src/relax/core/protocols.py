@@ -140,6 +140,11 @@ class WeightSync(Protocol):
         """
         ...
 
+    def check_engine(self, engine: str) -> None:
+        """Start-up check: raise ``WeightSyncError`` naming both if this transport cannot serve the
+        registered rollout engine ``engine``."""
+        ...
+
 
 @runtime_checkable
 class Reward(Protocol):

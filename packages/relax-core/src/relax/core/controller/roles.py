@@ -16,10 +16,10 @@ import ray
 import torch
 
 from relax.core.config import RelaxConfig
-from relax.core.data import Sample
 from relax.core.context import PluginContext
 from relax.core.controller.capabilities import capabilities
 from relax.core.controller.contexts import build_plugin
+from relax.core.data import Sample
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.core.weight_sync import serve_receiver, serve_sender
 

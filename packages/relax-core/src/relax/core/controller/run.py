@@ -53,8 +53,7 @@ class RunState:
         from relax.core.controller.contexts import base_context, build_plugin
 
         self.weight_sync = build_plugin(cfg, "weight_sync", base_context(cfg, "weight_sync", self.model_path))
-        if check := getattr(self.weight_sync, "check_engine", None):  # the transport serves this engine?
-            check(cfg.rollout.engine)
+        self.weight_sync.check_engine(cfg.rollout.engine)  # the transport serves this engine?
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
         self.fleet = EngineFleet(
             cfg, self.roles.engines, self._start_engine, self.sync_weights, counters  # engines by stable index

@@ -295,7 +295,7 @@ class TorchTrainer:
             if bucket and size + nbytes > bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
-            bucket.append((name, tensor.detach().clone()))
+            bucket.append((name, tensor.detach()))
             size += nbytes
         if bucket:
             yield bucket
@@ -347,11 +347,11 @@ class TorchTrainer:
 
     def save_hf(self, directory: str) -> None:
         """A plain HF model + tokenizer directory (``from_pretrained``-loadable, safetensors)."""
+        if self.dp is not None and self.dp.rank != 0:
+            return
         self.model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
 
-        if self.dp is not None and self.dp.rank != 0:
-            return
 
 def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     """The ``torch`` backend's factory: ``params`` is ``TorchTrainerParams``, ``ctx.train`` carries
@@ -383,9 +383,6 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
         device=params.device,
     )
     objective = build_policy_objective(spec.algorithm) if trainable else None
-    c = spec.algorithm.critic
-    if c.enable and trainable:
-        kwargs["critic_warmup_steps"] = c.warmup_steps
     if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
         if spec.algorithm.critic.enable and trainable:
             raise ValueError("trainer.backend_params.world_size > 1 with algorithm.critic.enable: the torch "
@@ -394,6 +391,9 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
             ctx.index, ctx.world_size, ctx.master_addr, ctx.master_port,
             backend="nccl" if str(params.device).startswith("cuda") else "gloo", timeout_s=max(60.0, ctx.timeout_s),
         )
+    c = spec.algorithm.critic
+    if c.enable and trainable:
+        kwargs["critic_warmup_steps"] = c.warmup_steps
         kwargs["critic"] = Critic(
             c.model_path or ctx.model_path,
             lr=c.lr,
