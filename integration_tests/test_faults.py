@@ -197,7 +197,8 @@ def test_stopped_engine_fails_the_run_naming_it_within_the_bound(ray_session, tm
     elapsed = time.monotonic() - obs.stopped_at
     assert f"rollout engine[0] did not {operation} within {limit:g}s" in str(err.value)
     assert "no rollout engine left (rollout.max_restarts=0" in str(err.value)
-    assert limit <= elapsed < limit + 30, elapsed  # generous slack: a loaded 2-core machine
+    # the bound runs from the call the engine stopped in, which may start just before obs.stopped_at
+    assert limit - 1 <= elapsed < limit + 30, elapsed  # generous slack: a loaded 2-core machine
     assert err.value.relax_checkpoint is not None  # the trainer was alive: an emergency checkpoint
 
 

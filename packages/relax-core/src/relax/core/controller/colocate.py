@@ -7,7 +7,6 @@ import time
 from tqdm import tqdm
 
 from relax.core.controller import recovery, stages
-from relax.core.controller.samples import build_groups
 from relax.core.data import Sample, collate
 
 
@@ -53,8 +52,7 @@ def collect_groups(state, step: int, metrics: dict[str, float]) -> tuple[list[Sa
 def _score_round(state, step: int, metrics: dict[str, float]) -> tuple[list[list[Sample]], dict[str, float]]:
     """One prompt batch: generate, then score; the reward actor returns scored copies, regrouped here."""
     cfg, roles = state.cfg, state.roles
-    groups = build_groups(state.dataset.next_batch(), step, cfg, state.next_group_id)
-    state.next_group_id += len(groups)
+    groups = state.prompts.draw(step)
     n_requests = sum(len(g) for g in groups)
     with (
         stages.timed(metrics, "generate"),

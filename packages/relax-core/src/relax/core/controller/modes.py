@@ -1,8 +1,8 @@
-"""Async and hybrid modes: the trainer's side of the pipeline, one training step per call.
+"""Async and hybrid modes: one training step, top to bottom.
 
 ``async``: rollout, reward, reference and advantage roles run concurrently and stream through the
-transfer queue; the trainer takes ready step batches. ``hybrid``: rollout and reward stream the
-same way, while reference/old logprobs and advantages are computed inside the training step.
+transfer queue (``Pipeline``); the trainer takes ready step batches. ``hybrid``: rollout and reward
+stream the same way, while reference/old logprobs and advantages are computed inside the step.
 """
 
 from __future__ import annotations
@@ -15,15 +15,23 @@ from relax.core.controller.pipeline import Pipeline, merge_rewards, pad_rows
 from relax.core.data import collate
 
 
+def start_pipeline(state) -> Pipeline:
+    return Pipeline(
+        state.cfg, prompts=state.prompts, fleet=state.fleet, reward=state.roles.reward,
+        reference=state.roles.reference, pad_id=state.pad_id, stop_token_ids=state.stop_token_ids,
+        step=state.step, version=state.version,
+    )
+
+
 def pipelined_step(state) -> dict[str, float]:
     cfg, roles = state.cfg, state.roles
     if state.pipeline is None:
-        state.pipeline = Pipeline(state)
+        state.pipeline = start_pipeline(state)
     pipe: Pipeline = state.pipeline
-    started = time.perf_counter()
-    metrics: dict[str, float] = {}
-    batch, waited = pipe.take()
-    step = state.step + 1
+    step, started, metrics = state.step + 1, time.perf_counter(), {}
+
+    # 1. the step's rollouts, already scored (and with reference logprobs / advantages in async)
+    batch, waited = pipe.take(step)
     samples = merge_rewards(batch)
     metrics.update(pipe.rollout_stats.pop(step, {}))
     metrics.update(stages.sample_metrics(samples))
@@ -31,24 +39,21 @@ def pipelined_step(state) -> dict[str, float]:
     metrics["rollout/mixed_version_frac"] = sum(s.min_version != s.max_version for s in samples) / len(samples)
     metrics["time/trainer_wait_s"] = waited
 
-    by_group: dict[int, list] = {}
-    row_of = {}
-    for i, s in enumerate(samples):
-        by_group.setdefault(s.group_id, []).append(s)
-        row_of[id(s)] = i
-    kept, dropped = stages.filter_groups([sorted(g, key=lambda s: s.index_in_group) for _, g in sorted(by_group.items())])
+    # 2. filter groups (plugins' relax_filter_group), in group order as colocate trains them
+    row_of = {id(s): i for i, s in enumerate(samples)}
+    kept, dropped = stages.filter_groups(group_in_order(samples))
     metrics["groups/dropped"] = float(dropped)
-    train_samples = [s for g in kept for s in g]  # group order, as colocate trains them
+    train_samples = [s for g in kept for s in g]
+
+    # 3. old logprobs (+ what the queue roles did not compute), advantages, one optimizer step
     if train_samples:
         raw = collate(train_samples, state.pad_id)
         width = raw["responses"].shape[1]
         with stages.timed(metrics, "logprob"):
             fwd = stages.forward_batch(roles, raw, cfg, with_reference=not pipe.use_reference)
-        if pipe.use_reference:  # computed by the reference role while the batch waited in the queue
+        if pipe.use_reference:
             fwd["ref_logprobs"] = pad_rows([batch.data["ref_logprobs"][row_of[id(s)]] for s in train_samples], width)
-        adv = None
-        if pipe.advantage_role:  # already computed by the advantage role
-            adv = pad_rows([batch.data["advantages"][row_of[id(s)]] for s in train_samples], width)
+        adv = pad_rows([batch.data["advantages"][row_of[id(s)]] for s in train_samples], width) if pipe.advantage_role else None
         train_batch, adv_metrics = stages.prepare_batch(
             train_samples, state.pad_id, cfg, fwd["old_logprobs"], fwd.get("ref_logprobs"),
             values=fwd.get("values"), teacher_logprobs=fwd.get("teacher_logprobs"), raw=raw, advantages=adv,
@@ -59,9 +64,13 @@ def pipelined_step(state) -> dict[str, float]:
     else:
         recovery.commit_step(state, step, trained=False)
     pipe.queue.ack("trainer", batch.keys)
+
+    # 4. publish the new weights every N steps (opens the staleness gate for the producer)
     if train_samples and state.version % cfg.weight_sync.every_n_steps == 0:
         with stages.timed(metrics, "sync"):
-            metrics.update(pipe.publish_weights())
+            metrics.update(pipe.publish_weights(state.version))
+
+    # 5. metrics
     queue_metrics = {k: float(v) for k, v in pipe.queue.metrics().items()}
     elapsed = time.perf_counter() - started
     metrics.update(queue_metrics)
@@ -71,6 +80,14 @@ def pipelined_step(state) -> dict[str, float]:
     metrics.update(state.fleet.metrics())
     state.end_step(metrics)
     return metrics
+
+
+def group_in_order(samples: list) -> list[list]:
+    """Samples regrouped by group id (ascending), each group by index within the group."""
+    by_group: dict[int, list] = {}
+    for s in samples:
+        by_group.setdefault(s.group_id, []).append(s)
+    return [sorted(g, key=lambda s: s.index_in_group) for _, g in sorted(by_group.items())]
 
 
 def staleness_metrics(staleness: list[int]) -> dict[str, float]:

@@ -8,8 +8,8 @@ producer may start generating step ``k`` only once the engines serve version ``>
 max_staleness``. Every token then comes from a version within the bound, even when a weight update
 lands mid-sequence (partial rollout), because engine versions only grow.
 
-Checkpoints record the dataset position as of the last *trained* step; rows generated ahead of it
-are regenerated after a resume (nothing lost, nothing trained twice).
+Checkpoints record the data position after the last *trained* step (``PromptSource``); rows
+generated ahead of it are regenerated after a resume (nothing lost, nothing trained twice).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import ray
 import torch
 
 from relax.core.controller import faults, stages
+from relax.core.controller.prompts import PromptSource
 from relax.core.controller.router import stream_groups
-from relax.core.controller.samples import build_groups, sampling_params
+from relax.core.controller.samples import sampling_params
 from relax.core.data import Sample, collate
 from relax.core.plugins import get_plugin_manager
 from relax.core.queue import Batch
@@ -60,14 +61,33 @@ def advantage_task(samples: list[Sample], pad_id: int, cfg: Any, ref_rows: list[
 
 
 class Pipeline:
-    def __init__(self, state: Any) -> None:
-        cfg = state.cfg
-        self.state, self.cfg = state, cfg
+    """The producer and role pumps of one run, started at trainer step ``step`` / weight ``version``.
+
+    It owns its threads and the queue; everything else is passed in: prompts come from ``prompts``,
+    generation goes through ``fleet``'s router, weights are published through ``fleet``."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        prompts: PromptSource,
+        fleet: Any,
+        reward: Any,
+        reference: Any | None,
+        pad_id: int,
+        stop_token_ids: list[int],
+        step: int,
+        version: int,
+    ) -> None:
+        self.cfg, self.prompts, self.fleet = cfg, prompts, fleet
+        self.reward, self.reference, self.pad_id = reward, reference, pad_id
+        self.params = sampling_params(cfg, stop_token_ids)
+        self.start_step = step
         self.group_size = cfg.rollout.n_samples_per_prompt
         self.step_rows = cfg.rollout.prompts_per_step * self.group_size
         # hybrid: reference logprobs and advantages inside the train step; async: queue roles, except
         # that advantages needing the critic's current values are computed in the train step too
-        self.use_reference = cfg.mode == "async" and state.roles.reference is not None
+        self.use_reference = cfg.mode == "async" and reference is not None
         self.advantage_role = cfg.mode == "async" and not cfg.algorithm.critic.enable
         consumers = ["reward", "trainer"] + (["advantage"] if self.advantage_role else [])
         consumers += ["reference"] if self.use_reference else []
@@ -75,12 +95,11 @@ class Pipeline:
         self.trainer_columns += ["ref_logprobs"] if self.use_reference else []
         queue_factory = get_plugin_manager().get("queue", cfg.queue.name)
         self.queue = queue_factory(capacity=(cfg.max_staleness + 2) * self.step_rows, consumers=consumers)
-        self.router = state.fleet.router
-        self.engine_version = state.version
+        self.router = fleet.router
+        self.engine_version = version
         self.gate = threading.Condition()
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
-        self.dataset_states: dict[int, tuple[dict, int]] = {state.step: (state.dataset.state_dict(), state.next_group_id)}
         self.rollout_stats: dict[int, dict[str, float]] = {}
         self._last_rates: tuple[float, dict[str, float]] = (time.perf_counter(), {})
         self.threads: list[threading.Thread] = []
@@ -114,7 +133,7 @@ class Pipeline:
         self, consumer: str, columns: list[str], batch_size: int, work: Callable[[Batch], dict[str, list]], by_step: bool = False
     ) -> None:
         """Move rows through one role until stopped; ``by_step`` takes whole steps in order."""
-        step = self.state.step + 1
+        step = self.start_step + 1
         while not self.stop.is_set():
             try:
                 batch = self.queue.get(consumer, columns, batch_size, timeout=POLL_S, partition=step if by_step else None)
@@ -128,26 +147,20 @@ class Pipeline:
     def _produce(self) -> None:
         """Draw prompts in order as the gate opens; generate up to ``max_staleness + 1`` steps at
         once, so a step's long-tail stragglers overlap the next steps' requests."""
-        cfg, state = self.cfg, self.state
-        step = state.step
+        cfg, step = self.cfg, self.start_step
         while not self.stop.is_set() and step < cfg.total_steps:
             step += 1
             with self.gate:
                 self.gate.wait_for(lambda s=step: self.stop.is_set() or self.engine_version >= s - 1 - cfg.max_staleness)
             if self.stop.is_set():
                 return
-            items = state.dataset.next_batch()
-            first_group = state.next_group_id
-            state.next_group_id += len(items)
-            self.dataset_states[step] = (state.dataset.state_dict(), state.next_group_id)
-            groups = build_groups(items, step, cfg, first_group)
+            groups = self.prompts.draw(step)
             self.threads.append(self._spawn(f"rollout-step-{step}", lambda s=step, g=groups: self._generate_step(s, g)))
 
     def _generate_step(self, step: int, groups: list[list[Sample]]) -> None:
         cfg = self.cfg
-        params = sampling_params(cfg, self.state.stop_token_ids)
         started, tokens, resubmitted = time.perf_counter(), 0, 0
-        for finished, n_aborted in stream_groups(self.router, groups, params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s):
+        for finished, n_aborted in stream_groups(self.router, groups, self.params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s):
             resubmitted += n_aborted
             for group in finished:
                 tokens += sum(len(s.response_ids) for s in group)
@@ -166,7 +179,7 @@ class Pipeline:
         }
 
     def _reward_pump(self) -> None:
-        reward = self.state.roles.reward
+        reward = self.reward
 
         def work(batch: Batch) -> dict[str, list]:
             scored, _ = stages.score(reward, batch.data["sample"], self.cfg)
@@ -175,7 +188,7 @@ class Pipeline:
         self._pump("reward", ["sample"], self.group_size, work)
 
     def _reference_pump(self) -> None:
-        reference, pad_id = self.state.roles.reference, self.state.pad_id
+        reference, pad_id = self.reference, self.pad_id
 
         def work(batch: Batch) -> dict[str, list]:
             samples = batch.data["sample"]
@@ -191,24 +204,20 @@ class Pipeline:
         def work(batch: Batch) -> dict[str, list]:
             samples = merge_rewards(batch)
             ref = batch.data["ref_logprobs"] if self.use_reference else None
-            task = advantage_task.remote(samples, self.state.pad_id, self.cfg, ref)
+            task = advantage_task.remote(samples, self.pad_id, self.cfg, ref)
             return {"advantages": faults.wait(task, self.cfg.trainer.timeout_s, "advantage", "compute")}
 
         self._pump("advantage", columns, self.step_rows, work, by_step=True)
 
     # ------------------------------------------------------------------ trainer side
-    def take(self) -> tuple[Batch, float]:
-        """Block for the next step batch (whole groups with every trainer column); returns it and the wait."""
+    def take(self, step: int) -> tuple[Batch, float]:
+        """Block for ``step``'s batch (whole groups with every trainer column); returns it and the wait."""
         started = time.perf_counter()
         deadline = time.monotonic() + self.cfg.queue.timeout_s
         while True:
             self._check()
             try:
-                batch = self.queue.get(
-                    "trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=self.state.step + 1
-                )
-                for old in [s for s in self.dataset_states if s < self.state.step]:
-                    del self.dataset_states[old]  # only the last trained position is ever checkpointed
+                batch = self.queue.get("trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=step)
                 return batch, time.perf_counter() - started
             except TimeoutError:
                 if time.monotonic() > deadline:
@@ -217,12 +226,12 @@ class Pipeline:
                         f"{self.trainer_columns}; queue: {self.queue.metrics()}"
                     ) from None
 
-    def publish_weights(self) -> dict[str, float]:
-        """Push the trainer's weights to every engine; in-flight sequences pause (or abort) meanwhile.
-        A dead or silent engine is evicted (and replaced) instead of failing the step."""
-        stats = self.state.fleet.publish(abort=self.cfg.rollout.partial_rollout == "abort")
+    def publish_weights(self, version: int) -> dict[str, float]:
+        """Push the trainer's weights (``version``) to every engine; in-flight sequences pause (or
+        abort) meanwhile. A dead or silent engine is evicted (and replaced) instead of failing the step."""
+        stats = self.fleet.publish(abort=self.cfg.rollout.partial_rollout == "abort")
         with self.gate:
-            self.engine_version = self.state.version
+            self.engine_version = version
             self.gate.notify_all()
         return {f"weight_sync/{k}": float(v) for k, v in stats.items()}
 
@@ -234,9 +243,6 @@ class Pipeline:
         self._last_rates = (now, counters)
         dt = max(now - last_time, 1e-9)
         return {f"{k}_per_s": (v - last.get(k, 0.0)) / dt for k, v in counters.items()}
-
-    def checkpoint_position(self, step: int) -> tuple[dict, int]:
-        return self.dataset_states[step]
 
     def close(self) -> None:
         self.stop.set()

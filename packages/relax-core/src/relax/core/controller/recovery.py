@@ -1,7 +1,8 @@
 """Step commits, emergency checkpoints on failure, and trainer restarts.
 
-A step is *committed* when the trainer's update for it has returned: the run's step, its weight
-version and the data position trained so far (``state.trained_position``) advance together. An
+A step is *committed* when the trainer's update for it has returned: the run's step and its weight
+version advance together, and the checkpointed data position follows the step
+(``PromptSource.position_after``). An
 emergency checkpoint saves exactly the committed state -- if the failure struck while a train step
 was in flight, it first waits (bounded) for that step and commits it, or saves nothing if it
 failed -- so ``checkpoint.resume=auto`` continues without skipping or repeating a prompt.
@@ -24,18 +25,11 @@ log = logging.getLogger("relax")
 # ---------------------------------------------------------------------------- step commits
 
 
-def position_at(state: Any, step: int) -> tuple[dict, int]:
-    """(dataset state, next group id) as of the end of ``step``."""
-    if state.pipeline is not None:  # the producer runs ahead: it recorded the position per step
-        return state.pipeline.checkpoint_position(step)
-    return state.dataset.state_dict(), state.next_group_id
-
-
 def commit_step(state: Any, step: int, trained: bool) -> None:
     state.step = step
     state.version += 1 if trained else 0
     state.train_inflight = None
-    state.trained_position = position_at(state, step)
+    state.prompts.forget_before(step)
 
 
 def train(state: Any, batch: dict, step: int) -> dict[str, float]:
@@ -96,7 +90,7 @@ def _emergency_checkpoint(state: Any, error: BaseException) -> Path | None:
     if state.step == 0 or (latest is not None and latest.name == f"step_{state.step:06d}"):
         return latest  # nothing trained since the last checkpoint
     started = time.perf_counter()
-    path = state.save_checkpoint(position=state.trained_position)
+    path = state.save_checkpoint()
     log.warning("relax: emergency checkpoint at step %d: %s (%.1fs)", state.step, path, time.perf_counter() - started)
     return path
 

@@ -19,6 +19,7 @@ from relax.core.controller import faults, recovery, runtime, signals, teardown
 from relax.core.controller.faults import FaultCounters
 from relax.core.controller.fleet import EngineFleet
 from relax.core.controller.handle import RunControl, RunHandle
+from relax.core.controller.prompts import PromptSource
 from relax.core.plugins import get_plugin_manager
 
 log = logging.getLogger("relax")
@@ -62,12 +63,11 @@ class RunState:
         self.step = 0
         self.last_metrics: dict[str, float] = {}
         self.version = 0
-        self.next_group_id = 0
+        self.prompts = PromptSource(self.dataset, cfg)
         self.pipeline = None  # async/hybrid modes create it on their first step
         resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpoints.root)
         if resume_from is not None:
             self._resume(resume_from)
-        self.trained_position = (self.dataset.state_dict(), self.next_group_id)
         lc = cfg.logging
         backends = [name for name, on in [("console", lc.console), ("tensorboard", lc.tensorboard),
                                           ("wandb", lc.wandb), ("clearml", lc.clearml)] if on]
@@ -86,22 +86,17 @@ class RunState:
     def _resume(self, path: Path) -> None:
         state = read_controller_state(path)
         faults.wait(self.roles.trainer.load.remote(str(path / "trainer")), self.cfg.trainer.timeout_s, "trainer", "load")
-        self.dataset.load_state_dict(state["dataset"])
-        self.step, self.version, self.next_group_id = state["step"], state["version"], state["next_group_id"]
+        self.step, self.version = state["step"], state["version"]
+        self.prompts.restore(self.step, (state["dataset"], state["next_group_id"]))
         random.setstate(_tuplify(state["py_random"]))
         np.random.set_state(tuple(state["np_random"]))
         self.sync_weights()
         log.info("resumed from %s at step %d (weight version %d)", path, self.step, self.version)
 
-    def save_checkpoint(self, position: tuple[dict, int] | None = None) -> Path:
-        """``position``: the (dataset state, next group id) to record instead of the current one
-        (an emergency checkpoint mid-step records the last committed step's)."""
-        if position is not None:
-            dataset_state, next_group_id = position
-        elif self.pipeline is not None:  # the dataset has run ahead of training: record the trained position
-            dataset_state, next_group_id = self.pipeline.checkpoint_position(self.step)
-        else:
-            dataset_state, next_group_id = self.dataset.state_dict(), self.next_group_id
+    def save_checkpoint(self) -> Path:
+        """Model, optimizer and RNG state plus the data position after the last trained step (the
+        producer may have drawn further ahead: those prompts are drawn again after a resume)."""
+        dataset_state, next_group_id = self.prompts.position_after(self.step)
         state = {
             "step": self.step,
             "version": self.version,
