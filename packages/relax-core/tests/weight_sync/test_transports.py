@@ -273,6 +273,7 @@ def test_stuck_engine_actor_times_out_naming_it(engines, tmp_path, transport, wh
     stuck = EngineActor.remote("stuck", "hang")
     ray.get(stuck.engine_call.remote("weight_version"), timeout=60)  # started
     trainer = TrainerActor.remote(make_state())
+    ray.get(trainer.__ray_ready__.remote(), timeout=60)  # its start-up is not part of the bound
     name = f"engine\\[1\\] \\(EngineHost actor {stuck._actor_id.hex()[:12]}\\)"
     start = time.monotonic()
     with pytest.raises(WeightSyncError, match=f"{name}.*{what}"):
