@@ -161,7 +161,9 @@ def relax_on_run_start(run: Any) -> None:
     Parameters: ``run`` -- a :class:`relax.core.controller.handle.RunHandle`: ``config`` (resolved),
     ``run_dir``, ``step``, ``metrics`` (latest step's), and ``control`` (``pause()``, ``resume()``,
     ``request_checkpoint()``, ``add_engine()``, ``remove_engine(index)``; applied between steps).
-    Returns: ignored. Keep it quick; start a thread for long-running work.
+    Returns: ignored. Keep it quick; start a thread for long-running work. After an automatic
+    trainer restart (``trainer.max_restarts``) the run starts again with a new handle, and this hook
+    runs again (the previous attempt ended with ``relax_on_run_end(run, "failed")``).
 
     .. versionadded:: 0.2
     """
