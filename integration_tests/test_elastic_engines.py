@@ -1,6 +1,7 @@
 """The run handle's control object, driven by a plugin's lifecycle hooks during a real async run:
-an engine added between steps serves the current weight version, the original engine is removed,
-and every prompt group is trained exactly once with all of its samples (ids end to end)."""
+an engine added between steps serves the current weight version, the original engine is removed
+(and its reservation reused by the next added engine), and every prompt group is trained exactly
+once with all of its samples (ids end to end)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def relax_on_step_end(step, metrics):
     if step == 3:
         RECORD["engines_before_remove"] = RECORD["run"].engine_indices
         RECORD["removed"] = control.remove_engine(0)
+    if step == 4:
+        RECORD["readded"] = control.add_engine()  # runs on engine 0's freed reservation
 
 def relax_filter_group(group):
     RECORD["groups"].append([(s.group_id, s.index_in_group) for s in group])
@@ -69,8 +72,10 @@ def test_add_and_remove_engines_between_steps_of_an_async_run(ray_session, tmp_p
     assert record["added"].result(timeout=0) == 1  # a new index, never reused
     assert record["engines_before_remove"] == [0, 1]
     assert record["removed"].result(timeout=0) is None
-    # only the added engine is left, serving the final weights
-    assert [(h["engine_index"], h["ok"], h["weight_version"]) for h in record["health"]] == [(1, True, STEPS)]
+    assert record["readded"].result(timeout=0) == 2
+    # the two added engines are left, both serving the final weights
+    health = [(h["engine_index"], h["ok"], h["weight_version"]) for h in record["health"]]
+    assert health == [(1, True, STEPS), (2, True, STEPS)]
     assert record["version"] == STEPS
     # every group trained exactly once, each with all of its samples
     groups = record["groups"]
@@ -79,4 +84,4 @@ def test_add_and_remove_engines_between_steps_of_an_async_run(ray_session, tmp_p
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["staleness/max"] <= 1 for r in rows)
-    assert rows[-1]["fault/engines_live"] == 1.0
+    assert rows[-1]["fault/engines_live"] == 2.0

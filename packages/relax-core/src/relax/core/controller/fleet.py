@@ -71,6 +71,7 @@ class EngineFleet:
         self._lock = threading.Lock()
         self._next_index = len(engines)
         self._slots: dict[int, int | None] = {i: i for i in range(len(engines))}  # index -> reservation slot
+        self._free_slots: list[int] = []  # reservations of removed engines, for engines added later
         self._restarts = 0  # replacement engines started so far
         self._replacing = 0  # replacements in progress
         self._failed_starts = 0  # consecutive replacements that failed to start (backoff exponent)
@@ -189,7 +190,15 @@ class EngineFleet:
         its index. Blocks until it serves (engine start-up is bounded by ``rollout.timeout_s``)."""
         with self._lock:
             index = self._take_index()
-        self._start(index)
+            if self._free_slots:  # a removed engine's reservation is reused before going outside it
+                self._slots[index] = self._free_slots.pop()
+        try:
+            self._start(index)
+        except BaseException:
+            with self._lock:
+                if (slot := self._slots.pop(index, None)) is not None:
+                    self._free_slots.append(slot)
+            raise
         log.info("relax: rollout engine[%d] added; serving: %s", index, sorted(self.router.live()))
         return index
 
@@ -204,6 +213,9 @@ class EngineFleet:
         if handle is not None:
             self._forget(handle)
             kill(handle)
+        with self._lock:
+            if (slot := self._slots.pop(index, None)) is not None:
+                self._free_slots.append(slot)
         log.info("relax: rollout engine[%d] removed; serving: %s", index, sorted(self.router.live()))
 
     # ------------------------------------------------------------------ calls on every engine
