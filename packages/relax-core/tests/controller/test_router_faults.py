@@ -180,7 +180,7 @@ def test_losing_the_last_engine_names_it(engines):
         _consume(router, _groups(2))
 
 
-def _fleet(handles, max_restarts=1, start=None, control_timeout_s=2.0):
+def _fleet(handles, max_restarts=1, start=None, control_timeout_s=2.0, on_change=None):
     cfg = SimpleNamespace(rollout=SimpleNamespace(
         max_restarts=max_restarts, restart_backoff_s=0.05, timeout_s=30.0, control_timeout_s=control_timeout_s
     ))
@@ -198,7 +198,7 @@ def _fleet(handles, max_restarts=1, start=None, control_timeout_s=2.0):
         started.append((index, slot, handle))
         return handle
 
-    fleet = EngineFleet(cfg, list(handles), start or start_engine, sync_engines, FaultCounters())
+    fleet = EngineFleet(cfg, list(handles), start or start_engine, sync_engines, FaultCounters(), on_change=on_change)
     return fleet, synced, started
 
 
@@ -251,13 +251,17 @@ def test_fleet_control_evicts_a_stopped_engine_and_names_it(engines):
 
 def test_fleet_control_api_adds_and_removes(engines):
     (a, _, _), _ = engines
-    fleet, synced, started = _fleet([a])
+    changes = []
+    fleet, synced, started = _fleet([a], on_change=changes.append)
     try:
         index = fleet.add_engine()
         assert index == 1 and sorted(fleet.live()) == [0, 1] and started[0][:2] == (1, None)
         assert ray.get(started[0][2].weight_version.remote()) == 5  # synced before serving
         fleet.remove_engine(0)
         assert sorted(fleet.live()) == [1]
+        assert changes == [[a, started[0][2]], [started[0][2]]]  # e.g. the reward's judge handle follows
+        assert fleet.add_engine() == 2 and started[1][:2] == (2, 0)  # reuses engine 0's freed reservation
+        fleet.remove_engine(2)
         with pytest.raises(ValueError, match="last serving engine"):
             fleet.remove_engine(1)
         with pytest.raises(KeyError, match=r"engine\[0\] is not serving; serving: \[1\]"):

@@ -57,17 +57,20 @@ class EngineFleet:
         start_engine: Callable[[int, int | None], Any],
         sync_engines: Callable[[list[Any]], dict[str, float]],
         counters: FaultCounters | None = None,
+        on_change: Callable[[list[Any]], None] | None = None,
     ) -> None:
         """``engines``: the run's engine list (``Roles.engines``), kept equal to the live set;
         ``start_engine(index, slot)`` creates an engine actor on the reservation of configured
         engine ``slot`` (None: outside the reservation); ``sync_engines(handles)`` pushes the
-        current weights to just those engines (``RunState.sync_weights``)."""
+        current weights to just those engines (``RunState.sync_weights``); ``on_change(engines)`` is
+        told the serving engines whenever the set changes (e.g. the reward's judge handle)."""
         self.rollout = cfg.rollout
         self.engines = engines
         self.router = EngineRouter(dict(enumerate(engines)), on_failure=self.evict)
         self.weights_lock = threading.RLock()
         self.counters = counters or FaultCounters()
         self._start_engine, self._sync_engines = start_engine, sync_engines
+        self._on_change = on_change or (lambda engines: None)
         self._lock = threading.Lock()
         self._next_index = len(engines)
         self._slots: dict[int, int | None] = {i: i for i in range(len(engines))}  # index -> reservation slot
@@ -175,6 +178,7 @@ class EngineFleet:
                 self._sync_engines([handle])
                 self.router.add_engine(handle, index)
                 self.engines.append(handle)
+                self._on_change(list(self.engines))
         except BaseException:
             kill(handle)
             raise
@@ -183,6 +187,8 @@ class EngineFleet:
     def _forget(self, handle: Any) -> None:
         with self._lock:
             self.engines[:] = [h for h in self.engines if h is not handle]
+            engines = list(self.engines)
+        self._on_change(engines)
 
     # ------------------------------------------------------------------ control API
     def add_engine(self) -> int:

@@ -56,8 +56,9 @@ class RunState:
         self.weight_sync = build_plugin(cfg, "weight_sync", base_context(cfg, "weight_sync", self.model_path))
         self.weight_sync.check_engine(cfg.rollout.engine)  # the transport serves this engine?
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
-        self.fleet = EngineFleet(
-            cfg, self.roles.engines, self._start_engine, self.sync_weights, counters  # engines by stable index
+        self.fleet = EngineFleet(  # engines by stable index; the reward's judge handle follows the live set
+            cfg, self.roles.engines, self._start_engine, self.sync_weights, counters,
+            on_change=lambda engines: self.roles.reward.set_engines.remote(engines),
         )
         self.train_inflight = None  # (ref, step) while a train step runs: see controller.recovery
         self.step = 0
