@@ -22,9 +22,8 @@ class HFEngineParams:
     seed: int = 0  # draws seeds for requests that carry none
     num_cpus: float = 1.0  # reserved per engine
 
-    def validate(self) -> list[str]:
-        errors = [] if self.max_batch_size >= 1 else [f"max_batch_size: must be >= 1, got {self.max_batch_size}"]
-        return errors + ([] if self.num_cpus >= 0 else [f"num_cpus: must be >= 0, got {self.num_cpus}"])
+    def validate(self) -> list[str]:  # num_cpus >= 0 is checked for every section by relax.core.checks
+        return [] if self.max_batch_size >= 1 else [f"max_batch_size: must be >= 1, got {self.max_batch_size}"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,7 @@ class TorchTrainerParams:
     num_cpus: float = 1.0  # reserved per rank
 
     def validate(self) -> list[str]:
-        errors = [] if self.world_size >= 1 else [f"world_size: must be >= 1, got {self.world_size}"]
-        return errors + ([] if self.num_cpus >= 0 else [f"num_cpus: must be >= 0, got {self.num_cpus}"])
+        return [] if self.world_size >= 1 else [f"world_size: must be >= 1, got {self.world_size}"]
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,6 @@ def kill(handle: Any) -> None:
         log.debug("kill: %s", exc)
 
 
-def _remote(handle: Any, method: str) -> Any:
-    """``handle.method`` or, for capabilities the role forwards (e.g. ``abort``), ``handle.call``."""
-    if hasattr(handle, method):
-        return getattr(handle, method).remote
-    return lambda *args: handle.call.remote(method, *args)
-
-
 class EngineFleet:
     def __init__(
         self,
@@ -230,7 +223,7 @@ class EngineFleet:
         returns answers by index. A dead or silent engine is evicted; an engine that raises is an error."""
         engines = self.router.live() if engines is None else engines
         timeout = self.rollout.control_timeout_s
-        refs = {i: _remote(h, method)(*args) for i, h in engines.items()}
+        refs = {i: getattr(h, method).remote(*args) for i, h in engines.items()}
         deadline = time.monotonic() + timeout
         answers = {}
         for i, ref in refs.items():

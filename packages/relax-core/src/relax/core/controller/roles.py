@@ -62,11 +62,16 @@ class RolloutRole:
     def resume(self) -> None:
         self.engine.resume()
 
+    def abort(self) -> None:
+        """Optional capability, checked at start-up when the config needs it."""
+        self.engine.abort()
+
     def health(self) -> dict[str, Any]:
         return {"engine_index": self.engine_index, **self.engine.health()}
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Transport-specific engine methods (e.g. broadcast receive, disk reload)."""
+        """Any engine method, for inspection in tests and tools (e.g. ``state_dict``); the controller
+        only calls the explicit methods above."""
         return getattr(self.engine, method)(*args, **kwargs)
 
 
