@@ -1,0 +1,1 @@
+"""Relax reward hub: verifiable rewards registered through the ``relax`` entry-point group."""

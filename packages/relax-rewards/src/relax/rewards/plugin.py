@@ -1,0 +1,1 @@
+"""Entry point of relax-rewards: registers the hub's rewards with relax-core."""
