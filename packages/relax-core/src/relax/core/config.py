@@ -18,11 +18,14 @@ import yaml
 
 from relax.core.algorithms.config import AlgorithmConfig, KLConfig
 from relax.core.algorithms.validate import algorithm_config_errors
+from relax.core.control.settings import AutoscalerConfig, ControlConfig, control_errors
 
 __all__ = [
     "AlgorithmConfig",
+    "AutoscalerConfig",
     "CheckpointConfig",
     "ConfigError",
+    "ControlConfig",
     "DataConfig",
     "KLConfig",
     "LoggingConfig",
@@ -159,7 +162,8 @@ class LoggingConfig:
     clearml: bool = False
     plot: bool = True
     progress: bool = True
-    webhook_url: str | None = None
+    webhook_url: str | None = None  # JSON POST on completion/failure (kept; notify_urls covers more events)
+    notify_urls: list[str] = field(default_factory=list)  # Apprise URLs: start, failure, recovery, scaling, completion
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,7 @@ class RelaxConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)  # REST control plane (relax.core.control)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -409,6 +414,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
             f"(rollout.prompts_per_step * rollout.n_samples_per_prompt = {batch})"
         )
     errors.extend(algorithm_config_errors(cfg))
+    errors.extend(control_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
         errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")
     if cfg.mode == "colocate" and cfg.weight_sync.every_n_steps != 1:
