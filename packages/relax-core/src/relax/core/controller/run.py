@@ -47,7 +47,9 @@ class RunState:
         self.model_path = runtime.resolve_model_path(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.stop_token_ids = [t for t in {self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(t, int) and t >= 0]
+        from relax.core.engines.stop_tokens import stop_token_ids  # EOS + chat-template end ids, never <unk>
+
+        self.stop_token_ids = stop_token_ids(self.tokenizer)
         self.dataset = runtime.build_dataset(cfg, self.tokenizer, runtime.resolve_data_path(cfg, self.run_dir), self.model_path)
         self.data_counts = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}  # logged with the first step
         self.roles = runtime.start_roles(cfg, self.model_path)
