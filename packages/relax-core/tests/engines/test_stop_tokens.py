@@ -4,7 +4,8 @@ from relax.core.engines.stop_tokens import chat_end_token_ids, stop_token_ids
 from relax.core.quickstart_model import build_tokenizer
 
 CHATML = (
-    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endfor %}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+    "{%- endfor %}"
 )
 LLAMA2 = (
     "{%- for m in messages %}{%- if m['role'] == 'user' %}{{- '<s>[INST] ' + m['content'] + ' [/INST]' }}"
@@ -15,7 +16,8 @@ LLAMA3 = (
     " + '<|eot_id|>' }}{%- endfor %}"
 )
 STRICT = (
-    "{{- raise_exception('only user messages') if messages[-1]['role'] != 'user' else messages[-1]['content'] }}"
+    "{{- raise_exception('only user messages') if messages[-1]['role'] != 'user'"
+    " else messages[-1]['content'] }}"
 )
 
 

@@ -1,8 +1,14 @@
-"""HF rollout engine: batched sampling over any HF causal LM with a KV cache, on CPU or one GPU.
+"""HF rollout engine: continuous batching over any HF causal LM with a KV cache, on CPU or one GPU.
 
 Our own decode loop (not ``model.generate``) so that the returned logprobs are exactly those of the
 distribution sampled from, computed the same way as the trainer's forward pass: at temperature 1
 with no top-k/top-p they match ``TorchTrainer.forward_logprobs`` to float noise.
+
+Throughput (see ``bench/engine.py``): requests wait in a queue and join the running batch as soon
+as a slot is free; each distinct context is prefilled once and its KV cache shared by the G samples
+of a group; a finished row leaves the batch and the cache at once, so a long tail neither holds
+idle slots nor costs work for rows that are done. Sampling uses per-request uniforms drawn from the
+request's seed, so a request's tokens do not depend on which others share its batch.
 
 Concurrency model: ``generate`` is ``async`` but computes synchronously, one decode step at a time,
 yielding to the event loop between steps. Other calls on the same loop (``pause``, ``health``,
@@ -14,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from relax.core.engines import kv_batch
+from relax.core.engines.batcher import DecodeBatch, Row
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.protocols import GenerationRequest, GenerationResult
 
@@ -28,7 +37,7 @@ _PAUSE_POLL_S = 0.005
 class HFRolloutEngine:
     """``RolloutEngine`` over ``AutoModelForCausalLM``.
 
-    ``max_batch_size`` caps how many requests decode together (larger lists run in chunks).
+    ``max_batch_size`` caps how many requests decode together (the others wait for a free slot).
     Requests without a seed draw one from the engine's generator (seeded by ``seed``).
     Generation stops at the model's EOS ids (generation config and tokenizer; unless ``ignore_eos``) in addition
     to each request's ``stop_token_ids``; the stop token is kept in ``response_ids``.
@@ -67,6 +76,10 @@ class HFRolloutEngine:
         self._count_lock = threading.Lock()
         self._in_flight = 0
         self._abort_epoch = 0
+        self._batch = DecodeBatch(self.device)
+        self._waiting: deque[Row] = deque()
+        # work done, for tests and benchmarks: a decode row yields exactly one token
+        self.stats = {"prefill_rows": 0, "decode_steps": 0, "decode_rows": 0}
 
     # ------------------------------------------------------------------ control
     def weight_version(self) -> int:
@@ -99,6 +112,8 @@ class HFRolloutEngine:
             "weight_version": self._version,
             "paused": not self._running.is_set(),
             "in_flight": self._in_flight,
+            "running": len(self._batch),
+            "waiting": len(self._waiting),
             "model_path": self.model_path,
         }
 
@@ -128,133 +143,141 @@ class HFRolloutEngine:
 
     # --------------------------------------------------------------- generation
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Queue ``requests`` and drive decode steps until they have all finished.
+
+        Every concurrent caller (coroutine or thread) drives the same shared batch: a step advances
+        every live row, whoever runs it, so requests of different calls decode together.
+        """
+        epoch = self._abort_epoch  # an abort ends this whole call, queued requests included
+        rows = [self._row(r, epoch) for r in requests]
         with self._count_lock:
             self._in_flight += 1
         try:
-            results: list[GenerationResult] = []
-            abort_epoch = self._abort_epoch  # an abort ends this whole call, not just the running chunk
-            for start in range(0, len(requests), self.max_batch_size):
-                results += await self._generate_batch(requests[start : start + self.max_batch_size], abort_epoch)
-            return results
+            with self._step_lock:
+                self._waiting.extend(r for r in rows if not r.finish)
+            while True:
+                stepped = False
+                with self._step_lock:
+                    if self._abort_epoch != epoch:
+                        for r in rows:
+                            r.finish = r.finish or "abort"
+                    if all(r.finish for r in rows):
+                        break
+                    if self._running.is_set():
+                        self._step()
+                        stepped = True
+                await asyncio.sleep(0 if stepped else _PAUSE_POLL_S)  # token boundary: let other calls in
         finally:
+            for r in rows:  # a cancelled caller: its rows leave at the next step
+                r.finish = r.finish or "abort"
             with self._count_lock:
                 self._in_flight -= 1
+        return [self._result(r) for r in rows]
 
-    def _uniforms(self, request: GenerationRequest, steps: int) -> torch.Tensor:
-        """Per-request uniforms; a resumed request skips those its prefix already used."""
+    def _row(self, request: GenerationRequest, epoch: int) -> Row:
+        if not request.prompt_ids and not request.prefix_response_ids:
+            raise ValueError(f"generate: request {request.request_id!r} has no prompt_ids (and no prefix)")
+        p = request.params
+        stop_ids = (frozenset() if p.ignore_eos else self.eos_token_ids) | frozenset(p.stop_token_ids)
+        row = Row(request, self._uniforms(request), stop_ids, epoch)
+        if row.budget == 0:
+            row.finish = "length"
+        return row
+
+    def _uniforms(self, request: GenerationRequest) -> list[float]:
+        """Per-request uniforms, one per token left to sample; a resumed request skips those its
+        prefix already used. Drawn from the request alone (not the batch), so its tokens do not
+        depend on its neighbours."""
         seed = request.params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
         gen = torch.Generator().manual_seed(seed)
-        # drawn from the request alone (not the batch), so its tokens do not depend on its neighbours
         drawn = torch.rand(request.params.max_new_tokens, generator=gen, dtype=torch.float64)
-        drawn = drawn[len(request.prefix_response_ids) :]
-        padded = torch.zeros(steps, dtype=torch.float64)
-        padded[: len(drawn)] = drawn
-        return padded
+        return drawn[len(request.prefix_response_ids) :].tolist()
 
-    async def _forward(self, **inputs: Any) -> tuple[Any, int]:
-        """One model call at a token boundary, and the weight version it used. Waits while paused;
-        the pause check and the call hold the step lock together, so nothing runs after ``pause``."""
-        while True:
-            while not self._running.is_set():
-                await asyncio.sleep(_PAUSE_POLL_S)
-            with self._step_lock:
-                if self._running.is_set():
-                    with torch.no_grad():
-                        return self.model(**inputs), self._version
+    def _step(self) -> None:
+        """One token for every live row (the caller holds the step lock and checked for pause)."""
+        batch = self._batch
+        batch.drop_finished()  # aborted or cancelled rows
+        free = self.max_batch_size - len(batch)
+        joining = []
+        while free > len(joining) and self._waiting:
+            row = self._waiting.popleft()
+            if not row.finish:
+                joining.append(row)
+        if joining:
+            joining, cache = self._prefill(joining)
+            batch.join(joining, cache)
+        if not len(batch):
+            return
+        with torch.no_grad():
+            out = self.model(**batch.decode_inputs())
+        logits = out.logits[:, -1]
+        temperature, top_k, top_p = batch.sampling_params()
+        lps = sampling_logprobs(logits, temperature, top_k, top_p)
+        uniforms = torch.tensor([r.uniforms[len(r.ids)] for r in batch.rows], dtype=torch.float64)
+        tokens = sample_tokens(lps, uniforms.to(logits.device), temperature <= 0, logits)
+        token_lps = lps.gather(-1, tokens[:, None]).squeeze(-1).tolist()
+        for row, tok, lp in zip(batch.rows, tokens.tolist(), token_lps, strict=True):
+            row.ids.append(tok)
+            row.logprobs.append(lp)
+            row.versions.append(self._version)
+            row.finish = self._finish_reason(row, tok)
+        batch.advance(out.cache, tokens)
+        self.stats["decode_steps"] += 1
+        self.stats["decode_rows"] += len(batch)
+        batch.drop_finished()
 
-    async def _generate_batch(self, reqs: list[GenerationRequest], abort_epoch: int) -> list[GenerationResult]:
-        bsz = len(reqs)
-        budgets = [max(0, r.params.max_new_tokens - len(r.prefix_response_ids)) for r in reqs]
-        steps = max(budgets, default=0)
-        new_ids: list[list[int]] = [[] for _ in reqs]
-        new_lps: list[list[float]] = [[] for _ in reqs]
-        new_vers: list[list[int]] = [[] for _ in reqs]
-        finish = ["length" if b == 0 else "" for b in budgets]
-        if steps == 0:
-            return [self._result(r, [], [], [], f) for r, f in zip(reqs, finish, strict=True)]
-
-        dev = self.device
-        temperature = torch.tensor([r.params.temperature for r in reqs], device=dev)
-        top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
-        top_p = torch.tensor([r.params.top_p for r in reqs], device=dev)
-        uniforms = torch.stack([self._uniforms(r, steps) for r in reqs]).to(dev)
-        stop_ids = [(frozenset() if r.params.ignore_eos else self.eos_token_ids) | set(r.params.stop_token_ids) for r in reqs]
-
-        prompts = [list(r.prompt_ids) + list(r.prefix_response_ids) for r in reqs]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((bsz, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
+    def _prefill(self, rows: list[Row]) -> tuple[list[Row], Any | None]:
+        """KV cache of each row's ``context[:-1]``, computed once per distinct context (a group's G
+        samples share one prefill). Returns the rows reordered to match the cache: those with
+        nothing to prefill (one-token contexts) first, as zero-width rows."""
+        empty = [r for r in rows if len(r.context) == 1]
+        full = [r for r in rows if len(r.context) > 1]
+        if not full:
+            return empty, None
+        distinct: dict[tuple[int, ...], int] = {}
+        which = [distinct.setdefault(tuple(r.context[:-1]), len(distinct)) for r in full]
+        prefixes = list(distinct)
+        width = max(len(p) for p in prefixes)
+        input_ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prefixes), width), dtype=torch.long)
+        for i, p in enumerate(prefixes):
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p) :] = 1
-        input_ids, attention = input_ids.to(dev), attention.to(dev)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-
-        out, logits_version = await self._forward(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache, logits = out.cache, out.logits[:, -1]
-        next_pos = positions[:, -1] + 1
-
-        for t in range(steps):
-            lps = sampling_logprobs(logits, temperature, top_k, top_p)
-            tokens = sample_tokens(lps, uniforms[:, t], temperature <= 0, logits)
-            token_lps = lps.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-            for i, tok in enumerate(tokens.tolist()):
-                if finish[i]:
-                    continue
-                new_ids[i].append(tok)
-                new_lps[i].append(token_lps[i])
-                new_vers[i].append(logits_version)
-                finish[i] = self._finish_reason(reqs[i], new_ids[i], tok, stop_ids[i], budgets[i])
-            if all(finish):
-                break
-            fed = torch.tensor(
-                [self.pad_token_id if f else tok for f, tok in zip(finish, tokens.tolist(), strict=True)],
-                device=dev,
-            )
-            attention = torch.cat([attention, attention.new_ones((bsz, 1))], dim=1)
-            await asyncio.sleep(0)  # token boundary: let pause/update/health calls in
-            if self._abort_epoch != abort_epoch:
-                finish = [f or "abort" for f in finish]
-                break
-            out, logits_version = await self._forward(
-                input_ids=fed[:, None],
-                attention_mask=attention,
-                position_ids=next_pos[:, None],
-                cache=cache,
+        with torch.no_grad():
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
                 use_cache=True,
+                logits_to_keep=1,
             )
-            cache, logits = out.cache, out.logits[:, -1]
-            next_pos = next_pos + 1
-        return [self._result(*args) for args in zip(reqs, new_ids, new_lps, new_vers, finish, strict=True)]
+        cache = out.cache
+        kv_batch.check_layers(cache)
+        if len(prefixes) != len(full):
+            kv_batch.select_rows(cache, torch.tensor(which, dtype=torch.long, device=self.device))
+        self.stats["prefill_rows"] += len(prefixes)
+        return empty + full, kv_batch.concat_rows(None, len(empty), cache, len(full)) if empty else cache
 
-    def _finish_reason(
-        self, req: GenerationRequest, ids: list[int], tok: int, stop_ids: set[int], budget: int
-    ) -> str:
-        if tok in stop_ids:
+    def _finish_reason(self, row: Row, tok: int) -> str:
+        if tok in row.stop_ids:
             return "stop"
-        if req.params.stop:
-            text = self.tokenizer.decode(list(req.prefix_response_ids) + ids, skip_special_tokens=True)
-            if any(s in text for s in req.params.stop):
+        if row.request.params.stop:
+            text = self.tokenizer.decode(list(row.request.prefix_response_ids) + row.ids, skip_special_tokens=True)
+            if any(s in text for s in row.request.params.stop):
                 return "stop"
-        return "length" if len(ids) >= budget else ""
+        return "length" if len(row.ids) >= row.budget else ""
 
-    def _result(
-        self, req: GenerationRequest, ids: list[int], lps: list[float], vers: list[int], reason: str
-    ) -> GenerationResult:
-        response = list(req.prefix_response_ids) + ids
+    def _result(self, row: Row) -> GenerationResult:
+        req = row.request
+        response = list(req.prefix_response_ids) + row.ids
         return GenerationResult(
             request_id=req.request_id,
             response_ids=response,
-            logprobs=list(req.prefix_logprobs) + lps,
-            versions=list(req.prefix_versions) + vers,
-            finish_reason=reason,
+            logprobs=list(req.prefix_logprobs) + row.logprobs,
+            versions=list(req.prefix_versions) + row.versions,
+            finish_reason=row.finish,
             text=self.tokenizer.decode(response, skip_special_tokens=True),
         )

@@ -1,0 +1,79 @@
+"""Row surgery on a left-padded HF ``DynamicCache``: what continuous batching needs from a KV cache.
+
+A batch of rows decodes over one cache of width ``W``; row ``i`` holds its ``lengths[i]`` real
+positions in the *last* columns (left padding, masked out by :func:`attention_mask`). Rows that
+finish are dropped (:func:`select_rows`), new rows join (:func:`concat_rows`, the narrower side
+padded on the left), and columns no live row uses any more are cut (:func:`trim_left`). Keys are
+stored already rotated by each row's own position ids, so moving columns changes no result.
+
+Only plain full-attention layers (``DynamicLayer``) can be moved this way; a sliding-window or
+linear-attention cache is refused with an error naming the layer type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def check_layers(cache: Any) -> None:
+    """Raise if ``cache`` has a layer whose columns cannot be moved freely."""
+    from transformers.cache_utils import DynamicLayer
+
+    odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    if odd:
+        raise NotImplementedError(
+            f"HF engine: continuous batching needs full-attention DynamicLayer caches; this model uses {odd}"
+        )
+
+
+def width(cache: Any | None) -> int:
+    return 0 if cache is None else cache.layers[0].keys.shape[-2]
+
+
+def attention_mask(lengths: torch.Tensor, cache_width: int) -> torch.Tensor:
+    """(B, W + 1) mask for one decode step: each row's last ``lengths`` columns and the new token."""
+    columns = torch.arange(cache_width + 1, device=lengths.device)
+    return (columns[None, :] >= (cache_width - lengths)[:, None]).long()
+
+
+def select_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep only ``rows`` (in that order, repeats allowed: a shared prompt becomes G rows)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, rows)
+        layer.values = layer.values.index_select(0, rows)
+
+
+def trim_left(cache: Any, keep: int) -> None:
+    """Drop leading columns so that ``keep`` remain (callers pass the longest live row)."""
+    if keep < width(cache):
+        for layer in cache.layers:
+            layer.keys = layer.keys[..., layer.keys.shape[-2] - keep :, :]
+            layer.values = layer.values[..., layer.values.shape[-2] - keep :, :]
+
+
+def _pad_left(t: torch.Tensor, to: int) -> torch.Tensor:
+    if t.shape[-2] == to:
+        return t
+    return torch.cat([t.new_zeros(*t.shape[:-2], to - t.shape[-2], t.shape[-1]), t], dim=-2)
+
+
+def concat_rows(top: Any | None, n_top: int, bottom: Any | None, n_bottom: int) -> Any | None:
+    """Stack two row sets into ``top`` (or ``bottom`` when ``top`` is None). A side given as None
+    has rows with no cached positions yet (zero width); it becomes zero, fully masked columns."""
+    if top is None and bottom is None:
+        return None
+    like = top if top is not None else bottom
+    target = max(width(top), width(bottom))
+    for i, layer in enumerate(like.layers):
+        for attr in ("keys", "values"):
+            ref = getattr(layer, attr)
+            parts = []
+            for side, n in ((top, n_top), (bottom, n_bottom)):
+                if side is None:
+                    parts.append(ref.new_zeros(n, ref.shape[1], target, ref.shape[-1]))
+                else:
+                    parts.append(_pad_left(getattr(side.layers[i], attr), target))
+            setattr(layer, attr, torch.cat(parts, dim=0))
+    return like
