@@ -182,7 +182,14 @@ def test_token_level_rewards_and_last_token_placement():
 
 
 def test_inputs_not_mutated():
-    inputs = dataclasses.replace(BASE, values=VALUES.clone(), greedy_rewards=REWARDS.clone())
+    inputs = dataclasses.replace(
+        BASE,
+        values=VALUES.clone(),
+        greedy_rewards=REWARDS.clone(),
+        old_logprobs=-VALUES.abs(),
+        sum_pi_squared=VALUES.abs() / 10,
+        reward_components={"score": REWARDS.clone()},
+    )
     snapshot = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
     copies = {k: v.clone() for k, v in snapshot.items() if isinstance(v, torch.Tensor)}
     for name in ADVANTAGE_ESTIMATORS:
@@ -193,7 +200,7 @@ def test_inputs_not_mutated():
 
 # ---------------------------------------------------------------- properties on ragged masks
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "gdpo")
 
 
 @st.composite
@@ -219,6 +226,7 @@ def ragged_batches(draw):
         ref_logprobs=-torch.rand(b, t, generator=gen, dtype=F64) * 3,
         kl_coef=0.1,
         greedy_rewards=torch.randn(b, generator=gen, dtype=F64),
+        sum_pi_squared=torch.rand(b, t, generator=gen, dtype=F64),
     ), gen
 
 
@@ -238,6 +246,7 @@ def test_masked_positions_never_affect_results(batch):
         values=_garbage(inputs.values, m, gen),
         old_logprobs=_garbage(inputs.old_logprobs, m, gen),
         ref_logprobs=_garbage(inputs.ref_logprobs, m, gen),
+        sum_pi_squared=_garbage(inputs.sum_pi_squared, m, gen),
     )
     for name, fn in ADVANTAGE_ESTIMATORS.items():
         clean_adv, clean_ret = fn(inputs)

@@ -49,10 +49,10 @@ BAD = [
     ),
     (
         ["algorithm.policy_loss=opd"],
-        "algorithm.teacher_model_path: on-policy distillation (policy_loss 'opd' or opd_coef > 0) needs a teacher; "
+        "algorithm.teacher_model_path: policy loss 'opd' needs a distillation teacher; "
         "set an HF model directory or 'policy_init'",
     ),
-    (["algorithm.opd_coef=0.5"], "algorithm.teacher_model_path: on-policy distillation"),
+    (["algorithm.opd_coef=0.5"], "algorithm.teacher_model_path: algorithm.opd_coef > 0 needs a distillation teacher"),
     (["algorithm.teacher_model_path=policy_init"], "algorithm.teacher_model_path: set but unused"),
     (
         ["algorithm.policy_loss=opd", "algorithm.teacher_model_path=/no/teacher"],
@@ -60,7 +60,7 @@ BAD = [
     ),
     (
         ["algorithm.policy_loss=opd", "algorithm.teacher_model_path=policy_init", "algorithm.opd_coef=1"],
-        "algorithm.opd_coef: policy_loss 'opd' already is the distillation loss",
+        "algorithm.opd_coef: policy loss 'opd' already reads teacher logprobs (distillation); set opd_coef=0",
     ),
     (
         ["algorithm.advantage_estimator=reinforce_plus_plus", "algorithm.kl.coef=0.1", "rollout.n_samples_per_prompt=1",

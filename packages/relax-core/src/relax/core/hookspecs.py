@@ -115,11 +115,17 @@ def relax_register_algorithms(register: Register) -> None:
     """Register algorithm pieces: advantage estimators, policy losses, KL estimators.
 
     When: plugin-manager construction, in every process that computes advantages or losses.
-    Parameters: ``register(name, fn, kind=...)`` with ``kind`` one of ``"advantage"``,
-    ``"policy_loss"``, ``"kl"``. ``fn`` is a pure function on tensors (see ``relax.core.algorithms``).
+    Parameters: ``register(name, fn, kind=..., needs={...}, modes={...})`` with ``kind`` one of
+    ``"advantage"``, ``"policy_loss"``, ``"kl"``. ``fn`` is a pure function on tensors (see
+    ``relax.core.algorithms``). ``needs`` (default: nothing) says what it consumes, from
+    ``relax.core.algorithms.needs.NEEDS`` (``values``, ``reference``, ``teacher``,
+    ``greedy_baseline``, ``old_logprobs``, ``groups``, ...): the controller starts the roles these
+    need and config validation derives its errors from them. ``modes`` (default: all) limits the
+    execution modes it supports.
     Returns: nothing.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 ``needs=`` and ``modes=``.
     """
 
 

@@ -210,6 +210,15 @@ class RelaxPluginManager:
             if not is_algorithm and kind not in (None, default_kind):
                 raise PluginError(f"plugin {plugin!r}: {hook_name} registers {default_kind!r}, not {kind!r}")
             resolved = kind or default_kind
+            if is_algorithm:  # what it consumes and where it runs: roles and validation derive from these
+                from relax.core.algorithms.needs import declared
+
+                try:
+                    options["needs"], options["modes"] = declared(
+                        resolved, name, options.get("needs"), options.get("modes")
+                    )
+                except ValueError as exc:
+                    raise PluginError(f"plugin {plugin!r}: {exc}") from None
             self.registry.add(resolved, name, factory, plugin, config=config, resources=resources, options=options)
             self.infos[plugin].registered.append((resolved, name))
 

@@ -1,4 +1,5 @@
-"""Advantage estimators on token sequences: GAE, REINFORCE++, ReMax (group estimators: ``group_advantages``).
+"""Advantage estimators on token sequences: GAE, REINFORCE++, ReMax (group estimators:
+``group_advantages``, per-token group baselines: ``token_baselines``).
 
 Uniform signature: ``fn(inputs: AdvantageInputs, **params) -> (advantages (B, T), returns (B, T))``.
 Outputs are detached and exactly zero at masked positions; inputs are never modified.
@@ -26,6 +27,8 @@ class AdvantageInputs:
     ref_logprobs: Tensor | None = None  # (B, T)
     kl_coef: float = 0.0  # REINFORCE++ in-estimator KL shaping
     greedy_rewards: Tensor | None = None  # (B,) ReMax baseline: reward of the greedy response
+    sum_pi_squared: Tensor | None = None  # (B, T) sum over the vocabulary of pi^2 (optimal token baseline)
+    reward_components: dict[str, Tensor] | None = None  # name -> (B,) parts of the reward (GDPO)
 
 
 def last_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
@@ -101,9 +104,8 @@ def reinforce_plus_plus(
     global advantage normalisation).
 
     ``r'_t = r_t - kl_coef * KL_t(old || ref)``, ``G_t = sum_{s>=t} gamma^(s-t) r'_s`` over valid
-    tokens, ``A = whiten(G)`` over the whole batch. Deliberate deviation from verl: the return is
-    carried across masked (observation) tokens, like GAE, instead of being reset at them; for
-    right-padded single-turn responses both agree.
+    tokens, ``A = whiten(G)`` over the whole batch. Masked (observation) tokens are skipped: the
+    return is carried across them, like GAE (as verl).
     """
     rewards = token_rewards(inputs)
     mask = inputs.response_mask.to(rewards.dtype)

@@ -33,20 +33,30 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return safe_div(masked_sum(values, mask, dim), mask.sum() if dim is None else mask.sum(dim=dim))
 
 
-def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """``(x - mean) / sqrt(var_unbiased + eps)`` over the masked entries, zero where masked.
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of the masked entries (Bessel-corrected when ``unbiased``, as verl's ``masked_var``).
 
-    Same statistics as verl's ``masked_whiten`` (Bessel-corrected variance). Deliberate deviation:
-    verl raises for fewer than two valid entries; here 0 entries give zeros and 1 entry gives
-    ``x - mean`` (= 0), so a tiny micro-batch cannot crash a run.
+    Deliberate deviation: verl raises for an empty selection, and for a single entry when
+    ``unbiased``; here both give 0, so a tiny micro-batch cannot crash a run.
     """
     n = mask.sum()
+    centered = torch.where(mask > 0, values - masked_mean(values, mask), torch.zeros_like(values))
+    den = n - 1 if unbiased else n
+    return safe_div(masked_sum(centered**2, mask), den)
+
+
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) / sqrt(var_unbiased + eps)`` over the masked entries, zero where masked;
+    ``shift_mean=False`` adds the mean back (rescale only), as verl's ``masked_whiten``.
+
+    Same statistics as verl (Bessel-corrected variance). Deliberate deviation: verl raises for
+    fewer than two valid entries; here they are only centred (0 entries give zeros, 1 entry gives
+    0, or ``x`` itself with ``shift_mean=False``), so a tiny micro-batch cannot crash a run.
+    """
     mean = masked_mean(values, mask)
     centered = torch.where(mask > 0, values - mean, torch.zeros_like(values))
-    if n <= 1:
-        return centered
-    var = masked_sum(centered**2, mask) / (n - 1)
-    return centered * torch.rsqrt(var + eps)
+    out = centered if mask.sum() <= 1 else centered * torch.rsqrt(masked_var(values, mask) + eps)
+    return out if shift_mean else torch.where(mask > 0, out + mean, out)
 
 
 def aggregate_loss(

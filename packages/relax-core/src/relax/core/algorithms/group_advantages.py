@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relax.core.algorithms.advantages import AdvantageInputs, sequence_scores
+from relax.core.algorithms.advantages import AdvantageInputs, as_float, sequence_scores
 from relax.core.algorithms.aggregation import masked_whiten
 
 
@@ -61,6 +61,15 @@ def _broadcast(adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return out, out
 
 
+def _grpo_scores(scores: Tensor, index: Tensor, epsilon: float, norm_adv_by_std: bool) -> Tensor:
+    """(B,) ``(r - mean_G r) / (std_G r + eps)`` (no std division unless ``norm_adv_by_std``)."""
+    g = _Groups(scores, index)
+    adv = g.scores - g.mean()
+    if norm_adv_by_std:
+        adv = adv / (g.std() + epsilon)
+    return torch.where(g.constant(), torch.zeros_like(adv), adv)
+
+
 @torch.no_grad()
 def grpo(
     inputs: AdvantageInputs, epsilon: float = 1e-6, norm_adv_by_std: bool = True
@@ -68,12 +77,45 @@ def grpo(
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, §4.1.2):
     ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)``; without the std division when
     ``norm_adv_by_std`` is False (Dr. GRPO)."""
-    g = _Groups(sequence_scores(inputs), inputs.index)
-    adv = g.scores - g.mean()
-    if norm_adv_by_std:
-        adv = adv / (g.std() + epsilon)
-    adv = torch.where(g.constant(), torch.zeros_like(adv), adv)
+    adv = _grpo_scores(sequence_scores(inputs), inputs.index, epsilon, norm_adv_by_std)
     return _broadcast(adv, inputs.response_mask)
+
+
+@torch.no_grad()
+def gdpo(
+    inputs: AdvantageInputs,
+    reward_keys: list[str] | None = None,
+    reward_weights: list[float] | None = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Group reward-Decoupled normalization Policy Optimization (GDPO, NVIDIA 2026, arXiv:2601.05242):
+    with several rewards, summing them before GRPO's group normalisation lets one reward drown
+    the others, so each component is normalised within its group on its own,
+    ``A = whiten_batch(sum_k w_k * grpo(r_k))``, whitened over the batch's valid tokens.
+
+    ``reward_keys`` name entries of ``inputs.reward_components`` (the reward's ``reward_info``);
+    then the final reward, and any shaping applied to it, is not used (as verl's
+    ``gdpo_reward_keys``). ``None``: the final reward alone (GRPO, then batch whitening).
+    ``reward_weights`` default to 1 each (verl's ``gdpo_reward_weights``).
+    """
+    if reward_keys is None:
+        components = [sequence_scores(inputs)]
+    else:
+        if isinstance(reward_keys, str) or not reward_keys:
+            raise ValueError(f"gdpo: reward_keys must be a non-empty list of names, got {reward_keys!r}")
+        available = inputs.reward_components or {}
+        missing = [k for k in reward_keys if k not in available]
+        if missing:
+            raise ValueError(f"gdpo: reward_keys {missing} are not reward components; available: {sorted(available)}")
+        components = [as_float(available[k].detach()) for k in reward_keys]
+    weights = [1.0] * len(components) if reward_weights is None else list(reward_weights)
+    if len(weights) != len(components):
+        raise ValueError(f"gdpo: {len(weights)} reward_weights for {len(components)} reward components")
+    total = sum(w * _grpo_scores(c, inputs.index, epsilon, norm_adv_by_std) for w, c in zip(weights, components, strict=True))
+    mask = inputs.response_mask.to(total.dtype)
+    out = masked_whiten(total.unsqueeze(-1).expand(mask.shape), mask)
+    return out, out
 
 
 @torch.no_grad()

@@ -68,8 +68,9 @@ KL_ESTIMATORS: dict[str, KLFn] = {
     "k3": k3,
     "low_var_kl": k3,
 }
+# k2's own gradient is the KL gradient, so ``k2+`` / ``mse+`` are k2 itself (verl accepts both names)
 KL_ESTIMATORS.update(
-    {f"{name}+": straight_through(fn) for name, fn in list(KL_ESTIMATORS.items()) if fn is not k2}
+    {f"{name}+": fn if fn is k2 else straight_through(fn) for name, fn in list(KL_ESTIMATORS.items())}
 )
 
 
@@ -78,6 +79,13 @@ def get_builtin_kl(name: str) -> KLFn:
         return KL_ESTIMATORS[name]
     except KeyError:
         raise ValueError(f"unknown KL estimator {name!r}; built-in: {sorted(KL_ESTIMATORS)}") from None
+
+
+def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
+    """``log softmax(logits)[token]`` over the last dim, in fp32 and in logsumexp form (no (..., V)
+    log-softmax copy): the per-token logprobs every loss here consumes."""
+    logits = logits.float()
+    return logits.gather(-1, tokens[..., None]).squeeze(-1) - logits.logsumexp(dim=-1)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

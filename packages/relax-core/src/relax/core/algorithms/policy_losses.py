@@ -1,12 +1,13 @@
-"""Policy-gradient losses: PPO family, GSPO, SAPO, CISPO, GMPO, GPG, REINFORCE.
+"""Policy-gradient losses: PPO family, GSPO, SAPO, CISPO, GMPO, GPG, REINFORCE, DRO.
 
 Uniform signature: ``fn(inputs: PolicyLossInputs, **params) -> (loss scalar, metrics dict[str, float])``.
 The loss is differentiable w.r.t. ``inputs.logprobs`` only; old/rollout/reference logprobs and
 advantages are treated as constants. ``inputs.is_weights`` (detached per-token weights from
 ``corrections``) multiply the per-token loss before aggregation; the denominator is unchanged.
-Metrics (local to the micro-batch): ``approx_kl`` = mean(log pi_old - log pi) and, where
-clipping exists, ``clip_frac`` = ``clip_frac_low`` + ``clip_frac_high`` (fractions of valid tokens
-where the lower/upper clip is active).
+Metric names are the same in every loss (means over the micro-batch's valid tokens; docs/algorithms.md
+maps each to verl's name): ``approx_kl`` = mean(log pi_old - log pi); where a ratio bound exists,
+``clip_frac_high`` / ``clip_frac_low`` = share of tokens where the upper / lower bound binds and
+``clip_frac`` = their sum; ``dual_clip_frac`` = share where PPO's dual clip binds.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def approx_kl(inputs: PolicyLossInputs, lr: Tensor) -> float:
     return float(masked_mean(-lr.detach().float(), inputs.response_mask.float()).item())
 
 
-def _clip_metrics(
+def clip_metrics(
     inputs: PolicyLossInputs, ratio: Tensor, adv: Tensor, low: float, high: float
 ) -> dict[str, float]:
     r = ratio.detach()
@@ -100,7 +101,7 @@ def ppo(
     clipped = torch.maximum(loss1, loss2)
     loss3 = -adv * clip_ratio_c
     losses = torch.where(adv < 0, torch.minimum(loss3, clipped), clipped)
-    metrics = _clip_metrics(inputs, ratio, adv, clip_ratio_low, clip_ratio_high)
+    metrics = clip_metrics(inputs, ratio, adv, clip_ratio_low, clip_ratio_high)
     metrics["dual_clip_frac"] = frac(inputs, (clipped.detach() > loss3) & (adv < 0))
     metrics["approx_kl"] = approx_kl(inputs, lr)
     return agg(inputs, weighted(inputs, losses)), metrics
@@ -123,7 +124,7 @@ def gspo(
     loss1 = -adv * s
     loss2 = -adv * torch.clamp(s, 1 - clip_ratio_low, 1 + clip_ratio_high)
     losses = torch.maximum(loss1, loss2)
-    metrics = _clip_metrics(inputs, s, adv, clip_ratio_low, clip_ratio_high)
+    metrics = clip_metrics(inputs, s, adv, clip_ratio_low, clip_ratio_high)
     metrics["approx_kl"] = approx_kl(inputs, lr)
     return agg(inputs, weighted(inputs, losses), mode="seq-mean-token-mean"), metrics
 
@@ -163,12 +164,8 @@ def cispo(
     losses = -weight * adv * inputs.logprobs
     r = ratio.detach()
     high, low = frac(inputs, r > 1 + clip_ratio_high), frac(inputs, r < 1 - clip_ratio_low)
-    metrics = {
-        "clip_frac": high + low,
-        "clip_frac_high": high,
-        "clip_frac_low": low,
-        "approx_kl": approx_kl(inputs, lr),
-    }
+    metrics = {"clip_frac": high + low, "clip_frac_high": high, "clip_frac_low": low}
+    metrics["approx_kl"] = approx_kl(inputs, lr)
     return agg(inputs, weighted(inputs, losses)), metrics
 
 
@@ -185,6 +182,25 @@ def reinforce(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     optional correction weights ``w`` (verl's ``compute_policy_loss_reinforce``, bypass mode)."""
     losses = -inputs.advantages.detach() * inputs.logprobs
     return agg(inputs, weighted(inputs, losses)), {"approx_kl": approx_kl(inputs, log_ratio(inputs))}
+
+
+def dro(inputs: PolicyLossInputs, dro_beta: float = 0.05) -> tuple[Tensor, dict[str, float]]:
+    """Direct Reward Optimization (Richemond et al. 2024, "Offline Regularised RL for LLM
+    Alignment", arXiv:2405.19107; per token, as Kimi k1.5's policy objective, arXiv:2501.12599):
+    ``L = -(A log pi - (beta / 2) (log pi - log pi_old)^2)``. Instead of clipping, a quadratic penalty on the log ratio keeps the update near
+    the sampling policy, so it stays usable off-policy (verl ``dro``, ``dro_beta``). The penalty
+    applies to every valid token, whatever its advantage. Metric ``dro_penalty``: mean of the
+    quadratic term."""
+    if dro_beta < 0:
+        raise ValueError(f"dro: dro_beta (penalty weight) must be >= 0, got {dro_beta}")
+    lr = inputs.logprobs - inputs.old_logprobs.detach()
+    penalty = 0.5 * dro_beta * lr.square()
+    losses = -(inputs.advantages.detach() * inputs.logprobs - penalty)
+    metrics = {
+        "dro_penalty": float(masked_mean(penalty.detach().float(), inputs.response_mask.float()).item()),
+        "approx_kl": approx_kl(inputs, lr),
+    }
+    return agg(inputs, weighted(inputs, losses)), metrics
 
 
 def gmpo(

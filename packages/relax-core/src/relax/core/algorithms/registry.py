@@ -1,8 +1,9 @@
-"""Built-in algorithm tables and name lookup through the process-wide plugin registry.
+"""Built-in algorithm tables, their declared needs, and lookup through the process-wide plugin registry.
 
 Lookups go through ``relax.core.plugins.get_plugin_manager()`` so names registered by plugins
 (``relax_register_algorithms``) work everywhere; the built-in tables are the fallback only when
-the plugin manager cannot be imported.
+the plugin manager cannot be imported. Built-ins declare ``needs`` / ``modes`` exactly as a
+plugin does (``relax.core.algorithms.needs``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from relax.core.algorithms import advantages as adv
-from relax.core.algorithms import distillation, group_advantages, policy_losses, trust_region_losses
+from relax.core.algorithms import (
+    distillation,
+    group_advantages,
+    policy_losses,
+    token_baselines,
+    trust_region_losses,
+)
 from relax.core.algorithms.kl import KL_ESTIMATORS
+from relax.core.algorithms.needs import MODES, AlgorithmSpec, run_needs
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
     "gae": adv.gae,
@@ -25,6 +33,9 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
     "gpg": group_advantages.gpg,
     "remax": adv.remax,
     "grpo_passk": group_advantages.grpo_passk,
+    "gdpo": group_advantages.gdpo,
+    "optimal_token_baseline": token_baselines.optimal_token_baseline,
+    "tir_optimal_token_baseline": token_baselines.tir_optimal_token_baseline,
 }
 
 POLICY_LOSSES: dict[str, Callable[..., Any]] = {
@@ -41,16 +52,46 @@ POLICY_LOSSES: dict[str, Callable[..., Any]] = {
     "dppo_binary_kl": trust_region_losses.dppo_binary_kl,
     "m2po": trust_region_losses.m2po,
     "opd": distillation.opd,
+    "dro": policy_losses.dro,
 }
 
 _BUILTIN = {"advantage": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSSES, "kl": KL_ESTIMATORS}
 
+_GROUPS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "gdpo")
+_RATIO_LOSSES = ("ppo", "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_binary_kl", "m2po", "dro")
+#: (kind, name) -> what the built-in consumes (names not listed need nothing beyond the policy's logprobs)
+BUILTIN_NEEDS: dict[tuple[str, str], frozenset[str]] = {
+    ("advantage", "gae"): frozenset({"values"}),
+    ("advantage", "reinforce_plus_plus"): frozenset({"kl"}),
+    ("advantage", "remax"): frozenset({"greedy_baseline"}),
+    **{("advantage", n): frozenset({"groups"}) for n in _GROUPS},
+    **{
+        ("advantage", n): frozenset({"groups", "old_logprobs", "sum_pi_squared"})
+        for n in ("optimal_token_baseline", "tir_optimal_token_baseline")
+    },
+    **{("policy_loss", n): frozenset({"old_logprobs"}) for n in _RATIO_LOSSES},
+    ("policy_loss", "opd"): frozenset({"teacher", "old_logprobs"}),
+}
+#: (kind, name) -> the modes a built-in supports, where not all (the greedy probe re-generates within a step)
+BUILTIN_MODES: dict[tuple[str, str], frozenset[str]] = {("advantage", "remax"): frozenset({"colocate"})}
+
+
+def builtin_spec(kind: str, name: str) -> AlgorithmSpec:
+    table = _BUILTIN[kind]
+    if name not in table:
+        raise KeyError(f"unknown {kind} {name!r}; built-in {kind} names: {sorted(table)}")
+    key = (kind, name)
+    return AlgorithmSpec(kind, name, table[name], BUILTIN_NEEDS.get(key, frozenset()),
+                         BUILTIN_MODES.get(key, frozenset(MODES)))
+
 
 def register_builtin_algorithms(register: Callable[..., None]) -> None:
-    """Body of core's ``relax_register_algorithms`` hook: registers every built-in by name."""
+    """Body of core's ``relax_register_algorithms`` hook: registers every built-in by name, with
+    its ``needs`` / ``modes``."""
     for kind, table in _BUILTIN.items():
-        for name, fn in table.items():
-            register(name, fn, kind=kind)
+        for name in table:
+            spec = builtin_spec(kind, name)
+            register(name, spec.fn, kind=kind, needs=spec.needs, modes=spec.modes)
 
 
 def _manager():
@@ -61,14 +102,34 @@ def _manager():
     return get_plugin_manager()
 
 
-def lookup(kind: str, name: str) -> Callable[..., Any]:
+def algorithm_spec(kind: str, name: str) -> AlgorithmSpec:
+    """The registered function with its declarations; ``KeyError`` for an unknown name."""
     manager = _manager()
-    if manager is not None:
-        return manager.get(kind, name)
-    table = _BUILTIN[kind]
-    if name not in table:
-        raise KeyError(f"unknown {kind} {name!r}; built-in {kind} names: {sorted(table)}")
-    return table[name]
+    if manager is None:
+        return builtin_spec(kind, name)
+    reg = manager.registration(kind, name)
+    return AlgorithmSpec(kind, name, reg.factory, frozenset(reg.options.get("needs", ())),
+                         frozenset(reg.options.get("modes", MODES)), reg.plugin)
+
+
+def algorithm_specs(kind: str) -> list[AlgorithmSpec]:
+    """Every registered algorithm of ``kind``, sorted by name."""
+    return [algorithm_spec(kind, name) for name in names(kind)]
+
+
+def config_needs(algorithm: Any) -> frozenset[str]:
+    """What a run's ``algorithm`` config consumes: the chosen estimator's and loss's declared
+    needs plus what its switches add (``kl.coef > 0``: reference, ``opd_coef > 0``: teacher). The
+    controller starts roles from this set; it never looks at algorithm names."""
+    return run_needs(
+        algorithm_spec("advantage", algorithm.advantage_estimator),
+        algorithm_spec("policy_loss", algorithm.policy_loss),
+        algorithm,
+    )
+
+
+def lookup(kind: str, name: str) -> Callable[..., Any]:
+    return algorithm_spec(kind, name).fn
 
 
 def names(kind: str) -> list[str]:

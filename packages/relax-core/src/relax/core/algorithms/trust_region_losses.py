@@ -9,7 +9,15 @@ import torch
 from torch import Tensor
 
 from relax.core.algorithms.aggregation import masked_mean
-from relax.core.algorithms.policy_losses import PolicyLossInputs, agg, approx_kl, frac, log_ratio, weighted
+from relax.core.algorithms.policy_losses import (
+    PolicyLossInputs,
+    agg,
+    approx_kl,
+    clip_metrics,
+    frac,
+    log_ratio,
+    weighted,
+)
 
 
 def _dppo(
@@ -139,6 +147,7 @@ def clip_cov(
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617,
     §5): PPO clipped loss, plus a random ``clip_cov_ratio`` share of the valid, not-yet-clipped
     tokens whose covariance lies in ``(lb, ub)`` get their gradient detached (loss zeroed).
+    Metrics: PPO's ``clip_frac*`` and ``clip_cov_frac``, the detached share (verl's ``pg_clipfrac``).
 
     Deliberate deviation: the random pick uses a local generator seeded by ``seed`` (verl draws
     from the global RNG), so the function is deterministic.
@@ -159,7 +168,9 @@ def clip_cov(
     corr[picked] = 0.0
     corr = corr.view_as(adv)
     losses = torch.maximum(loss1, loss2) * corr
-    metrics = {"clip_frac": frac(inputs, corr == 0), "approx_kl": approx_kl(inputs, lr)}
+    metrics = clip_metrics(inputs, ratio, adv, clip_ratio_low, clip_ratio_high)
+    metrics["clip_cov_frac"] = frac(inputs, corr == 0)
+    metrics["approx_kl"] = approx_kl(inputs, lr)
     return agg(inputs, weighted(inputs, losses)), metrics
 
 

@@ -1,8 +1,10 @@
 """Config-level checks of algorithm combinations that cannot work, with errors naming the field.
 
-Called from ``relax.core.config._semantic_errors`` before anything starts. Checks about what a
-built-in estimator or loss needs are keyed by its name; names a plugin registers are only checked
-for generic constraints (ranges, paths), since only the plugin knows what it needs.
+Called from ``relax.core.config._semantic_errors`` before anything starts. What an estimator or
+loss needs comes from what it declared at registration (``needs`` / ``modes``, see
+``relax.core.algorithms.needs``), so a plugin's algorithm is checked exactly like a built-in one;
+no rule here names an algorithm. Unknown names are reported by the config loader and get only
+the generic range checks here.
 """
 
 from __future__ import annotations
@@ -13,24 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from relax.core.algorithms.config import POLICY_INIT
-from relax.core.algorithms.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from relax.core.algorithms.needs import NEEDS, UNPROVIDED, AlgorithmSpec
+from relax.core.algorithms.registry import algorithm_spec, algorithm_specs
 
-# estimators comparing responses to the same prompt: a group of 1 has no baseline
-GROUP_ESTIMATORS = frozenset(
-    {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk"}
-)
-VALUE_ESTIMATORS = frozenset({"gae"})  # need critic values
-GREEDY_ESTIMATORS = frozenset({"remax"})  # need the greedy response's reward
-KL_ESTIMATORS_NEEDING_REF = frozenset({"reinforce_plus_plus"})  # token-level KL to a reference
-
-
-def _names(items: frozenset[str]) -> str:
-    return ", ".join(repr(n) for n in sorted(items))
+_FIELD = {"advantage": "algorithm.advantage_estimator", "policy_loss": "algorithm.policy_loss"}
 
 
 def _param_errors(path: str, what: str, fn: Callable[..., Any], params: dict[str, Any]) -> list[str]:
-    """Unknown keys in ``*_params`` for a built-in function (plugins declare their own); the same
-    rule ``objective._kwargs`` enforces at build time, reported before anything starts."""
+    """Unknown keys in ``*_params`` (the rule ``objective._kwargs`` enforces at build time, reported
+    before anything starts); a function taking ``**kwargs`` accepts any key."""
     sig = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values()):
         return []
@@ -42,22 +35,47 @@ def _param_errors(path: str, what: str, fn: Callable[..., Any], params: dict[str
     ]
 
 
-def _critic_errors(cfg: Any) -> list[str]:
+def _chosen(a: Any) -> tuple[AlgorithmSpec | None, AlgorithmSpec | None]:
+    """The configured estimator and loss, None for a name nobody registered."""
+
+    def spec(kind: str, name: str) -> AlgorithmSpec | None:
+        try:
+            return algorithm_spec(kind, name)
+        except KeyError:
+            return None
+
+    return spec("advantage", a.advantage_estimator), spec("policy_loss", a.policy_loss)
+
+
+def _those_that(need: str) -> str:
+    return ", ".join(repr(s.name) for kind in _FIELD for s in algorithm_specs(kind) if need in s.needs)
+
+
+class _Users:
+    """Which of the chosen algorithms declare each need; ``known`` is False when a name is
+    unregistered (then nothing can be said about an unused setting)."""
+
+    def __init__(self, estimator: AlgorithmSpec | None, loss: AlgorithmSpec | None) -> None:
+        self.specs = [s for s in (estimator, loss) if s is not None]
+        self.known = len(self.specs) == 2
+
+    def __call__(self, need: str) -> str:
+        """'advantage estimator 'x' and policy loss 'y'' for the users of ``need``, '' for none."""
+        return " and ".join(s.label for s in self.specs if need in s.needs)
+
+    def unused(self, need: str) -> bool:
+        return self.known and not self(need)
+
+
+def _critic_errors(cfg: Any, users: _Users) -> list[str]:
     a, c = cfg.algorithm, cfg.algorithm.critic
     errors = []
-    if a.advantage_estimator in VALUE_ESTIMATORS and not c.enable:
-        errors.append(
-            f"algorithm.critic.enable: advantage estimator {a.advantage_estimator!r} needs critic values; "
-            "set algorithm.critic.enable=true"
-        )
-    if (
-        c.enable
-        and a.advantage_estimator in ADVANTAGE_ESTIMATORS
-        and a.advantage_estimator not in VALUE_ESTIMATORS
-    ):
+    if users("values") and not c.enable:
+        errors.append(f"algorithm.critic.enable: {users('values')} needs critic values; set algorithm.critic.enable=true")
+    if c.enable and users.unused("values"):
         errors.append(
             f"algorithm.critic.enable: advantage estimator {a.advantage_estimator!r} does not use critic values "
-            f"(estimators that do: {_names(VALUE_ESTIMATORS)}); set it to false or change the estimator"
+            f"(estimators that do: {_those_that('values')}); set it to false or change the estimator"
         )
     if not c.enable:
         return errors
@@ -78,25 +96,26 @@ def _critic_errors(cfg: Any) -> list[str]:
     return errors
 
 
-def _teacher_errors(a: Any) -> list[str]:
+def _teacher_errors(a: Any, users: _Users) -> list[str]:
     errors = []
-    uses_teacher = a.policy_loss == "opd" or a.opd_coef > 0
+    readers = users("teacher")
     if a.opd_coef < 0:
         errors.append(f"algorithm.opd_coef: must be >= 0, got {a.opd_coef!r}")
-    if a.policy_loss == "opd" and a.opd_coef > 0:
+    if readers and a.opd_coef > 0:
         errors.append(
-            "algorithm.opd_coef: policy_loss 'opd' already is the distillation loss; set opd_coef=0, "
+            f"algorithm.opd_coef: {readers} already reads teacher logprobs (distillation); set opd_coef=0, "
             "or keep opd_coef and use an RL loss such as 'ppo' (RL + distillation)"
         )
-    if uses_teacher and not a.teacher_model_path:
+    who = readers or ("algorithm.opd_coef > 0" if a.opd_coef > 0 else "")
+    if who and not a.teacher_model_path:
         errors.append(
-            "algorithm.teacher_model_path: on-policy distillation (policy_loss 'opd' or opd_coef > 0) needs a "
-            f"teacher; set an HF model directory or {POLICY_INIT!r} (the policy's initial model)"
+            f"algorithm.teacher_model_path: {who} needs a distillation teacher; set an HF model "
+            f"directory or {POLICY_INIT!r} (the policy's initial model)"
         )
-    if a.teacher_model_path and not uses_teacher:
+    if a.teacher_model_path and not who and users.known:
         errors.append(
-            "algorithm.teacher_model_path: set but unused; only policy_loss 'opd' or algorithm.opd_coef > 0 "
-            "read teacher logprobs"
+            "algorithm.teacher_model_path: set but unused; no chosen algorithm reads teacher logprobs "
+            f"(those that do: {_those_that('teacher')}) and algorithm.opd_coef is 0"
         )
     if a.teacher_model_path not in (None, POLICY_INIT) and not Path(a.teacher_model_path).is_dir():
         errors.append(
@@ -106,13 +125,12 @@ def _teacher_errors(a: Any) -> list[str]:
     return errors
 
 
-def _sampling_errors(cfg: Any) -> list[str]:
+def _sampling_errors(cfg: Any, users: _Users) -> list[str]:
     a, n = cfg.algorithm, cfg.rollout.n_samples_per_prompt
     errors = []
-    if a.advantage_estimator in GROUP_ESTIMATORS and n < 2:
+    if users("groups") and n < 2:
         errors.append(
-            f"rollout.n_samples_per_prompt: advantage estimator {a.advantage_estimator!r} "
-            f"compares responses within a group and needs >= 2, got {n}"
+            f"rollout.n_samples_per_prompt: {users('groups')} compares responses within a group and needs >= 2, got {n}"
         )
     ds = a.dynamic_sampling
     if ds.enable and n < 2:
@@ -130,31 +148,42 @@ def _sampling_errors(cfg: Any) -> list[str]:
         )
     if ov.penalty_factor < 0:
         errors.append(f"algorithm.overlong.penalty_factor: must be >= 0, got {ov.penalty_factor!r}")
-    if a.advantage_estimator in GREEDY_ESTIMATORS and not a.greedy_baseline:
+    if users("greedy_baseline") and not a.greedy_baseline:
         errors.append(
-            f"algorithm.greedy_baseline: advantage estimator {a.advantage_estimator!r} uses the reward of a greedy "
-            "response as its baseline; set algorithm.greedy_baseline=true"
+            f"algorithm.greedy_baseline: {users('greedy_baseline')} uses the reward of a greedy response as its "
+            "baseline; set algorithm.greedy_baseline=true"
         )
-    if (
-        a.greedy_baseline
-        and a.advantage_estimator in ADVANTAGE_ESTIMATORS
-        and a.advantage_estimator not in GREEDY_ESTIMATORS
-    ):
+    if a.greedy_baseline and users.unused("greedy_baseline"):
         errors.append(
             f"algorithm.greedy_baseline: advantage estimator {a.advantage_estimator!r} ignores the greedy baseline "
-            f"(estimators that use it: {_names(GREEDY_ESTIMATORS)}); set it to false"
+            f"(estimators that use it: {_those_that('greedy_baseline')}); set it to false"
         )
     return errors
 
 
-def _kl_and_correction_errors(a: Any) -> list[str]:
-    errors = []
-    if a.advantage_estimator in KL_ESTIMATORS_NEEDING_REF and a.kl.coef <= 0:
+def _declaration_errors(cfg: Any, users: _Users) -> list[str]:
+    """Needs only a config switch satisfies, needs nothing provides yet, and unsupported modes."""
+    a, errors = cfg.algorithm, []
+    if users("kl") and a.kl.coef <= 0:
         errors.append(
-            f"algorithm.kl.coef: advantage estimator {a.advantage_estimator!r} regularises towards a reference "
-            "model (REINFORCE++ token-level KL); set algorithm.kl.coef > 0 (kl.use: reward shapes the "
-            "token rewards as in the paper, kl.use: loss adds it to the loss)"
+            f"algorithm.kl.coef: {users('kl')} regularises towards a reference model; set algorithm.kl.coef > 0 "
+            "(kl.use: reward shapes the token rewards, kl.use: loss adds it to the loss)"
         )
+    for spec in users.specs:
+        for need in sorted(spec.needs & UNPROVIDED):
+            errors.append(
+                f"{_FIELD[spec.kind]}: {spec.label} needs {NEEDS[need]}; no role provides it in a run, so it "
+                "can only be called from Python (relax.core.algorithms)"
+            )
+        if cfg.mode not in spec.modes:
+            errors.append(
+                f"mode: {spec.label} supports mode {', '.join(sorted(spec.modes))} only, got {cfg.mode!r}"
+            )
+    return errors
+
+
+def _range_errors(a: Any) -> list[str]:
+    errors = []
     corr = a.correction
     if corr.is_mode != "none" and not 0 <= corr.is_low < corr.is_high:
         errors.append(
@@ -176,17 +205,17 @@ def _kl_and_correction_errors(a: Any) -> list[str]:
 def algorithm_config_errors(cfg: Any) -> list[str]:
     """Every impossible ``algorithm`` combination in a ``RelaxConfig``, one message per problem."""
     a = cfg.algorithm
+    estimator, loss = _chosen(a)
+    users = _Users(estimator, loss)
     errors = [
-        *_sampling_errors(cfg),
-        *_critic_errors(cfg),
-        *_teacher_errors(a),
-        *_kl_and_correction_errors(a),
+        *_sampling_errors(cfg, users),
+        *_critic_errors(cfg, users),
+        *_teacher_errors(a, users),
+        *_declaration_errors(cfg, users),
+        *_range_errors(a),
     ]
-    if a.advantage_estimator in ADVANTAGE_ESTIMATORS:
-        fn = ADVANTAGE_ESTIMATORS[a.advantage_estimator]
-        what = f"advantage estimator {a.advantage_estimator!r}"
-        errors += _param_errors("algorithm.advantage_params", what, fn, a.advantage_params)
-    if a.policy_loss in POLICY_LOSSES:
-        fn = POLICY_LOSSES[a.policy_loss]
-        errors += _param_errors("algorithm.loss_params", f"policy loss {a.policy_loss!r}", fn, a.loss_params)
+    if estimator is not None:
+        errors += _param_errors("algorithm.advantage_params", estimator.label, estimator.fn, a.advantage_params)
+    if loss is not None:
+        errors += _param_errors("algorithm.loss_params", loss.label, loss.fn, a.loss_params)
     return errors

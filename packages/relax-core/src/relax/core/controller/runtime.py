@@ -178,11 +178,13 @@ class Roles:
 
 
 def teacher_path(cfg: RelaxConfig, model_path: str) -> str | None:
-    """The distillation teacher's directory, or None when no loss reads teacher logprobs."""
+    """The distillation teacher's directory, or None when the algorithm reads no teacher logprobs
+    (what it reads is declared at registration: ``relax.core.algorithms.config_needs``)."""
+    from relax.core.algorithms import config_needs
     from relax.core.algorithms.config import POLICY_INIT
 
     a = cfg.algorithm
-    if not (a.policy_loss == "opd" or a.opd_coef > 0):
+    if "teacher" not in config_needs(a):
         return None
     return model_path if a.teacher_model_path == POLICY_INIT else a.teacher_model_path
 
@@ -190,7 +192,8 @@ def teacher_path(cfg: RelaxConfig, model_path: str) -> str | None:
 def start_roles(cfg: RelaxConfig, model_path: str, placement_timeout_s: float | None = None) -> Roles:
     """Reserve the declared resources (``controller.placement``), then start trainer (with its
     critic, if any; a worker group of rank actors when the backend declares ``num_workers > 1``),
-    engines on their bundles, and optional reference / teacher and the reward with no reservation.
+    engines on their bundles, and the reward, reference and teacher with no reservation (reference
+    and teacher only when the algorithm needs them: ``relax.core.algorithms.config_needs``).
     On any start-up failure every actor is killed and every placement group released.
 
     The critic lives inside the trainer actor: it trains on the same batches right after the
@@ -243,13 +246,14 @@ def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any |
 
 def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     """Fill ``roles`` as actors start, so that a failure can release what was started."""
+    from relax.core.algorithms import config_needs
     from relax.core.controller import contexts
     from relax.core.controller.roles import RewardRole, TrainerRole
     from relax.core.controller.worker_group import spawn
 
     cores = max(1, os.cpu_count() or 2)
     reserved = roles.placement
-    if cfg.algorithm.kl.coef > 0:
+    if "reference" in config_needs(cfg.algorithm):  # declared by the estimator/loss, or kl.coef > 0
         ref_ctx = contexts.trainer_context(cfg, model_path, role="reference")
         roles.reference = TrainerRole.options(num_cpus=0).remote(cfg, ref_ctx, num_threads=cores)
     if (path := teacher_path(cfg, model_path)) is not None:

@@ -157,6 +157,16 @@ def forward_batch(
     return out
 
 
+def reward_components(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    """(B,) tensors of the numeric ``reward_info`` entries every sample has (multi-reward
+    estimators such as GDPO normalise each on its own)."""
+    if not samples:
+        return {}
+    keys = set.intersection(*(set(s.reward_info) for s in samples))
+    numeric = [k for k in sorted(keys) if all(isinstance(s.reward_info[k], int | float) for s in samples)]
+    return {k: torch.tensor([float(s.reward_info[k]) for s in samples]) for k in numeric}
+
+
 def prepare_batch(
     samples: list[Sample],
     pad_id: int,
@@ -192,6 +202,7 @@ def prepare_batch(
             ref_logprobs=ref_logprobs,
             kl_coef=kl_coef,
             greedy_rewards=greedy,
+            reward_components=reward_components(samples),
         )
         advantages, returns = compute_advantages(cfg.algorithm, inputs)
     else:
