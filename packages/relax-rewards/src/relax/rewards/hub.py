@@ -1,0 +1,303 @@
+"""``hub``: one reward that routes each sample to registered rewards, isolated and time-bounded.
+
+A sample's route is ``metadata[route_key]`` (e.g. ``data_source``), else ``default``. A route is a
+weighted sum of components, each a registered reward with its own typed params. Components that
+prefer process isolation (every pure reward here, and any plugin reward without
+``isolation = "inline"``) run in the hub's process pool: a call past its ``timeout_s`` is killed with
+its worker, a worker that dies (``os._exit``) is replaced. Inline components (``remote``, ``genrm``:
+network-bound, holding sockets or actor handles) run on the hub's event loop, bounded the same way.
+A failed component scores ``fallback_score``, is logged naming the sample, and is counted in the
+sample's ``reward_info`` (``reward_failed`` / ``reward_timeout``, i.e. ``reward/failures`` and
+``reward/timeouts``), so the run continues in every mode.
+
+``reward_info`` of a sample: ``score``; ``route/<route>`` (the route's mean per step); for each
+component ``<name>/<key>`` of its components and ``<name>/failed``; a single-component route also
+copies its component's keys unprefixed (``acc``, ``format`` ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.core.rewards.runner import FAILED, TIMED_OUT
+
+log = logging.getLogger(__name__)
+
+HUB = "hub"
+
+
+@dataclass(frozen=True)
+class HubParams:
+    """``reward.params`` of ``hub``.
+
+    ``routes`` maps a route name to its components: a reward name (``math``), one component mapping
+    (``{name: math, weight: 1.0, params: {...}, timeout_s: 10, isolate: true}``) or a list of them.
+    """
+
+    routes: dict[str, Any] = field(default_factory=dict)
+    route_key: str = "data_source"  # metadata field that names a sample's route
+    default: str | None = None  # route for samples whose field is missing or unknown; None: error
+    workers: int = 2  # processes of the pool that runs isolated components
+    max_concurrency: int = 8  # reward calls in flight at once (pool calls and inline calls)
+    call_timeout_s: float = 10.0  # wall-clock limit per component call (a component may set timeout_s)
+    fallback_score: float = 0.0  # score of a component that failed or timed out
+    start_timeout_s: float = 120.0  # how long a call waits for a worker to start (imports included)
+
+    def validate(self) -> list[str]:
+        errors = parse_routes(self)[1]
+        for name, value, low in (("workers", self.workers, 1), ("max_concurrency", self.max_concurrency, 1)):
+            if value < low:
+                errors.append(f"{name}: must be >= {low}, got {value}")
+        for name, value in (("call_timeout_s", self.call_timeout_s), ("start_timeout_s", self.start_timeout_s)):
+            if not value > 0:
+                errors.append(f"{name}: must be > 0, got {value}")
+        if not math.isfinite(self.fallback_score):
+            errors.append(f"fallback_score: must be finite, got {self.fallback_score}")
+        return errors
+
+
+@dataclass(frozen=True)
+class Component:
+    key: str  # "<route>.<index>.<name>": names the pool target
+    name: str
+    weight: float
+    params: Any
+    timeout_s: float
+    isolate: bool | None
+
+
+_COMPONENT_KEYS = {f.name for f in dataclasses.fields(Component)} - {"key"}
+
+
+def parse_routes(params: HubParams) -> tuple[dict[str, list[Component]], list[str]]:
+    """Routes with typed component params, and every problem (paths relative to ``reward.params``)."""
+    from relax.core.config import build_section
+    from relax.core.plugins import UnknownNameError, get_plugin_manager
+
+    manager = get_plugin_manager()
+    routes: dict[str, list[Component]] = {}
+    errors: list[str] = []
+    if not params.routes:
+        errors.append("routes: the hub needs at least one route, e.g. routes: {math: math}")
+    for route, spec in params.routes.items():
+        items = spec if isinstance(spec, list) else [spec]
+        if not items:
+            errors.append(f"routes.{route}: no components")
+        comps = []
+        for i, item in enumerate(items):
+            path = f"routes.{route}" + (f"[{i}]" if isinstance(spec, list) else "")
+            item = {"name": item} if isinstance(item, str) else item
+            if not isinstance(item, dict) or "name" not in item:
+                errors.append(f"{path}: expected a reward name or a mapping with 'name', got {item!r}")
+                continue
+            unknown = sorted(set(item) - _COMPONENT_KEYS)
+            if unknown:
+                errors.append(f"{path}: unknown keys {unknown}; allowed keys: {', '.join(sorted(_COMPONENT_KEYS))}")
+            name = item["name"]
+            if name == HUB:
+                errors.append(f"{path}.name: a hub cannot contain a hub")
+                continue
+            try:
+                reg = manager.registration("reward", name)
+            except UnknownNameError:
+                errors.append(f"{path}.name: unknown reward {name!r}; registered: {', '.join(manager.names('reward'))}")
+                continue
+            typed = build_section(reg.config, item.get("params") or {}, f"{path}.params", errors)
+            weight, timeout = item.get("weight", 1.0), item.get("timeout_s", params.call_timeout_s)
+            if not (isinstance(weight, int | float) and math.isfinite(weight)):
+                errors.append(f"{path}.weight: must be a finite number, got {weight!r}")
+            if not (isinstance(timeout, int | float) and timeout > 0):
+                errors.append(f"{path}.timeout_s: must be > 0, got {timeout!r}")
+            isolate = item.get("isolate")
+            if isolate not in (None, True, False):
+                errors.append(f"{path}.isolate: must be true, false or null, got {isolate!r}")
+            comps.append(Component(f"{route}.{i}.{name}", name, float(weight) if isinstance(weight, int | float) else 1.0,
+                                   typed, float(timeout) if isinstance(timeout, int | float) else 1.0, isolate))
+        routes[route] = comps
+    if params.default is not None and params.default not in params.routes:
+        errors.append(f"default: {params.default!r} is not a route; routes: {', '.join(map(repr, params.routes)) or '(none)'}")
+    return routes, errors
+
+
+def build_component(comp: Component, ctx: Any) -> Any:
+    """The component's reward object: its registration's ``component`` builder (the bare reward,
+    e.g. math without a pool of its own) or else its ordinary factory."""
+    from relax.core.plugins import get_plugin_manager
+
+    reg = get_plugin_manager().registration("reward", comp.name)
+    return reg.options.get("component", reg.factory)(comp.params, ctx)
+
+
+class _Failure(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # "errors" or "timeouts"
+
+
+class Hub:
+    """Routes, combines, isolates. Build with ``Hub(params, ctx)`` (what ``reward.name: hub`` does)."""
+
+    def __init__(self, params: HubParams, ctx: Any = None) -> None:
+        from relax.rewards.pool import ProcessPool
+
+        routes, errors = parse_routes(params)
+        if errors:
+            raise ValueError("invalid hub params:\n  " + "\n  ".join(errors))
+        self.params, self.routes = params, routes
+        self.rewards = {c.key: build_component(c, ctx) for comps in routes.values() for c in comps}
+        self.pooled = {c.key for comps in routes.values() for c in comps if self._isolated(c)}
+        self.pool = ProcessPool({k: self.rewards[k] for k in self.pooled}, size=params.workers,
+                                start_timeout_s=params.start_timeout_s) if self.pooled else None
+        self._sems: dict[int, asyncio.Semaphore] = {}
+        self._lock = threading.Lock()
+
+    def _isolated(self, comp: Component) -> bool:
+        if comp.isolate is not None:
+            return comp.isolate
+        return getattr(self.rewards[comp.key], "isolation", "process") != "inline"
+
+    def _sem(self) -> asyncio.Semaphore:
+        """One semaphore per event loop (the conformance kit and core's runner use different loops)."""
+        loop_id = id(asyncio.get_running_loop())
+        with self._lock:
+            if loop_id not in self._sems:
+                self._sems[loop_id] = asyncio.Semaphore(self.params.max_concurrency)
+            return self._sems[loop_id]
+
+    def route_of(self, sample: Any) -> str:
+        value = (sample.metadata or {}).get(self.params.route_key)
+        if value is not None and str(value) in self.routes:
+            return str(value)
+        if self.params.default is not None:
+            return self.params.default
+        raise ValueError(f"no route for {self.params.route_key}={value!r} and no default; routes: {sorted(self.routes)}")
+
+    async def score(self, sample: Any) -> dict[str, float]:
+        return (await self.score_group([sample]))[0]
+
+    async def score_group(self, samples: list[Any]) -> list[dict[str, float]]:
+        results: list[dict[str, Any]] = [{} for _ in samples]
+        routes: list[str | None] = []
+        for i, s in enumerate(samples):
+            try:
+                routes.append(self.route_of(s))
+            except ValueError as e:
+                routes.append(None)
+                results[i]["__route__"] = _Failure("errors", str(e))
+        calls = []
+        for route, comps in self.routes.items():
+            idx = [i for i, r in enumerate(routes) if r == route]
+            for comp in comps if idx else ():
+                calls.append(self._run(comp, [samples[i] for i in idx], idx, results))
+        await asyncio.gather(*calls)
+        return [self._combine(s, r, res) for s, r, res in zip(samples, routes, results, strict=True)]
+
+    async def _run(self, comp: Component, samples: list[Any], idx: list[int], results: list[dict[str, Any]]) -> None:
+        """Score ``samples`` with one component; each result (or _Failure) lands in ``results``."""
+        reward = self.rewards[comp.key]
+        if comp.key not in self.pooled and callable(getattr(reward, "score_group", None)):
+            values = await self._guard(comp, lambda: reward.score_group(samples), expect=len(samples))
+            for i, v in zip(idx, values if isinstance(values, list) else [values] * len(idx), strict=True):
+                results[i][comp.key] = v
+            return
+
+        async def one(i: int, s: Any) -> None:
+            if comp.key in self.pooled:
+                results[i][comp.key] = await self._guard(comp, lambda: self.pool.acall(comp.key, s, comp.timeout_s))
+            else:
+                from relax.core.rewards.runner import _call
+
+                results[i][comp.key] = await self._guard(comp, lambda: _call(reward.score, s))
+
+        await asyncio.gather(*(one(i, s) for i, s in zip(idx, samples, strict=True)))
+
+    async def _guard(self, comp: Component, make_call: Any, expect: int | None = None) -> Any:
+        """The call's value, or a _Failure: never raises. Inline calls are abandoned at ``timeout_s``;
+        pool calls are killed there by the pool (plus a margin for the kill and the pipe)."""
+        from relax.core.rewards.runner import _bounded, _Timeout
+        from relax.rewards.pool import CallTimeout
+
+        async with self._sem():
+            try:
+                bound = comp.timeout_s + (self.params.start_timeout_s + 10 if comp.key in self.pooled else 0)
+                value = await _bounded(make_call(), bound)
+            except (_Timeout, CallTimeout) as e:
+                return _Failure("timeouts", f"timed out after {comp.timeout_s:g}s" + (f" ({e})" if str(e) else ""))
+            except Exception as e:  # noqa: BLE001  # a component bug must not stop the run
+                return _Failure("errors", f"{type(e).__name__}: {e}")
+        if expect is not None and not (isinstance(value, list) and len(value) == expect):
+            return _Failure("errors", f"score_group returned {value!r:.80} for {expect} samples")
+        return value
+
+    def _combine(self, sample: Any, route: str | None, res: dict[str, Any]) -> dict[str, float]:
+        where = f"sample group {sample.group_id} index {sample.index_in_group}"
+        if route is None:
+            failure = res["__route__"]
+            log.warning("reward hub: %s: %s (scored %g)", where, failure, self.params.fallback_score)
+            return {"score": self.params.fallback_score, FAILED: 1.0}
+        comps = self.routes[route]
+        info: dict[str, float] = {}
+        total, failed, timed_out = 0.0, False, False
+        for comp in comps:
+            value = res.get(comp.key)
+            if isinstance(value, BaseException) and not isinstance(value, _Failure):
+                value = _Failure("errors", f"{type(value).__name__}: {value}")  # one sample of a group call
+            if not isinstance(value, _Failure):
+                try:
+                    parts = _as_parts(value)
+                except (TypeError, ValueError) as e:
+                    value = _Failure("errors", str(e))
+            if isinstance(value, _Failure):
+                log.warning("reward hub: %r (route %r) on %s: %s (scored %g)", comp.name, route, where, value,
+                            self.params.fallback_score)
+                failed, timed_out = True, timed_out or value.kind == "timeouts"
+                parts = {"score": self.params.fallback_score}
+                info[f"{comp.name}/failed"] = 1.0
+            else:
+                info[f"{comp.name}/failed"] = 0.0
+            total += comp.weight * parts["score"]
+            info.update({f"{comp.name}/{k}": v for k, v in parts.items()})
+            if len(comps) == 1:
+                info.update({k: v for k, v in parts.items() if k != "score"})
+        info.update({"score": total, f"route/{route}": total})
+        if failed:
+            info[FAILED] = 1.0
+        if timed_out:
+            info[TIMED_OUT] = 1.0
+        return info
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        for reward in self.rewards.values():
+            close = getattr(reward, "close", None)
+            if callable(close):
+                close()
+
+    def __del__(self) -> None:
+        pool = self.__dict__.get("pool")
+        if pool is not None:
+            pool.close()
+
+
+def _as_parts(value: Any) -> dict[str, float]:
+    """A component's result as ``{"score": .., ...}`` with finite floats only (else ValueError)."""
+    from relax.core.rewards.runner import _as_result
+
+    _, info = _as_result(value)
+    bad = [k for k, v in info.items() if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"returned non-finite values for {bad}")
+    return info
+
+
+def single(name: str, params: Any, ctx: Any = None, **hub: Any) -> Hub:
+    """A one-route hub around one reward: how ``math`` and friends run alone, still isolated."""
+    route = {"name": name, "params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params}
+    return Hub(HubParams(routes={name: route}, default=name, **hub), ctx)
