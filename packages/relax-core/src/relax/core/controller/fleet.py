@@ -11,8 +11,11 @@ replacement coming, waiting streams fail with :class:`NoEnginesLeft` naming the 
 ``weights_lock`` serialises everything that must see the trainer's weights equal to the run's
 weight version: the mode loops hold it from a train step until its version is committed (and
 through weight publication), and a replacement is synced under it, so a new engine gets exactly
-the version it is labelled with. ``add_engine`` / ``remove_engine`` are the control API behind
-``RunState.add_engine`` / ``remove_engine`` (called between steps by ``RunControl``).
+the version it is labelled with. ``add_engine(s)`` / ``remove_engine`` are the control API behind
+``RunState.add_engine`` / ``remove_engine`` (called between steps by ``RunControl``) and behind the
+control plane's scale operations (called from its own thread, like a replacement). A scale-in
+drains: the engine gets no new requests while its in-flight ones finish, up to a timeout, and only
+then is removed (what is still in flight goes to the other engines).
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ from relax.core.controller.router import EngineRouter
 log = logging.getLogger("relax")
 
 READY_POLL_S = 0.5
+DRAIN_POLL_S = 0.1
+
+#: ``on_phase(phase, indices)``: engines being added reached ``phase`` -- "creating", "health-checking",
+#: "weight-syncing", then "active" once they serve
+PhaseFn = Callable[[str, list[int]], None]
 
 
 def kill(handle: Any) -> None:
@@ -78,6 +86,20 @@ class EngineFleet:
         """Serving engines by index."""
         return self.router.live()
 
+    def load(self) -> dict[int, int]:
+        """Requests in flight per serving engine."""
+        return self.router.outstanding()
+
+    def draining(self) -> set[int]:
+        """Engines being scaled in (serving their in-flight requests, given no new ones)."""
+        return self.router.draining()
+
+    def on_reservation(self, index: int) -> bool:
+        """Engine ``index`` runs on a configured engine's reservation: present from the start, or the
+        replacement of one (the control plane can protect these from scale-in)."""
+        with self._lock:
+            return self._slots.get(index) is not None
+
     def metrics(self) -> dict[str, float]:
         """Cumulative ``fault/*`` counters plus the number of serving engines."""
         self.counters.set("resubmitted_requests", float(self.router.resubmitted))
@@ -118,7 +140,7 @@ class EngineFleet:
             stopped = self._stop.wait(self.rollout.restart_backoff_s * 2**self._failed_starts)
             if not stopped:
                 try:
-                    self._start(index)
+                    self._start([index])
                 except Exception as exc:
                     error = exc
         finally:
@@ -152,30 +174,45 @@ class EngineFleet:
         index, self._next_index = self._next_index, self._next_index + 1
         return index
 
-    def _start(self, index: int) -> Any:
-        """Create engine ``index``, wait until it is constructed, sync it to the current weights
-        (under ``weights_lock``) and only then route to it."""
-        handle = self._start_engine(index, self._slots.get(index))
+    def _start(self, indices: list[int], on_phase: PhaseFn | None = None) -> list[Any]:
+        """Create engines ``indices``, wait until each is constructed and healthy, sync them to the
+        current weights (under ``weights_lock``, one transfer for all) and only then route to them."""
+        phase = on_phase or (lambda name, which: None)
+        phase("creating", indices)
+        handles = [self._start_engine(index, self._slots.get(index)) for index in indices]
         try:
-            ready = handle.__ray_ready__.remote()
+            phase("health-checking", indices)
             deadline = time.monotonic() + self.rollout.timeout_s
-            while not ray.wait([ready], timeout=READY_POLL_S)[0]:
-                if self._stop.is_set():
-                    raise RuntimeError("the run is stopping")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"rollout engine[{index}] did not start within {self.rollout.timeout_s:g}s")
-            ray.get(ready)
+            for index, handle in zip(indices, handles, strict=True):
+                self._await(handle.__ray_ready__.remote(), deadline, f"rollout engine[{index}] did not start")
+                if not hasattr(handle, "health"):  # a bare test actor; every RolloutRole has it
+                    continue
+                health = self._await(handle.health.remote(), deadline, f"rollout engine[{index}] did not answer health")
+                if not health.get("ok", True):
+                    raise RuntimeError(f"rollout engine[{index}] is unhealthy after start: {health}")
             with self.weights_lock:
                 if self._stop.is_set():
                     raise RuntimeError("the run is stopping")
-                self._sync_engines([handle])
-                self.router.add_engine(handle, index)
-                self.engines.append(handle)
+                phase("weight-syncing", indices)
+                self._sync_engines(handles)
+                for index, handle in zip(indices, handles, strict=True):
+                    self.router.add_engine(handle, index)
+                    self.engines.append(handle)
                 self._on_change(list(self.engines))
         except BaseException:
-            kill(handle)
+            for handle in handles:
+                kill(handle)
             raise
-        return handle
+        phase("active", indices)
+        return handles
+
+    def _await(self, ref: Any, deadline: float, what: str) -> Any:
+        while not ray.wait([ref], timeout=READY_POLL_S)[0]:
+            if self._stop.is_set():
+                raise RuntimeError("the run is stopping")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} within {self.rollout.timeout_s:g}s")
+        return ray.get(ref)
 
     def _forget(self, handle: Any) -> None:
         with self._lock:
@@ -187,27 +224,41 @@ class EngineFleet:
     def add_engine(self) -> int:
         """Start one more engine, synced to the current weight version before it serves; returns
         its index. Blocks until it serves (engine start-up is bounded by ``rollout.timeout_s``)."""
+        return self.add_engines(1)[0]
+
+    def add_engines(self, n: int, on_phase: PhaseFn | None = None) -> list[int]:
+        """Start ``n`` engines together (one weight transfer for all); returns their new indices once
+        they serve. Removed engines' reservations are reused before going outside the reservation."""
         with self._lock:
-            index = self._take_index()
-            if self._free_slots:  # a removed engine's reservation is reused before going outside it
-                self._slots[index] = self._free_slots.pop()
+            indices = [self._take_index() for _ in range(n)]
+            for index in indices:
+                if self._free_slots:
+                    self._slots[index] = self._free_slots.pop()
         try:
-            self._start(index)
+            self._start(indices, on_phase)
         except BaseException:
             with self._lock:
-                if (slot := self._slots.pop(index, None)) is not None:
-                    self._free_slots.append(slot)
+                for index in indices:
+                    if (slot := self._slots.pop(index, None)) is not None:
+                        self._free_slots.append(slot)
             raise
-        log.info("relax: rollout engine[%d] added; serving: %s", index, sorted(self.router.live()))
-        return index
+        log.info("relax: rollout engines %s added; serving: %s", indices, sorted(self.router.live()))
+        return indices
 
-    def remove_engine(self, index: int) -> None:
-        """Stop routing to engine ``index`` and kill it; its in-flight requests go to the others."""
+    def remove_engine(self, index: int, drain_timeout_s: float = 0.0) -> dict[str, Any]:
+        """Stop routing new requests to engine ``index``, wait up to ``drain_timeout_s`` for its
+        in-flight requests to finish, then kill it; requests still in flight go to the other engines.
+        Returns ``{"drained": all finished in time, "forced_requests": how many were still in flight}``."""
         live = self.router.live()
         if index not in live:
             raise KeyError(f"rollout engine[{index}] is not serving; serving: {sorted(live)}")
-        if len(live) == 1:
+        if not set(live) - self.router.draining() - {index}:
             raise ValueError(f"rollout engine[{index}] is the last serving engine; add one before removing it")
+        self.router.drain(index)
+        deadline = time.monotonic() + drain_timeout_s
+        while self.router.outstanding().get(index, 0) > 0 and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(DRAIN_POLL_S)
+        forced = self.router.outstanding().get(index, 0)
         handle = self.router.remove_engine(index)
         if handle is not None:
             self._forget(handle)
@@ -215,7 +266,9 @@ class EngineFleet:
         with self._lock:
             if (slot := self._slots.pop(index, None)) is not None:
                 self._free_slots.append(slot)
-        log.info("relax: rollout engine[%d] removed; serving: %s", index, sorted(self.router.live()))
+        log.info("relax: rollout engine[%d] removed (%s); serving: %s", index,
+                 f"forced with {forced} requests in flight" if forced else "drained", sorted(self.router.live()))
+        return {"drained": forced == 0, "forced_requests": forced}
 
     # ------------------------------------------------------------------ calls on every engine
     def control(self, method: str, *args: Any, engines: dict[int, Any] | None = None) -> dict[int, Any]:

@@ -4,6 +4,11 @@ object through which they steer it.
 Control requests may come from any thread (a plugin's HTTP server, a timer); the driver applies
 them between steps, so a step never sees its engine set or weights change under it. Each request
 returns a ``concurrent.futures.Future`` that resolves once the driver has applied it.
+
+Scale operations (``scale_out`` / ``scale_in``, used by the control plane) run at once in a thread
+of their own instead, as engine replacements do: the run keeps training while an engine loads or
+drains, and a new engine is still synced to the current weights (under the fleet's weights lock)
+before it serves.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class RunControl:
         self._running = threading.Event()
         self._running.set()
         self._wake = threading.Event()
+        self._state: Any = None  # the run, for scale operations (``attach``)
+
+    def attach(self, state: Any) -> None:
+        self._state = state
 
     # ------------------------------------------------------------------ requests (any thread)
     def pause(self) -> None:
@@ -53,6 +62,36 @@ class RunControl:
     def remove_engine(self, index: int) -> cf.Future:
         """Drain and stop engine ``index`` (its in-flight requests go to the other engines)."""
         return self._submit(f"remove_engine({index})", lambda state: state.remove_engine(index))
+
+    def scale_out(self, n: int, on_phase: Callable[[str, list[int]], None] | None = None) -> cf.Future:
+        """Start ``n`` rollout engines now; ``on_phase(phase, indices)`` reports "creating",
+        "health-checking", "weight-syncing", "active". Resolves to their indices once they serve."""
+        return self._in_thread(f"scale_out({n})", lambda state: state.fleet.add_engines(n, on_phase))
+
+    def scale_in(self, index: int, drain_timeout_s: float) -> cf.Future:
+        """Drain engine ``index`` (no new requests; in-flight ones finish for up to ``drain_timeout_s``),
+        then stop it. Resolves to ``{"drained": bool, "forced_requests": int}``."""
+        return self._in_thread(f"scale_in({index})", lambda state: state.fleet.remove_engine(index, drain_timeout_s))
+
+    def _in_thread(self, what: str, fn: Callable[[Any], Any]) -> cf.Future:
+        future: cf.Future = cf.Future()
+        state = self._state
+        if state is None:
+            future.set_exception(RuntimeError(f"control: {what}: no run attached"))
+            return future
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(state))
+                log.info("control: %s done", what)
+            except BaseException as exc:  # the requester gets the error; the run goes on
+                log.error("control: %s failed: %s", what, exc)
+                future.set_exception(exc)
+
+        threading.Thread(target=work, name=f"relax-control-{what}", daemon=True).start()
+        return future
 
     def _submit(self, what: str, fn: Callable[[Any], Any]) -> cf.Future:
         future: cf.Future = cf.Future()
@@ -97,6 +136,7 @@ class RunHandle:
     def __init__(self, state: Any, control: RunControl) -> None:
         self._state = state
         self.control = control
+        control.attach(state)
 
     @property
     def config(self) -> Any:
@@ -118,6 +158,34 @@ class RunHandle:
     def metrics(self) -> dict[str, float]:
         """The latest step's metrics (a copy)."""
         return dict(self._state.last_metrics)
+
+    @property
+    def mode(self) -> str:
+        return self._state.cfg.mode
+
+    @property
+    def trainer_idle_frac(self) -> float | None:
+        """Fraction of the latest step the trainer waited for rollouts (async/hybrid; None before a step)."""
+        return self._state.last_metrics.get("perf/trainer_idle_frac")
+
+    def queue_metrics(self) -> dict[str, float]:
+        """Transfer-queue gauges now (``queue/rows``, ``queue/capacity``, ``queue/depth/<column>``, ...);
+        empty before the async pipeline starts and in colocate mode."""
+        pipeline = getattr(self._state, "pipeline", None)
+        if pipeline is None:
+            return {}
+        return {k: float(v) for k, v in pipeline.queue.metrics().items()}
+
+    def engine_load(self) -> dict[int, int]:
+        """Requests in flight per serving engine."""
+        return self._state.fleet.load()
+
+    def engines_draining(self) -> set[int]:
+        return self._state.fleet.draining()
+
+    def engine_on_reservation(self, index: int) -> bool:
+        """Engine ``index`` is one present from the start (or replaces one)."""
+        return self._state.fleet.on_reservation(index)
 
     @property
     def engine_indices(self) -> list[int]:

@@ -45,6 +45,7 @@ class EngineRouter:
         self._engines: dict[int, Any] = items
         self._outstanding: dict[int, int] = dict.fromkeys(items, 0)
         self._retired: set[int] = set()
+        self._draining: set[int] = set()  # live, but sent no new requests (graceful scale-in)
         self._cv = threading.Condition()
         self._closed: BaseException | None = None
         self.on_failure = on_failure
@@ -67,6 +68,7 @@ class EngineRouter:
         with self._cv:
             handle = self._engines.pop(index, None)
             self._outstanding.pop(index, None)
+            self._draining.discard(index)
             if handle is not None:
                 self._retired.add(index)
             self._cv.notify_all()
@@ -75,6 +77,22 @@ class EngineRouter:
     def live(self) -> dict[int, Any]:
         with self._cv:
             return dict(self._engines)
+
+    def drain(self, index: int) -> None:
+        """Send engine ``index`` no new requests while its in-flight ones finish (it stays live, so
+        they are not resubmitted); it is still used if every live engine is draining."""
+        with self._cv:
+            if index in self._engines:
+                self._draining.add(index)
+
+    def draining(self) -> set[int]:
+        with self._cv:
+            return set(self._draining)
+
+    def outstanding(self) -> dict[int, int]:
+        """Requests in flight per live engine (its load)."""
+        with self._cv:
+            return dict(self._outstanding)
 
     def __len__(self) -> int:
         with self._cv:
@@ -113,7 +131,7 @@ class EngineRouter:
                 raise self.closed_error()
             if not ready:
                 raise NoEnginesLeft(f"no rollout engine became available within {wait_s:g}s")
-            idx = min(self._engines, key=lambda i: (self._outstanding[i], i))
+            idx = min(self._engines, key=lambda i: (i in self._draining, self._outstanding[i], i))
             self._outstanding[idx] += len(requests)
             handle = self._engines[idx]
         return handle.generate.remote(requests), idx
