@@ -64,8 +64,8 @@ def answer_phrase(text: str) -> str | None:
     matches = list(_ANSWER_PHRASE.finditer(text))
     for m in reversed(matches):
         value = m.group(1).strip().strip("*").strip()
-        value = re.sub(r"^\$+|\$+$", "", value).strip()
         value = value[:-1].rstrip() if value.endswith(".") else value
+        value = re.sub(r"^\$+|\$+$", "", value).strip()
         if value:
             return value
     return None

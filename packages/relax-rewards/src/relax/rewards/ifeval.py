@@ -80,6 +80,9 @@ def install_punkt(data_dir: str | os.PathLike[str] | None = None) -> Path:
 def registry(benchmark: str) -> dict[str, Any]:
     """Instruction id -> checker class (``ifbench`` includes IFEval's too)."""
     install_punkt()
+    import langdetect
+
+    langdetect.DetectorFactory.seed = 0  # langdetect samples at random: fix it so a verdict is deterministic
     from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT as IFEVAL
 
     if benchmark == "ifeval":
