@@ -132,6 +132,58 @@ def test_reinforce_plus_plus_kl_shaping_matches_verl():
         run("reinforce_plus_plus", dataclasses.replace(BASE, kl_coef=0.1))
 
 
+def test_reinforce_plus_plus_carries_the_return_across_an_observation_hole():
+    inputs = AdvantageInputs(
+        rewards=torch.tensor([1.0, 0.0], dtype=F64),
+        response_mask=torch.tensor([[1, 0, 1], [1, 1, 0]], dtype=F64),
+        index=torch.tensor([0, 1]),
+    )
+    _, returns = run("reinforce_plus_plus", inputs, gamma=0.9)
+    assert returns[0].tolist() == pytest.approx([0.9, 0.0, 1.0])  # t=0 sees the reward after the hole
+
+
+def _gdpo_batch(**components):
+    # groups 0 = rows {0, 2}, 1 = rows {1, 3} (interleaved), one token per response
+    return AdvantageInputs(
+        rewards=torch.zeros(4, dtype=F64),
+        response_mask=torch.ones(4, 1, dtype=F64),
+        index=torch.tensor([0, 1, 0, 1]),
+        reward_components={k: torch.tensor(v, dtype=F64) for k, v in components.items()},
+    )
+
+
+def test_gdpo_hand_computed():
+    batch = _gdpo_batch(fmt=[1, 1, 0, 1], acc=[1, 0, 0, 0])
+    # each component per group: fmt -> [+s, 0, -s, 0] (group 1 constant), acc -> [+s, 0, -s, 0], s = 1/sqrt2;
+    # weighted sum [1.5 s, 0, -1.5 s, 0]; batch whitening (unbiased var 0.75) -> [+-sqrt(1.5), 0]
+    adv, returns = run("gdpo", batch, reward_keys=["fmt", "acc"], reward_weights=[1.0, 0.5])
+    expected = torch.tensor([[1.5**0.5], [0.0], [-(1.5**0.5)], [0.0]], dtype=F64)
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+    assert torch.equal(adv, returns)
+
+
+def test_gdpo_normalises_each_reward_on_its_own():
+    # group 1 (rows 1, 3): row 1 wins the small reward, row 3 the big one. Summed first (GRPO), the
+    # big reward decides alone; decoupled, each counts once and the two responses tie.
+    batch = _gdpo_batch(big=[10, 0, 0, 10], small=[1, 1, 0, 0])
+    adv, _ = run("gdpo", batch, reward_keys=["big", "small"])
+    torch.testing.assert_close(adv[[1, 3], 0], torch.zeros(2, dtype=F64), atol=1e-4, rtol=0)
+    assert adv[0, 0] > 1 and adv[2, 0] < -1  # row 0 wins both in group 0
+    summed, _ = run("grpo", dataclasses.replace(batch, rewards=torch.tensor([11.0, 1, 0, 10], dtype=F64)))
+    assert summed[1, 0] < -0.5 and summed[3, 0] > 0.5
+
+
+def test_gdpo_without_keys_is_whitened_grpo_and_errors_name_keys():
+    from relax.core.algorithms import masked_whiten
+
+    adv, _ = run("gdpo")  # BASE: non-contiguous groups, a singleton and a zero-variance group
+    torch.testing.assert_close(adv, masked_whiten(run("grpo")[0], MASK))
+    with pytest.raises(ValueError, match=r"reward_keys \['acc'\] are not reward components; available: \['fmt'\]"):
+        run("gdpo", _gdpo_batch(fmt=[1, 0, 1, 0]), reward_keys=["acc"])
+    with pytest.raises(ValueError, match="1 reward_weights for 2 reward components"):
+        run("gdpo", _gdpo_batch(a=[1, 0, 1, 0], b=[0, 0, 1, 1]), reward_keys=["a", "b"], reward_weights=[1.0])
+
+
 def test_gae_matches_verl():
     adv, returns = run("gae", dataclasses.replace(BASE, values=VALUES), gamma=0.9, lam=0.8)
     torch.testing.assert_close(returns[0], torch.tensor([0.59328, 0.774, 1.0, 0.0], dtype=F64))

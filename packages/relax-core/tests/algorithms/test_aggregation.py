@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.core.algorithms.aggregation import AGG_MODES, aggregate_loss, masked_mean, masked_whiten
+from relax.core.algorithms.aggregation import (
+    AGG_MODES,
+    aggregate_loss,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+)
 
 VALUES = torch.tensor(
     [[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, 100.0, 100.0], [7.0, 100.0, 100.0, 100.0]], dtype=torch.float64
@@ -95,3 +101,24 @@ def test_masked_whiten_statistics_and_small_cases():
     assert torch.equal(masked_whiten(x, one), torch.zeros_like(x))
     assert torch.equal(masked_whiten(x, torch.zeros_like(x)), torch.zeros_like(x))
     assert masked_mean(x, torch.zeros_like(x)).item() == 0.0
+
+
+def test_masked_var_hand_computed_and_degenerate_selections():
+    values = torch.tensor([1.0, 2.0, 3.0, 100.0], dtype=torch.float64)
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    assert masked_var(values, mask).item() == pytest.approx(1.0)  # (1 + 0 + 1) / (3 - 1)
+    assert masked_var(values, mask, unbiased=False).item() == pytest.approx(2 / 3)
+    # verl raises for these; 0 keeps a tiny micro-batch from crashing a run
+    assert masked_var(values, torch.tensor([0.0, 0, 0, 0])).item() == 0.0
+    assert masked_var(values, torch.tensor([0.0, 1, 0, 0])).item() == 0.0
+
+
+def test_masked_whiten_without_shifting_the_mean():
+    values = torch.tensor([1.0, 3.0, 5.0, 100.0], dtype=torch.float64)
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    # mean 3, unbiased var 4: whiten = (x - 3) / 2, then + 3 back (verl's shift_mean=False)
+    expected = torch.tensor([2.0, 3.0, 4.0, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(masked_whiten(values, mask, shift_mean=False), expected, atol=1e-7, rtol=0)
+    torch.testing.assert_close(masked_whiten(values, mask), expected - 3 * mask, atol=1e-7, rtol=0)
+    one = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    assert masked_whiten(values, one, shift_mean=False).tolist() == [0.0, 3.0, 0.0, 0.0]

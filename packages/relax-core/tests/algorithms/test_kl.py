@@ -109,3 +109,14 @@ def test_clipped_value_loss_matches_verl():
     assert loss.item() == pytest.approx(0.472)
     assert metrics["vf_clip_frac"] == pytest.approx(0.4)
     torch.testing.assert_close(values.grad, torch.tensor([[-0.1, 0.0, 0.2], [-0.06, 0.0, 0.0]], dtype=F64))
+
+
+@pytest.mark.parametrize("name", ["k2+", "mse+"])
+def test_straight_through_k2_names_are_k2(name):
+    """verl accepts ``k2+`` / ``mse+``: k2's gradient already is the KL gradient, so they are k2."""
+    lp = LP.clone().requires_grad_(True)
+    KL_ESTIMATORS[name](lp, REF).sum().backward()
+    expected = LP.clone().requires_grad_(True)
+    KL_ESTIMATORS["k2"](expected, REF).sum().backward()
+    torch.testing.assert_close(KL_ESTIMATORS[name](LP, REF), KL_ESTIMATORS["k2"](LP, REF))
+    torch.testing.assert_close(lp.grad, expected.grad)

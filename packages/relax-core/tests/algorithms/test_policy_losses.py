@@ -311,3 +311,56 @@ def test_masked_positions_never_affect_loss_or_gradient(batch):
         torch.testing.assert_close(l2, l1, msg=name)
         torch.testing.assert_close(g2, g1, msg=name)
         assert m1.keys() == m2.keys() and all(m2[k] == pytest.approx(m1[k]) for k in m1), name
+
+
+# ---------------------------------------------------------------- DRO
+
+
+def test_dro_hand_computed_value_and_gradient():
+    # L = -(A lp - beta/2 (lp - old)^2), token-mean over the two valid tokens
+    lp = torch.tensor([[-1.0, -2.0, -9.0]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-1.5, -2.0, -1.0]], dtype=F64)
+    adv = torch.tensor([[2.0, -1.0, 3.0]], dtype=F64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=F64)
+    loss, metrics = POLICY_LOSSES["dro"](PolicyLossInputs(lp, old, adv, mask), dro_beta=0.1)
+    loss.backward()
+    assert loss.item() == pytest.approx(((2.0 + 0.0125) + (-2.0 + 0.0)) / 2)
+    # dL/dlp = -(A - beta (lp - old)) / 2 tokens
+    torch.testing.assert_close(lp.grad, torch.tensor([[-(2.0 - 0.05) / 2, 1.0 / 2, 0.0]], dtype=F64))
+    assert metrics["dro_penalty"] == pytest.approx(0.0125 / 2)
+    assert metrics["approx_kl"] == pytest.approx(-0.5 / 2)
+    with pytest.raises(ValueError, match="dro_beta"):
+        POLICY_LOSSES["dro"](PolicyLossInputs(lp, old, adv, mask), dro_beta=-1.0)
+
+
+def test_dro_penalty_applies_at_zero_advantage():
+    lp = torch.tensor([[-1.0]], dtype=F64, requires_grad=True)
+    inputs = PolicyLossInputs(lp, torch.tensor([[-2.0]], dtype=F64), torch.zeros(1, 1, dtype=F64), torch.ones(1, 1))
+    loss, _ = POLICY_LOSSES["dro"](inputs, dro_beta=0.2)
+    assert loss.item() == pytest.approx(0.1)  # beta/2 * 1^2: pulls back towards the sampling policy
+
+
+# ---------------------------------------------------------------- uniform metric names
+
+
+def _metric_names() -> dict[str, set[str]]:
+    lp = LP.clone().requires_grad_(True)
+    inputs = PolicyLossInputs(lp, OLD, ADV, MASK, teacher_logprobs=OLD)
+    return {name: set(fn(inputs)[1]) for name, fn in POLICY_LOSSES.items()}
+
+
+def test_metric_names_are_uniform_and_documented():
+    from pathlib import Path
+
+    clip = {"clip_frac", "clip_frac_low", "clip_frac_high"}
+    docs = (Path(__file__).resolve().parents[4] / "docs" / "algorithms.md").read_text()
+    table = docs.split("## Policy-loss metrics", 1)[1].split("\n## ", 1)[0]
+    for name, keys in _metric_names().items():
+        assert "approx_kl" in keys, name
+        assert not keys & clip or clip <= keys, f"{name}: clip fractions come as a set of three: {keys}"
+        assert not any(k.startswith(("pg_", "ppo_")) for k in keys), f"{name}: verl-style name in {keys}"
+        for key in keys:
+            assert f"| `{key}` |" in table, f"{name}: metric {key!r} missing from the docs table"
+    for name in ("ppo", "gspo", "cispo", "gmpo", "clip_cov"):
+        _, _, m = run(name)
+        assert m["clip_frac"] == pytest.approx(m["clip_frac_low"] + m["clip_frac_high"]), name

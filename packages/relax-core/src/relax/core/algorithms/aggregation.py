@@ -79,9 +79,7 @@ def aggregate_loss(
       arXiv:2402.03300 Eq. 3).
     - ``seq-mean-token-sum-norm``: per-sequence token sum / ``loss_scale_factor`` (default: the
       padded length T), averaged over sequences (Dr. GRPO, arXiv:2503.20783 §3.2, constant
-      normaliser). Deliberate deviation from verl, which sums over sequences without dividing
-      by their number: dividing keeps the loss scale independent of the batch size, as in the
-      paper.
+      normaliser).
 
     Sequences whose mask is all zero are excluded from sequence counts. ``global_token_count`` /
     ``global_seq_count`` replace the local denominators: pass the step-batch totals and summing

@@ -5,8 +5,10 @@ Each returns ``(advantages, advantages)`` broadcast over valid tokens (zero wher
 Group conventions, matching verl unless noted:
 
 - A **singleton group** has no baseline: its mean is taken as 0 and its std as 1, so GRPO gives
-  ``r / (1 + eps)``, RLOO/OPO/Dr.GRPO give ``r``. Deliberate deviation: ``grpo_passk`` gives 0
-  (verl raises), since pass@k needs at least two samples to compare.
+  ``r / (1 + eps)``, RLOO/OPO/Dr.GRPO give ``r`` (verl's ``rloo_vectorized`` gives RLOO
+  singletons 0; keeping ``r`` follows the one "no baseline = baseline 0" rule of every estimator
+  here). Deliberate deviation: ``grpo_passk`` gives 0 (verl raises), since pass@k needs at least
+  two samples to compare and one short group must not stop a run.
 - A **zero-variance group** (two or more members, all scores equal) gets advantage exactly 0
   everywhere, instead of the float noise ``(r - mean(r)) / eps`` could produce.
 - Standard deviations are unbiased (Bessel-corrected), as ``torch.std`` in verl.
