@@ -184,3 +184,22 @@ def test_small_tensors_round_trip_inline_with_dtype_and_values(ray_local):
     got = client.get("c", ["t"], 4, timeout=10, group_aware=False).data["t"]
     for sent, received in zip(values, got, strict=True):
         assert isinstance(received, torch.Tensor) and received.dtype == sent.dtype and torch.equal(received, sent)
+
+
+def test_get_acks_the_previous_batch_and_any_part_count_decodes(ray_local):
+    """A get carries the previous batch's ack; the client's guess of how many blob parts a batch
+    needs comes from the last batch, so a jump in row size must still decode exactly."""
+    client = TransferQueueClient.create(capacity=600, consumers=["c"])
+    client.put_rows(0, [{"x": torch.arange(4)} for _ in range(4)])
+    first = client.get("c", ["x"], 4, timeout=10, group_aware=False)
+    big = [torch.randn(2000) for _ in range(256)]  # 8 KB rows (inline), 2 MB per batch: many parts
+    client.put_rows(1, [{"x": t, "i": i} for i, t in enumerate(big)])
+    second = client.get("c", ["x", "i"], 256, timeout=10, group_aware=False, ack=first.keys)
+    assert second.data["i"] == list(range(256))
+    assert all(torch.equal(a, b) for a, b in zip(second.data["x"], big, strict=True))
+    m = client.metrics()
+    assert m["queue/rows_consumed/c"] == 4 and m["queue/rows"] == 256  # the first batch was acked and evicted
+    client.put_rows(2, [{"x": torch.ones(3)}])
+    third = client.get("c", ["x"], 1, timeout=10, group_aware=False, ack=second.keys)  # guess now too high
+    assert torch.equal(third.data["x"][0], torch.ones(3)) and client.metrics()["queue/rows"] == 1
+    ray.kill(client.actor)
