@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -78,6 +78,8 @@ class HFRolloutEngine:
         self._abort_epoch = 0
         self._batch = DecodeBatch(self.device)
         self._waiting: deque[Row] = deque()
+        self._waiting_contexts: Counter[tuple[int, ...]] = Counter()  # context[:-1] of waiting rows
+        self._prefixes: dict[tuple[int, ...], kv_batch.Layers] = {}  # their prefills, once computed
         # work done, for tests and benchmarks: a decode row yields exactly one token
         self.stats = {"prefill_rows": 0, "decode_steps": 0, "decode_rows": 0}
 
@@ -140,6 +142,7 @@ class HFRolloutEngine:
             for name, tensor in items:
                 self._params[name].copy_(tensor)
             self._version = version
+            self._prefixes.clear()  # kept prefills are of the old weights
 
     # --------------------------------------------------------------- generation
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -154,7 +157,10 @@ class HFRolloutEngine:
             self._in_flight += 1
         try:
             with self._step_lock:
-                self._waiting.extend(r for r in rows if not r.finish)
+                for r in rows:
+                    if not r.finish:
+                        self._waiting.append(r)
+                        self._waiting_contexts[tuple(r.context[:-1])] += 1
             while True:
                 stepped = False
                 with self._step_lock:
@@ -200,14 +206,21 @@ class HFRolloutEngine:
         batch = self._batch
         batch.drop_finished()  # aborted or cancelled rows
         free = self.max_batch_size - len(batch)
-        joining = []
+        joining, done_with = [], []
         while free > len(joining) and self._waiting:
             row = self._waiting.popleft()
+            key = tuple(row.context[:-1])
+            self._waiting_contexts[key] -= 1
+            if not self._waiting_contexts[key]:
+                del self._waiting_contexts[key]
+                done_with.append(key)
             if not row.finish:
                 joining.append(row)
         if joining:
             joining, cache = self._prefill(joining)
             batch.join(joining, cache)
+        for key in done_with:  # no waiting request reuses these prefills
+            self._prefixes.pop(key, None)
         if not len(batch):
             return
         with torch.no_grad():
@@ -229,16 +242,27 @@ class HFRolloutEngine:
         batch.drop_finished()
 
     def _prefill(self, rows: list[Row]) -> tuple[list[Row], Any | None]:
-        """KV cache of each row's ``context[:-1]``, computed once per distinct context (a group's G
-        samples share one prefill). Returns the rows reordered to match the cache: those with
-        nothing to prefill (one-token contexts) first, as zero-width rows."""
+        """KV cache of each row's ``context[:-1]``: computed once per distinct context and kept while
+        requests with that context still wait, so the G samples of a group share one prefill even
+        when they join at different steps. Returns the rows reordered to match the cache: those
+        with nothing to prefill (one-token contexts) first, as zero-width rows."""
         empty = [r for r in rows if len(r.context) == 1]
         full = [r for r in rows if len(r.context) > 1]
         if not full:
             return empty, None
-        distinct: dict[tuple[int, ...], int] = {}
-        which = [distinct.setdefault(tuple(r.context[:-1]), len(distinct)) for r in full]
-        prefixes = list(distinct)
+        keys = [tuple(r.context[:-1]) for r in full]
+        fresh = {k: self._prefixes.get(k) for k in keys}
+        missing = [k for k, kv in fresh.items() if kv is None]
+        if missing:
+            fresh.update(self._forward_prefixes(missing))
+        for k in missing:
+            if self._waiting_contexts[k] > 0:
+                self._prefixes[k] = fresh[k]
+        cache = kv_batch.stack_rows([fresh[k] for k in keys])
+        return empty + full, kv_batch.concat_rows(None, len(empty), cache, len(full)) if empty else cache
+
+    def _forward_prefixes(self, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], kv_batch.Layers]:
+        """One left-padded forward over ``prefixes``; each one's cache rows."""
         width = max(len(p) for p in prefixes)
         input_ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(prefixes), width), dtype=torch.long)
@@ -254,12 +278,9 @@ class HFRolloutEngine:
                 use_cache=True,
                 logits_to_keep=1,
             )
-        cache = out.cache
-        kv_batch.check_layers(cache)
-        if len(prefixes) != len(full):
-            kv_batch.select_rows(cache, torch.tensor(which, dtype=torch.long, device=self.device))
+        kv_batch.check_layers(out.cache)
         self.stats["prefill_rows"] += len(prefixes)
-        return empty + full, kv_batch.concat_rows(None, len(empty), cache, len(full)) if empty else cache
+        return {p: kv_batch.row_layers(out.cache, i, len(p)) for i, p in enumerate(prefixes)}
 
     def _finish_reason(self, row: Row, tok: int) -> str:
         if tok in row.stop_ids:

@@ -6,6 +6,9 @@ finish are dropped (:func:`select_rows`), new rows join (:func:`concat_rows`, th
 padded on the left), and columns no live row uses any more are cut (:func:`trim_left`). Keys are
 stored already rotated by each row's own position ids, so moving columns changes no result.
 
+A prompt's cache can also be cut out as one row (:func:`row_layers`), kept, and stacked with
+others into the cache of new rows (:func:`stack_rows`): a group's samples reuse one prefill.
+
 Only plain full-attention layers (``DynamicLayer``) can be moved this way; a sliding-window or
 linear-attention cache is refused with an error naming the layer type.
 """
@@ -77,3 +80,27 @@ def concat_rows(top: Any | None, n_top: int, bottom: Any | None, n_bottom: int) 
                     parts.append(_pad_left(getattr(side.layers[i], attr), target))
             setattr(layer, attr, torch.cat(parts, dim=0))
     return like
+
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]  # one row's (keys, values) per layer, (1, H, T, D)
+
+
+def row_layers(cache: Any, row: int, length: int) -> Layers:
+    """Row ``row``'s last ``length`` positions (its real tokens), per layer."""
+    return [
+        (layer.keys[row : row + 1, :, layer.keys.shape[-2] - length :], layer.values[row : row + 1, :, layer.values.shape[-2] - length :])
+        for layer in cache.layers
+    ]
+
+
+def stack_rows(rows: list[Layers]) -> Any:
+    """A ``DynamicCache`` whose row i is ``rows[i]``, left-padded to the longest."""
+    from transformers import DynamicCache
+
+    target = max(keys.shape[-2] for keys, _ in (r[0] for r in rows))
+    return DynamicCache(
+        ddp_cache_data=[
+            tuple(torch.cat([_pad_left(r[j][kv], target) for r in rows]) for kv in (0, 1))
+            for j in range(len(rows[0]))
+        ]
+    )
