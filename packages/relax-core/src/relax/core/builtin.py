@@ -129,3 +129,13 @@ def relax_register_queues(register):
     from relax.core.queue import register_builtin_queues
 
     register_builtin_queues(register)
+
+
+# the control plane's hooks: notifications (logging.notify_urls), the REST API when control.enabled,
+# and its client subcommands (relax status, engines, scale-out, ...); Serve/Apprise load only when used
+from relax.core.control.plugin import (  # noqa: E402,F401
+    relax_on_run_end,
+    relax_on_run_start,
+    relax_on_step_end,
+    relax_register_commands,
+)
