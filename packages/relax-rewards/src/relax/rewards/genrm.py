@@ -91,17 +91,21 @@ def parse_verdict(text: str, params: GenRMParams) -> float:
         if m is None:
             raise VerdictError(f"judge output has no number: {body[:120]!r}")
         return _scaled(float(m.group()), params, body)
-    start = body.find("{")
+    start, seen = body.find("{"), False
     while start >= 0:
         try:
             obj, _ = json.JSONDecoder().raw_decode(body[start:])
         except ValueError:
-            start = body.find("{", start + 1)
-            continue
-        value = obj.get(params.json_field) if isinstance(obj, dict) else None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise VerdictError(f"judge JSON has no numeric {params.json_field!r}: {obj!r:.120}")
-        return _scaled(float(value), params, body)
+            obj = None
+        seen = seen or isinstance(obj, dict)
+        if isinstance(obj, dict) and params.json_field in obj:  # the first object carrying the field
+            value = obj[params.json_field]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise VerdictError(f"judge JSON has no numeric {params.json_field!r}: {obj!r:.120}")
+            return _scaled(float(value), params, body)
+        start = body.find("{", start + 1)
+    if seen:
+        raise VerdictError(f"judge JSON has no numeric {params.json_field!r}: {body[:120]!r}")
     raise VerdictError(f"judge output has no JSON object: {body[:120]!r}")
 
 
