@@ -109,12 +109,17 @@ def gdpo(
         available = inputs.reward_components or {}
         missing = [k for k in reward_keys if k not in available]
         if missing:
-            raise ValueError(f"gdpo: reward_keys {missing} are not reward components; available: {sorted(available)}")
+            raise ValueError(
+                f"gdpo: reward_keys {missing} are not reward components; available: {sorted(available)}"
+            )
         components = [as_float(available[k].detach()) for k in reward_keys]
     weights = [1.0] * len(components) if reward_weights is None else list(reward_weights)
     if len(weights) != len(components):
         raise ValueError(f"gdpo: {len(weights)} reward_weights for {len(components)} reward components")
-    total = sum(w * _grpo_scores(c, inputs.index, epsilon, norm_adv_by_std) for w, c in zip(weights, components, strict=True))
+    total = sum(
+        w * _grpo_scores(c, inputs.index, epsilon, norm_adv_by_std)
+        for w, c in zip(weights, components, strict=True)
+    )
     mask = inputs.response_mask.to(total.dtype)
     out = masked_whiten(total.unsqueeze(-1).expand(mask.shape), mask)
     return out, out

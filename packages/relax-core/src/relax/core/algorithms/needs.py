@@ -15,13 +15,13 @@ from typing import Any
 #: need -> what it is and who provides it (the wording of validation errors and docs)
 NEEDS: dict[str, str] = {
     "values": "critic values (algorithm.critic.enable: a critic trained inside the trainer)",
-    "reference": "reference-model logprobs (a frozen reference role; also started by algorithm.kl.coef > 0)",
+    "reference": "reference-model logprobs (a frozen reference role, also started by algorithm.kl.coef > 0)",
     "teacher": "distillation-teacher logprobs (a frozen teacher role on algorithm.teacher_model_path)",
     "greedy_baseline": "the reward of one greedy response per prompt (algorithm.greedy_baseline: true)",
-    "old_logprobs": "logprobs of the policy that sampled (always provided: trainer recompute or the engine's)",
+    "old_logprobs": "logprobs of the sampling policy (always provided: trainer recompute or the engine's)",
     "groups": "several responses per prompt, compared within their group (rollout.n_samples_per_prompt >= 2)",
     "kl": "a KL penalty towards the reference model (algorithm.kl.coef > 0, as reward shaping or loss term)",
-    "sum_pi_squared": "per-token sum over the vocabulary of squared policy probabilities (no trainer computes it yet)",
+    "sum_pi_squared": "per-token sum over the vocabulary of squared policy probabilities",
 }
 #: execution modes (``RelaxConfig.mode``)
 MODES = ("colocate", "async", "hybrid")
@@ -43,7 +43,8 @@ class AlgorithmSpec:
 
     @property
     def label(self) -> str:
-        what = {"advantage": "advantage estimator", "policy_loss": "policy loss", "kl": "KL estimator"}[self.kind]
+        kinds = {"advantage": "advantage estimator", "policy_loss": "policy loss"}
+        what = kinds.get(self.kind, "KL estimator")
         owner = "" if self.plugin == "core" else f" (plugin {self.plugin!r})"
         return f"{what} {self.name!r}{owner}"
 

@@ -187,10 +187,10 @@ def reinforce(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
 def dro(inputs: PolicyLossInputs, dro_beta: float = 0.05) -> tuple[Tensor, dict[str, float]]:
     """Direct Reward Optimization (Richemond et al. 2024, "Offline Regularised RL for LLM
     Alignment", arXiv:2405.19107; per token, as Kimi k1.5's policy objective, arXiv:2501.12599):
-    ``L = -(A log pi - (beta / 2) (log pi - log pi_old)^2)``. Instead of clipping, a quadratic penalty on the log ratio keeps the update near
-    the sampling policy, so it stays usable off-policy (verl ``dro``, ``dro_beta``). The penalty
-    applies to every valid token, whatever its advantage. Metric ``dro_penalty``: mean of the
-    quadratic term."""
+    ``L = -(A log pi - (beta / 2) (log pi - log pi_old)^2)``. Instead of clipping, a quadratic
+    penalty on the log ratio keeps the update near the sampling policy, so it stays usable
+    off-policy (verl ``dro``, ``dro_beta``). The penalty applies to every valid token, whatever
+    its advantage. Metric ``dro_penalty``: mean of the quadratic term."""
     if dro_beta < 0:
         raise ValueError(f"dro: dro_beta (penalty weight) must be >= 0, got {dro_beta}")
     lr = inputs.logprobs - inputs.old_logprobs.detach()

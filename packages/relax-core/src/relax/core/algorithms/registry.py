@@ -58,7 +58,9 @@ POLICY_LOSSES: dict[str, Callable[..., Any]] = {
 _BUILTIN = {"advantage": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSSES, "kl": KL_ESTIMATORS}
 
 _GROUPS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "gdpo")
-_RATIO_LOSSES = ("ppo", "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_binary_kl", "m2po", "dro")
+_RATIO_LOSSES = (
+    "ppo", "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_binary_kl", "m2po", "dro"
+)
 #: (kind, name) -> what the built-in consumes (names not listed need nothing beyond the policy's logprobs)
 BUILTIN_NEEDS: dict[tuple[str, str], frozenset[str]] = {
     ("advantage", "gae"): frozenset({"values"}),

@@ -71,7 +71,9 @@ def _critic_errors(cfg: Any, users: _Users) -> list[str]:
     a, c = cfg.algorithm, cfg.algorithm.critic
     errors = []
     if users("values") and not c.enable:
-        errors.append(f"algorithm.critic.enable: {users('values')} needs critic values; set algorithm.critic.enable=true")
+        errors.append(
+            f"algorithm.critic.enable: {users('values')} needs critic values; set algorithm.critic.enable=true"
+        )
     if c.enable and users.unused("values"):
         errors.append(
             f"algorithm.critic.enable: advantage estimator {a.advantage_estimator!r} does not use critic values "
@@ -130,7 +132,8 @@ def _sampling_errors(cfg: Any, users: _Users) -> list[str]:
     errors = []
     if users("groups") and n < 2:
         errors.append(
-            f"rollout.n_samples_per_prompt: {users('groups')} compares responses within a group and needs >= 2, got {n}"
+            f"rollout.n_samples_per_prompt: {users('groups')} compares responses within a group and needs "
+            f">= 2, got {n}"
         )
     ds = a.dynamic_sampling
     if ds.enable and n < 2:
@@ -150,8 +153,8 @@ def _sampling_errors(cfg: Any, users: _Users) -> list[str]:
         errors.append(f"algorithm.overlong.penalty_factor: must be >= 0, got {ov.penalty_factor!r}")
     if users("greedy_baseline") and not a.greedy_baseline:
         errors.append(
-            f"algorithm.greedy_baseline: {users('greedy_baseline')} uses the reward of a greedy response as its "
-            "baseline; set algorithm.greedy_baseline=true"
+            f"algorithm.greedy_baseline: {users('greedy_baseline')} uses the reward of a greedy response "
+            "as its baseline; set algorithm.greedy_baseline=true"
         )
     if a.greedy_baseline and users.unused("greedy_baseline"):
         errors.append(
@@ -166,8 +169,8 @@ def _declaration_errors(cfg: Any, users: _Users) -> list[str]:
     a, errors = cfg.algorithm, []
     if users("kl") and a.kl.coef <= 0:
         errors.append(
-            f"algorithm.kl.coef: {users('kl')} regularises towards a reference model; set algorithm.kl.coef > 0 "
-            "(kl.use: reward shapes the token rewards, kl.use: loss adds it to the loss)"
+            f"algorithm.kl.coef: {users('kl')} regularises towards a reference model; set "
+            "algorithm.kl.coef > 0 (kl.use: reward shapes the token rewards, kl.use: loss adds it to the loss)"
         )
     for spec in users.specs:
         for need in sorted(spec.needs & UNPROVIDED):
@@ -215,7 +218,8 @@ def algorithm_config_errors(cfg: Any) -> list[str]:
         *_range_errors(a),
     ]
     if estimator is not None:
-        errors += _param_errors("algorithm.advantage_params", estimator.label, estimator.fn, a.advantage_params)
+        params = a.advantage_params
+        errors += _param_errors("algorithm.advantage_params", estimator.label, estimator.fn, params)
     if loss is not None:
         errors += _param_errors("algorithm.loss_params", loss.label, loss.fn, a.loss_params)
     return errors
