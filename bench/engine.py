@@ -13,8 +13,8 @@ same useful work; tokens/s counts only the response tokens the requests asked fo
   returns per-token logprobs, which ``generate`` here does not.
 
 Model: the quick-start's tiny Qwen3 (``relax.core.quickstart_model``), built locally, fp32 on CPU
-with one torch thread for both. Rounds alternate the two sides so machine-speed drift hits both
-alike; the headline is the median over rounds of the per-round ratio.
+with one torch thread for both. Each round runs both sides on the same lengths, in alternating
+order, so machine-speed drift hits both alike; the headline is the median of the per-round ratios.
 
     python bench/engine.py [--rounds 5] [--prompts 32] [--group 8] [--batch 64]
 """
@@ -121,9 +121,13 @@ def main() -> None:
         for r in range(args.rounds):
             lens = lengths(n, args.median, args.sigma, args.max_len, seed=r)
             tokens = sum(lens)
-            t_gen = run_generate(model, prompt_ids, lens, args.group, args.batch)
             stats = dict(engine.stats)
-            t_eng = run_engine(engine, prompt_ids, lens, args.group, seed=r)
+            if r % 2:  # alternate which side goes first
+                t_eng = run_engine(engine, prompt_ids, lens, args.group, seed=r)
+                t_gen = run_generate(model, prompt_ids, lens, args.group, args.batch)
+            else:
+                t_gen = run_generate(model, prompt_ids, lens, args.group, args.batch)
+                t_eng = run_engine(engine, prompt_ids, lens, args.group, seed=r)
             steps = engine.stats["decode_steps"] - stats["decode_steps"]
             ratios.append(t_gen / t_eng)
             print(f"round {r}: {n} responses, {tokens} tokens (longest {max(lens)}) | "

@@ -59,3 +59,19 @@ def test_sampling_frequencies_match_distribution():
     lp = _lp().expand(20000, 3)
     counts = torch.bincount(sample_tokens(lp, u, torch.zeros(20000, dtype=torch.bool), lp), minlength=3)
     torch.testing.assert_close(counts / 20000.0, torch.tensor([0.5, 0.3, 0.2]), atol=0.015, rtol=0)
+
+
+def test_untruncated_rows_are_the_same_with_or_without_a_truncated_neighbour():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 50, generator=gen) * 4
+    temperature = torch.tensor([1.0, 0.7, 0.0])
+    plain = sampling_logprobs(logits, temperature, torch.zeros(3, dtype=torch.long), torch.ones(3))
+    torch.testing.assert_close(plain[0], logits[0].log_softmax(-1))
+    torch.testing.assert_close(plain[1], (logits[1] / 0.7).log_softmax(-1))
+    torch.testing.assert_close(plain[2], logits[2].log_softmax(-1))
+    mixed = sampling_logprobs(
+        torch.cat([logits, logits[:1]]), torch.cat([temperature, torch.ones(1)]),
+        torch.tensor([0, 50, 0, 5]), torch.tensor([1.0, 1.0, 1.0, 0.9]),
+    )
+    torch.testing.assert_close(mixed[:3], plain, atol=0, rtol=0)
+    assert torch.isinf(mixed[3]).sum() >= 45  # the fourth row is truncated to at most 5 tokens

@@ -23,6 +23,9 @@ def sampling_logprobs(
     greedy = temperature <= 0
     x = logits.float() / torch.where(greedy, 1.0, temperature.float())[:, None]
     vocab = x.shape[-1]
+    if bool(((top_k <= 0) | (top_k >= vocab)).all() and (top_p >= 1.0).all()):
+        # nothing to truncate: skip the sort over the vocabulary (the common RL setting)
+        return torch.where(greedy[:, None], logits.float(), x).log_softmax(dim=-1)
     sorted_x = x.sort(dim=-1, descending=True).values
     k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).long()
     kth = sorted_x.gather(-1, (k - 1)[:, None])
