@@ -11,8 +11,8 @@ sample's ``reward_info`` (``reward_failed`` / ``reward_timeout``, i.e. ``reward/
 ``reward/timeouts``), so the run continues in every mode.
 
 ``reward_info`` of a sample: ``score``; ``route/<route>`` (the route's mean per step); for each
-component ``<name>/<key>`` of its components and ``<name>/failed``; a single-component route also
-copies its component's keys unprefixed (``acc``, ``format`` ...).
+component ``<name>/<key>`` of its components and ``<name>/failed`` (``<name>#<i>`` when a route
+lists one reward twice); a single-component route also copies its keys unprefixed (``acc`` ...).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class HubParams:
 @dataclass(frozen=True)
 class Component:
     key: str  # "<route>.<index>.<name>": names the pool target
+    label: str  # prefix of its reward_info keys: the name, or "<name>#<index>" if the route repeats it
     name: str
     weight: float
     params: Any
@@ -72,7 +73,7 @@ class Component:
     isolate: bool | None
 
 
-_COMPONENT_KEYS = {f.name for f in dataclasses.fields(Component)} - {"key"}
+_COMPONENT_KEYS = {f.name for f in dataclasses.fields(Component)} - {"key", "label"}
 
 
 def parse_routes(params: HubParams) -> tuple[dict[str, list[Component]], list[str]]:
@@ -90,6 +91,7 @@ def parse_routes(params: HubParams) -> tuple[dict[str, list[Component]], list[st
         if not items:
             errors.append(f"routes.{route}: no components")
         comps = []
+        names = [x if isinstance(x, str) else x.get("name") if isinstance(x, dict) else None for x in items]
         for i, item in enumerate(items):
             path = f"routes.{route}" + (f"[{i}]" if isinstance(spec, list) else "")
             item = {"name": item} if isinstance(item, str) else item
@@ -117,8 +119,10 @@ def parse_routes(params: HubParams) -> tuple[dict[str, list[Component]], list[st
             isolate = item.get("isolate")
             if isolate not in (None, True, False):
                 errors.append(f"{path}.isolate: must be true, false or null, got {isolate!r}")
-            comps.append(Component(f"{route}.{i}.{name}", name, float(weight) if isinstance(weight, int | float) else 1.0,
-                                   typed, float(timeout) if isinstance(timeout, int | float) else 1.0, isolate))
+            label = f"{name}#{i}" if names.count(name) > 1 else name
+            weight = float(weight) if isinstance(weight, int | float) else 1.0
+            timeout = float(timeout) if isinstance(timeout, int | float) else 1.0
+            comps.append(Component(f"{route}.{i}.{name}", label, name, weight, typed, timeout, isolate))
         routes[route] = comps
     if params.default is not None and params.default not in params.routes:
         errors.append(f"default: {params.default!r} is not a route; routes: {', '.join(map(repr, params.routes)) or '(none)'}")
@@ -258,11 +262,11 @@ class Hub:
                             self.params.fallback_score)
                 failed, timed_out = True, timed_out or value.kind == "timeouts"
                 parts = {"score": self.params.fallback_score}
-                info[f"{comp.name}/failed"] = 1.0
+                info[f"{comp.label}/failed"] = 1.0
             else:
-                info[f"{comp.name}/failed"] = 0.0
+                info[f"{comp.label}/failed"] = 0.0
             total += comp.weight * parts["score"]
-            info.update({f"{comp.name}/{k}": v for k, v in parts.items()})
+            info.update({f"{comp.label}/{k}": v for k, v in parts.items()})
             if len(comps) == 1:
                 info.update({k: v for k, v in parts.items() if k != "score"})
         info.update({"score": total, f"route/{route}": total})
