@@ -81,7 +81,8 @@ def test_positive_advantage_raises_logprob_and_metrics_are_real(model_dir, batch
     assert after[pos].mean() > before[pos].mean() + 0.1
     assert after[~pos & (mask > 0)].mean() < before[~pos & (mask > 0)].mean()
     first = metrics[0]
-    assert set(first) == {"loss", "grad_norm", "lr", "entropy", "ratio_mean", "skipped_nonfinite"}
+    assert set(first) == {"loss", "grad_norm", "lr", "entropy", "ratio_mean", "skipped_nonfinite",
+                          "rollout_logprob_abs_diff", "rollout_k3_kl"}  # old logprobs computed here
     assert first["entropy"] == pytest.approx(expected_entropy, abs=1e-5)
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # first step is on-policy
     assert first["lr"] == 1e-2 and first["grad_norm"] > 0 and first["skipped_nonfinite"] == 0.0
@@ -264,3 +265,25 @@ def test_from_config_passes_skip_nonfinite(model_dir):
 
     cfg = load_config(None, ["trainer.skip_nonfinite=true"])
     assert trainer_from_config(cfg, model_dir).skip_nonfinite is True
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_fused_old_logprobs_give_the_separate_forwards_loss_and_gradients(model_dir, batch, minibatches):
+    """On-policy shortcut: a batch without old_logprobs takes the first mini-batch's from its own
+    training forward (detached); loss, gradient norm, weights and ratio must equal the path where
+    the old logprobs came from a separate forward (``forward_logprobs``) first."""
+    kw = dict(micro_batch_size=4, num_minibatches=minibatches)
+    separate, fused = make(model_dir, **kw), make(model_dir, **kw)
+    with_old = dict(batch, old_logprobs=separate.forward_logprobs(batch), rollout_logprobs=batch["rollout_logprobs"])
+    seen = []
+    fused.objective = lambda inputs: (seen.append(inputs.old_logprobs.requires_grad), ppo_objective(inputs))[1]
+    for _ in range(2):
+        a, b = separate.train_step(dict(with_old)), fused.train_step(dict(batch))
+        for key in ("loss", "grad_norm", "entropy", "ratio_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+        assert_params_close(params(separate), params(fused), atol=1e-6)
+        with_old["old_logprobs"] = separate.forward_logprobs(batch)
+    assert b["grad_norm"] > 0 and (minibatches > 1 or b["ratio_mean"] == pytest.approx(1.0, abs=1e-6))
+    assert seen and not any(seen)  # the old logprobs never carry the graph
+    assert b["rollout_logprob_abs_diff"] > 0 and "rollout_logprob_abs_diff" not in a  # vs the fixture's rollout lp
+    assert TorchTrainer.fuses_old_logprobs()

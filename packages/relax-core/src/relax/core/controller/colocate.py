@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import ray
 from tqdm import tqdm
 
 from relax.core.controller import recovery, stages
@@ -69,6 +70,18 @@ def _score_round(state, step: int, metrics: dict[str, float]) -> tuple[list[list
     return list(by_group.values()), counts
 
 
+def _fuses_old_logprobs(state) -> bool:
+    """:func:`stages.fuse_old_logprobs` for this run, asked of the trainer once (colocate is
+    strictly on-policy: the engines sampled with the weights the trainer holds)."""
+    if not hasattr(state, "fused_old_logprobs"):
+        try:
+            fuses = bool(ray.get(state.roles.trainer.call.remote("fuses_old_logprobs"), timeout=state.cfg.trainer.timeout_s))
+        except (AttributeError, ray.exceptions.RayTaskError):
+            fuses = False  # a trainer without the method gets old logprobs from a separate forward
+        state.fused_old_logprobs = stages.fuse_old_logprobs(state.cfg, state.roles, fuses)
+    return state.fused_old_logprobs
+
+
 def colocate_step(state) -> dict[str, float]:
     """One step: prompts -> generate -> reward -> filter -> logprobs -> advantages -> train -> sync."""
     cfg, roles = state.cfg, state.roles
@@ -84,13 +97,17 @@ def colocate_step(state) -> dict[str, float]:
 
     if train_samples:
         raw = collate(train_samples, state.pad_id)
+        fused = _fuses_old_logprobs(state)
         with stages.timed(metrics, "logprob"):
-            extra = stages.forward_batch(roles, raw, cfg)
-        old_lp, ref_lp = extra.pop("old_logprobs"), extra.pop("ref_logprobs", None)
+            extra = stages.forward_batch(roles, raw, cfg, old_logprobs=not fused)
+        old_lp, ref_lp = extra.pop("old_logprobs", None), extra.pop("ref_logprobs", None)
         batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra)
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):
             train_metrics = recovery.train(state, batch, step)
+        for key in ("logprob_abs_diff", "k3_kl"):  # the trainer scored the old logprobs: its mismatch
+            if f"rollout_{key}" in train_metrics:
+                metrics[f"rollout/train_{key}"] = float(train_metrics.pop(f"rollout_{key}"))
         metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
     else:
         recovery.commit_step(state, step, trained=False)

@@ -132,15 +132,31 @@ def greedy_baseline(
             s.reward_info["greedy_reward"] = by_group[s.group_id]
 
 
+def fuse_old_logprobs(cfg: RelaxConfig, roles: Any, trainer_fuses: bool) -> bool:
+    """verl's on-policy shortcut: no separate old-logprob forward; the trainer takes them from its
+    first update's forward, detached (``trainer_fuses``: it declares ``fuses_old_logprobs()``).
+    Only when nothing before the train step reads them: no reference or teacher role (their KL
+    metrics and KL reward shaping compare against them) and an advantage estimator that does not
+    declare ``old_logprobs``. Exact either way: both are the trainer's logprobs before the update."""
+    if not (trainer_fuses and cfg.trainer.recompute_old_logprobs):
+        return False
+    if roles.reference is not None or getattr(roles, "teacher", None) is not None:
+        return False
+    from relax.core.algorithms.registry import algorithm_spec
+
+    return "old_logprobs" not in algorithm_spec("advantage", cfg.algorithm.advantage_estimator).needs
+
+
 def forward_batch(
-    roles: Any, raw: dict[str, torch.Tensor], cfg: RelaxConfig, with_reference: bool = True
+    roles: Any, raw: dict[str, torch.Tensor], cfg: RelaxConfig, with_reference: bool = True, old_logprobs: bool = True
 ) -> dict[str, torch.Tensor]:
     """The forward passes a collated batch needs, submitted together so the roles run concurrently:
     ``old_logprobs`` (policy; the engine's rollout logprobs when ``trainer.recompute_old_logprobs``
-    is off), ``ref_logprobs`` (reference role, unless ``with_reference`` is False because a queue
-    role already computed them), ``teacher_logprobs`` (teacher role), ``values`` (critic)."""
+    is off; none when ``old_logprobs`` is False: the trainer fuses them, see
+    :func:`fuse_old_logprobs`), ``ref_logprobs`` (reference role, unless ``with_reference`` is False
+    because a queue role already computed them), ``teacher_logprobs`` (teacher role), ``values`` (critic)."""
     refs = {}  # output -> (role, operation, ref)
-    if cfg.trainer.recompute_old_logprobs:
+    if old_logprobs and cfg.trainer.recompute_old_logprobs:
         refs["old_logprobs"] = ("trainer", "forward_logprobs", roles.trainer.forward_logprobs.remote(raw))
     if cfg.algorithm.critic.enable:
         refs["values"] = ("trainer", "forward_values", roles.trainer.forward_values.remote(raw))
@@ -153,7 +169,8 @@ def forward_batch(
         name: faults.wait(ref, max(0.0, deadline - time.monotonic()), role, op)
         for name, (role, op, ref) in refs.items()
     }
-    out.setdefault("old_logprobs", raw["rollout_logprobs"])
+    if old_logprobs:
+        out.setdefault("old_logprobs", raw["rollout_logprobs"])
     return out
 
 
@@ -171,7 +188,7 @@ def prepare_batch(
     samples: list[Sample],
     pad_id: int,
     cfg: RelaxConfig,
-    old_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
     ref_logprobs: torch.Tensor | None,
     *,
     values: torch.Tensor | None = None,
@@ -181,11 +198,12 @@ def prepare_batch(
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Collate (or reuse ``raw``, the collated ``samples``), attach old/ref/teacher logprobs, critic
     values and advantages -- computed here unless an advantage role already did (``advantages``,
-    then also the returns); greedy baseline rewards come from ``reward_info["greedy_reward"]``."""
+    then also the returns); greedy baseline rewards come from ``reward_info["greedy_reward"]``.
+    ``old_logprobs`` None: the trainer computes them (and reports the rollout/train mismatch)."""
     batch = dict(raw) if raw is not None else collate(samples, pad_id)
     mask = batch["response_mask"]
-    batch["old_logprobs"] = old_logprobs
-    for name, tensor in [("ref_logprobs", ref_logprobs), ("teacher_logprobs", teacher_logprobs), ("values", values)]:
+    for name, tensor in [("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs),
+                         ("teacher_logprobs", teacher_logprobs), ("values", values)]:
         if tensor is not None:
             batch[name] = tensor
     greedy = None
@@ -213,9 +231,10 @@ def prepare_batch(
     tokens = mask.sum().clamp(min=1)
     metrics["adv/mean"] = float((advantages * mask).sum() / tokens)
     metrics["adv/abs_mean"] = float((advantages.abs() * mask).sum() / tokens)
-    mismatch = mismatch_metrics(old_logprobs, batch["rollout_logprobs"], mask)
-    metrics["rollout/train_logprob_abs_diff"] = mismatch["mismatch_abs_logprob_diff"]
-    metrics["rollout/train_k3_kl"] = mismatch["mismatch_k3_kl"]
+    if old_logprobs is not None:
+        mismatch = mismatch_metrics(old_logprobs, batch["rollout_logprobs"], mask)
+        metrics["rollout/train_logprob_abs_diff"] = mismatch["mismatch_abs_logprob_diff"]
+        metrics["rollout/train_k3_kl"] = mismatch["mismatch_k3_kl"]
     if ref_logprobs is not None:
         kl = get_kl_estimator(cfg.algorithm.kl.estimator)(old_logprobs, ref_logprobs)
         metrics["kl/policy_ref"] = float((kl * mask).sum() / tokens)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.core.algorithms import PolicyLossInputs, entropy_from_logits
+from relax.core.algorithms import PolicyLossInputs, entropy_from_logits, mismatch_metrics
 from relax.core.trainers.critic import Critic, split_rows
 from relax.core.trainers.data_parallel import DataParallel, shard_bounds, take_rows
 from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
@@ -163,40 +163,81 @@ class TorchTrainer:
         """One ``train_step``: ``num_minibatches`` optimizer steps over consecutive slices of the batch.
 
         Needs ``advantages`` (B, R). ``old_logprobs`` default to this model's logprobs before the
-        first update (one extra forward); ``rollout_logprobs`` / ``ref_logprobs`` /
-        ``teacher_logprobs`` are passed through when present.
+        first update, without a separate pass over the first mini-batch: its training forward
+        provides them, detached (verl's on-policy shortcut; see :meth:`fuses_old_logprobs`), and
+        one no-grad forward scores the later mini-batches before any update. ``rollout_logprobs`` /
+        ``ref_logprobs`` / ``teacher_logprobs`` are passed through when present.
 
         Metrics, averaged over mini-batches: ``loss``, ``grad_norm`` (before clipping), ``entropy``
         (token mean), ``lr``, ``skipped_nonfinite`` (updates dropped for a NaN/inf loss or gradient,
         summed; only with ``skip_nonfinite``, else that raises ``NonFiniteError``) and the
         objective's metrics (``*loss`` keys summed over micro-batches, others token-weighted);
         with a critic also ``vf_loss``, ``vf_clip_frac``, ``values_mean``, ``critic_grad_norm``
-        (actor metrics are absent during critic warm-up).
+        (actor metrics are absent during critic warm-up); with old logprobs computed here and
+        ``rollout_logprobs`` given, ``rollout_logprob_abs_diff`` / ``rollout_k3_kl`` (rollout vs
+        trainer, what the controller reports when it scores old logprobs itself).
         """
         if self.optimizer is None or self.objective is None:
             raise RuntimeError("train_step needs a trainable TorchTrainer with an objective")
         batch = self._on_device(batch)
         size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
+        computed = "old_logprobs" not in batch  # scored here: report how far the rollout's were
         if self.dp is not None:
             minis = [self._rank_rows(mini) for mini in split_rows(batch, size)]
-        elif "old_logprobs" not in batch:
-            batch["old_logprobs"] = self._logprobs(batch).to(self.device)
+        elif computed:
+            minis = self._old_logprobs_after_first(batch, size)
+        else:
+            minis = list(split_rows(batch, size))
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         train_critic = self.critic is not None and "values" in batch and "returns" in batch
         train_actor = not (train_critic and self.step < self.critic_warmup_steps)
         records = []
-        for mini in minis if self.dp is not None else split_rows(batch, size):
+        for mini in minis:
             record = self.critic.update(mini) if train_critic else {}
             if train_actor:
                 record.update(self._optimizer_step(mini))
             records.append(record)
         self.step += 1
         metrics = {k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records)) for k in records[0]}
+        if computed and "rollout_logprobs" in batch and all("old_logprobs" in m for m in minis):
+            metrics.update(self._rollout_mismatch(minis))
         if self.critic is not None:
             metrics["actor_updated"] = float(train_actor)
         return {**metrics, "lr": lr}
+
+    @staticmethod
+    def fuses_old_logprobs() -> bool:
+        """``train_step`` accepts a batch without ``old_logprobs`` and takes the first mini-batch's
+        from its own training forward (no separate pass): the controller then skips its old-logprob
+        forward. Exact: both are this model's logprobs before the first update, in the same
+        micro-batches, so the loss and gradients are those of the separate forward."""
+        return True
+
+    def _old_logprobs_after_first(self, batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
+        """Mini-batches of ``size`` rows; every one after the first gets ``old_logprobs`` from one
+        no-grad forward now, before any update. The first has none: ``_optimizer_step`` fills them
+        in from its own forward (and stores them on the mini-batch)."""
+        minis = list(split_rows(batch, size))
+        if len(minis) > 1:
+            rest = self._logprobs(take_rows(batch, size, batch["responses"].shape[0])).to(self.device)
+            for i, mini in enumerate(minis[1:]):
+                mini["old_logprobs"] = rest[i * size : (i + 1) * size]
+        return minis
+
+    def _rollout_mismatch(self, minis: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Rollout vs trainer old logprobs over the whole batch (token means; summed over ranks)."""
+        tokens = abs_sum = k3_sum = 0.0
+        for m in minis:
+            n = float(m["response_mask"].sum())
+            if n:
+                mm = mismatch_metrics(m["old_logprobs"], m["rollout_logprobs"], m["response_mask"])
+                tokens, abs_sum, k3_sum = tokens + n, abs_sum + n * mm["mismatch_abs_logprob_diff"], k3_sum + n * mm["mismatch_k3_kl"]
+        if self.dp is not None:
+            tokens, abs_sum, k3_sum = self.dp.sum([tokens, abs_sum, k3_sum])
+        tokens = max(tokens, 1.0)
+        return {"rollout_logprob_abs_diff": abs_sum / tokens, "rollout_k3_kl": k3_sum / tokens}
 
     def _rank_rows(self, mini: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's rows of a mini-batch, with ``old_logprobs`` scored before any update. A rank
@@ -217,10 +258,14 @@ class TorchTrainer:
             tokens, seqs = self.dp.sum([tokens, seqs])
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, entropy_sum, obj_sums = 0.0, 0.0, {}
+        fused: list[torch.Tensor] = []  # old logprobs taken from this forward (see train_step)
         for sub in split_rows(batch, self.micro_batch_size):
             logits = self._response_logits(sub)
             logprobs = token_logprobs(logits, sub["responses"])
             entropy = entropy_from_logits(logits.float())
+            if "old_logprobs" not in sub:  # exactly what _logprobs returns for these rows
+                sub["old_logprobs"] = torch.where(sub["response_mask"] > 0, logprobs.detach(), 0.0)
+                fused.append(sub["old_logprobs"])
             inputs = PolicyLossInputs(
                 logprobs=logprobs,
                 old_logprobs=sub["old_logprobs"],
@@ -260,6 +305,8 @@ class TorchTrainer:
             if not math.isfinite(float(torch.nn.utils.get_total_norm(params, norm_type=math.inf))):
                 lr = self.optimizer.param_groups[0]["lr"]  # the weights are gone: skipping cannot help
                 self._nonfinite(f"the update (lr {lr:g}) made the weights non-finite", skippable=False)
+        if fused:
+            batch["old_logprobs"] = torch.cat(fused)
         denom = max(tokens, 1.0)
         return {
             **{k: v if k.endswith("loss") else v / denom for k, v in obj_sums.items()},
