@@ -129,13 +129,15 @@ def test_concurrent_calls_share_one_batch(model_dir):
     assert engine.health()["running"] == engine.health()["waiting"] == 0
 
 
-def test_cancelled_call_leaves_the_batch(engine):
+def test_cancelled_call_leaves_the_queue_and_the_batch(engine):
     async def scenario():
         slow = asyncio.ensure_future(engine.generate(group_requests(max_new_tokens=64, ignore_eos=True)))
         await asyncio.sleep(0)
+        assert engine.health()["waiting"] == 16 - 5
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
+        assert engine.health()["waiting"] == 0
         return await engine.generate(group_requests(max_new_tokens=3, ignore_eos=True)[:2])
 
     after = asyncio.run(scenario())
@@ -143,15 +145,30 @@ def test_cancelled_call_leaves_the_batch(engine):
     assert engine.health()["running"] == engine.health()["waiting"] == 0
 
 
-def test_empty_prompt_is_a_clear_error(engine):
-    with pytest.raises(ValueError, match="request 'e' has no prompt_ids"):
-        asyncio.run(engine.generate([GenerationRequest("e", [], SamplingParams())]))
+@pytest.mark.parametrize(("prompt", "error"), [([], "request 'e' has no prompt_ids"),
+                                                ([4, 24, -1], r"token ids outside \[0, 24\): \[24, -1\]")])
+def test_bad_prompt_is_a_clear_error(engine, prompt, error):
+    with pytest.raises(ValueError, match=error):
+        asyncio.run(engine.generate([GenerationRequest("e", prompt, SamplingParams())]))
 
 
-def test_sliding_window_cache_is_refused_by_name(tmp_path):
+def test_a_failed_step_fails_every_call_in_it(tmp_path):
     path = build_tiny_model(tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    with pytest.raises(NotImplementedError, match="DynamicSlidingWindowLayer"):
-        asyncio.run(HFRolloutEngine(path).generate([GenerationRequest("s", PROMPTS[0], SamplingParams())]))
+    engine = HFRolloutEngine(path)
+
+    async def two_calls():
+        engine.pause()  # both calls queue before the first step, so they share it
+        calls = [asyncio.ensure_future(engine.generate([GenerationRequest(str(i), p, SamplingParams())]))
+                 for i, p in enumerate(PROMPTS[:2])]
+        await asyncio.sleep(0.05)
+        engine.resume()
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    errors = asyncio.run(two_calls())
+    assert sorted(type(e).__name__ for e in errors) == ["NotImplementedError", "RuntimeError"]
+    for e in errors:  # the layer type is named, whichever call ran the step
+        assert "DynamicSlidingWindowLayer" in str(e)
+    assert engine.health()["running"] == engine.health()["waiting"] == 0
 
 
 def test_kept_prefill_is_dropped_when_weights_change(model_dir, tmp_path):

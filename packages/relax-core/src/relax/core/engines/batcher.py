@@ -29,6 +29,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: str = ""  # "" while running; then "stop" | "length" | "abort"
+    error: Exception | None = None  # a failed decode step this row was part of
 
     @property
     def context(self) -> list[int]:

@@ -174,15 +174,32 @@ class HFRolloutEngine:
                         stepped = True
                 await asyncio.sleep(0 if stepped else _PAUSE_POLL_S)  # token boundary: let other calls in
         finally:
-            for r in rows:  # a cancelled caller: its rows leave at the next step
-                r.finish = r.finish or "abort"
+            if not all(r.finish for r in rows):  # cancelled or failed: its rows leave the queue and batch
+                for r in rows:
+                    r.finish = r.finish or "abort"
+                with self._step_lock:
+                    self._forget_waiting()
             with self._count_lock:
                 self._in_flight -= 1
+        failed = next((r.error for r in rows if r.error is not None), None)
+        if failed is not None:
+            raise RuntimeError(f"generate: a decode step shared with another call failed: {failed!r}") from failed
         return [self._result(r) for r in rows]
+
+    def _forget_waiting(self) -> None:
+        """Drop finished (aborted) rows from the queue, with their kept prefills."""
+        self._waiting = deque(r for r in self._waiting if not r.finish)
+        self._waiting_contexts = Counter(tuple(r.context[:-1]) for r in self._waiting)
+        for key in [k for k in self._prefixes if k not in self._waiting_contexts]:
+            del self._prefixes[key]
 
     def _row(self, request: GenerationRequest, epoch: int) -> Row:
         if not request.prompt_ids and not request.prefix_response_ids:
             raise ValueError(f"generate: request {request.request_id!r} has no prompt_ids (and no prefix)")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        bad = [t for t in (*request.prompt_ids, *request.prefix_response_ids) if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"generate: request {request.request_id!r} has token ids outside [0, {vocab}): {bad[:5]}")
         p = request.params
         stop_ids = (frozenset() if p.ignore_eos else self.eos_token_ids) | frozenset(p.stop_token_ids)
         row = Row(request, self._uniforms(request), stop_ids, epoch)
@@ -202,10 +219,28 @@ class HFRolloutEngine:
         return drawn[len(request.prefix_response_ids) :].tolist()
 
     def _step(self) -> None:
-        """One token for every live row (the caller holds the step lock and checked for pause)."""
-        batch = self._batch
-        batch.drop_finished()  # aborted or cancelled rows
-        free = self.max_batch_size - len(batch)
+        """One token for every live row (the caller holds the step lock and checked for pause).
+
+        If the step fails, every row in it ends with the error (their callers raise it) and the
+        batch starts afresh; requests still queued are unaffected.
+        """
+        joining: list[Row] = []
+        done_with: list[tuple[int, ...]] = []
+        try:
+            self._batch.drop_finished()  # aborted or cancelled rows
+            joining, done_with = self._take_waiting(self.max_batch_size - len(self._batch))
+            self._decode(joining)
+        except Exception as exc:
+            for row in [*self._batch.rows, *joining]:
+                row.error, row.finish = exc, row.finish or "abort"
+            self._batch = DecodeBatch(self.device)
+            raise
+        finally:
+            for key in done_with:  # prefilled in this step if needed; no queued row needs them now
+                self._prefixes.pop(key, None)
+
+    def _take_waiting(self, free: int) -> tuple[list[Row], list[tuple[int, ...]]]:
+        """Up to ``free`` queued rows, oldest first, and the contexts no queued row has any more."""
         joining, done_with = [], []
         while free > len(joining) and self._waiting:
             row = self._waiting.popleft()
@@ -216,11 +251,13 @@ class HFRolloutEngine:
                 done_with.append(key)
             if not row.finish:
                 joining.append(row)
+        return joining, done_with
+
+    def _decode(self, joining: list[Row]) -> None:
+        batch = self._batch
         if joining:
             joining, cache = self._prefill(joining)
             batch.join(joining, cache)
-        for key in done_with:  # no waiting request reuses these prefills
-            self._prefixes.pop(key, None)
         if not len(batch):
             return
         with torch.no_grad():
