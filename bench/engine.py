@@ -79,10 +79,12 @@ def run_engine(engine, prompt_ids: list[list[int]], lens: list[int], group: int,
     from relax.core.protocols import GenerationRequest, SamplingParams
 
     requests = [
-        GenerationRequest(f"{p}/{g}", prompt, SamplingParams(max_new_tokens=lens[p * group + g], ignore_eos=True,
-                                                             seed=seed * 100_000 + p * group + g))
-        for p, prompt in enumerate(prompt_ids)
-        for g in range(group)
+        GenerationRequest(
+            f"{i // group}/{i % group}",
+            prompt_ids[i // group],
+            SamplingParams(max_new_tokens=n, ignore_eos=True, seed=seed * 100_000 + i),
+        )
+        for i, n in enumerate(lens)
     ]
     start = time.perf_counter()
     results = asyncio.run(engine.generate(requests))
@@ -133,7 +135,8 @@ def main() -> None:
             print(f"round {r}: {n} responses, {tokens} tokens (longest {max(lens)}) | "
                   f"generate {t_gen:.2f}s {tokens / t_gen:.0f} tok/s | "
                   f"engine {t_eng:.2f}s {tokens / t_eng:.0f} tok/s, {steps} steps, "
-                  f"{engine.stats['prefill_rows'] - stats['prefill_rows']} prefills | ratio {t_gen / t_eng:.2f}")
+                  f"{engine.stats['prefill_rows'] - stats['prefill_rows']} prefills "
+                  f"| ratio {t_gen / t_eng:.2f}")
     print(f"engine: {statistics.median(ratios):.2f}x tokens/s (Relax HF engine / model.generate)")
 
 

@@ -41,7 +41,8 @@ def one_at_a_time(engine, requests):
 
 def assert_same(got, expected, versions=True):
     for g, e in zip(got, expected, strict=True):
-        assert (g.request_id, g.response_ids, g.finish_reason) == (e.request_id, e.response_ids, e.finish_reason)
+        assert g.request_id == e.request_id
+        assert (g.response_ids, g.finish_reason) == (e.response_ids, e.finish_reason), g.request_id
         # fp32 noise only: the same math at other batch shapes (the old static batcher showed 8e-6)
         torch.testing.assert_close(g.logprobs, e.logprobs, atol=5e-5, rtol=0)
         assert g.versions == e.versions or not versions
@@ -105,7 +106,10 @@ def test_resumed_and_fresh_requests_batch_together(engine):
 
 def test_concurrent_calls_share_one_batch(model_dir):
     engine = HFRolloutEngine(model_dir)
-    calls = [group_requests(temperature=1.0, max_new_tokens=12)[:8], group_requests(temperature=0.7, max_new_tokens=9)[8:]]
+    calls = [
+        group_requests(temperature=1.0, max_new_tokens=12)[:8],
+        group_requests(temperature=0.7, max_new_tokens=9)[8:],
+    ]
     expected = [one_at_a_time(engine, c) for c in calls]
     steps_before = engine.stats["decode_steps"]
     results = [None, None]

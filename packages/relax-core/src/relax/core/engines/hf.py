@@ -39,8 +39,8 @@ class HFRolloutEngine:
 
     ``max_batch_size`` caps how many requests decode together (the others wait for a free slot).
     Requests without a seed draw one from the engine's generator (seeded by ``seed``).
-    Generation stops at the model's EOS ids (generation config and tokenizer; unless ``ignore_eos``) in addition
-    to each request's ``stop_token_ids``; the stop token is kept in ``response_ids``.
+    Generation stops at the model's EOS ids (generation config and tokenizer; unless ``ignore_eos``) in
+    addition to each request's ``stop_token_ids``; the stop token is kept in ``response_ids``.
     """
 
     def __init__(
@@ -183,7 +183,8 @@ class HFRolloutEngine:
                 self._in_flight -= 1
         failed = next((r.error for r in rows if r.error is not None), None)
         if failed is not None:
-            raise RuntimeError(f"generate: a decode step shared with another call failed: {failed!r}") from failed
+            message = f"generate: a decode step shared with other calls failed: {failed!r}"
+            raise RuntimeError(message) from failed
         return [self._result(r) for r in rows]
 
     def _forget_waiting(self) -> None:
@@ -199,7 +200,9 @@ class HFRolloutEngine:
         vocab = self.model.get_input_embeddings().num_embeddings
         bad = [t for t in (*request.prompt_ids, *request.prefix_response_ids) if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"generate: request {request.request_id!r} has token ids outside [0, {vocab}): {bad[:5]}")
+            raise ValueError(
+                f"generate: request {request.request_id!r} has token ids outside [0, {vocab}): {bad[:5]}"
+            )
         p = request.params
         stop_ids = (frozenset() if p.ignore_eos else self.eos_token_ids) | frozenset(p.stop_token_ids)
         row = Row(request, self._uniforms(request), stop_ids, epoch)
@@ -323,7 +326,8 @@ class HFRolloutEngine:
         if tok in row.stop_ids:
             return "stop"
         if row.request.params.stop:
-            text = self.tokenizer.decode(list(row.request.prefix_response_ids) + row.ids, skip_special_tokens=True)
+            response = list(row.request.prefix_response_ids) + row.ids
+            text = self.tokenizer.decode(response, skip_special_tokens=True)
             if any(s in text for s in row.request.params.stop):
                 return "stop"
         return "length" if len(row.ids) >= row.budget else ""

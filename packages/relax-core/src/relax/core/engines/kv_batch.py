@@ -87,10 +87,9 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]  # one row's (keys, values) per
 
 def row_layers(cache: Any, row: int, length: int) -> Layers:
     """Row ``row``'s last ``length`` positions (its real tokens), per layer."""
-    return [
-        (layer.keys[row : row + 1, :, layer.keys.shape[-2] - length :], layer.values[row : row + 1, :, layer.values.shape[-2] - length :])
-        for layer in cache.layers
-    ]
+    start = width(cache) - length
+    rows = slice(row, row + 1)
+    return [(layer.keys[rows, :, start:], layer.values[rows, :, start:]) for layer in cache.layers]
 
 
 def stack_rows(rows: list[Layers]) -> Any:
