@@ -133,6 +133,20 @@ def test_concurrent_calls_share_one_batch(model_dir):
     assert engine.health()["running"] == engine.health()["waiting"] == 0
 
 
+def test_a_short_call_returns_while_a_long_one_decodes_in_another_thread(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    long_req = GenerationRequest("long", PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True, seed=1))
+    long_call = threading.Thread(target=lambda: asyncio.run(engine.generate([long_req])))
+    long_call.start()
+    while not engine.health()["running"]:
+        long_call.join(0.001)
+    short = asyncio.run(engine.generate([GenerationRequest("short", PROMPTS[1], SamplingParams(max_new_tokens=3))]))
+    still_running = long_call.is_alive()
+    long_call.join(120)
+    assert 1 <= len(short[0].response_ids) <= 3
+    assert still_running, "the short call waited for the long one (it must return once its rows finish)"
+
+
 def test_cancelled_call_leaves_the_queue_and_the_batch(engine):
     async def scenario():
         slow = asyncio.ensure_future(engine.generate(group_requests(max_new_tokens=64, ignore_eos=True)))

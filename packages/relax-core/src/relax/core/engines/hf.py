@@ -161,17 +161,21 @@ class HFRolloutEngine:
                     if not r.finish:
                         self._waiting.append(r)
                         self._waiting_contexts[tuple(r.context[:-1])] += 1
-            while True:
+            while not all(r.finish for r in rows):
+                # a bounded wait: while another caller steps (for these rows too), notice they are done
+                if not self._step_lock.acquire(timeout=_PAUSE_POLL_S):
+                    await asyncio.sleep(0)
+                    continue
                 stepped = False
-                with self._step_lock:
+                try:
                     if self._abort_epoch != epoch:
                         for r in rows:
                             r.finish = r.finish or "abort"
-                    if all(r.finish for r in rows):
-                        break
-                    if self._running.is_set():
+                    elif self._running.is_set() and not all(r.finish for r in rows):
                         self._step()
                         stepped = True
+                finally:
+                    self._step_lock.release()
                 await asyncio.sleep(0 if stepped else _PAUSE_POLL_S)  # token boundary: let other calls in
         finally:
             if not all(r.finish for r in rows):  # cancelled or failed: its rows leave the queue and batch
