@@ -103,4 +103,6 @@ class StatusResponse(BaseModel):
     queue: QueueInfo = QueueInfo()
     trainer_idle_frac: float | None = None
     operation: OperationInfo | None = None
+    autoscaler: dict[str, Any] | None = None  # enabled, latest decisions (step, action, reason)
+    status: str | None = None  # how the run ended (completed, failed, interrupted), once finished
     updated: float | None = None
