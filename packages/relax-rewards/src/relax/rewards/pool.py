@@ -47,7 +47,7 @@ def _serve(conn: Any) -> None:
     """Worker main: read ``(sys.path, targets)``, warm targets up, then answer ``(name, arg)`` calls."""
     try:
         paths, payload = pickle.loads(conn.recv_bytes())
-        sys.path[:] = [p for p in paths if p not in sys.path] + sys.path
+        sys.path.extend(p for p in paths if p not in sys.path)  # after ours: never shadow what we import
         targets: dict[str, Any] = pickle.loads(payload)
         for target in targets.values():
             warm = getattr(target, "warm_up", None)
