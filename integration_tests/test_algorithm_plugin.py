@@ -1,6 +1,6 @@
 """An out-of-tree algorithm gets the wiring and checks of a built-in one: a plugin module, loaded
 through ``RELAX_PLUGINS`` like any plugin, registers an advantage estimator through the
-``relax_register_algorithms`` hook declaring ``needs={"reference", "groups"}``. With
+``relax_register_algorithms`` hook declaring ``needs={"reference", "groups", "old_logprobs"}``. With
 ``algorithm.kl.coef`` left at 0 (nothing else asks for a reference model), a real colocate run
 through Ray starts the reference role because of that declaration and hands the estimator real
 reference logprobs; config errors for the plugin's algorithms come from their declarations."""
@@ -42,7 +42,7 @@ def needs_values(inputs):
 
 
 def relax_register_algorithms(register):
-    register("ref_grpo", ref_regularised_grpo, kind="advantage", needs={"reference", "groups"})
+    register("ref_grpo", ref_regularised_grpo, kind="advantage", needs={"reference", "groups", "old_logprobs"})
     register("valued", needs_values, kind="advantage", needs={"values"}, modes={"colocate"})
 """
 

@@ -18,7 +18,7 @@ NEEDS: dict[str, str] = {
     "reference": "reference-model logprobs (a frozen reference role, also started by algorithm.kl.coef > 0)",
     "teacher": "distillation-teacher logprobs (a frozen teacher role on algorithm.teacher_model_path)",
     "greedy_baseline": "the reward of one greedy response per prompt (algorithm.greedy_baseline: true)",
-    "old_logprobs": "logprobs of the sampling policy (always provided: trainer recompute or the engine's)",
+    "old_logprobs": "logprobs of the sampling policy (an estimator that reads them must declare it)",
     "groups": "several responses per prompt, compared within their group (rollout.n_samples_per_prompt >= 2)",
     "kl": "a KL penalty towards the reference model (algorithm.kl.coef > 0, as reward shaping or loss term)",
     "sum_pi_squared": "per-token sum over the vocabulary of squared policy probabilities",
