@@ -74,7 +74,7 @@ def test_autoscaler_scales_out_after_k_starved_steps_then_cools_down_and_respect
     starved = dict(trainer_idle_frac=0.6, queue_fill=0.1)
     assert policy.observe(Observation(1, 1, now=0, **starved)).action is None
     decision = policy.observe(Observation(2, 1, now=1, **starved))
-    assert decision.action == "scale_out" and "trainer idle 60%" in decision.reason
+    assert decision.action == "scale_out" and "over 2/2 steps trainer idle 60%" in decision.reason
     assert "in flight" in policy.observe(Observation(3, 1, now=2, busy=True, **starved)).reason
     policy.operation_ended(now=3)
     assert "cooling down" in policy.observe(Observation(4, 2, now=5, **starved)).reason
@@ -87,6 +87,10 @@ def test_autoscaler_scales_out_after_k_starved_steps_then_cools_down_and_respect
     policy.observe(Observation(3, 1, now=2, **full))
     assert "min_engines=1 is reached" in policy.observe(Observation(4, 1, now=3, **full)).reason
     assert queue_fill(32, max_staleness=1, step_rows=32) == 0.5 and queue_fill(99, 0, 32) == 1.0
+    # steps alternating between waiting and finding the batch ready (staleness 1) still add up to starved
+    policy = Autoscaler(cfg)
+    policy.observe(Observation(1, 1, trainer_idle_frac=0.95, queue_fill=0.0, now=0))
+    assert policy.observe(Observation(2, 1, trainer_idle_frac=0.05, queue_fill=0.5, now=1)).action == "scale_out"
 
 
 def test_prometheus_exposition_is_valid_text_format():

@@ -1,15 +1,18 @@
 """Autoscaler policy: pure decisions from per-step observations (the agent acts on them).
 
-Scale out by one engine when rollout is the bottleneck -- the trainer idled above
-``idle_frac`` of the step for ``steps`` consecutive steps while the queue was starved (below
-``starved_fill`` of what the staleness gate lets the producer run ahead). Scale in by one when
-the queue stayed at least ``full_fill`` full for ``steps`` steps (the trainer is the bottleneck).
+Scale out by one engine when rollout is the bottleneck -- over the last ``steps`` steps the
+trainer idled above ``idle_frac`` of the time on average while the queue was starved (below
+``starved_fill`` on average of what the staleness gate lets the producer run ahead). Scale in by
+one when the queue stayed at least ``full_fill`` full on average (the trainer is the bottleneck).
+Averages over a window, because with ``max_staleness >= 1`` steps alternate between waiting for
+rollout and finding the next batch already there.
 Bounds ``min_engines`` / ``max_engines``; no decision within ``cooldown_s`` of the end of the last
 scale operation, nor while one is in flight. Every decision says why.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from relax.core.control.settings import AutoscalerConfig
@@ -40,23 +43,24 @@ def queue_fill(rows: float, max_staleness: int, step_rows: int) -> float:
 class Autoscaler:
     def __init__(self, cfg: AutoscalerConfig) -> None:
         self.cfg = cfg
-        self.starved_steps = 0
-        self.full_steps = 0
+        self.window: deque[Observation] = deque(maxlen=cfg.steps)
         self.quiet_until = float("-inf")  # cool-down end (monotonic)
 
     def operation_ended(self, now: float) -> None:
         """A scale operation (ours or an operator's) finished: start the cool-down, reset streaks."""
         self.quiet_until = now + self.cfg.cooldown_s
-        self.starved_steps = self.full_steps = 0
+        self.window.clear()
 
     def observe(self, obs: Observation) -> Decision:
-        c = self.cfg
-        starved = obs.trainer_idle_frac > c.idle_frac and obs.queue_fill < c.starved_fill
-        full = obs.queue_fill >= c.full_fill
-        self.starved_steps = self.starved_steps + 1 if starved else 0
-        self.full_steps = self.full_steps + 1 if full else 0
-        seen = (f"trainer idle {obs.trainer_idle_frac:.0%}, queue {obs.queue_fill:.0%} full, {obs.engines} engine(s); "
-                f"starved {self.starved_steps}/{c.steps} steps, full {self.full_steps}/{c.steps}")
+        c, window = self.cfg, self.window
+        window.append(obs)
+        idle = sum(o.trainer_idle_frac for o in window) / len(window)
+        fill = sum(o.queue_fill for o in window) / len(window)
+        complete = len(window) == c.steps
+        starved = complete and idle > c.idle_frac and fill < c.starved_fill
+        full = complete and fill >= c.full_fill
+        seen = (f"over {len(window)}/{c.steps} steps trainer idle {idle:.0%}, queue {fill:.0%} full; "
+                f"{obs.engines} engine(s)")
 
         def hold(why: str) -> Decision:
             return Decision(obs.step, None, f"{why} ({seen})")
@@ -65,14 +69,14 @@ class Autoscaler:
             return hold("a scale operation is in flight")
         if obs.now < self.quiet_until:
             return hold(f"cooling down for {self.quiet_until - obs.now:.0f}s more")
-        if self.starved_steps >= c.steps:
+        if starved:
             if obs.engines >= c.max_engines:
                 return hold(f"rollout is the bottleneck but max_engines={c.max_engines} is reached")
-            self.starved_steps = 0
+            window.clear()
             return Decision(obs.step, "scale_out", f"rollout is the bottleneck: {seen}")
-        if self.full_steps >= c.steps:
+        if full:
             if obs.engines <= c.min_engines:
                 return hold(f"the queue stays full but min_engines={c.min_engines} is reached")
-            self.full_steps = 0
+            window.clear()
             return Decision(obs.step, "scale_in", f"the queue stays full: {seen}")
         return hold("no change")
