@@ -55,6 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.handle_error = lambda request, address: None  # /slow writes after the client gave up
     httpd.requests = []
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
