@@ -191,7 +191,7 @@ def test_segments_cover_every_tensor_once_and_bound_runs():
 
 
 @pytest.mark.parametrize("where", ["actor", "local"])
-@pytest.mark.parametrize("transport", ["in_process", "object_store", "broadcast", "disk"])
+@pytest.mark.parametrize("transport", ["in_process", "object_store", "broadcast", "disk", "shared_memory"])
 def test_delivery_is_bit_identical_versioned_and_bracketed(engines, transport, where, tmp_path):
     """Trainer actor → engine actors (the run's path), or a local trainer (colocated) → actors and
     local engines: every byte arrives, every engine serves the version, begin/end bracket the buckets."""

@@ -6,7 +6,9 @@ Built-in transports (``weight_sync.transport``, typed ``weight_sync.params``):
 - ``in_process`` — :class:`InProcessSync`, direct calls (colocated trainer and engines, tests);
 - ``object_store`` — :class:`ObjectStoreSync`, one Ray object-store put per bucket (``max_inflight``);
 - ``broadcast`` — :class:`BroadcastSync`, torch.distributed gloo / NCCL (``backend``, ``master_addr``);
-- ``disk`` — :class:`DiskSync`, safetensors shards per version (``directory``, ``keep``).
+- ``disk`` — :class:`DiskSync`, safetensors shards per version (``directory``, ``keep``);
+- ``shared_memory`` — :class:`SharedMemorySync`, one reused ``/dev/shm`` segment mapped by the
+  trainer and every colocated engine, one call per engine per sync (``directory``).
 
 A third-party transport subclasses :class:`Transport` (``name``, ``config``, ``send``, a
 :class:`Receiver` subclass) and registers it in ``relax_register_weight_syncs`` as
@@ -19,6 +21,7 @@ from relax.core.weight_sync.base import WeightSyncError
 from relax.core.weight_sync.broadcast import BroadcastParams, BroadcastReceiver, BroadcastSync
 from relax.core.weight_sync.direct import InProcessParams, InProcessSync, ObjectStoreParams, ObjectStoreSync
 from relax.core.weight_sync.disk import DiskParams, DiskReceiver, DiskSync
+from relax.core.weight_sync.shared_memory import SharedMemoryParams, SharedMemoryReceiver, SharedMemorySync
 from relax.core.weight_sync.transport import (
     Peers,
     Receiver,
@@ -29,7 +32,7 @@ from relax.core.weight_sync.transport import (
 )
 
 TRANSPORTS: dict[str, type[Transport]] = {
-    cls.name: cls for cls in (InProcessSync, ObjectStoreSync, BroadcastSync, DiskSync)
+    cls.name: cls for cls in (InProcessSync, ObjectStoreSync, BroadcastSync, DiskSync, SharedMemorySync)
 }
 
 
@@ -53,6 +56,9 @@ __all__ = [
     "ObjectStoreSync",
     "Peers",
     "Receiver",
+    "SharedMemoryParams",
+    "SharedMemoryReceiver",
+    "SharedMemorySync",
     "Transport",
     "TransportSpec",
     "WeightSyncError",
