@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import math
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +159,7 @@ class Hub:
         self.pooled = {c.key for comps in routes.values() for c in comps if self._isolated(c)}
         self.pool = ProcessPool({k: self.rewards[k] for k in self.pooled}, size=params.workers,
                                 start_timeout_s=params.start_timeout_s) if self.pooled else None
-        self._sems: dict[int, asyncio.Semaphore] = {}
+        self._sems: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def _isolated(self, comp: Component) -> bool:
@@ -168,11 +169,11 @@ class Hub:
 
     def _sem(self) -> asyncio.Semaphore:
         """One semaphore per event loop (the conformance kit and core's runner use different loops)."""
-        loop_id = id(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
         with self._lock:
-            if loop_id not in self._sems:
-                self._sems[loop_id] = asyncio.Semaphore(self.params.max_concurrency)
-            return self._sems[loop_id]
+            if loop not in self._sems:
+                self._sems[loop] = asyncio.Semaphore(self.params.max_concurrency)
+            return self._sems[loop]
 
     def route_of(self, sample: Any) -> str:
         value = (sample.metadata or {}).get(self.params.route_key)

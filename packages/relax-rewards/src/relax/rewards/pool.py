@@ -203,10 +203,6 @@ class ProcessPool:
 
         return await in_daemon_thread(self.call, name, arg, timeout_s, wait_s)
 
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [w.pid for w in self._all]
-
     def close(self) -> None:
         self._closed = True
         with self._lock:
