@@ -175,7 +175,7 @@ class ProcessPool:
             raise CallTimeout(f"no free reward worker within {wait:g}s") from None
         try:
             worker.wait_ready(max(1.0, deadline - time.monotonic()))
-        except WorkerDied:
+        except (WorkerDied, RuntimeError):  # died, or its start-up (unpickling, warm-up) failed
             self._replace(worker)
             raise
         try:
