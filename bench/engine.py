@@ -14,7 +14,9 @@ same useful work; tokens/s counts only the response tokens the requests asked fo
 
 Model: the quick-start's tiny Qwen3 (``relax.core.quickstart_model``), built locally, fp32 on CPU
 with one torch thread for both. Each round runs both sides on the same lengths, in alternating
-order, so machine-speed drift hits both alike; the headline is the median of the per-round ratios.
+order, so machine-speed drift hits both alike; the headline is the median of the per-round
+wall-clock ratios (the ratio of this process's CPU time, less moved by other load on a shared
+machine, is printed above it).
 
     python bench/engine.py [--rounds 5] [--prompts 32] [--group 8] [--batch 64]
 """
@@ -56,11 +58,17 @@ def lengths(n: int, median: float, sigma: float, cap: int, seed: int) -> list[in
     return drawn.round().clamp(1, cap).long().tolist()
 
 
-def run_generate(model, prompt_ids: list[list[int]], lens: list[int], group: int, batch: int) -> float:
+def timed(fn, *args) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds): CPU time is less moved by other processes' load."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn(*args)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def run_generate(model, prompt_ids: list[list[int]], lens: list[int], group: int, batch: int) -> None:
     from transformers import GenerationConfig
 
     per_call = batch // group
-    start = time.perf_counter()
     for i in range(0, len(prompt_ids), per_call):
         chunk = prompt_ids[i : i + per_call]
         longest = max(lens[i * group : (i + len(chunk)) * group])
@@ -72,10 +80,9 @@ def run_generate(model, prompt_ids: list[list[int]], lens: list[int], group: int
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         assert out.shape == (len(chunk) * group, width + longest), out.shape
-    return time.perf_counter() - start
 
 
-def run_engine(engine, prompt_ids: list[list[int]], lens: list[int], group: int, seed: int) -> float:
+def run_engine(engine, prompt_ids: list[list[int]], lens: list[int], group: int, seed: int) -> None:
     from relax.core.protocols import GenerationRequest, SamplingParams
 
     requests = [
@@ -86,16 +93,13 @@ def run_engine(engine, prompt_ids: list[list[int]], lens: list[int], group: int,
         )
         for i, n in enumerate(lens)
     ]
-    start = time.perf_counter()
     results = asyncio.run(engine.generate(requests))
-    seconds = time.perf_counter() - start
     assert [len(r.response_ids) for r in results] == lens
-    return seconds
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64)
@@ -119,24 +123,27 @@ def main() -> None:
               f"lengths log-normal(median {args.median:g}, sigma {args.sigma:g}) <= {args.max_len}")
         run_generate(model, prompt_ids[: args.batch // args.group], [4] * args.batch, args.group, args.batch)
         run_engine(engine, prompt_ids[:2], [4] * 2 * args.group, args.group, seed=0)  # warm-up
-        ratios = []
+        ratios, cpu_ratios = [], []
         for r in range(args.rounds):
             lens = lengths(n, args.median, args.sigma, args.max_len, seed=r)
             tokens = sum(lens)
             stats = dict(engine.stats)
+            sides = [(run_generate, model, prompt_ids, lens, args.group, args.batch),
+                     (run_engine, engine, prompt_ids, lens, args.group, r)]
             if r % 2:  # alternate which side goes first
-                t_eng = run_engine(engine, prompt_ids, lens, args.group, seed=r)
-                t_gen = run_generate(model, prompt_ids, lens, args.group, args.batch)
+                (t_eng, c_eng), (t_gen, c_gen) = [timed(*side) for side in reversed(sides)]
             else:
-                t_gen = run_generate(model, prompt_ids, lens, args.group, args.batch)
-                t_eng = run_engine(engine, prompt_ids, lens, args.group, seed=r)
+                (t_gen, c_gen), (t_eng, c_eng) = [timed(*side) for side in sides]
             steps = engine.stats["decode_steps"] - stats["decode_steps"]
             ratios.append(t_gen / t_eng)
+            cpu_ratios.append(c_gen / c_eng)
             print(f"round {r}: {n} responses, {tokens} tokens (longest {max(lens)}) | "
                   f"generate {t_gen:.2f}s {tokens / t_gen:.0f} tok/s | "
                   f"engine {t_eng:.2f}s {tokens / t_eng:.0f} tok/s, {steps} steps, "
                   f"{engine.stats['prefill_rows'] - stats['prefill_rows']} prefills "
-                  f"| ratio {t_gen / t_eng:.2f}")
+                  f"| ratio {t_gen / t_eng:.2f} (CPU time {c_gen / c_eng:.2f})")
+    print(f"per-round ratios {min(ratios):.2f}-{max(ratios):.2f}; "
+          f"by CPU time: median {statistics.median(cpu_ratios):.2f}x")
     print(f"engine: {statistics.median(ratios):.2f}x tokens/s (Relax HF engine / model.generate)")
 
 
