@@ -173,6 +173,7 @@ import requests
 
 BASE, OUT = os.environ["PROBE_BASE"], os.environ["PROBE_OUT"]
 RECORD = {"decisions": {}}
+DONE = threading.Event()
 
 def _get(path):
     for _ in range(600):  # the control plane starts after this plugin's run-start hook
@@ -213,11 +214,15 @@ def _script():
         RECORD["scale_in"] = op
     except BaseException as exc:
         RECORD["error"] = repr(exc)
+    finally:
+        DONE.set()
 
 def relax_on_run_start(run):
     threading.Thread(target=_script, daemon=True).start()
 
 def relax_on_step_end(step, metrics):
+    if step == int(os.environ["PROBE_STEPS"]) - 1:
+        DONE.wait(120)  # the run must outlast the script on a slow machine
     try:
         for d in (_get("/status").get("autoscaler") or {}).get("decisions", []):
             RECORD["decisions"][str(d["step"])] = d
@@ -246,8 +251,8 @@ def test_autoscaler_scales_out_a_starved_trainer_and_scale_in_drains_a_busy_engi
     port, out, run_dir = _free_port(), tmp_path / "probe.json", tmp_path / "run"
     env = {**os.environ, "RAY_ADDRESS": "", "RELAX_PLUGINS": "sim_plugin,ctl_probe",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "bench" / "plugins"), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "PROBE_BASE": f"http://127.0.0.1:{port}", "PROBE_OUT": str(out)}
-    args = [*SIM, "total_steps=14", f"run_dir={run_dir}", f"control.port={port}"]
+           "PROBE_BASE": f"http://127.0.0.1:{port}", "PROBE_OUT": str(out), "PROBE_STEPS": "40"}
+    args = [*SIM, "total_steps=40", f"run_dir={run_dir}", f"control.port={port}"]
     proc = subprocess.run([sys.executable, "-m", "relax.core.cli", "run", *args], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -267,4 +272,4 @@ def test_autoscaler_scales_out_a_starved_trainer_and_scale_in_drains_a_busy_engi
     assert record["load_at_scale_in"] > 0 and scale_in["state"] == "done", scale_in
     assert scale_in["result"]["engines"] == {str(record["drained_engine"]): {"drained": True, "forced_requests": 0}}
     assert scale_in["history"][:3] == ["pending", "taken", "draining"]
-    assert rows[-1]["fault/resubmitted_requests"] == 0 and len(rows) == 14
+    assert rows[-1]["fault/resubmitted_requests"] == 0 and len(rows) == 40

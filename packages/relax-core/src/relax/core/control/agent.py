@@ -23,6 +23,7 @@ from relax.core.control.autoscaler import Autoscaler, Decision, Observation, que
 log = logging.getLogger("relax")
 
 HUB_TIMEOUT_S = 30.0
+SETTLE_S = 120.0  # longest the run's end waits for a scale operation in flight (no Ray call may outlive Ray)
 HEALTH_TIMEOUT_S = 5.0
 DECISIONS_KEPT = 50
 
@@ -60,6 +61,8 @@ class ControlAgent:
         self.autoscaler = Autoscaler(self.cfg.autoscaler) if self.cfg.autoscaler.enabled else None
         self.decisions: list[dict[str, Any]] = []
         self.busy = threading.Event()  # a scale operation is running
+        self.idle = threading.Event()  # ... and its opposite, to wait on at the end
+        self.idle.set()
         self._seen_step = run.step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="relax-control-agent", daemon=True)
@@ -73,6 +76,8 @@ class ControlAgent:
         """Stop ticking; publish the final state (operations not taken are cancelled by the hub)."""
         self._stop.set()
         self._thread.join(timeout=HUB_TIMEOUT_S)
+        if not self.idle.wait(SETTLE_S):  # its thread must not call Ray after the run shuts Ray down
+            log.warning("control: a scale operation was still running at the end of the run")
         try:
             ray.get(self.hub.finish.remote(status, self._snapshot("finished")), timeout=HUB_TIMEOUT_S)
         except Exception as exc:  # the hub may be gone with Ray
@@ -116,10 +121,12 @@ class ControlAgent:
                 lambda f: self._finish(op, f, lambda path: {"result": {"path": str(path)}}))
         elif kind == "scale_out":
             self.busy.set()
+            self.idle.clear()
             future = control.scale_out(request["num_engines"], on_phase=lambda phase, ids: self.update(op, phase, engine_ids=ids))
             future.add_done_callback(lambda f: self._finish(op, f, lambda ids: {"engine_ids": ids}, "scale_out"))
         elif kind == "scale_in":
             self.busy.set()
+            self.idle.clear()
             self.update(op, "draining")
             timeout = request.get("drain_timeout_s", self.cfg.drain_timeout_s)
             futures = {i: control.scale_in(i, timeout) for i in request["engine_ids"]}  # drain together
@@ -143,6 +150,7 @@ class ControlAgent:
             self.update(op, "failed", error=f"{type(error).__name__}: {error}")
         if scale:
             self.busy.clear()
+            self.idle.set()
             if self.autoscaler is not None:
                 self.autoscaler.operation_ended(time.monotonic())
             engines = sorted(self.run.engine_indices)
