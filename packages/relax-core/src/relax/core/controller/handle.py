@@ -80,17 +80,7 @@ class RunControl:
             future.set_exception(RuntimeError(f"control: {what}: no run attached"))
             return future
 
-        def work() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(state))
-                log.info("control: %s done", what)
-            except BaseException as exc:  # the requester gets the error; the run goes on
-                log.error("control: %s failed: %s", what, exc)
-                future.set_exception(exc)
-
-        threading.Thread(target=work, name=f"relax-control-{what}", daemon=True).start()
+        threading.Thread(target=_resolve, args=(future, what, fn, state), name=f"relax-control-{what}", daemon=True).start()
         return future
 
     def _submit(self, what: str, fn: Callable[[Any], Any]) -> cf.Future:
@@ -109,14 +99,7 @@ class RunControl:
                 pending, self._pending = self._pending, []
                 self._wake.clear()
             for what, fn, future in pending:
-                if not future.set_running_or_notify_cancel():
-                    continue
-                try:
-                    future.set_result(fn(state))
-                    log.info("control: %s done", what)
-                except Exception as exc:  # the requester gets the error; the run goes on
-                    log.error("control: %s failed: %s", what, exc)
-                    future.set_exception(exc)
+                _resolve(future, what, fn, state)
             if self._running.is_set():
                 return
             self._wake.wait(poll_s)
@@ -128,6 +111,19 @@ class RunControl:
         for what, _, future in pending:
             if future.set_running_or_notify_cancel():
                 future.set_exception(RuntimeError(f"control: {what} not applied: {reason}"))
+
+
+def _resolve(future: cf.Future, what: str, fn: Callable[[Any], Any], state: Any) -> None:
+    """Run request ``what`` into its future (unless cancelled); the requester gets any error and
+    the run goes on."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(state))
+        log.info("control: %s done", what)
+    except Exception as exc:
+        log.error("control: %s failed: %s", what, exc)
+        future.set_exception(exc)
 
 
 class RunHandle:
