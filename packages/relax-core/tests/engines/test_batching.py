@@ -155,11 +155,26 @@ def test_cancelled_call_leaves_the_queue_and_the_batch(engine):
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
-        assert engine.health()["waiting"] == 0
+        assert engine.health()["waiting"] == engine.health()["running"] == 0
         return await engine.generate(group_requests(max_new_tokens=3, ignore_eos=True)[:2])
 
     after = asyncio.run(scenario())
     assert [len(r.response_ids) for r in after] == [3, 3]
+    assert engine.health()["running"] == engine.health()["waiting"] == 0
+
+
+def test_abort_ends_running_and_queued_requests(engine):
+    async def scenario():
+        task = asyncio.ensure_future(engine.generate(group_requests(max_new_tokens=32, ignore_eos=True)))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        engine.abort()
+        return await task
+
+    results = asyncio.run(scenario())
+    assert {r.finish_reason for r in results} == {"abort"}
+    assert 0 < max(len(r.response_ids) for r in results) < 32
+    assert min(len(r.response_ids) for r in results) == 0  # still queued when the abort came
     assert engine.health()["running"] == engine.health()["waiting"] == 0
 
 

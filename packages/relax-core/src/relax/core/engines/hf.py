@@ -171,6 +171,7 @@ class HFRolloutEngine:
                     if self._abort_epoch != epoch:
                         for r in rows:
                             r.finish = r.finish or "abort"
+                        self._forget_finished()
                     elif self._running.is_set() and not all(r.finish for r in rows):
                         self._step()
                         stepped = True
@@ -182,7 +183,7 @@ class HFRolloutEngine:
                 for r in rows:
                     r.finish = r.finish or "abort"
                 with self._step_lock:
-                    self._forget_waiting()
+                    self._forget_finished()
             with self._count_lock:
                 self._in_flight -= 1
         failed = next((r.error for r in rows if r.error is not None), None)
@@ -191,8 +192,9 @@ class HFRolloutEngine:
             raise RuntimeError(message) from failed
         return [self._result(r) for r in rows]
 
-    def _forget_waiting(self) -> None:
-        """Drop finished (aborted) rows from the queue, with their kept prefills."""
+    def _forget_finished(self) -> None:
+        """Drop finished (aborted) rows from the batch and the queue, with their kept prefills."""
+        self._batch.drop_finished()
         self._waiting = deque(r for r in self._waiting if not r.finish)
         self._waiting_contexts = Counter(tuple(r.context[:-1]) for r in self._waiting)
         for key in [k for k in self._prefixes if k not in self._waiting_contexts]:
