@@ -135,12 +135,13 @@ def test_concurrent_calls_share_one_batch(model_dir):
 
 def test_a_short_call_returns_while_a_long_one_decodes_in_another_thread(model_dir):
     engine = HFRolloutEngine(model_dir)
-    long_req = GenerationRequest("long", PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True, seed=1))
+    long_req = GenerationRequest("long", PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True))
     long_call = threading.Thread(target=lambda: asyncio.run(engine.generate([long_req])))
     long_call.start()
     while not engine.health()["running"]:
         long_call.join(0.001)
-    short = asyncio.run(engine.generate([GenerationRequest("short", PROMPTS[1], SamplingParams(max_new_tokens=3))]))
+    short_req = GenerationRequest("short", PROMPTS[1], SamplingParams(max_new_tokens=3))
+    short = asyncio.run(engine.generate([short_req]))
     still_running = long_call.is_alive()
     long_call.join(120)
     assert 1 <= len(short[0].response_ids) <= 3
