@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from tqdm import tqdm
 
 from relax.core.checkpoint import CheckpointManager, read_controller_state, resolve_resume
 from relax.core.config import RelaxConfig
-from relax.core.controller import faults, recovery, runtime, signals, teardown
+from relax.core.controller import faults, recovery, runtime, signals, startup, teardown
 from relax.core.controller.faults import FaultCounters
 from relax.core.controller.fleet import EngineFleet
 from relax.core.controller.handle import RunControl, RunHandle
@@ -32,9 +33,13 @@ PLOT_KEYS = ("reward/mean", "response/length_mean")
 class RunState:
     """Everything a mode loop needs, plus logging and checkpointing around each step."""
 
-    def __init__(self, cfg: RelaxConfig, counters: FaultCounters | None = None) -> None:
-        from transformers import AutoTokenizer
-
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        counters: FaultCounters | None = None,
+        setup: startup.BackgroundSetup | None = None,
+        clock: startup.StartupClock | None = None,
+    ) -> None:
         from relax.core.metrics import MetricsLogger
 
         self.cfg = cfg
@@ -44,15 +49,18 @@ class RunState:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.started_ray = runtime.init_ray(cfg)
-        self.model_path = runtime.resolve_model_path(cfg)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        from relax.core.engines.stop_tokens import stop_token_ids  # EOS + chat-template end ids, never <unk>
-
-        self.stop_token_ids = stop_token_ids(self.tokenizer)
-        self.dataset = runtime.build_dataset(cfg, self.tokenizer, runtime.resolve_data_path(cfg, self.run_dir), self.model_path)
+        # model path, tokenizer, stop ids (EOS + chat-template end ids, never <unk>), dataset: prepared
+        # while Ray started when ``setup`` is given (see controller.startup)
+        local = setup.take(cfg) if setup is not None else startup.prepare_local(cfg)
+        self.model_path, self.tokenizer, self.pad_id = local.model_path, local.tokenizer, local.pad_id
+        self.stop_token_ids, self.dataset = local.stop_token_ids, local.dataset
         self.data_counts = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}  # logged with the first step
+        if clock is not None:
+            clock.add_overlapped("model, tokenizer, data", local.seconds)
+            clock.mark("setup beyond ray")
         self.roles = runtime.start_roles(cfg, self.model_path)
+        if clock is not None:
+            clock.mark("roles")
         from relax.core.controller.contexts import base_context, build_plugin
 
         self.weight_sync = build_plugin(cfg, "weight_sync", base_context(cfg, "weight_sync", self.model_path))
@@ -184,30 +192,44 @@ def run(cfg: RelaxConfig) -> dict[str, Any]:
     exception carries ``relax_step`` / ``relax_checkpoint``; a dead trainer restarts the run from
     its latest checkpoint up to ``trainer.max_restarts`` times; an embedded Ray is torn down
     completely (``controller.teardown``) however the run ends."""
+    clock = startup.StartupClock()
+    clock.mark("python + imports")
     with signals.guarded():
+        setup = startup.BackgroundSetup(cfg)  # no Ray needed: runs while Ray starts
         started_ray = runtime.init_ray(cfg)
+        clock.mark("ray")
         if (guard := signals.current()) is not None:
             guard.install()  # ray.init installs its own SIGTERM handler
         try:
-            return recovery.with_trainer_restarts(cfg, _run_attempt)
+            return recovery.with_trainer_restarts(cfg, partial(_run_attempt, setup=setup, clock=clock))
         finally:
             if started_ray:
                 with signals.phase("cleanup"):
                     teardown.shutdown_ray()
 
 
-def _run_attempt(cfg: RelaxConfig, counters: FaultCounters) -> dict[str, Any]:
+def _run_attempt(
+    cfg: RelaxConfig,
+    counters: FaultCounters,
+    setup: startup.BackgroundSetup | None = None,
+    clock: startup.StartupClock | None = None,
+) -> dict[str, Any]:
     from relax.core.controller.colocate import colocate_step
     from relax.core.controller.modes import MODE_LOOPS
 
     step_fns = {"colocate": colocate_step, **MODE_LOOPS}
-    state = RunState(cfg, counters)
+    if clock is not None and clock.reported:
+        clock = None  # a restarted attempt: the start-up line was printed already
+    state = RunState(cfg, counters, setup, clock)
     notify_url = cfg.logging.webhook_url
     handle = RunHandle(state, RunControl())
     hook = get_plugin_manager().hook
     status = "failed"
     try:
         hook.relax_on_run_start(run=handle)
+        if clock is not None:
+            clock.mark("ready")
+            clock.report()  # where the seconds before the first step went
         last: dict[str, float] = {}
         bar = tqdm(total=cfg.total_steps, initial=state.step, desc="train steps", disable=not cfg.logging.progress, unit="step")
         started = time.perf_counter()
