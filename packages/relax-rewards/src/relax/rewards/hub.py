@@ -46,7 +46,7 @@ class HubParams:
     default: str | None = None  # route for samples whose field is missing or unknown; None: error
     workers: int = 2  # processes of the pool that runs isolated components
     max_concurrency: int = 8  # reward calls in flight at once (pool calls and inline calls)
-    call_timeout_s: float = 10.0  # wall-clock limit per component call (a component may set timeout_s)
+    call_timeout_s: float = 30.0  # wall-clock limit per component call (a component may set timeout_s)
     fallback_score: float = 0.0  # score of a component that failed or timed out
     start_timeout_s: float = 120.0  # how long a call waits for a worker to start (imports included)
 
