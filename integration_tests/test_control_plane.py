@@ -173,7 +173,7 @@ import requests
 
 BASE, OUT = os.environ["PROBE_BASE"], os.environ["PROBE_OUT"]
 RECORD = {"decisions": {}}
-DONE = threading.Event()
+SCALED, DONE = threading.Event(), threading.Event()
 
 def _get(path):
     for _ in range(600):  # the control plane starts after this plugin's run-start hook
@@ -197,6 +197,7 @@ def _script():
                 break
             time.sleep(0.1)
         RECORD["scaled_at_step"] = s["step"]
+        SCALED.set()
         while True:  # scale in the busiest added engine while it has requests in flight
             busy = [e for e in _get("/engines")["engines"] if not e["protected"] and e["load"] > 0]
             if busy:
@@ -215,14 +216,18 @@ def _script():
     except BaseException as exc:
         RECORD["error"] = repr(exc)
     finally:
+        SCALED.set()
         DONE.set()
 
 def relax_on_run_start(run):
     threading.Thread(target=_script, daemon=True).start()
 
 def relax_on_step_end(step, metrics):
-    if step == int(os.environ["PROBE_STEPS"]) - 1:
-        DONE.wait(120)  # the run must outlast the script on a slow machine
+    steps = int(os.environ["PROBE_STEPS"])  # the run must outlast the script on a slow machine:
+    if step == steps - 10:
+        SCALED.wait(180)  # engine start-up takes seconds; leave steps (busy engines) for the scale-in
+    if step == steps - 1:
+        DONE.wait(120)
     try:
         for d in (_get("/status").get("autoscaler") or {}).get("decisions", []):
             RECORD["decisions"][str(d["step"])] = d
