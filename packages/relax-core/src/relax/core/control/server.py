@@ -34,10 +34,12 @@ def resolve_token(host: str, configured: str | None) -> tuple[str | None, bool]:
     return token, False
 
 
-def serve_running() -> bool:
+def serve_address() -> tuple[str, int] | None:
+    """(host, port) of the Serve instance running on this Ray cluster, or None."""
     from ray.serve.context import _get_global_client
 
-    return _get_global_client(raise_if_no_controller_running=False) is not None
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return None if client is None else (client.http_config.host, client.http_config.port)
 
 
 def start_hub(name: str) -> Any:
@@ -47,18 +49,22 @@ def start_hub(name: str) -> Any:
 
 
 def deploy(hub_name: str, token: str | None, host: str, port: int, app_name: str = APP_NAME,
-           route_prefix: str = "/") -> bool:
-    """Run the control app on Serve (starting Serve on ``host:port`` if it is not running);
-    returns True if Serve was started here."""
+           route_prefix: str = "/") -> tuple[bool, str]:
+    """Run the control app on Serve, starting Serve on ``host:port`` unless it runs already (then
+    its address is used, with a warning if it differs); returns (started here, base URL)."""
     from ray import serve
 
     from relax.core.control.app import ControlAPI
 
-    started = not serve_running()
-    if started:
+    running = serve_address()
+    if running is None:
         serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
+    elif running != (host, port):
+        log.warning("relax: Serve already runs on %s:%d; the control API is served there, not on %s:%d",
+                    *running, host, port)
+        host, port = running
     serve.run(ControlAPI.bind(hub_name, token), name=app_name, route_prefix=route_prefix, blocking=False)
-    return started
+    return running is None, f"http://{host}:{port}{route_prefix.rstrip('/')}"
 
 
 class ControlPlane:
@@ -68,12 +74,11 @@ class ControlPlane:
         self.token, generated = resolve_token(self.cfg.host, self.cfg.token)
         self.hub = start_hub(self.hub_name)
         try:
-            self.started_serve = deploy(self.hub_name, self.token, self.cfg.host, self.cfg.port)
+            self.started_serve, self.address = deploy(self.hub_name, self.token, self.cfg.host, self.cfg.port)
             self.agent = ControlAgent(run, self.hub, notify).start()
         except BaseException:
             ray.kill(self.hub)
             raise
-        self.address = f"http://{self.cfg.host}:{self.cfg.port}"
         print(f"relax: control plane at {self.address} (OpenAPI: {self.address}/docs)", flush=True)
         if generated:
             print(f"relax: control token (shown once; clients send it as Authorization: Bearer): {self.token}", flush=True)

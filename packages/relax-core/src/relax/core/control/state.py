@@ -24,8 +24,11 @@ class ControlError(Exception):
     """A request the run cannot take; ``status`` is the HTTP status the API answers with."""
 
     def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
+        super().__init__(status, detail)  # both in args: the error crosses Ray by pickling
         self.status, self.detail = status, detail
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 @dataclass
