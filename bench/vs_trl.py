@@ -1,0 +1,246 @@
+"""Relax vs Hugging Face TRL's ``GRPOTrainer`` on the quick-start task, side by side on this machine.
+
+Each run is a fresh subprocess (``relax run ...`` / this file with ``--worker trl``), so the
+seconds from launch include imports, model loading and (for Relax) Ray start. Seeds are
+interleaved (TRL then Relax for seed 0, Relax then TRL for seed 1, ...) so machine-speed drift hits
+both alike. Time to reward is when the mean reward of the last 5 steps first reaches 0.8, a step
+being one generation of 32 prompts x 8 samples followed by its 4 updates (TRL: 4 optimizer steps).
+
+Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GRPOConfig``):
+
+- model and tokenizer: the quick-start's, built locally (``relax.core.quickstart_model``, cached
+  under ``~/.cache/relax``); both load the same directory; nothing is downloaded; fp32 on CPU;
+- rows: ``arithmetic_rows(2000, seed)`` ("3+4=" -> "7"), Relax writes the same rows itself
+  (``data.task_size``; its data seed is the run seed);
+- prompt string: the tokenizer's chat template with one user turn and the generation prompt,
+  ``<|im_start|>user\\n3+4=<|im_end|>\\n<|im_start|>assistant\\n`` (TRL: a conversational dataset);
+- reward rule: 1 if the first number in the response equals the label, else 0 (Relax's
+  ``numeric`` reward; TRL calls ``relax.core.rewards.numeric.extract_number``, the same function);
+- group size G=8 [num_generations], 32 prompts per step [generation_batch_size=256], 4 updates of
+  64 per step [per_device_train_batch_size=64, steps_per_generation=4, gradient_accumulation=1,
+  num_iterations=1]; old logprobs before the first update (TRL computes them at generation since
+  steps_per_generation > gradient_accumulation_steps; Relax fuses the first mini-batch's);
+- sampling: temperature 1, no top-k/top-p, at most 3 new tokens [max_completion_length], stop at
+  ``<|im_end|>``;
+- AdamW lr 5e-4 constant [lr_scheduler_type=constant], betas (0.9, 0.999), eps 1e-8, no weight
+  decay, grad clip 1.0 [max_grad_norm];
+- PPO clip 0.2 / 0.28 [epsilon, epsilon_high], entropy bonus 0.03 [entropy_coef], token-mean loss
+  [loss_type=dapo: normalised by the mini-batch's response tokens], no KL [beta=0], GRPO group
+  advantages scaled by the group std [scale_rewards=group];
+- shuffling: both shuffle the prompts with the run seed (each its own sampler, so the order differs);
+- no checkpoints during the run (TRL: save_strategy=no; Relax: checkpoint.save_every=0, no final HF
+  save, no plot); Relax keeps its default console + metrics.jsonl + TensorBoard logging.
+
+    python bench/vs_trl.py [--seeds 0,1,2] [--max-steps 80] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TARGET, WINDOW, GROUP, PROMPTS, MINIBATCHES, TASK_SIZE = 0.8, 5, 8, 32, 4, 2000
+ENV = {
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+# --------------------------------------------------------------------------- TRL worker (subprocess)
+def trl_worker(seed: int, max_steps: int, out: str) -> None:
+    def write(**event) -> None:
+        with open(out, "a") as f:
+            f.write(json.dumps({"t": time.time(), **event}) + "\n")
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from relax.core.quickstart_model import ensure_quickstart_model
+    from relax.core.rewards.numeric import extract_number
+    from relax.core.tasks.arithmetic import arithmetic_rows
+
+    path = ensure_quickstart_model()
+    rows = arithmetic_rows(TASK_SIZE, seed=seed)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
+    rewards: list[float] = []
+
+    def numeric_reward(prompts, completions, label, **_):
+        scores = [float(extract_number(c[0]["content"], "first") == float(y)) for c, y in zip(completions, label, strict=True)]
+        rewards.append(sum(scores) / len(scores))
+        return scores
+
+    class Timer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            write(event="train_start")
+            self.last = time.time()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % MINIBATCHES:
+                return
+            now = time.time()
+            step = state.global_step // MINIBATCHES
+            write(event="step", step=step, reward=rewards[step - 1], step_s=now - self.last)
+            self.last = now
+            if len(rewards) >= WINDOW and sum(rewards[step - WINDOW : step]) / WINDOW >= TARGET:
+                control.should_training_stop = True
+
+    args = GRPOConfig(
+        output_dir=str(Path(out).parent / f"trl_{seed}"),  # nothing is saved there (save_strategy=no)
+        seed=seed,
+        use_cpu=True,
+        bf16=False,
+        num_generations=GROUP,
+        per_device_train_batch_size=PROMPTS * GROUP // MINIBATCHES,
+        steps_per_generation=MINIBATCHES,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=3,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=5e-4,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        entropy_coef=0.03,
+        loss_type="dapo",
+        scale_rewards="group",
+        shuffle_dataset=True,
+        max_steps=max_steps * MINIBATCHES,
+        logging_steps=MINIBATCHES,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(path, dtype="float32"),
+        reward_funcs=numeric_reward,
+        args=args,
+        train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(path),
+        callbacks=[Timer()],
+    )
+    trainer.train()
+
+
+# --------------------------------------------------------------------------- driver
+def crossing(steps: list[dict]) -> dict | None:
+    """The first step whose trailing ``WINDOW``-step mean reward reaches ``TARGET``."""
+    rewards = [s["reward"] for s in steps]
+    for i in range(WINDOW - 1, len(steps)):
+        if sum(rewards[i - WINDOW + 1 : i + 1]) / WINDOW >= TARGET:
+            return steps[i]
+    return None
+
+
+def launch(system: str, seed: int, max_steps: int, workdir: Path) -> dict:
+    """One run in a fresh process; returns its seconds to reward (None if it never got there)."""
+    out = workdir / f"{system}_{seed}.jsonl"
+    env = {**os.environ, **ENV, "VS_TRL_OUT": str(out)}
+    if system == "relax":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE / "plugins"), env.get("PYTHONPATH", "")] if p)
+        env["RELAX_PLUGINS"] = "vs_trl_timer"
+        cmd = [sys.executable, "-m", "relax.core.cli", "run", str(ROOT / "examples" / "quickstart.yaml"),
+               f"seed={seed}", f"run_dir={workdir / f'relax_{seed}'}", f"total_steps={max_steps}",
+               "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "logging.plot=false",
+               "logging.progress=false"]
+    else:
+        cmd = [sys.executable, __file__, "--worker", "trl", "--seed", str(seed), "--max-steps", str(max_steps)]
+    log = open(workdir / f"{system}_{seed}.log", "w")
+    started = time.time()
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    hit = None
+    while proc.poll() is None:  # Relax: stop the run (Ctrl-C) once it crossed; TRL stops itself
+        time.sleep(0.5)
+        events = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        hit = crossing([e for e in events if e["event"] == "step"])
+        if hit is not None and system == "relax":
+            proc.send_signal(signal.SIGINT)
+            break
+    proc.wait(timeout=300)
+    log.close()
+    events = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    steps = [e for e in events if e["event"] == "step"]
+    begin = next((e["t"] for e in events if e["event"] == "train_start"), None)
+    hit = crossing(steps)
+    if begin is None or not steps:
+        tail = (workdir / f"{system}_{seed}.log").read_text()[-2000:]
+        raise RuntimeError(f"{system} seed {seed} produced no steps (exit {proc.returncode}); log tail:\n{tail}")
+    return {
+        "system": system,
+        "seed": seed,
+        "start_s": begin - started,
+        "step_s": sum(s["step_s"] for s in steps[1:]) / max(len(steps) - 1, 1),  # the first one warms up
+        "steps": hit["step"] if hit else None,
+        "launch_s": hit["t"] - started if hit else None,
+        "train_s": hit["t"] - begin if hit else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (>= 3 for the headline)")
+    parser.add_argument("--max-steps", type=int, default=80, help="give up on a run after this many steps")
+    parser.add_argument("--quick", action="store_true", help="one seed, 60 steps: a smoke run, not a result")
+    parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return trl_worker(args.seed, args.max_steps, os.environ["VS_TRL_OUT"])
+    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    max_steps = 60 if args.quick else args.max_steps
+    from relax.core.quickstart_model import ensure_quickstart_model
+
+    print(f"model: {ensure_quickstart_model()}  (built before the runs; both load it)", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        for i, seed in enumerate(seeds):
+            for system in ("trl", "relax") if i % 2 == 0 else ("relax", "trl"):
+                r = launch(system, seed, max_steps, Path(tmp))
+                results.append(r)
+                reached = (f"reward {TARGET} at step {r['steps']}: {r['launch_s']:.1f} s from launch, "
+                           f"{r['train_s']:.1f} s of training" if r["steps"] else f"no {TARGET} in {max_steps} steps")
+                print(f"seed {seed} {system:<5} start {r['start_s']:5.1f} s | {r['step_s']:.3f} s/step | {reached}", flush=True)
+    both = [s for s in seeds if all(r["steps"] for r in results if r["seed"] == s)]
+    if not both:
+        print(f"vs_trl: nanx time to reward {TARGET} (TRL / Relax): no seed reached it in both")
+        return
+    total = {
+        (sys_, key): sum(r[key] for r in results if r["system"] == sys_ and r["seed"] in both)
+        for sys_ in ("trl", "relax")
+        for key in ("launch_s", "train_s", "steps", "start_s")
+    }
+    n = len(both)
+    for key, what in (("start_s", "s launch -> first step"), ("steps", "steps to reward"),
+                      ("train_s", "s of training to reward"), ("launch_s", "s from launch to reward")):
+        print(f"mean over seeds {both}: TRL {total['trl', key] / n:6.1f} | Relax {total['relax', key] / n:6.1f} {what}"
+              f" | ratio {total['trl', key] / total['relax', key]:.2f}x")
+    print(f"vs_trl: {total['trl', 'launch_s'] / total['relax', 'launch_s']:.2f}x time to reward {TARGET} (TRL / Relax)"
+          f", from launch; {total['trl', 'train_s'] / total['relax', 'train_s']:.2f}x in training time")
+
+
+if __name__ == "__main__":
+    main()

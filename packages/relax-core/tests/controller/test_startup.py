@@ -1,0 +1,48 @@
+"""Start-up: the driver's setup prepared in a thread equals the in-line one; its errors surface
+when taken; the start-up line names every phase."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from relax.core.config import load_config
+from relax.core.controller.startup import BackgroundSetup, StartupClock, prepare_local, process_start_time
+from relax.core.quickstart_model import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), num_hidden_layers=1)
+
+
+def test_background_setup_equals_the_inline_one_and_is_taken_once(model_dir, tmp_path):
+    cfg = load_config(None, [f"model.path={model_dir}", f"run_dir={tmp_path / 'run'}"])
+    background = BackgroundSetup(cfg)
+    inline = prepare_local(cfg)
+    taken = background.take(cfg)
+    assert taken.model_path == inline.model_path == model_dir
+    assert (taken.pad_id, taken.stop_token_ids) == (inline.pad_id, inline.stop_token_ids) and taken.stop_token_ids
+    assert [p.prompt_ids for p in taken.dataset.items[:5]] == [p.prompt_ids for p in inline.dataset.items[:5]]
+    again = background.take(cfg)  # a restarted attempt prepares afresh
+    assert again.dataset is not taken.dataset and again.model_path == model_dir
+
+
+def test_background_error_is_raised_when_taken_naming_the_field(tmp_path):
+    cfg = load_config(None, [f"model.path={tmp_path / 'missing'}", f"run_dir={tmp_path / 'run'}"])
+    background = BackgroundSetup(cfg)
+    with pytest.raises(FileNotFoundError, match=r"model\.path: .*missing.* is not a directory"):
+        background.take(cfg)
+
+
+def test_startup_line_names_each_phase_and_the_total():
+    launched = process_start_time()
+    assert launched is not None and launched <= time.time()
+    clock = StartupClock(launched=time.time() - 1.0)
+    clock.mark("python + imports")
+    clock.add_overlapped("model, tokenizer, data", 0.25)
+    clock.mark("roles")
+    line = clock.summary()
+    assert line.startswith("first step 1.") and "s after launch: python + imports 1.0 |" in line
+    assert "model, tokenizer, data 0.2 (alongside) | roles 0.0" in line
