@@ -128,3 +128,16 @@ def test_standalone_math_runs_isolated_and_validates():
     reward.close()
     with pytest.raises(ConfigError, match=r"reward\.params\.tail_chars: must be >= 1"):
         config_from_dict({"reward": {"name": "math", "params": {"tail_chars": 0}}})
+
+
+def test_fallback_defaults_to_core_reward_fallback_score(with_misbehave):
+    from relax.core.context import PluginContext
+
+    raising = {"name": "misbehave", "params": {"mode": "raise"}, "isolate": False}
+    ctx = PluginContext(role="reward", fallback_score=-2.0)
+    inherited, own = Hub(HubParams(routes={"r": raising}), ctx), Hub(HubParams(routes={"r": raising}, fallback_score=0.5), ctx)
+    for hub, expected in ((inherited, -2.0), (own, 0.5)):
+        samples = [make_sample("BAD", "ok", {"data_source": "r"})]
+        asyncio.run(score_samples(hub, samples, timeout_s=60))
+        assert samples[0].reward == expected and samples[0].reward_info["reward_failed"] == 1.0
+        hub.close()

@@ -65,4 +65,6 @@ class PluginContext:
     train: TrainSpec | None = None
     #: rewards: returns a Ray handle to a rollout engine (e.g. a GenRM judge), or None if the run has none
     engine_handle: Callable[[], Any] | None = None
+    #: rewards: ``reward.fallback_score``, the score core gives a sample whose reward failed
+    fallback_score: float = 0.0
     resources: Resources = Resources()

@@ -47,7 +47,7 @@ class HubParams:
     workers: int = 2  # processes of the pool that runs isolated components
     max_concurrency: int = 8  # reward calls in flight at once (pool calls and inline calls)
     call_timeout_s: float = 30.0  # wall-clock limit per component call (a component may set timeout_s)
-    fallback_score: float = 0.0  # score of a component that failed or timed out
+    fallback_score: float | None = None  # score of a failed or timed-out component; None: reward.fallback_score
     start_timeout_s: float = 120.0  # how long a call waits for a worker to start (imports included)
 
     def validate(self) -> list[str]:
@@ -58,7 +58,7 @@ class HubParams:
         for name, value in (("call_timeout_s", self.call_timeout_s), ("start_timeout_s", self.start_timeout_s)):
             if not value > 0:
                 errors.append(f"{name}: must be > 0, got {value}")
-        if not math.isfinite(self.fallback_score):
+        if self.fallback_score is not None and not math.isfinite(self.fallback_score):
             errors.append(f"fallback_score: must be finite, got {self.fallback_score}")
         return errors
 
@@ -155,6 +155,10 @@ class Hub:
         if errors:
             raise ValueError("invalid hub params:\n  " + "\n  ".join(errors))
         self.params, self.routes = params, routes
+        if params.fallback_score is not None:
+            self.fallback_score = params.fallback_score
+        else:
+            self.fallback_score = getattr(ctx, "fallback_score", 0.0)
         self.rewards = {c.key: build_component(c, ctx) for comps in routes.values() for c in comps}
         self.pooled = {c.key for comps in routes.values() for c in comps if self._isolated(c)}
         self.pool = ProcessPool({k: self.rewards[k] for k in self.pooled}, size=params.workers,
@@ -244,8 +248,8 @@ class Hub:
         where = f"sample group {sample.group_id} index {sample.index_in_group}"
         if route is None:
             failure = res["__route__"]
-            log.warning("reward hub: %s: %s (scored %g)", where, failure, self.params.fallback_score)
-            return {"score": self.params.fallback_score, FAILED: 1.0}
+            log.warning("reward hub: %s: %s (scored %g)", where, failure, self.fallback_score)
+            return {"score": self.fallback_score, FAILED: 1.0}
         comps = self.routes[route]
         info: dict[str, float] = {}
         total, failed, timed_out = 0.0, False, False
@@ -260,9 +264,9 @@ class Hub:
                     value = _Failure("errors", str(e))
             if isinstance(value, _Failure):
                 log.warning("reward hub: %r (route %r) on %s: %s (scored %g)", comp.name, route, where, value,
-                            self.params.fallback_score)
+                            self.fallback_score)
                 failed, timed_out = True, timed_out or value.kind == "timeouts"
-                parts = {"score": self.params.fallback_score}
+                parts = {"score": self.fallback_score}
                 info[f"{comp.label}/failed"] = 1.0
             else:
                 info[f"{comp.label}/failed"] = 0.0

@@ -86,7 +86,8 @@ class EngineHandle:
 
 def reward_context(cfg: RelaxConfig, model_path: str | None, engines: list[Any] | None = None) -> PluginContext:
     """``engines``: the run's rollout engine handles, served to the reward by ``ctx.engine_handle()``."""
-    return base_context(cfg, "reward", model_path, timeout_s=cfg.reward.timeout_s, engine_handle=EngineHandle(engines))
+    return base_context(cfg, "reward", model_path, timeout_s=cfg.reward.timeout_s, engine_handle=EngineHandle(engines),
+                        fallback_score=cfg.reward.fallback_score)
 
 
 def processor_context(cfg: RelaxConfig, model_path: str) -> PluginContext:
