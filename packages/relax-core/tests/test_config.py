@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from relax.core.config import ConfigError, RelaxConfig, load_config, parse_overrides
+from relax.core.config import ConfigError, RelaxConfig, config_from_dict, load_config, parse_overrides
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -140,3 +140,10 @@ def test_capabilities_are_checked_against_what_the_config_needs():
     asyncc = load_config(None, ["mode=async", "max_staleness=1", "rollout.partial_rollout=abort"])
     with pytest.raises(CapabilityError, match=r"rollout backend 'hf' does not implement abort\(\).*rollout.partial_rollout=abort"):
         check(asyncc, {"trainer": ("torch", ["forward_values", "save_hf"]), "rollout": ("hf", [])})
+
+
+def test_to_dict_redacts_the_control_token():
+    cfg = config_from_dict({"control": {"enabled": True, "token": "s3cret-token-0123456789"}})
+    assert cfg.control.token == "s3cret-token-0123456789"  # the run still uses it ...
+    assert cfg.to_dict()["control"]["token"] == "<redacted>"  # ... displays and trackers never see it
+    assert "s3cret" not in str(cfg.to_dict())

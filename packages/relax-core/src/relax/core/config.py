@@ -197,7 +197,11 @@ class RelaxConfig:
     control: ControlConfig = field(default_factory=ControlConfig)  # REST control plane (relax.core.control)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain dict for display and experiment trackers: secrets (``control.token``) are redacted."""
+        out = dataclasses.asdict(self)
+        if out["control"].get("token"):
+            out["control"]["token"] = "<redacted>"
+        return out
 
 
 # --------------------------------------------------------------------------- building
