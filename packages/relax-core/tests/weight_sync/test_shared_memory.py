@@ -103,6 +103,21 @@ class TestAfterEachStep(TinyModelFixtures):
             sync.close()
 
 
+def test_driver_close_removes_the_segment_a_killed_sender_left(tmp_path):
+    driver = SharedMemorySync(directory=str(tmp_path))
+    sender = SharedMemorySync(driver.params, driver.ctx)
+    sender.uid = driver.uid  # as the trainer actor rebuilds it from the driver's spec
+    sender._segment_for(1 << 12)
+    sender._cleanup.detach()  # killed: its own clean-up never runs
+    other = SharedMemorySync(directory=str(tmp_path))
+    other._segment_for(1 << 12)
+    assert len(os.listdir(tmp_path)) == 2
+    driver.close()
+    assert os.listdir(tmp_path) == [os.path.basename(other._segment[0])]  # only its own transport's
+    other.close()
+    assert os.listdir(tmp_path) == []
+
+
 def test_missing_segment_names_the_machine_requirement(tmp_path):
     from relax.core.weight_sync.shared_memory import SharedMemoryReceiver
 

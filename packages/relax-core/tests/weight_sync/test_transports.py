@@ -153,7 +153,7 @@ def engines(ray_local):
 
 def make_sync(transport: str, tmp_path, timeout_s: float = 30, **params) -> Transport:
     """Through the registry, as ``relax run`` builds it: ``factory(params, ctx)``."""
-    if transport == "disk":
+    if transport in ("disk", "shared_memory"):
         params.setdefault("directory", str(tmp_path))
     factory = get_plugin_manager().get("weight_sync", transport)
     ctx = PluginContext(role="weight_sync", timeout_s=timeout_s, bucket_bytes=BUCKET)

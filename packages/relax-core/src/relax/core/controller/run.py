@@ -176,6 +176,7 @@ class RunState:
         if self.pipeline is not None:
             self.pipeline.close()
         self.roles.release()  # kills every actor and removes the run's placement groups
+        self.weight_sync.close()  # what the killed trainer's sender left (e.g. a shared-memory segment)
         if self.started_ray:
             ray.shutdown()
 

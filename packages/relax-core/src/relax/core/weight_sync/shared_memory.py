@@ -130,8 +130,11 @@ class SharedMemorySync(Transport):
         yield {"bytes": sum(bucket_nbytes(b) for b in buckets), "buckets": len(buckets)}
 
     def close(self) -> None:
+        """Remove this transport's segments: this process's, and any its sender made in a process
+        that ended without closing (the driver closes its instance after the trainer actor is killed)."""
         self._segment = None
         self._cleanup()
+        _unlink([str(p) for p in Path(self.params.directory).glob(f"relax-weights-{self.uid[:12]}-*")])
 
 
 def _unlink(paths: list[str]) -> None:
