@@ -12,6 +12,8 @@ from relax.core.algorithms import (
     apply_kl_penalty,
     clipped_value_loss,
     entropy_from_logits,
+    logprobs_and_sum_pi_squared,
+    logprobs_from_logits,
     update_kl_controller,
 )
 from relax.core.algorithms.kl import KL_ESTIMATORS
@@ -69,6 +71,22 @@ def test_entropy_from_logits():
     torch.testing.assert_close(
         entropy_from_logits(big), torch.distributions.Categorical(logits=big).entropy()
     )
+
+
+def test_sum_pi_squared_by_hand_and_against_verls_formula():
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0], [1000.0, 0.0, -1000.0]])
+    tokens = torch.tensor([1, 0, 2])
+    lp, spi = logprobs_and_sum_pi_squared(logits, tokens)
+    assert lp.dtype == spi.dtype == torch.float32
+    # sum softmax([1, 2, 0.5])^2; uniform over 3: 1/3; one-hot (no overflow): 1
+    torch.testing.assert_close(spi, torch.tensor([0.46818509989650847, 1 / 3, 1.0]))
+    assert torch.equal(lp, logprobs_from_logits(logits, tokens))  # the same logprobs, bit for bit
+    assert lp[0].item() == pytest.approx(-0.46436878410794485, abs=1e-6) and lp[2].item() == -2000.0
+    big = torch.randn(3, 5, 11, dtype=F64) * 4
+    _, spi = logprobs_and_sum_pi_squared(big, torch.zeros(3, 5, dtype=torch.long))
+    verl = torch.exp(torch.logsumexp(2.0 * big, dim=-1) - 2.0 * torch.logsumexp(big, dim=-1))
+    torch.testing.assert_close(spi, verl.float())
+    torch.testing.assert_close(spi, big.softmax(-1).pow(2).sum(-1).float())
 
 
 def test_kl_controllers():

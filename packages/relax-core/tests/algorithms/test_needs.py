@@ -123,7 +123,11 @@ def test_runtime_roles_follow_declarations(with_plugin):
     assert teacher_path(cfg, "/policy") == "/policy" and "reference" not in config_needs(cfg.algorithm)
 
 
-def test_needs_nothing_provides_are_refused_before_a_run():
+def test_needs_nothing_provides_are_refused_before_a_run(monkeypatch):
+    from relax.core.algorithms import validate
+
+    load_config(None, [*BASE, "algorithm.advantage_estimator=optimal_token_baseline"])  # the trainer provides it
+    monkeypatch.setattr(validate, "UNPROVIDED", frozenset({"sum_pi_squared"}))
     text = _errors(["algorithm.advantage_estimator=optimal_token_baseline"])
     assert ("algorithm.advantage_estimator: advantage estimator 'optimal_token_baseline' needs per-token sum over "
             "the vocabulary of squared policy probabilities") in text

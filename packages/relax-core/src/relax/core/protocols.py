@@ -118,6 +118,16 @@ class SupportsValues(Protocol):
 
 
 @runtime_checkable
+class SupportsSumPiSquared(Protocol):
+    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_logprobs(batch)`` and, from the same forward, the (B, R) fp32 per-token sum over
+        the vocabulary of squared probabilities of the same (temperature-scaled) policy, 0 where
+        masked; called only when a chosen algorithm declares ``sum_pi_squared`` (optimal token
+        baselines)."""
+        ...
+
+
+@runtime_checkable
 class SupportsSaveHF(Protocol):
     def save_hf(self, directory: str) -> None:
         """Write the model in HF format (``checkpoint.save_hf_final``, ``relax convert``)."""

@@ -3,7 +3,8 @@
 - advantage estimators ``fn(AdvantageInputs, **params) -> (advantages, returns)``
 - policy losses ``fn(PolicyLossInputs, **params) -> (loss, metrics)``
 - KL estimators ``fn(logprobs, ref_logprobs) -> per-token KL``
-- masked reductions, ``aggregate_loss``, ``logprobs_from_logits`` / ``entropy_from_logits``,
+- masked reductions, ``aggregate_loss``, ``logprobs_from_logits`` / ``entropy_from_logits`` /
+  ``logprobs_and_sum_pi_squared``,
   mismatch corrections, DAPO helpers, KL controllers, value loss
 - ``compute_advantages(cfg, inputs)`` and ``build_policy_objective(cfg)``: what the trainer calls
 
@@ -37,10 +38,11 @@ from relax.core.algorithms.kl import (
     KLController,
     apply_kl_penalty,
     entropy_from_logits,
+    logprobs_and_sum_pi_squared,
     logprobs_from_logits,
     update_kl_controller,
 )
-from relax.core.algorithms.needs import MODES, NEEDS, AlgorithmSpec
+from relax.core.algorithms.needs import MODES, NEEDS, TRAINER_CAPABILITIES, AlgorithmSpec
 from relax.core.algorithms.objective import build_policy_objective, compute_advantages
 from relax.core.algorithms.policy_losses import PolicyLossInputs
 from relax.core.algorithms.registry import (
@@ -49,6 +51,7 @@ from relax.core.algorithms.registry import (
     algorithm_spec,
     algorithm_specs,
     config_needs,
+    declared_by,
     get_advantage_estimator,
     get_kl_estimator,
     get_policy_loss,
@@ -67,6 +70,7 @@ __all__ = [
     "MODES",
     "NEEDS",
     "POLICY_LOSSES",
+    "TRAINER_CAPABILITIES",
     "AdvantageInputs",
     "AlgorithmConfig",
     "AlgorithmSpec",
@@ -87,6 +91,7 @@ __all__ = [
     "clipped_value_loss",
     "compute_advantages",
     "config_needs",
+    "declared_by",
     "dynamic_sampling_keep",
     "entropy_from_logits",
     "get_advantage_estimator",
@@ -96,6 +101,7 @@ __all__ = [
     "list_advantage_estimators",
     "list_kl_estimators",
     "list_policy_losses",
+    "logprobs_and_sum_pi_squared",
     "logprobs_from_logits",
     "masked_is",
     "masked_mean",

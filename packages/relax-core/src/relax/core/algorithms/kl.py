@@ -88,6 +88,17 @@ def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
     return logits.gather(-1, tokens[..., None]).squeeze(-1) - logits.logsumexp(dim=-1)
 
 
+def logprobs_and_sum_pi_squared(logits: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """``logprobs_from_logits`` and, sharing its logsumexp, the per-position ``sum_v pi(v)^2`` (the
+    optimal token baselines' gradient-norm term), both fp32. ``sum_v exp(2 (z_v - lse))`` needs one
+    extra (..., V) tensor, built and exponentiated in place; it equals verl's ``exp(lse(2z) - 2 lse(z))``
+    (``calculate_sum_pi_squared_from_logits``), which needs a second logsumexp over ``2z``."""
+    logits = logits.float()
+    lse = logits.logsumexp(dim=-1)
+    logprobs = logits.gather(-1, tokens[..., None]).squeeze(-1) - lse
+    return logprobs, (logits - lse[..., None]).mul_(2.0).exp_().sum(dim=-1)
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Categorical entropy ``H = logsumexp(z) - sum softmax(z) z`` over the last dim
     (Shannon 1948, Theorem 2: ``H = -sum p log p``)."""

@@ -21,12 +21,19 @@ NEEDS: dict[str, str] = {
     "old_logprobs": "logprobs of the sampling policy (an estimator that reads them must declare it)",
     "groups": "several responses per prompt, compared within their group (rollout.n_samples_per_prompt >= 2)",
     "kl": "a KL penalty towards the reference model (algorithm.kl.coef > 0, as reward shaping or loss term)",
-    "sum_pi_squared": "per-token sum over the vocabulary of squared policy probabilities",
+    "sum_pi_squared": (
+        "per-token sum over the vocabulary of squared policy probabilities (the policy trainer computes "
+        "it with the old logprobs; an optional trainer capability checked at start-up)"
+    ),
 }
 #: execution modes (``RelaxConfig.mode``)
 MODES = ("colocate", "async", "hybrid")
 #: needs no trainer or role provides yet: an algorithm declaring one runs from the Python API only
-UNPROVIDED = frozenset({"sum_pi_squared"})
+UNPROVIDED: frozenset[str] = frozenset()
+#: needs the policy trainer provides through an optional method (``relax.core.protocols``): the
+#: controller calls it only when a chosen algorithm declares the need, and start-up refuses a
+#: trainer backend without it, naming the backend and the algorithm
+TRAINER_CAPABILITIES: dict[str, str] = {"sum_pi_squared": "forward_logprobs_and_sum_pi_squared"}
 
 
 @dataclass(frozen=True)

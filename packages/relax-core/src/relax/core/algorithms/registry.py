@@ -130,6 +130,21 @@ def config_needs(algorithm: Any) -> frozenset[str]:
     )
 
 
+def declared_by(algorithm: Any, need: str) -> list[str]:
+    """The config fields whose chosen algorithm declares ``need``, as ``field='name'`` (start-up
+    errors name them); unregistered names are skipped (the config loader reports those)."""
+    fields = {"advantage": ("algorithm.advantage_estimator", algorithm.advantage_estimator),
+              "policy_loss": ("algorithm.policy_loss", algorithm.policy_loss)}
+    out = []
+    for kind, (field, name) in fields.items():
+        try:
+            if need in algorithm_spec(kind, name).needs:
+                out.append(f"{field}={name!r}")
+        except KeyError:
+            continue
+    return out
+
+
 def lookup(kind: str, name: str) -> Callable[..., Any]:
     return algorithm_spec(kind, name).fn
 

@@ -14,6 +14,7 @@ OPTIONAL = {
     "begin_weight_update": "prepare for a weight update (called before every transfer)",
     "end_weight_update": "finish a weight update (called after every transfer)",
     "forward_values": "critic values (algorithm.critic.enable)",
+    "forward_logprobs_and_sum_pi_squared": "per-token sum of squared policy probabilities with the old logprobs",
     "save_hf": "export the final model in HF format (checkpoint.save_hf_final)",
     "score_group": "score a whole group of samples at once (rewards)",
 }
@@ -29,6 +30,11 @@ def required(cfg: Any) -> dict[str, dict[str, str]]:
     need: dict[str, dict[str, str]] = {"trainer": {}, "rollout": {}}
     if cfg.algorithm.critic.enable:
         need["trainer"]["forward_values"] = "algorithm.critic.enable"
+    from relax.core.algorithms import TRAINER_CAPABILITIES, declared_by
+
+    for declared_need, method in TRAINER_CAPABILITIES.items():  # from the algorithms' declarations
+        if fields := declared_by(cfg.algorithm, declared_need):
+            need["trainer"][method] = " and ".join(fields)
     if cfg.checkpoint.save_hf_final:
         need["trainer"]["save_hf"] = "checkpoint.save_hf_final"
     if cfg.mode != "colocate" and cfg.rollout.partial_rollout == "abort":

@@ -56,7 +56,8 @@ def pipelined_step(state) -> dict[str, float]:
         adv = pad_rows([batch.data["advantages"][row_of[id(s)]] for s in train_samples], width) if pipe.advantage_role else None
         train_batch, adv_metrics = stages.prepare_batch(
             train_samples, state.pad_id, cfg, fwd["old_logprobs"], fwd.get("ref_logprobs"),
-            values=fwd.get("values"), teacher_logprobs=fwd.get("teacher_logprobs"), raw=raw, advantages=adv,
+            values=fwd.get("values"), teacher_logprobs=fwd.get("teacher_logprobs"),
+            sum_pi_squared=fwd.get("sum_pi_squared"), raw=raw, advantages=adv,
         )
         metrics.update(adv_metrics)
         with stages.timed(metrics, "train"):

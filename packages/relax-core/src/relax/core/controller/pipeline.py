@@ -86,9 +86,13 @@ class Pipeline:
         self.group_size = cfg.rollout.n_samples_per_prompt
         self.step_rows = cfg.rollout.prompts_per_step * self.group_size
         # hybrid: reference logprobs and advantages inside the train step; async: queue roles, except
-        # that advantages needing the critic's current values are computed in the train step too
+        # that advantages needing the critic's current values, or anything else only the trainer
+        # provides (TRAINER_CAPABILITIES, e.g. sum_pi_squared), are computed in the train step too
+        from relax.core.algorithms import TRAINER_CAPABILITIES, config_needs
+
+        from_trainer = cfg.algorithm.critic.enable or bool(config_needs(cfg.algorithm) & set(TRAINER_CAPABILITIES))
         self.use_reference = cfg.mode == "async" and reference is not None
-        self.advantage_role = cfg.mode == "async" and not cfg.algorithm.critic.enable
+        self.advantage_role = cfg.mode == "async" and not from_trainer
         consumers = ["reward", "trainer"] + (["advantage"] if self.advantage_role else [])
         consumers += ["reference"] if self.use_reference else []
         self.trainer_columns = ["sample", "reward"] + (["advantages"] if self.advantage_role else [])

@@ -108,6 +108,10 @@ class TrainerRole:
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._all("forward_logprobs", batch)
 
+    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Optional capability, checked at start-up when an algorithm declares ``sum_pi_squared``."""
+        return self._all("forward_logprobs_and_sum_pi_squared", batch)
+
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Critic values (PPO); the trainer must have been built with a critic."""
         return self._all("forward_values", batch)

@@ -136,15 +136,17 @@ def fuse_old_logprobs(cfg: RelaxConfig, roles: Any, trainer_fuses: bool) -> bool
     """verl's on-policy shortcut: no separate old-logprob forward; the trainer takes them from its
     first update's forward, detached (``trainer_fuses``: it declares ``fuses_old_logprobs()``).
     Only when nothing before the train step reads them: no reference or teacher role (their KL
-    metrics and KL reward shaping compare against them) and an advantage estimator that does not
-    declare ``old_logprobs``. Exact either way: both are the trainer's logprobs before the update."""
+    metrics and KL reward shaping compare against them) and an advantage estimator that declares
+    neither ``old_logprobs`` nor ``sum_pi_squared`` (the policy's forward before the update, which
+    also gives the old logprobs). Exact either way: both are the trainer's logprobs before the update."""
     if not (trainer_fuses and cfg.trainer.recompute_old_logprobs):
         return False
     if roles.reference is not None or getattr(roles, "teacher", None) is not None:
         return False
     from relax.core.algorithms.registry import algorithm_spec
 
-    return "old_logprobs" not in algorithm_spec("advantage", cfg.algorithm.advantage_estimator).needs
+    needs = algorithm_spec("advantage", cfg.algorithm.advantage_estimator).needs
+    return not needs & {"old_logprobs", "sum_pi_squared"}
 
 
 def forward_batch(
@@ -154,9 +156,17 @@ def forward_batch(
     ``old_logprobs`` (policy; the engine's rollout logprobs when ``trainer.recompute_old_logprobs``
     is off; none when ``old_logprobs`` is False: the trainer fuses them, see
     :func:`fuse_old_logprobs`), ``ref_logprobs`` (reference role, unless ``with_reference`` is False
-    because a queue role already computed them), ``teacher_logprobs`` (teacher role), ``values`` (critic)."""
+    because a queue role already computed them), ``teacher_logprobs`` (teacher role), ``values`` (critic),
+    ``sum_pi_squared`` (policy, in the old-logprob forward, when a chosen algorithm declares it)."""
+    from relax.core.algorithms import config_needs
+
     refs = {}  # output -> (role, operation, ref)
-    if old_logprobs and cfg.trainer.recompute_old_logprobs:
+    recompute = old_logprobs and cfg.trainer.recompute_old_logprobs
+    spi = "sum_pi_squared" in config_needs(cfg.algorithm)
+    if spi:  # one forward for both; its logprobs are dropped when the engine's are the old ones
+        op = "forward_logprobs_and_sum_pi_squared"
+        refs["sum_pi_squared"] = ("trainer", op, roles.trainer.forward_logprobs_and_sum_pi_squared.remote(raw))
+    elif recompute:
         refs["old_logprobs"] = ("trainer", "forward_logprobs", roles.trainer.forward_logprobs.remote(raw))
     if cfg.algorithm.critic.enable:
         refs["values"] = ("trainer", "forward_values", roles.trainer.forward_values.remote(raw))
@@ -169,6 +179,10 @@ def forward_batch(
         name: faults.wait(ref, max(0.0, deadline - time.monotonic()), role, op)
         for name, (role, op, ref) in refs.items()
     }
+    if spi:
+        logprobs, out["sum_pi_squared"] = out["sum_pi_squared"]
+        if recompute:
+            out["old_logprobs"] = logprobs
     if old_logprobs:
         out.setdefault("old_logprobs", raw["rollout_logprobs"])
     return out
@@ -193,12 +207,14 @@ def prepare_batch(
     *,
     values: torch.Tensor | None = None,
     teacher_logprobs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
     raw: dict[str, torch.Tensor] | None = None,
     advantages: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Collate (or reuse ``raw``, the collated ``samples``), attach old/ref/teacher logprobs, critic
     values and advantages -- computed here unless an advantage role already did (``advantages``,
-    then also the returns); greedy baseline rewards come from ``reward_info["greedy_reward"]``.
+    then also the returns); greedy baseline rewards come from ``reward_info["greedy_reward"]``;
+    ``sum_pi_squared`` only feeds the estimator (it is not a training column).
     ``old_logprobs`` None: the trainer computes them (and reports the rollout/train mismatch)."""
     batch = dict(raw) if raw is not None else collate(samples, pad_id)
     mask = batch["response_mask"]
@@ -220,6 +236,7 @@ def prepare_batch(
             ref_logprobs=ref_logprobs,
             kl_coef=kl_coef,
             greedy_rewards=greedy,
+            sum_pi_squared=sum_pi_squared,
             reward_components=reward_components(samples),
         )
         advantages, returns = compute_advantages(cfg.algorithm, inputs)
@@ -245,6 +262,8 @@ def prepare_batch(
         metrics["critic/returns_mean"] = float((returns * mask).sum() / tokens)
     if greedy is not None:
         metrics["reward/greedy_mean"] = float(greedy.mean())
+    if sum_pi_squared is not None:  # 1 / effective vocabulary size: how peaked the policy is
+        metrics["policy/sum_pi_squared_mean"] = float((sum_pi_squared * mask).sum() / tokens)
     return batch, metrics
 
 

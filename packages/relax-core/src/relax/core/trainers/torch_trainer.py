@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.core.algorithms import PolicyLossInputs, entropy_from_logits, mismatch_metrics
+from relax.core.algorithms import (
+    PolicyLossInputs,
+    entropy_from_logits,
+    logprobs_and_sum_pi_squared,
+    logprobs_from_logits,
+    mismatch_metrics,
+)
 from relax.core.trainers.critic import Critic, split_rows
 from relax.core.trainers.data_parallel import DataParallel, shard_bounds, take_rows
 from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
@@ -31,10 +37,8 @@ class NonFiniteError(FloatingPointError):
     """A train step produced a NaN/inf loss, gradient or weight; names the step."""
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(token) from (..., V) logits, in fp32 (logsumexp form: no (..., V) log-softmax copy)."""
-    logits = logits.float()
-    return logits.gather(-1, tokens[..., None]).squeeze(-1) - logits.logsumexp(dim=-1)
+#: log p(token) from (..., V) logits, in fp32 (logsumexp form: no (..., V) log-softmax copy)
+token_logprobs = logprobs_from_logits
 
 
 class TorchTrainer:
@@ -130,21 +134,43 @@ class TorchTrainer:
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0; CPU tensor.
         Data-parallel: each rank scores its rows; rank 0 returns all of them, other ranks None."""
+        return self._score_all_ranks(batch, sum_pi_squared=False)
+
+    def forward_logprobs_and_sum_pi_squared(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``forward_logprobs`` and, from the same forward, the (B, R) fp32 ``sum_v pi(v)^2`` of the
+        policy at ``temperature`` (what optimal token baselines weigh returns by), both 0 where
+        masked; one extra (micro-batch, R, V) tensor. The logprobs are bit-identical to
+        ``forward_logprobs``'. Optional capability (``SupportsSumPiSquared``); data-parallel as
+        ``forward_logprobs`` (one gather for both)."""
+        both = self._score_all_ranks(batch, sum_pi_squared=True)
+        return None if both is None else (both[:, 0], both[:, 1])
+
+    def _score_all_ranks(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
         if self.dp is None:
-            return self._logprobs(batch)
-        rows = batch["responses"].shape[0]
+            return self._score(batch, sum_pi_squared)
+        rows, width = batch["responses"].shape
         local = take_rows(batch, *shard_bounds(rows, self.dp.rank, self.dp.world_size))
-        width = batch["responses"].shape[1]
-        lp = self._logprobs(local) if local["responses"].shape[0] else torch.zeros((0, width))
-        return self.dp.gather_rows(lp, rows)
+        empty = torch.zeros((0, 2, width) if sum_pi_squared else (0, width))
+        return self.dp.gather_rows(self._score(local, sum_pi_squared) if local["responses"].shape[0] else empty, rows)
 
     def _logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._score(batch, sum_pi_squared=False)
+
+    def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
+        """(B, R) logprobs, or with ``sum_pi_squared`` (B, 2, R) logprobs and sum_v pi^2; masked, CPU."""
         batch = self._on_device(batch)
         chunks = []
         with torch.no_grad():
             for sub in split_rows(batch, self.micro_batch_size):
-                lp = token_logprobs(self._response_logits(sub), sub["responses"])
-                chunks.append(torch.where(sub["response_mask"] > 0, lp, torch.zeros_like(lp)))
+                logits, keep = self._response_logits(sub), sub["response_mask"] > 0
+                if sum_pi_squared:
+                    out, keep = torch.stack(logprobs_and_sum_pi_squared(logits, sub["responses"]), dim=1), keep[:, None]
+                else:
+                    out = token_logprobs(logits, sub["responses"])
+                del logits
+                chunks.append(torch.where(keep, out, torch.zeros_like(out)))
         return torch.cat(chunks).cpu()
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
