@@ -75,6 +75,18 @@ def test_shards_cover_every_row_once():
         assert [i for s, e in bounds for i in range(s, e)] == list(range(rows))
 
 
+def test_world_size_2_scores_sum_pi_squared_like_world_size_1(cfg, group):
+    """Runs before any update on the group: the ranks still hold the initial weights."""
+    single = trainer_from_context(plugin_params(cfg, "trainer"), trainer_context(cfg, cfg.model.path))
+    batch = make_batch()
+    lp_dp, spi_dp = ray.get(group.handles[0].forward_logprobs_and_sum_pi_squared.remote(batch))
+    lp_single, spi_single = single.forward_logprobs_and_sum_pi_squared(batch)
+    torch.testing.assert_close(spi_dp, spi_single, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lp_dp, lp_single, rtol=1e-6, atol=1e-6)
+    mask = batch["response_mask"] > 0
+    assert spi_dp.shape == mask.shape and (spi_dp[mask] > 0).all() and (spi_dp[~mask] == 0).all()
+
+
 def test_world_size_2_gives_the_same_update_as_world_size_1(cfg, group):
     single = trainer_from_context(plugin_params(cfg, "trainer"), trainer_context(cfg, cfg.model.path))
     batch = make_batch()
