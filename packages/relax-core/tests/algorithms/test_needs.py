@@ -126,7 +126,7 @@ def test_runtime_roles_follow_declarations(with_plugin):
 def test_needs_nothing_provides_are_refused_before_a_run(monkeypatch):
     from relax.core.algorithms import validate
 
-    load_config(None, [*BASE, "algorithm.advantage_estimator=optimal_token_baseline"])  # the trainer provides it
+    load_config(None, [*BASE, "algorithm.advantage_estimator=optimal_token_baseline"])  # trainer-provided
     monkeypatch.setattr(validate, "UNPROVIDED", frozenset({"sum_pi_squared"}))
     text = _errors(["algorithm.advantage_estimator=optimal_token_baseline"])
     assert ("algorithm.advantage_estimator: advantage estimator 'optimal_token_baseline' needs per-token sum over "

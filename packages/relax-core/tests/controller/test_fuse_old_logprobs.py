@@ -42,7 +42,7 @@ def _declaring_estimators(monkeypatch):
     from relax.core import plugins
 
     def relax_register_algorithms(register):
-        for name, needs in [("spi_only", {"sum_pi_squared"}), ("old_only", {"old_logprobs"}), ("plain", set())]:
+        for name, needs in [("spi_only", {"sum_pi_squared"}), ("old_only", {"old_logprobs"}), ("plain", ())]:
             register(name, lambda inputs: (inputs.response_mask, inputs.response_mask), kind="advantage",
                      needs=needs)
 

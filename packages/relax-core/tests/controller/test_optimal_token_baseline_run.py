@@ -18,7 +18,8 @@ from relax.core.trainers.torch_trainer import TorchTrainer
 SMALL = [
     "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3",
     "trainer.micro_batch_size=8", "data.task_size=50", "logging.progress=false", "logging.console=false",
-    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never",
+    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
 ]
 OTB = "algorithm.advantage_estimator=optimal_token_baseline"
 
@@ -35,12 +36,13 @@ def test_a_trainer_without_the_capability_is_refused_naming_backend_and_estimato
     with pytest.raises(CapabilityError) as err:
         check(cfg, {"trainer": ("logprobs_only", capabilities(LogprobsOnly())), "rollout": rollout})
     assert str(err.value) == (
-        "trainer backend 'logprobs_only' does not implement forward_logprobs_and_sum_pi_squared() (per-token sum "
-        "of squared policy probabilities with the old logprobs), needed by "
+        "trainer backend 'logprobs_only' does not implement forward_logprobs_and_sum_pi_squared() "
+        "(per-token sum of squared policy probabilities, with the logprobs), needed by "
         "algorithm.advantage_estimator='optimal_token_baseline'"
     )
     check(cfg, {"trainer": ("torch", capabilities(TorchTrainer)), "rollout": rollout})
-    check(load_config(None, SMALL), {"trainer": ("logprobs_only", []), "rollout": rollout})  # GRPO: not needed
+    grpo = load_config(None, SMALL)
+    check(grpo, {"trainer": ("logprobs_only", []), "rollout": rollout})  # GRPO does not need it
 
 
 def test_colocate_run_trains_with_the_trainers_sum_pi_squared(ray_local, tmp_path):

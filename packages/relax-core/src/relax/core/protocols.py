@@ -119,7 +119,9 @@ class SupportsValues(Protocol):
 
 @runtime_checkable
 class SupportsSumPiSquared(Protocol):
-    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_logprobs_and_sum_pi_squared(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward_logprobs(batch)`` and, from the same forward, the (B, R) fp32 per-token sum over
         the vocabulary of squared probabilities of the same (temperature-scaled) policy, 0 where
         masked; called only when a chosen algorithm declares ``sum_pi_squared`` (optimal token

@@ -14,7 +14,7 @@ OPTIONAL = {
     "begin_weight_update": "prepare for a weight update (called before every transfer)",
     "end_weight_update": "finish a weight update (called after every transfer)",
     "forward_values": "critic values (algorithm.critic.enable)",
-    "forward_logprobs_and_sum_pi_squared": "per-token sum of squared policy probabilities with the old logprobs",
+    "forward_logprobs_and_sum_pi_squared": "per-token sum of squared policy probabilities, with the logprobs",
     "save_hf": "export the final model in HF format (checkpoint.save_hf_final)",
     "score_group": "score a whole group of samples at once (rewards)",
 }

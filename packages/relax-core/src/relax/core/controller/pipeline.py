@@ -90,9 +90,9 @@ class Pipeline:
         # provides (TRAINER_CAPABILITIES, e.g. sum_pi_squared), are computed in the train step too
         from relax.core.algorithms import TRAINER_CAPABILITIES, config_needs
 
-        from_trainer = cfg.algorithm.critic.enable or bool(config_needs(cfg.algorithm) & set(TRAINER_CAPABILITIES))
+        needs_trainer = config_needs(cfg.algorithm) & set(TRAINER_CAPABILITIES)
         self.use_reference = cfg.mode == "async" and reference is not None
-        self.advantage_role = cfg.mode == "async" and not from_trainer
+        self.advantage_role = cfg.mode == "async" and not (cfg.algorithm.critic.enable or needs_trainer)
         consumers = ["reward", "trainer"] + (["advantage"] if self.advantage_role else [])
         consumers += ["reference"] if self.use_reference else []
         self.trainer_columns = ["sample", "reward"] + (["advantages"] if self.advantage_role else [])

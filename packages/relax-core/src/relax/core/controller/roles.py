@@ -108,7 +108,7 @@ class TrainerRole:
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._all("forward_logprobs", batch)
 
-    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Optional capability, checked at start-up when an algorithm declares ``sum_pi_squared``."""
         return self._all("forward_logprobs_and_sum_pi_squared", batch)
 

@@ -164,8 +164,8 @@ def forward_batch(
     recompute = old_logprobs and cfg.trainer.recompute_old_logprobs
     spi = "sum_pi_squared" in config_needs(cfg.algorithm)
     if spi:  # one forward for both; its logprobs are dropped when the engine's are the old ones
-        op = "forward_logprobs_and_sum_pi_squared"
-        refs["sum_pi_squared"] = ("trainer", op, roles.trainer.forward_logprobs_and_sum_pi_squared.remote(raw))
+        ref = roles.trainer.forward_logprobs_and_sum_pi_squared.remote(raw)
+        refs["sum_pi_squared"] = ("trainer", "forward_logprobs_and_sum_pi_squared", ref)
     elif recompute:
         refs["old_logprobs"] = ("trainer", "forward_logprobs", roles.trainer.forward_logprobs.remote(raw))
     if cfg.algorithm.critic.enable:

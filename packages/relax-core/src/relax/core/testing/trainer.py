@@ -111,7 +111,8 @@ class TrainerFixtures(TinyModelFixtures):
 class TrainerConformance(TrainerFixtures):
     """Subclass as ``class TestMyTrainer(TrainerConformance)`` and implement ``make_trainer``.
 
-    Optional ``save_hf`` is skipped with a reason when absent. Tolerances are attributes so a bf16
+    Optional ``save_hf`` and ``forward_logprobs_and_sum_pi_squared`` are skipped with a reason when
+    absent. Tolerances are attributes so a bf16
     or GPU trainer can widen them.
     """
 
@@ -205,6 +206,25 @@ class TrainerConformance(TrainerFixtures):
             ), (
                 f"metric {k!r} after load {m_resumed[k]} != uninterrupted {m_straight[k]} (optimizer state not restored?)"
             )
+
+    def test_sum_pi_squared_comes_with_the_forward_logprobs(self, trainer, batch, samples, tokenizer):
+        if not callable(getattr(trainer, "forward_logprobs_and_sum_pi_squared", None)):
+            pytest.skip(f"{type(trainer).__name__} has no forward_logprobs_and_sum_pi_squared() (optional)")
+        lp, spi = (t.cpu().float() for t in trainer.forward_logprobs_and_sum_pi_squared(batch))
+        mask = batch["response_mask"] > 0
+        assert lp.shape == spi.shape == mask.shape, f"shapes {tuple(lp.shape)}, {tuple(spi.shape)} != (B, R)"
+        scored = trainer.forward_logprobs(batch).cpu().float()
+        torch.testing.assert_close(lp, scored, atol=self.forward_atol, rtol=0)
+        assert torch.all(spi[~mask] == 0), "masked response positions must be 0"
+        # sum_v pi(v)^2 >= pi(sampled)^2 and <= 1 (a probability vector's squared norm)
+        assert (spi[mask] >= lp[mask].exp().square() - 1e-6).all() and (spi[mask] <= 1 + 1e-6).all(), (
+            "sum_pi_squared outside [pi(token)^2, 1]"
+        )
+        row = 1  # padding-independent, like the logprobs
+        single = collate([samples[row]], pad_id=tokenizer.pad_token_id)
+        _, alone = trainer.forward_logprobs_and_sum_pi_squared(single)
+        r = len(samples[row].response_ids)
+        torch.testing.assert_close(alone[0, :r].cpu().float(), spi[row, :r], atol=self.forward_atol, rtol=0)
 
     def test_save_hf_is_loadable_by_transformers(self, trainer, batch, tmp_path):
         if not callable(getattr(trainer, "save_hf", None)):

@@ -153,7 +153,8 @@ class TorchTrainer:
         rows, width = batch["responses"].shape
         local = take_rows(batch, *shard_bounds(rows, self.dp.rank, self.dp.world_size))
         empty = torch.zeros((0, 2, width) if sum_pi_squared else (0, width))
-        return self.dp.gather_rows(self._score(local, sum_pi_squared) if local["responses"].shape[0] else empty, rows)
+        scored = self._score(local, sum_pi_squared) if local["responses"].shape[0] else empty
+        return self.dp.gather_rows(scored, rows)
 
     def _logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._score(batch, sum_pi_squared=False)
@@ -166,7 +167,8 @@ class TorchTrainer:
             for sub in split_rows(batch, self.micro_batch_size):
                 logits, keep = self._response_logits(sub), sub["response_mask"] > 0
                 if sum_pi_squared:
-                    out, keep = torch.stack(logprobs_and_sum_pi_squared(logits, sub["responses"]), dim=1), keep[:, None]
+                    out = torch.stack(logprobs_and_sum_pi_squared(logits, sub["responses"]), dim=1)
+                    keep = keep[:, None]
                 else:
                     out = token_logprobs(logits, sub["responses"])
                 del logits
