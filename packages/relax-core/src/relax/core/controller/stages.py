@@ -17,6 +17,7 @@ import torch
 from relax.core.algorithms import (
     AdvantageInputs,
     compute_advantages,
+    config_needs,
     dynamic_sampling_keep,
     get_kl_estimator,
     mismatch_metrics,
@@ -158,8 +159,6 @@ def forward_batch(
     :func:`fuse_old_logprobs`), ``ref_logprobs`` (reference role, unless ``with_reference`` is False
     because a queue role already computed them), ``teacher_logprobs`` (teacher role), ``values`` (critic),
     ``sum_pi_squared`` (policy, in the old-logprob forward, when a chosen algorithm declares it)."""
-    from relax.core.algorithms import config_needs
-
     refs = {}  # output -> (role, operation, ref)
     recompute = old_logprobs and cfg.trainer.recompute_old_logprobs
     spi = "sum_pi_squared" in config_needs(cfg.algorithm)

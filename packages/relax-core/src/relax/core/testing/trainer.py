@@ -112,8 +112,7 @@ class TrainerConformance(TrainerFixtures):
     """Subclass as ``class TestMyTrainer(TrainerConformance)`` and implement ``make_trainer``.
 
     Optional ``save_hf`` and ``forward_logprobs_and_sum_pi_squared`` are skipped with a reason when
-    absent. Tolerances are attributes so a bf16
-    or GPU trainer can widen them.
+    absent. Tolerances are attributes so a bf16 or GPU trainer can widen them.
     """
 
     #: forward-logprob agreement between padded and unpadded rows

@@ -141,7 +141,8 @@ class TorchTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``forward_logprobs`` and, from the same forward, the (B, R) fp32 ``sum_v pi(v)^2`` of the
         policy at ``temperature`` (what optimal token baselines weigh returns by), both 0 where
-        masked; one extra (micro-batch, R, V) tensor. The logprobs are bit-identical to
+        masked; one (micro-batch, R, V) temporary, no larger than the logprobs' own logsumexp needs
+        (measured: no higher peak than ``forward_logprobs``). The logprobs are bit-identical to
         ``forward_logprobs``'. Optional capability (``SupportsSumPiSquared``); data-parallel as
         ``forward_logprobs`` (one gather for both)."""
         both = self._score_all_ranks(batch, sum_pi_squared=True)
