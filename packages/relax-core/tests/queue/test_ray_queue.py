@@ -203,3 +203,23 @@ def test_get_acks_the_previous_batch_and_any_part_count_decodes(ray_local):
     third = client.get("c", ["x"], 1, timeout=10, group_aware=False, ack=second.keys)  # guess now too high
     assert torch.equal(third.data["x"][0], torch.ones(3)) and client.metrics()["queue/rows"] == 1
     ray.kill(client.actor)
+
+
+def test_a_timed_out_get_leaves_no_unhandled_ray_error(ray_local, monkeypatch):
+    """A consumer polling an empty queue (every async step's reward thread does) must not make Ray
+    report an "Unhandled error" for the other return values of the multi-return actor call."""
+    import gc
+
+    import ray._private.worker as ray_worker
+
+    unhandled: list[Exception] = []
+    monkeypatch.setattr(ray_worker, "_unhandled_error_handler", unhandled.append)
+    client = ray_queue(8, consumers=["reward"])
+    client.row_bytes = 1 << 20  # a large previous batch: the next get asks for several blob parts
+    for _ in range(3):
+        with pytest.raises(TimeoutError, match="consumer 'reward' waited 0.05s"):
+            client.get("reward", ["x"], batch_size=4, timeout=0.05)
+    gc.collect()
+    time.sleep(1.0)  # Ray reports unretrieved errors when the refs are freed
+    assert unhandled == []
+    ray.kill(client.actor)

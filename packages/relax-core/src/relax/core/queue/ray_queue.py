@@ -39,12 +39,29 @@ class PackedTransferQueue(TransferQueue):
 
     def get_packed(self, consumer: str, args: tuple, ack: Sequence[Key], n_parts: int) -> tuple:
         """``get`` after acknowledging ``ack`` (the consumer's previous batch) in the same call;
-        returns the refs and ``n_parts`` blob parts (``n_parts + 1`` Ray return values)."""
-        if ack:
-            self.ack(consumer, ack)
-        batch = self.get(consumer, *args)
+        returns the refs and ``n_parts`` blob parts (``n_parts + 1`` Ray return values).
+
+        An error (a consumer's poll timing out, an unknown key) is returned as :class:`_Raised` in
+        place of the refs, not raised: a raised error would fill all ``n_parts + 1`` returns, the
+        caller's ``ray.get`` would surface one, and Ray would log the others as unhandled errors.
+        """
+        try:
+            if ack:
+                self.ack(consumer, ack)
+            batch = self.get(consumer, *args)
+        except Exception as err:
+            return (_Raised(err), *[b""] * n_parts)
         blob, refs = encode(batch, any(isinstance(v, ray.ObjectRef) for col in batch.data.values() for v in col))
         return (refs, *split(blob, n_parts))
+
+
+class _Raised:
+    """An exception carried as a return value (see :meth:`PackedTransferQueue.get_packed`)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 TransferQueueActor = ray.remote(num_cpus=0, max_concurrency=256)(PackedTransferQueue)
@@ -194,6 +211,8 @@ class TransferQueueClient:
         refs, *parts = self._call(
             "get_packed", consumer, args, list(ack), n_parts, timeout=self._rpc_timeout(timeout), num_returns=n_parts + 1
         )
+        if isinstance(refs, _Raised):
+            raise refs.error
         batch = decode(parts, refs)
         self.row_bytes = sum(map(len, parts)) / max(len(batch.keys), 1)
         cols = list(batch.data)
