@@ -1,4 +1,5 @@
 import json
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -184,18 +185,14 @@ def test_without_tokenizer_and_config_errors(tmp_path, tok):
         PromptDataset(plain(f, batch_size=64))
 
 
-def test_hf_save_to_disk_dir_needs_datasets(tmp_path):
+def test_hf_save_to_disk_dir_needs_datasets(tmp_path, monkeypatch):
     d = tmp_path / "hf"
     d.mkdir()
     (d / "state.json").write_text("{}")
     (d / "dataset_info.json").write_text("{}")
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(DatasetError, match="datasets.save_to_disk; install the `datasets` package"):
-            PromptDataset(plain(str(d), batch_size=1))
-    else:
-        pytest.skip("datasets is installed; the missing-package error cannot be exercised")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError, installed or not
+    with pytest.raises(DatasetError, match="datasets.save_to_disk; install the `datasets` package"):
+        PromptDataset(plain(str(d), batch_size=1))
 
 
 def test_load_rows(tmp_path):

@@ -33,6 +33,12 @@ class MisbehavingReward:
         return {"score": 1.0, "ok": 1.0}
 
 
+def exit_at_start_up() -> None:
+    """A ``warm`` hook whose worker exits while starting (pool tests; picklable by reference,
+    unlike ``sys.exit``, which pytest's machinery may have replaced by the time it is pickled)."""
+    raise SystemExit("exit_at_start_up")
+
+
 def make_sample(response: str, label: Any = None, metadata: dict[str, Any] | None = None, group: int = 0,
                 index: int = 0, prompt: str = "") -> Any:
     """A scored-to-be ``Sample`` with only what rewards read."""
