@@ -1,0 +1,1 @@
+"""Relax trainer backend on megatron-core (registered as ``trainer.backend: megatron``)."""

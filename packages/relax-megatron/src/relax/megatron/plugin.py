@@ -1,0 +1,1 @@
+"""Entry point of relax-megatron: registers the ``megatron`` trainer with relax-core."""
