@@ -16,16 +16,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent / "plugins"
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE), os.environ.get("PYTHONPATH", "")] if p)
-os.environ["RELAX_PLUGINS"] = "sim_plugin"
-for key, value in {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-                   "HF_HUB_OFFLINE": "1"}.items():
-    os.environ.setdefault(key, value)
-sys.path.insert(0, str(HERE))
+import sim_env  # noqa: F401  (first: points Ray workers at the sim plugin)
 
-from relax.core.config import load_config  # noqa: E402
-from relax.core.controller.run import run  # noqa: E402
+# isort: split
+
+from relax.core.config import load_config
+from relax.core.controller.run import run
 
 SIM = [
     "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=2",
