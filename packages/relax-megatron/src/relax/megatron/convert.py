@@ -1,0 +1,261 @@
+"""Qwen3 dense: HF transformers state dict <-> megatron-core GPTModel state dict, and model construction.
+
+Pure functions over ``{name: tensor}`` dicts (megatron-bridge needs Transformer Engine and does not import
+on CPU, so the mapping is written here). The Megatron side is the local (non-TE) layer spec:
+
+* ``linear_qkv`` fuses q/k/v per query group: for each of the ``ng`` KV groups, its ``nh/ng`` query heads,
+  then its key head, then its value head (rows of ``head_dim``). A TP shard is a contiguous run of groups.
+* ``linear_fc1`` fuses gate and up; a TP shard is ``[gate_shard; up_shard]``.
+* column-parallel weights (qkv, fc1, embedding, output layer) split along dim 0, row-parallel (proj,
+  fc2) along dim 1; norms (incl. Qwen3's per-head q/k norms) are replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+# state_dict entries megatron adds for Transformer Engine / fp8 metadata: never weights
+EXTRA_STATE = "._extra_state"
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The shapes the mapping needs, read once from an HF config."""
+
+    num_layers: int
+    hidden: int
+    heads: int
+    groups: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> Dims:
+        model_type = getattr(hf_config, "model_type", None)
+        if model_type != "qwen3":
+            raise ValueError(f"relax-megatron converts Qwen3 dense models only; got model_type={model_type!r}")
+        if getattr(hf_config, "attention_bias", False):
+            raise ValueError("Qwen3 with attention_bias=True is not supported by the megatron mapping yet")
+        heads = hf_config.num_attention_heads
+        return cls(
+            num_layers=hf_config.num_hidden_layers,
+            hidden=hf_config.hidden_size,
+            heads=heads,
+            groups=hf_config.num_key_value_heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+            ffn=hf_config.intermediate_size,
+            vocab=hf_config.vocab_size,
+            tied=bool(hf_config.tie_word_embeddings),
+        )
+
+    def check_tp(self, tp: int) -> None:
+        """Reject a TP size that does not divide every split dimension, naming which one."""
+        for what, n in (("num_key_value_heads", self.groups), ("intermediate_size", self.ffn), ("vocab_size", self.vocab)):
+            if tp < 1 or n % tp:
+                raise ValueError(f"tensor_parallel={tp} must divide {what}={n}")
+
+
+def _split(t: Tensor, tp: int, dim: int) -> list[Tensor]:
+    return [c.clone() for c in torch.chunk(t, tp, dim=dim)]
+
+
+def _layer_names(i: int) -> tuple[str, str]:
+    return f"model.layers.{i}.", f"decoder.layers.{i}."
+
+
+def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, d: Dims) -> Tensor:
+    """HF q/k/v projections -> megatron ``linear_qkv`` rows, grouped per KV group."""
+    per = d.heads // d.groups
+    q = q.reshape(d.groups, per * d.head_dim, -1)
+    k = k.reshape(d.groups, d.head_dim, -1)
+    v = v.reshape(d.groups, d.head_dim, -1)
+    return torch.cat([q, k, v], dim=1).reshape(-1, q.shape[-1])
+
+
+def split_qkv(qkv: Tensor, d: Dims) -> tuple[Tensor, Tensor, Tensor]:
+    """Inverse of :func:`fuse_qkv` (for a full, TP-gathered weight)."""
+    per = d.heads // d.groups
+    g = qkv.reshape(d.groups, (per + 2) * d.head_dim, -1)
+    q, k, v = torch.split(g, [per * d.head_dim, d.head_dim, d.head_dim], dim=1)
+    cols = qkv.shape[-1]
+    return q.reshape(-1, cols), k.reshape(-1, cols), v.reshape(-1, cols)
+
+
+def hf_weight_names(hf_config: Any) -> list[str]:
+    """Every HF weight name the mapping reads (and :func:`megatron_to_hf` writes) for this config."""
+    d = Dims.from_hf(hf_config)
+    per_layer = [
+        "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+        "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    ]  # fmt: skip
+    names = ["model.embed_tokens.weight", "model.norm.weight"] + (["lm_head.weight"] if not d.tied else [])
+    return names + [f"model.layers.{i}.{w}.weight" for i in range(d.num_layers) for w in per_layer]
+
+
+def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1) -> list[dict[str, Tensor]]:
+    """HF Qwen3 state dict -> one megatron GPTModel state dict per TP rank (``result[rank]``)."""
+    d = Dims.from_hf(hf_config)
+    d.check_tp(tp)
+    missing = sorted(set(hf_weight_names(hf_config)) - set(hf))
+    if missing:
+        raise KeyError(f"the HF state dict lacks {len(missing)} Qwen3 weight(s): {missing[:8]}")
+    shards: list[dict[str, Tensor]] = [{} for _ in range(tp)]
+
+    def put(name: str, parts: Sequence[Tensor]) -> None:
+        for rank, part in enumerate(parts):
+            shards[rank][name] = part
+
+    def replicate(name: str, t: Tensor) -> None:
+        put(name, [t.clone() for _ in range(tp)])
+
+    put("embedding.word_embeddings.weight", _split(hf["model.embed_tokens.weight"], tp, 0))
+    for i in range(d.num_layers):
+        h, m = _layer_names(i)
+        qkv = fuse_qkv(hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"], d)
+        put(m + "self_attention.linear_qkv.weight", _split(qkv, tp, 0))
+        put(m + "self_attention.linear_proj.weight", _split(hf[h + "self_attn.o_proj.weight"], tp, 1))
+        replicate(m + "self_attention.q_layernorm.weight", hf[h + "self_attn.q_norm.weight"])
+        replicate(m + "self_attention.k_layernorm.weight", hf[h + "self_attn.k_norm.weight"])
+        replicate(m + "input_layernorm.weight", hf[h + "input_layernorm.weight"])
+        replicate(m + "pre_mlp_layernorm.weight", hf[h + "post_attention_layernorm.weight"])
+        gates = torch.chunk(hf[h + "mlp.gate_proj.weight"], tp, 0)
+        ups = torch.chunk(hf[h + "mlp.up_proj.weight"], tp, 0)
+        put(m + "mlp.linear_fc1.weight", [torch.cat([g, u], 0) for g, u in zip(gates, ups, strict=True)])
+        put(m + "mlp.linear_fc2.weight", _split(hf[h + "mlp.down_proj.weight"], tp, 1))
+    replicate("decoder.final_layernorm.weight", hf["model.norm.weight"])
+    if not d.tied:
+        put("output_layer.weight", _split(hf["lm_head.weight"], tp, 0))
+    return shards
+
+
+def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> dict[str, Tensor]:
+    """Megatron state dicts of every TP rank (in rank order) -> the HF Qwen3 state dict.
+
+    Tied embeddings give no ``lm_head.weight`` (as ``save_pretrained`` writes them).
+    """
+    d = Dims.from_hf(hf_config)
+    tp = len(shards)
+    d.check_tp(tp)
+
+    def cat(name: str, dim: int) -> Tensor:
+        return torch.cat([s[name] for s in shards], dim=dim)
+
+    def one(name: str) -> Tensor:
+        return shards[0][name].clone()
+
+    hf: dict[str, Tensor] = {"model.embed_tokens.weight": cat("embedding.word_embeddings.weight", 0)}
+    for i in range(d.num_layers):
+        h, m = _layer_names(i)
+        q, k, v = split_qkv(cat(m + "self_attention.linear_qkv.weight", 0), d)
+        hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"] = q, k, v
+        hf[h + "self_attn.o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", 1)
+        hf[h + "self_attn.q_norm.weight"] = one(m + "self_attention.q_layernorm.weight")
+        hf[h + "self_attn.k_norm.weight"] = one(m + "self_attention.k_layernorm.weight")
+        hf[h + "input_layernorm.weight"] = one(m + "input_layernorm.weight")
+        hf[h + "post_attention_layernorm.weight"] = one(m + "pre_mlp_layernorm.weight")
+        halves = [torch.chunk(s[m + "mlp.linear_fc1.weight"], 2, 0) for s in shards]
+        hf[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves], 0)
+        hf[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in halves], 0)
+        hf[h + "mlp.down_proj.weight"] = cat(m + "mlp.linear_fc2.weight", 1)
+    hf["model.norm.weight"] = one("decoder.final_layernorm.weight")
+    if not d.tied:
+        hf["lm_head.weight"] = cat("output_layer.weight", 0)
+    return hf
+
+
+def weights_only(state_dict: Mapping[str, Any]) -> dict[str, Tensor]:
+    """A megatron module's ``state_dict()`` without the ``_extra_state`` entries (TE/fp8 metadata)."""
+    return {n: t for n, t in state_dict.items() if not n.endswith(EXTRA_STATE)}
+
+
+def _rope_theta(hf_config: Any) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if params.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_type={params['rope_type']!r} is not supported by the megatron mapping yet")
+    if theta is None:
+        raise ValueError("the HF config names no rope_theta")
+    return float(theta)
+
+
+def transformer_config(hf_config: Any, **overrides: Any) -> Any:
+    """megatron ``TransformerConfig`` equivalent to an HF Qwen3 config, for the local (non-TE) layer spec.
+
+    Fusions that need CUDA kernels are off; ``overrides`` (e.g. ``tensor_model_parallel_size``,
+    ``params_dtype``) pass through.
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    d = Dims.from_hf(hf_config)
+    kwargs: dict[str, Any] = dict(
+        num_layers=d.num_layers,
+        hidden_size=d.hidden,
+        num_attention_heads=d.heads,
+        num_query_groups=d.groups,
+        kv_channels=d.head_dim,
+        ffn_hidden_size=d.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        qk_layernorm=True,
+        hidden_dropout=0.0,
+        attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
+        init_method_std=hf_config.initializer_range,
+        params_dtype=torch.float32,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=False,  # weights are loaded from HF right after
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+    )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def build_gpt_model(hf_config: Any, pre_process: bool = True, post_process: bool = True, **overrides: Any) -> Any:
+    """An (unloaded) megatron-core ``GPTModel`` shaped like the HF Qwen3 model, for this rank.
+
+    Needs ``megatron.core.parallel_state`` to be initialised (:func:`relax.megatron.parallel.initialize_model_parallel`,
+    which also applies the CPU patches that running the model needs).
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    config = transformer_config(hf_config, **overrides)
+    Dims.from_hf(hf_config).check_tp(config.tensor_model_parallel_size)
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
+        vocab_size=hf_config.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        position_embedding_type="rope",
+        rotary_base=_rope_theta(hf_config),
+    )
+
+
+def load_hf_into(model: Any, hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, tp_rank: int = 0) -> None:
+    """Copy HF weights into ``model`` (this TP rank's shard); every model weight must be covered."""
+    shard = hf_to_megatron(hf, hf_config, tp)[tp_rank]
+    expected = set(weights_only(model.state_dict()))
+    missing, unexpected = expected - set(shard), set(shard) - expected
+    if missing or unexpected:
+        raise ValueError(f"HF->megatron mapping mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    with torch.no_grad():
+        for name, param in model.state_dict().items():
+            if name in shard:
+                param.copy_(shard[name])
