@@ -170,6 +170,21 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> di
     return hf
 
 
+def read_hf_checkpoint(model_dir: str) -> dict[str, Tensor]:
+    """Every tensor of an HF directory's ``*.safetensors`` files, by name."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}: the megatron trainer loads HF safetensors")
+    out: dict[str, Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
 def weights_only(state_dict: Mapping[str, Any]) -> dict[str, Tensor]:
     """A megatron module's ``state_dict()`` without the ``_extra_state`` entries (TE/fp8 metadata)."""
     return {n: t for n, t in state_dict.items() if not n.endswith(EXTRA_STATE)}

@@ -5,6 +5,35 @@ from __future__ import annotations
 import torch
 
 
+def ensure_process_group(
+    rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None,
+    timeout_s: float = 120.0,
+) -> None:
+    """Join (or reuse) the default process group: NCCL when a GPU is present, else gloo.
+
+    A world of one without a rendezvous address uses a local file store. An existing group of another
+    size is an error.
+    """
+    import datetime
+    import tempfile
+
+    dist = torch.distributed
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise RuntimeError(f"torch.distributed is already initialised with world size "
+                               f"{dist.get_world_size()}, not {world_size}")  # fmt: skip
+        return
+    if master_addr is None or master_port is None:
+        if world_size != 1:
+            raise ValueError(f"world_size={world_size} needs master_addr and master_port")
+        init = f"file://{tempfile.mkdtemp(prefix='relax-megatron-')}/store"
+    else:
+        init = f"tcp://{master_addr}:{master_port}"
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+
+
 def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:
     """Initialise megatron's parallel state and its RNG tracker over an already initialised
     ``torch.distributed`` default group; applies the CPU patches when no GPU is present.

@@ -1,1 +1,85 @@
 """Entry point of relax-megatron: registers the ``megatron`` trainer with relax-core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relax.core.context import PluginContext, Resources
+from relax.core.hookspecs import hookimpl
+
+
+@dataclass(frozen=True)
+class MegatronParams:
+    """``trainer.backend_params`` of the ``megatron`` trainer."""
+
+    tensor_parallel: int = 1  # TP ranks (this release: 1)
+    pipeline_parallel: int = 1  # PP stages (this release: 1)
+    expert_parallel: int = 1  # MoE expert-parallel ranks (this release: 1; dense Qwen3 only)
+    context_parallel: int = 1  # needs Transformer Engine (not on CPU)
+    sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
+    num_cpus: float = 1.0  # reserved per rank
+
+    def validate(self) -> list[str]:
+        errors = [
+            f"{name}: must be >= 1, got {value}"
+            for name, value in (("tensor_parallel", self.tensor_parallel), ("pipeline_parallel", self.pipeline_parallel),
+                                ("expert_parallel", self.expert_parallel), ("context_parallel", self.context_parallel))
+            if value < 1
+        ]  # fmt: skip
+        if errors:
+            return errors
+        if self.context_parallel > 1 or self.sequence_parallel:
+            errors.append("context_parallel / sequence_parallel: need Transformer Engine, which this build of "
+                          "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
+        if (self.tensor_parallel, self.pipeline_parallel, self.expert_parallel) != (1, 1, 1):
+            errors.append(f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}, "
+                          f"expert_parallel={self.expert_parallel}: only 1/1/1 is implemented so far "
+                          "(multi-rank layouts come with the rank-actor worker group)")  # fmt: skip
+        return errors
+
+
+def megatron_trainer(params: MegatronParams, ctx: PluginContext):
+    """The factory: core's optimisation settings (``ctx.train``) and the algorithm's policy objective."""
+    from relax.core.algorithms import build_policy_objective
+    from relax.megatron.trainer import MegatronTrainer
+
+    errors = params.validate()
+    if errors:
+        raise ValueError("trainer.backend_params: " + "; ".join(errors))
+    spec, t = ctx.train, ctx.train.optim
+    if spec.algorithm.critic.enable and spec.trainable:
+        raise ValueError("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; "
+                         "use trainer.backend: torch for PPO with a critic")  # fmt: skip
+    if ctx.dtype != "float32":
+        raise ValueError(f"dtype={ctx.dtype!r}: the megatron trainer runs float32 only so far")
+    return MegatronTrainer(
+        ctx.model_path,
+        objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        betas=tuple(t.betas),
+        eps=t.eps,
+        grad_clip=t.grad_clip,
+        warmup_steps=t.warmup_steps,
+        total_steps=spec.total_steps,
+        lr_schedule=t.lr_schedule,
+        min_lr_ratio=t.min_lr_ratio,
+        micro_batch_size=t.micro_batch_size,
+        num_minibatches=t.num_minibatches,
+        loss_agg_mode=spec.algorithm.loss_agg_mode,
+        temperature=spec.temperature,
+        seed=ctx.seed,
+        trainable=spec.trainable,
+        tensor_parallel=params.tensor_parallel,
+        pipeline_parallel=params.pipeline_parallel,
+    )
+
+
+@hookimpl
+def relax_register_trainers(register):
+    register(
+        "megatron",
+        megatron_trainer,
+        config=MegatronParams,
+        resources=lambda p: Resources(p.num_cpus, 0.0, num_workers=p.tensor_parallel * p.pipeline_parallel),
+    )

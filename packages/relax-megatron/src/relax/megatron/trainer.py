@@ -1,0 +1,269 @@
+"""``MegatronTrainer``: relax's ``Trainer`` protocol on a megatron-core GPTModel (this rank's shard).
+
+The model is built from the HF config and loaded from the HF safetensors through
+:mod:`relax.megatron.convert`; logprobs and entropy are computed vocab-parallel
+(:mod:`relax.megatron.logprobs`); the loss is core's policy objective with step-global token counts,
+as in core's torch trainer, so the two give the same loss on the same batch. This increment runs
+TP=1, PP=1 in one process (gloo on CPU); larger layouts are rejected by ``MegatronParams.validate``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relax.megatron import convert
+from relax.megatron.logprobs import logprobs_and_entropy
+
+Objective = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
+NamedTensors = list[tuple[str, torch.Tensor]]
+_OPTIONAL_COLUMNS = ("rollout_logprobs", "ref_logprobs", "teacher_logprobs")
+
+
+def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
+    """Group (name, tensor) pairs into lists of at most ``bucket_bytes`` (one big tensor may exceed it)."""
+    bucket: NamedTensors = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def attention_mask(valid: torch.Tensor) -> torch.Tensor:
+    """(B, S) 0/1 key validity -> megatron's (B, 1, S, S) bool mask, True where attention is blocked
+    (future positions and padding)."""
+    s = valid.shape[1]
+    future = torch.ones(s, s, dtype=torch.bool, device=valid.device).triu(1)
+    return (future[None] | (valid[:, None, :] == 0))[:, None]
+
+
+class MegatronTrainer:
+    """One rank of a megatron-core trainer. ``trainable=False`` is a frozen reference (no optimizer)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        objective: Objective | None = None,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        warmup_steps: int = 0,
+        total_steps: int = 0,
+        lr_schedule: str = "constant",
+        min_lr_ratio: float = 0.0,
+        micro_batch_size: int = 16,
+        num_minibatches: int = 1,
+        loss_agg_mode: str = "token-mean",
+        temperature: float = 1.0,
+        seed: int = 0,
+        trainable: bool = True,
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+    ) -> None:
+        from transformers import AutoConfig
+
+        from megatron.core import parallel_state
+        from relax.core.trainers.optim import LR_SCHEDULES
+        from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
+
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
+        if (tensor_parallel, pipeline_parallel) != (1, 1):
+            raise ValueError(f"the megatron trainer runs tensor_parallel=1, pipeline_parallel=1 for now; "
+                             f"got {tensor_parallel}, {pipeline_parallel}")  # fmt: skip
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        ensure_process_group()
+        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=seed)
+        self.model_path = model_path
+        self.hf_config = AutoConfig.from_pretrained(model_path)
+        self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.model = convert.build_gpt_model(self.hf_config, tensor_model_parallel_size=tensor_parallel)
+        convert.load_hf_into(self.model, convert.read_hf_checkpoint(model_path), self.hf_config, self.tp, self.tp_rank)
+        self.model.eval()  # no dropout: training and scoring forwards agree
+        self.model.requires_grad_(trainable)
+        self.objective = objective
+        self.lr, self.grad_clip = lr, grad_clip
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self.lr_schedule, self.min_lr_ratio = lr_schedule, min_lr_ratio
+        self.micro_batch_size, self.num_minibatches = micro_batch_size, num_minibatches
+        self.loss_agg_mode, self.temperature = loss_agg_mode, temperature
+        self.optimizer = (
+            torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+            if trainable
+            else None
+        )
+        self.step = 0
+
+    # ------------------------------------------------------------------ forward
+    def _response_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, R) logprobs and entropies of the response tokens (positions P-1 .. P+R-2 predict them)."""
+        resp = batch["responses"]
+        prompt_len = batch["input_ids"].shape[1] - resp.shape[1]
+        logits = self.model(batch["input_ids"], batch["position_ids"], attention_mask(batch["attention_mask"]))
+        logits = logits[:, prompt_len - 1 : prompt_len - 1 + resp.shape[1]]
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        vocab_start = self.tp_rank * logits.shape[-1]
+        return logprobs_and_entropy(logits, resp, vocab_start, self.tp_group if self.tp > 1 else None)
+
+    def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0."""
+        from relax.core.trainers.critic import split_rows
+
+        out = []
+        with torch.no_grad():
+            for sub in split_rows(batch, self.micro_batch_size):
+                lp, _ = self._response_scores(sub)
+                out.append(torch.where(sub["response_mask"] > 0, lp, torch.zeros_like(lp)))
+        return torch.cat(out)
+
+    def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise RuntimeError("the megatron trainer has no critic yet: use trainer.backend: torch with algorithm.critic")
+
+    # ----------------------------------------------------------------- training
+    def current_lr(self) -> float:
+        from relax.core.trainers.optim import lr_factor
+
+        return self.lr * lr_factor(self.step, self.warmup_steps, self.total_steps, self.lr_schedule, self.min_lr_ratio)
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``num_minibatches`` optimizer steps over consecutive slices of the batch; metrics averaged
+        over them (``loss``, ``grad_norm`` before clipping, token-mean ``entropy``, ``lr`` and the
+        objective's). ``old_logprobs`` are scored here, before any update, when the batch has none."""
+        from relax.core.trainers.critic import split_rows
+
+        if self.optimizer is None or self.objective is None:
+            raise RuntimeError("train_step needs a trainable MegatronTrainer with an objective")
+        if "old_logprobs" not in batch:
+            batch = {**batch, "old_logprobs": self.forward_logprobs(batch)}
+        size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        records = [self._optimizer_step(mini) for mini in split_rows(batch, size)]
+        self.step += 1
+        metrics = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
+        return {**metrics, "lr": lr}
+
+    def _optimizer_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        from relax.core.algorithms import PolicyLossInputs
+        from relax.core.trainers.critic import split_rows
+
+        mask = batch["response_mask"]
+        tokens, seqs = float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, entropy_sum, obj_sums = 0.0, 0.0, {}
+        for sub in split_rows(batch, self.micro_batch_size):
+            logprobs, entropy = self._response_scores(sub)
+            inputs = PolicyLossInputs(
+                logprobs=logprobs,
+                old_logprobs=sub["old_logprobs"],
+                advantages=sub["advantages"],
+                response_mask=sub["response_mask"],
+                entropy=entropy,
+                loss_agg_mode=self.loss_agg_mode,
+                global_token_count=tokens,
+                global_seq_count=seqs,
+                **{k: sub[k] for k in _OPTIONAL_COLUMNS if k in sub},
+            )
+            loss, obj_metrics = self.objective(inputs)
+            loss.backward()
+            sub_tokens = float(sub["response_mask"].sum())
+            loss_sum += float(loss.detach())
+            entropy_sum += float((entropy.detach() * sub["response_mask"]).sum())
+            for k, v in obj_metrics.items():  # "*loss" terms use the global counts, so they add up
+                weight = 1.0 if k.endswith("loss") else sub_tokens
+                obj_sums[k] = obj_sums.get(k, 0.0) + float(v) * weight
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
+            raise FloatingPointError(f"train step {self.step + 1}: non-finite loss {loss_sum} or grad_norm "
+                                     f"{grad_norm}; the update was not applied. Lower trainer.lr")  # fmt: skip
+        self.optimizer.step()
+        denom = max(tokens, 1.0)
+        return {
+            **{k: v if k.endswith("loss") else v / denom for k, v in obj_sums.items()},
+            "loss": loss_sum,
+            "grad_norm": grad_norm,
+            "entropy": entropy_sum / denom,
+        }
+
+    # ------------------------------------------------------------------ weights
+    def _tp_shards(self) -> list[dict[str, torch.Tensor]]:
+        """Every TP rank's megatron weights, in rank order (TP=1: this rank's, as live detached views)."""
+        local = {n: t.detach() for n, t in convert.weights_only(self.model.state_dict()).items()}
+        if self.tp == 1:
+            return [local]
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
+        for name, tensor in local.items():
+            parts = [torch.empty_like(tensor) for _ in range(self.tp)]
+            torch.distributed.all_gather(parts, tensor.contiguous(), group=self.tp_group)
+            for rank, part in enumerate(parts):
+                shards[rank][name] = part
+        return shards
+
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
+        """HF-named, TP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings once)."""
+        hf = convert.megatron_to_hf(self._tp_shards(), self.hf_config)
+        yield from buckets(iter(hf.items()), bucket_bytes)
+
+    def save_hf(self, directory: str) -> None:
+        """An HF directory (config, tokenizer, safetensors) that plain transformers loads."""
+        from safetensors.torch import save_file
+        from transformers import AutoTokenizer
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        hf = {n: t.contiguous() for b in self.export_weights() for n, t in b}
+        self.hf_config.save_pretrained(out)
+        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out)
+        save_file(hf, out / "model.safetensors", metadata={"format": "pt"})
+
+    # -------------------------------------------------------------- checkpoints
+    def _state_file(self, directory: str) -> Path:
+        return Path(directory) / f"megatron_tp{self.tp_rank:02d}.pt"
+
+    def save(self, directory: str) -> None:
+        """This rank's weights, optimizer state, step and RNG states (one file per TP rank)."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": convert.weights_only(self.model.state_dict()),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "step": self.step,
+            "rng": torch.get_rng_state(),
+        }
+        torch.save(state, self._state_file(directory))
+
+    def load(self, directory: str) -> None:
+        path = self._state_file(directory)
+        if not path.exists():
+            raise FileNotFoundError(f"no megatron trainer checkpoint for TP rank {self.tp_rank} at {path}")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        result = self.model.load_state_dict(state["model"], strict=False)  # strict would want _extra_state
+        missing = [n for n in result.missing_keys if not n.endswith(convert.EXTRA_STATE)]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"checkpoint {path} does not fit this model: missing {missing}, "
+                             f"unexpected {result.unexpected_keys}")  # fmt: skip
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        torch.set_rng_state(state["rng"])

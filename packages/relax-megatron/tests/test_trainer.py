@@ -1,0 +1,69 @@
+"""The megatron trainer (TP=1, in-process gloo): core's conformance kit, agreement with core's torch
+trainer on one policy-gradient step, and the typed ``trainer.backend_params``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.core.testing import TinyModelFixtures, TrainerConformance, make_batch, make_samples, torch_trainer
+from relax.core.testing.trainer import exported
+
+TRAINER_KW = {"lr": 1e-2, "micro_batch_size": 4}
+
+
+def megatron_trainer(model_dir: str, **kw):
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.megatron.trainer import MegatronTrainer
+
+    return MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), **{**TRAINER_KW, **kw})
+
+
+class TestMegatronTrainer(TrainerConformance):
+    @pytest.fixture(autouse=True)
+    def _world(self, megatron_world):
+        """Every trainer of this class joins the package's gloo world (TP=1)."""
+
+    def make_trainer(self, model_dir):
+        return megatron_trainer(model_dir)
+
+
+class TestAgreesWithTheTorchTrainer(TinyModelFixtures):
+    def test_one_step_matches_the_torch_trainer(self, megatron_world, model_dir, tokenizer):
+        """Same weights, batch and objective: the same loss and (exported, HF-named) updated weights."""
+        batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
+        # AdamW's first update is lr * g / (|g| + eps): with eps 1e-8 a gradient within float noise of 0 can
+        # move a weight by up to lr either way; eps 1e-4 keeps the update a smooth function of the gradient
+        ref, meg = torch_trainer(model_dir, **TRAINER_KW, eps=1e-4), megatron_trainer(model_dir, eps=1e-4)
+        old = ref.forward_logprobs(batch)
+        torch.testing.assert_close(meg.forward_logprobs(batch), old, atol=1e-5, rtol=0)
+        m_ref = ref.train_step({**batch, "old_logprobs": old})
+        m_meg = meg.train_step({**batch, "old_logprobs": old})
+        for key in ("loss", "entropy", "grad_norm"):
+            assert m_meg[key] == pytest.approx(m_ref[key], abs=1e-5), key
+        want, got = exported(ref), exported(meg)
+        moved = max(float((want[n] - t).abs().max()) for n, t in exported(torch_trainer(model_dir)).items())
+        assert moved > 1e-3  # the step moved the weights: the comparison below is not vacuous
+        for name, tensor in got.items():
+            # AdamW's first step is ~lr * sign(grad): a gradient within float noise of 0 may flip a sign
+            torch.testing.assert_close(tensor, want[name], atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_backend_params_reject_unsupported_layouts():
+    from relax.megatron.plugin import MegatronParams
+
+    assert MegatronParams().validate() == []
+    assert MegatronParams(tensor_parallel=0).validate() == ["tensor_parallel: must be >= 1, got 0"]
+    (cp,) = MegatronParams(context_parallel=2).validate()
+    assert "need Transformer Engine" in cp
+    (tp,) = MegatronParams(tensor_parallel=2).validate()
+    assert "tensor_parallel=2" in tp and "only 1/1/1" in tp
+
+
+def test_registered_as_the_megatron_trainer():
+    from relax.core.plugins import get_plugin_manager
+    from relax.megatron.plugin import MegatronParams, megatron_trainer
+
+    registration = get_plugin_manager().registry.registration("trainer", "megatron")
+    assert registration.factory is megatron_trainer and registration.config is MegatronParams
