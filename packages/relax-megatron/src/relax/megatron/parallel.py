@@ -54,3 +54,16 @@ def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int =
     else:
         parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
     mtp.model_parallel_cuda_manual_seed(seed)
+
+
+def gather_tp_shards(local: dict[str, torch.Tensor], tp: int, group=None) -> list[dict[str, torch.Tensor]]:
+    """Every TP rank's tensors (same names on every rank), in rank order; TP=1 returns ``[local]``."""
+    if tp == 1:
+        return [local]
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
+    for name, tensor in local.items():
+        parts = [torch.empty_like(tensor) for _ in range(tp)]
+        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
+        for rank, part in enumerate(parts):
+            shards[rank][name] = part
+    return shards

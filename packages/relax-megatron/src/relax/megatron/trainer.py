@@ -210,16 +210,10 @@ class MegatronTrainer:
     # ------------------------------------------------------------------ weights
     def _tp_shards(self) -> list[dict[str, torch.Tensor]]:
         """Every TP rank's megatron weights, in rank order (TP=1: this rank's, as live detached views)."""
+        from relax.megatron.parallel import gather_tp_shards
+
         local = {n: t.detach() for n, t in convert.weights_only(self.model.state_dict()).items()}
-        if self.tp == 1:
-            return [local]
-        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
-        for name, tensor in local.items():
-            parts = [torch.empty_like(tensor) for _ in range(self.tp)]
-            torch.distributed.all_gather(parts, tensor.contiguous(), group=self.tp_group)
-            for rank, part in enumerate(parts):
-                shards[rank][name] = part
-        return shards
+        return gather_tp_shards(local, self.tp, self.tp_group)
 
     def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
         """HF-named, TP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings once)."""
