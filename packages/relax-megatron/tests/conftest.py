@@ -1,7 +1,8 @@
-"""One in-process gloo world of size 1 with megatron's parallel state (TP=1, PP=1) for this package's tests.
+"""One in-process gloo world of size 1 with megatron's parallel state (TP=1, PP=1) per test module.
 
-Torn down (process group destroyed, CPU patches removed) when the package's tests end, so the rest of a
-full pytest run sees an untouched torch.
+Module-scoped, not package-scoped: without an ``__init__.py`` pytest would keep a "package" fixture for the
+whole session. Torn down (process group destroyed, CPU patches removed) after each module, so the rest of
+a full pytest run sees an untouched torch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # without it a megatron step is ~25x slower on CPU
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def megatron_world(tmp_path_factory):
     """``torch.distributed`` (gloo, world size 1) + megatron parallel state, TP=1, PP=1."""
     import torch.distributed as dist
@@ -33,7 +34,7 @@ def megatron_world(tmp_path_factory):
         cpu_compat.remove()
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory):
     """(model_dir, HF config, HF state dict) of the conformance kit's tiny Qwen3 (built locally)."""
     from transformers import AutoConfig
