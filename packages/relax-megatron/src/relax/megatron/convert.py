@@ -228,7 +228,9 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
         init_method_std=hf_config.initializer_range,
         params_dtype=torch.float32,
         use_cpu_initialization=not torch.cuda.is_available(),
-        perform_initialization=False,  # weights are loaded from HF right after
+        # kept on although HF weights replace the values: with CPU initialisation megatron sets the TP
+        # attributes (tensor_model_parallel, partition_dim) only while initialising (tensor_parallel/layers.py)
+        perform_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,

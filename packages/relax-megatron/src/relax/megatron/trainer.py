@@ -4,7 +4,9 @@ The model is built from the HF config and loaded from the HF safetensors through
 :mod:`relax.megatron.convert`; logprobs and entropy are computed vocab-parallel
 (:mod:`relax.megatron.logprobs`); the loss is core's policy objective with step-global token counts,
 as in core's torch trainer, so the two give the same loss on the same batch. This increment runs
-TP=1, PP=1 in one process (gloo on CPU); larger layouts are rejected by ``MegatronParams.validate``.
+TP=1, PP=1 in one process (gloo on CPU), or TP=N as N processes that call every method together
+(``export_weights`` gathers across TP, so it is collective too); ``MegatronParams.validate`` still rejects
+TP>1 because core's worker group calls ``export_weights`` on rank 0 alone.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class MegatronTrainer:
         trainable: bool = True,
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str | None = None,
+        master_port: int | None = None,
     ) -> None:
         from transformers import AutoConfig
 
@@ -83,13 +89,15 @@ class MegatronTrainer:
 
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
-        if (tensor_parallel, pipeline_parallel) != (1, 1):
-            raise ValueError(f"the megatron trainer runs tensor_parallel=1, pipeline_parallel=1 for now; "
-                             f"got {tensor_parallel}, {pipeline_parallel}")  # fmt: skip
+        if pipeline_parallel != 1:
+            raise ValueError(f"pipeline_parallel={pipeline_parallel}: the megatron trainer runs PP=1 for now")
+        if world_size != tensor_parallel:
+            raise ValueError(f"world_size={world_size} != tensor_parallel={tensor_parallel}: data parallelism "
+                             "is not implemented yet, every rank is one TP shard")  # fmt: skip
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-        ensure_process_group()
+        ensure_process_group(rank, world_size, master_addr, master_port)
         initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=seed)
         self.model_path = model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
@@ -192,9 +200,10 @@ class MegatronTrainer:
             for k, v in obj_metrics.items():  # "*loss" terms use the global counts, so they add up
                 weight = 1.0 if k.endswith("loss") else sub_tokens
                 obj_sums[k] = obj_sums.get(k, 0.0) + float(v) * weight
+        self._sum_qk_norm_grads()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = self._clip_grad_norm(params, max_norm)
         if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
             raise FloatingPointError(f"train step {self.step + 1}: non-finite loss {loss_sum} or grad_norm "
                                      f"{grad_norm}; the update was not applied. Lower trainer.lr")  # fmt: skip
@@ -206,6 +215,33 @@ class MegatronTrainer:
             "grad_norm": grad_norm,
             "entropy": entropy_sum / denom,
         }
+
+    def _sum_qk_norm_grads(self) -> None:
+        """Qwen3's q/k norms are replicated but each TP rank applies them to its own heads: their gradient
+        is the sum over ranks. What megatron's ``finalize_model_grads`` does
+        (``_allreduce_non_tensor_model_parallel_grads``), without its DDP wrapper."""
+        if self.tp == 1:
+            return
+        for name, param in self.model.named_parameters():
+            if param.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+                torch.distributed.all_reduce(param.grad, group=self.tp_group)
+
+    def _clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip to the norm of the whole model's gradient; TP shards count once, replicated weights
+        (norms) once, not once per rank. TP=1: torch's ``clip_grad_norm_``."""
+        if self.tp == 1:
+            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        owned = [p.grad for p in params if param_is_not_tensor_parallel_duplicate(p)]
+        square = torch.stack([g.float().square().sum() for g in owned]).sum() if owned else torch.zeros(())
+        torch.distributed.all_reduce(square, group=self.tp_group)
+        norm = float(square.sqrt())
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for p in params:
+                p.grad.mul_(coef)
+        return norm
 
     # ------------------------------------------------------------------ weights
     def _tp_shards(self) -> list[dict[str, torch.Tensor]]:
