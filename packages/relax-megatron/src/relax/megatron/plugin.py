@@ -12,7 +12,7 @@ from relax.core.hookspecs import hookimpl
 class MegatronParams:
     """``trainer.backend_params`` of the ``megatron`` trainer."""
 
-    tensor_parallel: int = 1  # TP ranks (this release: 1)
+    tensor_parallel: int = 1  # TP ranks (this release: 1 through the controller)
     pipeline_parallel: int = 1  # PP stages (this release: 1)
     expert_parallel: int = 1  # MoE expert-parallel ranks (this release: 1; dense Qwen3 only)
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
@@ -33,8 +33,9 @@ class MegatronParams:
                           "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
         if (self.tensor_parallel, self.pipeline_parallel, self.expert_parallel) != (1, 1, 1):
             errors.append(f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}, "
-                          f"expert_parallel={self.expert_parallel}: only 1/1/1 is implemented so far "
-                          "(multi-rank layouts come with the rank-actor worker group)")  # fmt: skip
+                          f"expert_parallel={self.expert_parallel}: only 1/1/1 runs through the controller so far "
+                          "(a TP>1 trainer gathers its export across ranks, and core's worker group calls "
+                          "export_weights on rank 0 alone)")  # fmt: skip
         return errors
 
 
