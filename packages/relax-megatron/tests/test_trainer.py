@@ -67,3 +67,37 @@ def test_registered_as_the_megatron_trainer():
 
     registration = get_plugin_manager().registry.registration("trainer", "megatron")
     assert registration.factory is megatron_trainer and registration.config is MegatronParams
+
+
+class TestFactory(TinyModelFixtures):
+    """The registered factory builds the trainer from core's settings, or refuses with a clear error."""
+
+    @staticmethod
+    def context(model_dir: str, critic: bool = False, dtype: str = "float32"):
+        from dataclasses import replace
+
+        from relax.core.algorithms.config import AlgorithmConfig, CriticConfig
+        from relax.core.config import TrainerConfig
+        from relax.core.context import PluginContext, TrainSpec
+
+        algorithm = replace(AlgorithmConfig(), critic=CriticConfig(enable=critic))
+        optim = TrainerConfig(lr=3e-3, micro_batch_size=2, num_minibatches=2)
+        spec = TrainSpec(optim=optim, algorithm=algorithm, total_steps=5, temperature=0.7)
+        return PluginContext(role="trainer", model_path=model_dir, dtype=dtype, seed=4, train=spec)
+
+    def test_builds_from_core_settings(self, megatron_world, model_dir):
+        from relax.megatron.plugin import MegatronParams, megatron_trainer
+
+        trainer = megatron_trainer(MegatronParams(), self.context(model_dir))
+        assert (trainer.lr, trainer.micro_batch_size, trainer.num_minibatches) == (3e-3, 2, 2)
+        assert (trainer.temperature, trainer.total_steps, trainer.objective is not None) == (0.7, 5, True)
+
+    def test_refuses_what_it_cannot_run(self, megatron_world, model_dir):
+        from relax.megatron.plugin import MegatronParams, megatron_trainer
+
+        with pytest.raises(ValueError, match="no critic"):
+            megatron_trainer(MegatronParams(), self.context(model_dir, critic=True))
+        with pytest.raises(ValueError, match="float32 only"):
+            megatron_trainer(MegatronParams(), self.context(model_dir, dtype="bfloat16"))
+        with pytest.raises(ValueError, match="trainer.backend_params: tensor_parallel=2"):
+            megatron_trainer(MegatronParams(tensor_parallel=2), self.context(model_dir))
