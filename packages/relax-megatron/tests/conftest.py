@@ -8,6 +8,10 @@ a full pytest run sees an untouched torch.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +47,40 @@ def tiny_qwen3(tmp_path_factory):
 
     model_dir = tiny_model_dir(tmp_path_factory.mktemp("models"))
     return model_dir, AutoConfig.from_pretrained(model_dir), load_hf_weights(model_dir)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def run_ranks(tmp_path_factory):
+    """``run(mode, model_dir, data, *extra, world=2, expect_ok=True)``: ``tp_worker.py`` as ``world``
+    processes on ``data``; rank 0's results, or with ``expect_ok=False`` the ranks' combined output."""
+
+    def run(mode: str, model_dir: str, data, *extra: str, world: int = 2, expect_ok: bool = True):
+        import torch
+
+        tmp_path = tmp_path_factory.mktemp(mode)
+        torch.save(data, tmp_path / f"{mode}-input.pt")
+        out = tmp_path / f"{mode}-out.pt"
+        cmd = [sys.executable, str(Path(__file__).with_name("tp_worker.py")), "--mode", mode, "--world", str(world),
+               "--port", str(_free_port()), "--model-dir", model_dir, "--input", str(tmp_path / f"{mode}-input.pt"),
+               "--out", str(out), *extra]  # fmt: skip
+        procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for r in range(world)]  # fmt: skip
+        try:
+            logs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        ok = all(p.returncode == 0 for p in procs)
+        if not expect_ok:
+            assert not ok, f"{mode} with {extra} succeeded, expected a failure"
+            return "\n".join(logs)
+        assert ok, "a rank failed:\n" + "\n---\n".join(log[-3000:] for log in logs)
+        return torch.load(out)
+
+    return run

@@ -29,6 +29,21 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(tiny_qwen3, tp):
     _assert_same(back, hf)
 
 
+def test_pipeline_stages_split_and_merge_back_exactly(tiny_qwen3):
+    _, config, hf = tiny_qwen3
+    shards = convert.hf_to_megatron(hf, config, tp=2)
+    stages = [[convert.to_stage(shard, config, 2, r) for r in range(2)] for shard in shards]
+    first, last = stages[0]
+    assert "embedding.word_embeddings.weight" in first and "decoder.final_layernorm.weight" not in first
+    assert "decoder.final_layernorm.weight" in last and "embedding.word_embeddings.weight" not in last
+    assert torch.equal(last["output_layer.weight"], first["embedding.word_embeddings.weight"])  # tied copy
+    assert {n.split(".")[2] for n in last if n.startswith("decoder.layers.")} == {"0"}  # stage-local numbering
+    merged = [convert.from_stages(per_stage, config) for per_stage in stages]
+    _assert_same(convert.megatron_to_hf(merged, config), hf)
+    with pytest.raises(ValueError, match="pipeline_parallel=3 must divide num_hidden_layers=2"):
+        convert.to_stage(shards[0], config, 3, 0)
+
+
 def test_qkv_fusion_groups_query_heads_with_their_kv_head(tiny_qwen3):
     """Row blocks of linear_qkv follow megatron's [q heads of group g, k_g, v_g] order."""
     _, config, _ = tiny_qwen3

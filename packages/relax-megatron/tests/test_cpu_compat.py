@@ -104,16 +104,18 @@ PROBES = {
     "default_causal_mask": (probe_default_causal_mask, NO_CUDA),
     "moe_router_gemm": (probe_moe_router_gemm, "te_general_gemm"),
 }
+#: patches whose code path needs several processes (PP > 1): probed through tp_worker.py
+MULTI_PROCESS = ("tied_embedding_sync",)
 
 
 def test_every_patch_has_a_probe():
-    assert sorted(PROBES) == sorted(cpu_compat.PATCH_NAMES)
+    assert sorted([*PROBES, *MULTI_PROCESS]) == sorted(cpu_compat.PATCH_NAMES)
     with pytest.raises(ValueError, match="unknown cpu_compat patch"):
         cpu_compat.apply(["no_such_patch"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU compatibility patches apply only without a GPU")
-@pytest.mark.parametrize("name", cpu_compat.PATCH_NAMES)
+@pytest.mark.parametrize("name", sorted(PROBES))
 def test_patch_is_still_needed_and_still_works(megatron_world, name):
     probe, failure = PROBES[name]
     state = torch.get_rng_state()
@@ -137,3 +139,13 @@ def test_remove_restores_torch(megatron_world):
         assert "synchronize" not in cpu_compat.active()
     finally:
         cpu_compat.apply()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU compatibility patches apply only without a GPU")
+def test_tied_embedding_sync_is_still_needed(tiny_qwen3, run_ranks):
+    """PP=2 with tied embeddings fails to build without the patch; that it works is
+    test_tensor_parallel.py::test_pp2_logprobs_match_hf."""
+    model_dir, _, _ = tiny_qwen3
+    logs = run_ranks("pipeline", model_dir, torch.zeros(1, 4, dtype=torch.long), "--without", "tied_embedding_sync",
+                     expect_ok=False)  # fmt: skip
+    assert NO_CUDA in logs and "setup_embeddings_and_output_layer" in logs

@@ -1,50 +1,46 @@
-"""TP=2 on CPU: two real processes over gloo. Vocab-parallel logprobs and entropy equal transformers'
-(no full-logit gather: each rank holds half the vocabulary), TP-gathered weights map back to the HF
-checkpoint bit-exactly, and a TP=2 train step matches core's torch trainer."""
+"""TP=2 and PP=2 on CPU: two real processes over gloo (``tp_worker.py``).
+
+Vocab-parallel logprobs and entropy equal transformers' (no full-logit gather: each rank holds half the
+vocabulary), TP-gathered weights map back to the HF checkpoint bit-exactly, a TP=2 train step matches
+core's torch trainer, and PP=2 logprobs equal transformers'."""
 
 from __future__ import annotations
-
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-WORKER = Path(__file__).with_name("tp_worker.py")
+TOKENS = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(5))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def torch_reference(tiny_qwen3):
+    """Core's torch trainer on the same model and a batch with its old logprobs (eps: see test_trainer.py)."""
+    from transformers import AutoTokenizer
+
+    from relax.core.testing import make_batch, make_samples, torch_trainer
+
+    model_dir = tiny_qwen3[0]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
+    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=4)
+    batch["old_logprobs"] = ref.forward_logprobs(batch)
+    return ref, batch
 
 
-def run_ranks(mode: str, model_dir: str, data, tmp_path: Path, world: int = 2) -> dict:
-    """Run ``tp_worker.py`` as ``world`` processes on ``data``; rank 0's results."""
-    torch.save(data, tmp_path / f"{mode}-input.pt")
-    out = tmp_path / f"{mode}-out.pt"
-    cmd = [sys.executable, str(WORKER), "--mode", mode, "--world", str(world), "--port", str(_free_port()),
-           "--model-dir", model_dir, "--input", str(tmp_path / f"{mode}-input.pt"), "--out", str(out)]  # fmt: skip
-    procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
-    try:
-        logs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), "a TP rank failed:\n" + "\n---\n".join(log[-3000:] for log in logs)
-    return torch.load(out)
+@pytest.fixture(scope="module")
+def tp2(tiny_qwen3, torch_reference, run_ranks):
+    """One two-process TP=2 launch for both checks below (starting processes is the slow part)."""
+    return run_ranks("tensor", tiny_qwen3[0], {"tokens": TOKENS, "batch": torch_reference[1]})
 
 
-def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tmp_path):
+def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tp2):
     from transformers import AutoModelForCausalLM
 
     from relax.core.algorithms import entropy_from_logits
 
     model_dir, config, hf = tiny_qwen3
-    tokens = torch.randint(0, config.vocab_size, (2, 25), generator=torch.Generator().manual_seed(5))
-    got = run_ranks("convert", model_dir, tokens, tmp_path)
+    assert config.vocab_size == 24
+    tokens, got = TOKENS, tp2["convert"]
     assert got["logits_shape"][-1] == config.vocab_size // 2  # each rank scored half the vocabulary
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
@@ -57,20 +53,13 @@ def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tmp_path):
         assert torch.equal(got["hf"][name], tensor), name
 
 
-def test_tp2_train_step_matches_the_torch_trainer(tiny_qwen3, tmp_path):
+def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
     """Same weights, batch and objective as core's torch trainer at TP=1: the same logprobs, loss, grad
     norm (TP shards and replicated norms each counted once) and gathered updated weights."""
-    from transformers import AutoTokenizer
-
-    from relax.core.testing import make_batch, make_samples, torch_trainer
     from relax.core.testing.trainer import exported
 
-    model_dir, _, _ = tiny_qwen3
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
-    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=4)  # eps: see test_trainer.py
-    batch["old_logprobs"] = ref.forward_logprobs(batch)
-    got = run_ranks("train", model_dir, batch, tmp_path)
+    ref, batch = torch_reference
+    got = tp2["train"]
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
     metrics = ref.train_step(batch)
     for key in ("loss", "entropy", "grad_norm"):
@@ -79,3 +68,18 @@ def test_tp2_train_step_matches_the_torch_trainer(tiny_qwen3, tmp_path):
     assert sorted(got["weights"]) == sorted(want)
     for name, tensor in want.items():
         torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_pp2_logprobs_match_hf(tiny_qwen3, run_ranks):
+    """PP=2 (one layer per stage, activations sent between processes by megatron's 1F1B schedule):
+    the last stage's logprobs equal transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir, config, _ = tiny_qwen3
+    tokens = torch.randint(0, config.vocab_size, (2, 25), generator=torch.Generator().manual_seed(6))
+    got = run_ranks("pipeline", model_dir, tokens)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    with torch.no_grad():
+        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+    ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
+    torch.testing.assert_close(got["logprobs"], ref, rtol=1.3e-6, atol=1e-5)

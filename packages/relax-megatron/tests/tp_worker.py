@@ -1,9 +1,10 @@
 """One rank of a multi-process megatron check, run as a script by the tests (gloo, OMP_NUM_THREADS=1).
 
-``--mode convert``: build the tiny Qwen3 at the given TP size, load this rank's HF shard, score
-``--input`` (a token tensor) vocab-parallel, gather the weights back to HF names.
-``--mode train``: a ``MegatronTrainer`` at that TP size scores ``--input`` (a batch with old logprobs),
-takes one train step and exports its weights. Rank 0 saves the results to ``--out``.
+``--mode tensor`` (TP = world size), on ``--input`` = {"tokens", "batch"}: build the tiny Qwen3, load
+this rank's HF shard, score the tokens vocab-parallel and gather the weights back to HF names; then a
+``MegatronTrainer`` scores the batch (with old logprobs), takes one train step and exports its weights.
+``--mode pipeline`` (PP = world size, 1F1B schedule, forward only), on ``--input`` = tokens: the last
+stage's logprobs. Rank 0 saves the results to ``--out``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--input", required=True)
-    ap.add_argument("--mode", choices=["convert", "train"], required=True)
+    ap.add_argument("--mode", choices=["tensor", "pipeline"], required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--without", default="", help="a cpu_compat patch to remove (checks it is still needed)")
     args = ap.parse_args()
 
     import torch
 
-    results = (convert_check if args.mode == "convert" else train_check)(args)
+    if args.mode == "tensor":  # one launch for both checks: starting processes is the slow part
+        data = torch.load(args.input)
+        results = {"convert": convert_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
+    else:
+        results = pipeline_check(args, torch.load(args.input))
     if args.rank == 0:
         torch.save(results, args.out)
     torch.distributed.barrier()
@@ -37,8 +43,7 @@ def main() -> None:
     torch.distributed.destroy_process_group()
 
 
-def train_check(args: argparse.Namespace) -> dict:
-    import torch
+def train_check(args: argparse.Namespace, batch: dict) -> dict:
 
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
@@ -48,14 +53,57 @@ def train_check(args: argparse.Namespace) -> dict:
         args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4, micro_batch_size=4,
         tensor_parallel=args.world, rank=args.rank, world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
-    batch = torch.load(args.input)
     before = trainer.forward_logprobs(batch)
     metrics = trainer.train_step(batch)
     weights = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
     return {"logprobs": before, "metrics": metrics, "weights": weights}
 
 
-def convert_check(args: argparse.Namespace) -> dict:
+def pipeline_check(args: argparse.Namespace, tokens) -> dict:
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
+    from transformers import AutoConfig
+
+    from relax.megatron import convert
+    from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
+
+    ensure_process_group(args.rank, args.world, "127.0.0.1", args.port, timeout_s=60)
+    initialize_model_parallel(tensor_parallel=1, pipeline_parallel=args.world, seed=0)
+    if args.without:
+        from relax.megatron import cpu_compat
+
+        cpu_compat.remove([args.without])
+    config = AutoConfig.from_pretrained(args.model_dir)
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    model = convert.build_gpt_model(
+        config, pre_process=pp_rank == 0, post_process=pp_rank == args.world - 1,
+        pipeline_model_parallel_size=args.world, pipeline_dtype=torch.float32,
+    )  # fmt: skip
+    convert.load_hf_into(model, convert.read_hf_checkpoint(args.model_dir), config, pp=args.world, pp_rank=pp_rank)
+    model.eval()
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    positions = torch.arange(inputs.shape[1])[None].expand_as(inputs)
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        losses = model(batch, positions, attention_mask=None, labels=targets)
+        return losses, lambda out: (out.sum(), {"logprobs": -out.detach()})
+
+    with torch.no_grad():
+        out = forward_backward_pipelining_without_interleaving(
+            forward_step_func=forward_step, data_iterator=iter([inputs]), model=[model], num_microbatches=1,
+            seq_length=inputs.shape[1], micro_batch_size=inputs.shape[0], forward_only=True,
+        )  # fmt: skip
+    if pp_rank == args.world - 1:  # only the last stage has the losses: hand them to rank 0
+        torch.distributed.send(out[0]["logprobs"].contiguous(), dst=0)
+        return {}
+    logprobs = torch.empty(targets.shape)
+    torch.distributed.recv(logprobs, src=args.world - 1)
+    return {"logprobs": logprobs}
+
+
+def convert_check(args: argparse.Namespace, tokens) -> dict:
     import torch
     from megatron.core import parallel_state
     from transformers import AutoConfig
@@ -71,7 +119,6 @@ def convert_check(args: argparse.Namespace) -> dict:
     model = convert.build_gpt_model(config, tensor_model_parallel_size=args.world)
     convert.load_hf_into(model, convert.read_hf_checkpoint(args.model_dir), config, args.world, tp_rank)
     model.eval()
-    tokens = torch.load(args.input)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
         logits = model(inputs, torch.arange(inputs.shape[1])[None].expand_as(inputs), attention_mask=None)

@@ -185,6 +185,55 @@ def read_hf_checkpoint(model_dir: str) -> dict[str, Tensor]:
     return out
 
 
+def stage_layers(num_layers: int, pp: int, pp_rank: int) -> range:
+    """Global decoder-layer indices of pipeline stage ``pp_rank`` (megatron's even split)."""
+    if pp < 1 or num_layers % pp:
+        raise ValueError(f"pipeline_parallel={pp} must divide num_hidden_layers={num_layers}")
+    per = num_layers // pp
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def _layer_index(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if name.startswith("decoder.layers.") else None
+
+
+def to_stage(shard: Mapping[str, Tensor], hf_config: Any, pp: int, pp_rank: int) -> dict[str, Tensor]:
+    """One TP shard of the whole model -> the part pipeline stage ``pp_rank`` holds, with stage-local
+    layer numbers. With tied embeddings the last stage holds its own ``output_layer.weight`` copy
+    (megatron keeps the two in sync through the embedding group)."""
+    d = Dims.from_hf(hf_config)
+    layers = stage_layers(d.num_layers, pp, pp_rank)
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    out: dict[str, Tensor] = {}
+    for name, t in shard.items():
+        i = _layer_index(name)
+        if i is not None:
+            if i in layers:
+                out[f"decoder.layers.{i - layers.start}." + name.split(".", 3)[3]] = t
+        elif (name.startswith("embedding.") and first) or (not name.startswith("embedding.") and last):
+            out[name] = t
+    if d.tied and last and pp > 1:
+        out["output_layer.weight"] = shard["embedding.word_embeddings.weight"].clone()
+    return out
+
+
+def from_stages(stages: Sequence[Mapping[str, Tensor]], hf_config: Any) -> dict[str, Tensor]:
+    """Inverse of :func:`to_stage` over every stage (in stage order) of one TP shard."""
+    d = Dims.from_hf(hf_config)
+    pp = len(stages)
+    out: dict[str, Tensor] = {}
+    for rank, stage in enumerate(stages):
+        offset = stage_layers(d.num_layers, pp, rank).start
+        for name, t in stage.items():
+            i = _layer_index(name)
+            if i is not None:
+                out[f"decoder.layers.{i + offset}." + name.split(".", 3)[3]] = t
+            elif not (d.tied and name == "output_layer.weight"):
+                out[name] = t
+    return out
+
+
 def weights_only(state_dict: Mapping[str, Any]) -> dict[str, Tensor]:
     """A megatron module's ``state_dict()`` without the ``_extra_state`` entries (TE/fp8 metadata)."""
     return {n: t for n, t in state_dict.items() if not n.endswith(EXTRA_STATE)}
@@ -265,9 +314,12 @@ def build_gpt_model(hf_config: Any, pre_process: bool = True, post_process: bool
     )
 
 
-def load_hf_into(model: Any, hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, tp_rank: int = 0) -> None:
-    """Copy HF weights into ``model`` (this TP rank's shard); every model weight must be covered."""
-    shard = hf_to_megatron(hf, hf_config, tp)[tp_rank]
+def load_hf_into(
+    model: Any, hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_rank: int = 0
+) -> None:
+    """Copy HF weights into ``model`` (this TP rank's shard of this pipeline stage); every model weight
+    must be covered."""
+    shard = to_stage(hf_to_megatron(hf, hf_config, tp)[tp_rank], hf_config, pp, pp_rank)
     expected = set(weights_only(model.state_dict()))
     missing, unexpected = expected - set(shard), set(shard) - expected
     if missing or unexpected:

@@ -134,6 +134,28 @@ def _default_causal_mask() -> Callable[[], None]:
     return undo
 
 
+def _tied_embedding_sync() -> Callable[[], None]:
+    # megatron/core/models/common/language_module/language_module.py
+    # LanguageModule.setup_embeddings_and_output_layer (PP>1 with tied embeddings): weight.data.cuda()
+    # before the first/last-stage all-reduce. ``Tensor.cuda`` is the identity while that method runs.
+    import functools
+
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    original = LanguageModule.setup_embeddings_and_output_layer
+
+    @functools.wraps(original)
+    def setup(self: Any) -> None:
+        real_cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda t, *args, **kwargs: t
+        try:
+            original(self)
+        finally:
+            torch.Tensor.cuda = real_cuda
+
+    return _set_attrs(LanguageModule, setup_embeddings_and_output_layer=setup)
+
+
 def _moe_router_gemm() -> Callable[[], None]:
     # megatron/core/transformer/moe/moe_utils.py RouterGatingLinearFunction.forward/backward test
     # ``te_general_gemm is not None``, but the name is only bound when Transformer Engine imports: NameError.
@@ -149,6 +171,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch("megatron_rng_helpers", "tensor_parallel.random._get/_set_cuda_rng_state", _megatron_rng_helpers),
     Patch("schedules_cuda_tensors", "pipeline_parallel.schedules: torch.zeros(..., device='cuda')", _schedules_cuda_tensors),
     Patch("default_causal_mask", "transformer.utils.get_default_causal_mask: device='cuda'", _default_causal_mask),
+    Patch("tied_embedding_sync", "language_module.setup_embeddings_and_output_layer: .cuda()", _tied_embedding_sync),
     Patch("moe_router_gemm", "transformer.moe.moe_utils: te_general_gemm unbound without TE", _moe_router_gemm),
 )
 PATCH_NAMES = tuple(p.name for p in PATCHES)
