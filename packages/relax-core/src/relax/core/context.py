@@ -68,3 +68,26 @@ class PluginContext:
     #: rewards: ``reward.fallback_score``, the score core gives a sample whose reward failed
     fallback_score: float = 0.0
     resources: Resources = Resources()
+
+
+def train_kwargs(ctx: PluginContext) -> dict[str, Any]:
+    """Core's optimisation, schedule and loss settings (``ctx.train``) as the keyword arguments the
+    trainer backends share (the torch and megatron trainers take these names), so a backend maps
+    ``trainer.*`` and ``algorithm.loss_agg_mode`` the same way as every other one."""
+    spec, t = ctx.train, ctx.train.optim
+    return dict(
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        betas=tuple(t.betas),
+        eps=t.eps,
+        grad_clip=t.grad_clip,
+        warmup_steps=t.warmup_steps,
+        total_steps=spec.total_steps,
+        lr_schedule=t.lr_schedule,
+        min_lr_ratio=t.min_lr_ratio,
+        micro_batch_size=t.micro_batch_size,
+        num_minibatches=t.num_minibatches,
+        loss_agg_mode=spec.algorithm.loss_agg_mode,
+        temperature=spec.temperature,
+        seed=ctx.seed,
+    )

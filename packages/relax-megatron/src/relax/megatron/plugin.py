@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relax.core.context import PluginContext, Resources
+from relax.core.context import PluginContext, Resources, train_kwargs
 from relax.core.hookspecs import hookimpl
 
 
@@ -47,7 +47,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
     errors = params.validate()
     if errors:
         raise ValueError("trainer.backend_params: " + "; ".join(errors))
-    spec, t = ctx.train, ctx.train.optim
+    spec = ctx.train
     if spec.algorithm.critic.enable and spec.trainable:
         raise ValueError("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; "
                          "use trainer.backend: torch for PPO with a critic")  # fmt: skip
@@ -56,20 +56,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
     return MegatronTrainer(
         ctx.model_path,
         objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        betas=tuple(t.betas),
-        eps=t.eps,
-        grad_clip=t.grad_clip,
-        warmup_steps=t.warmup_steps,
-        total_steps=spec.total_steps,
-        lr_schedule=t.lr_schedule,
-        min_lr_ratio=t.min_lr_ratio,
-        micro_batch_size=t.micro_batch_size,
-        num_minibatches=t.num_minibatches,
-        loss_agg_mode=spec.algorithm.loss_agg_mode,
-        temperature=spec.temperature,
-        seed=ctx.seed,
+        **train_kwargs(ctx),
         trainable=spec.trainable,
         tensor_parallel=params.tensor_parallel,
         pipeline_parallel=params.pipeline_parallel,

@@ -435,28 +435,13 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     ``build_policy_objective(algorithm)`` and, with ``algorithm.critic.enable``, a ``Critic``; a
     frozen model (reference / teacher, ``ctx.train.trainable`` False) gets neither."""
     from relax.core.algorithms import build_policy_objective
+    from relax.core.context import train_kwargs
 
     spec, t = ctx.train, ctx.train.optim
     dtype = params.dtype or ctx.dtype
     trainable = spec.trainable
     kwargs: dict[str, Any] = dict(
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        betas=tuple(t.betas),
-        eps=t.eps,
-        grad_clip=t.grad_clip,
-        warmup_steps=t.warmup_steps,
-        total_steps=spec.total_steps,
-        lr_schedule=t.lr_schedule,
-        min_lr_ratio=t.min_lr_ratio,
-        skip_nonfinite=t.skip_nonfinite,
-        micro_batch_size=t.micro_batch_size,
-        num_minibatches=t.num_minibatches,
-        loss_agg_mode=spec.algorithm.loss_agg_mode,
-        temperature=spec.temperature,
-        seed=ctx.seed,
-        dtype=dtype,
-        device=params.device,
+        **train_kwargs(ctx), skip_nonfinite=t.skip_nonfinite, dtype=dtype, device=params.device,
     )
     objective = build_policy_objective(spec.algorithm) if trainable else None
     if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
