@@ -155,10 +155,8 @@ class Hub:
         if errors:
             raise ValueError("invalid hub params:\n  " + "\n  ".join(errors))
         self.params, self.routes = params, routes
-        if params.fallback_score is not None:
-            self.fallback_score = params.fallback_score
-        else:
-            self.fallback_score = getattr(ctx, "fallback_score", 0.0)
+        own = params.fallback_score
+        self.fallback_score = own if own is not None else getattr(ctx, "fallback_score", 0.0)
         self.rewards = {c.key: build_component(c, ctx) for comps in routes.values() for c in comps}
         self.pooled = {c.key for comps in routes.values() for c in comps if self._isolated(c)}
         self.pool = ProcessPool({k: self.rewards[k] for k in self.pooled}, size=params.workers,
