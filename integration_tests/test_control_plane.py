@@ -242,8 +242,8 @@ def relax_on_run_end(run, status):
 
 SIM = [
     "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=1",
-    "rollout.engine_params.slots=4", "rollout.engine_params.token_s=0.001", "rollout.engine_params.mean_len=30",
-    "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "trainer.recompute_old_logprobs=false",
+    "rollout.engine_params.slots=2", "rollout.engine_params.token_s=0.003", "rollout.engine_params.mean_len=30",
+    "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "trainer.recompute_old_logprobs=false",
     "mode=async", "max_staleness=1", "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
     "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never", "data.task_size=2000",
     "control.enabled=true", "control.publish_s=0.2", "control.autoscaler.enabled=true",
