@@ -1,0 +1,1 @@
+"""relax-omni plugin: registered through the `relax` entry-point group."""

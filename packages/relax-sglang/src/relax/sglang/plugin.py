@@ -1,0 +1,1 @@
+"""relax-sglang plugin: registered through the `relax` entry-point group."""
