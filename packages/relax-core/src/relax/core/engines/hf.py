@@ -51,15 +51,21 @@ class HFRolloutEngine:
         device: str = "cpu",
         max_batch_size: int = 256,
         seed: int = 0,
+        model: Any = None,
+        tokenizer: Any = None,
     ) -> None:
+        """``model`` / ``tokenizer``: serve these (already placed) objects instead of loading
+        ``model_path`` -- a trainer-hosted engine serves the trainer's own module (``engines.hosted``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_path = model_path
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        self.model.to(self.device).eval().requires_grad_(False)
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+            model.to(self.device).eval().requires_grad_(False)
+        self.model = model
         self._params = dict(self.model.state_dict())  # views sharing storage with the live model
         eos = self.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
