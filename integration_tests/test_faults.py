@@ -42,6 +42,7 @@ SMALL = [
     "checkpoint.save_hf_final=false",
     "checkpoint.resume=never",
     "rollout.restart_backoff_s=0.2",
+    "rollout.host=separate",  # engine faults need an engine process of its own (a hosted one is the trainer)
 ]
 
 

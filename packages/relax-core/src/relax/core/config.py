@@ -94,6 +94,10 @@ class RolloutConfig:
     max_restarts: int = 3
     restart_backoff_s: float = 1.0
     engine_params: Any = field(default_factory=dict)  # typed by the engine's registered config
+    # where the engine runs: "trainer" = inside the trainer's process, sampling with the trainer's own
+    # module (no second process, model copy or weight transfer; colocate, one hf engine, one torch
+    # trainer rank on the same device); "separate" = its own actor; "auto" = "trainer" where allowed
+    host: Literal["auto", "trainer", "separate"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,13 @@ class RunState:
         self.roles = runtime.start_roles(cfg, self.model_path)
         if clock is not None:
             clock.mark("roles")
-        from relax.core.controller.contexts import base_context, build_plugin
-
-        self.weight_sync = build_plugin(cfg, "weight_sync", base_context(cfg, "weight_sync", self.model_path))
-        self.weight_sync.check_engine(cfg.rollout.engine)  # the transport serves this engine?
+        self.weight_sync = runtime.build_weight_sync(cfg, self.model_path, self.roles.hosted)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
-        self.fleet = EngineFleet(  # engines by stable index; the reward's judge handle follows the live set
-            cfg, self.roles.engines, self._start_engine, self.sync_weights, counters,
+        # engines by stable index; the reward's judge handle follows the live set. A trainer-hosted
+        # engine is never replaced: it fails with its trainer (controller.recovery restarts both)
+        fleet_cfg = replace(cfg, rollout=replace(cfg.rollout, max_restarts=0)) if self.roles.hosted else cfg
+        self.fleet = EngineFleet(
+            fleet_cfg, self.roles.engines, self._start_engine, self.sync_weights, counters,
             on_change=lambda engines: self.roles.reward.set_engines.remote(engines),
         )
         self.train_inflight = None  # (ref, step) while a train step runs: see controller.recovery
@@ -133,6 +134,9 @@ class RunState:
     # ------------------------------------------------------------------ engine set (control API)
 
     def _start_engine(self, index: int, slot: int | None = None) -> Any:
+        if self.roles.hosted:
+            raise RuntimeError("rollout.host: the run's engine lives in the trainer's process; more engines (or a "
+                               "replacement) need rollout.host=separate")
         return runtime.start_engine(self.cfg, self.model_path, index, self.roles.placement, slot)
 
     def add_engine(self) -> int:

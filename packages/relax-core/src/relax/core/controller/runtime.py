@@ -160,11 +160,12 @@ class Roles:
     teacher: Any | None = None  # distillation teacher (frozen), when the algorithm reads teacher logprobs
     trainer_peers: list[Any] = field(default_factory=list)  # trainer ranks 1.. (led by ``trainer``)
     placement: Any | None = None  # relax.core.controller.placement.Placement; released at shutdown
+    hosted: bool = False  # the trainer actor is also engines[0] (``rollout.host``, controller.hosting)
 
     def handles(self) -> list[Any]:
         """Every actor handle, for shutdown."""
         return [h for h in (self.trainer, *self.trainer_peers, self.reference, self.teacher, self.reward,
-                            *self.engines) if h is not None]
+                            *self.engines) if isinstance(h, ray.actor.ActorHandle)]  # a DriverReward is none
 
     def release(self) -> None:
         """Kill every actor and release the placement groups (idempotent; Ray may already be gone)."""
@@ -244,26 +245,51 @@ def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any |
     )
 
 
+def build_weight_sync(cfg: RelaxConfig, model_path: str, hosted: bool) -> Any:
+    """The run's transport: ``weight_sync.transport`` (checked against the engine), or for a
+    trainer-hosted engine the version-only ``HostedSync`` (nothing to move)."""
+    from relax.core.controller.contexts import base_context, build_plugin
+
+    ctx = base_context(cfg, "weight_sync", model_path)
+    if hosted:
+        from relax.core.weight_sync.hosted import HostedSync
+
+        return HostedSync(ctx=ctx)
+    transport = build_plugin(cfg, "weight_sync", ctx)
+    transport.check_engine(cfg.rollout.engine)  # the transport serves this engine?
+    return transport
+
+
 def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     """Fill ``roles`` as actors start, so that a failure can release what was started."""
     from relax.core.algorithms import config_needs
-    from relax.core.controller import contexts
-    from relax.core.controller.roles import RewardRole, TrainerRole
+    from relax.core.controller import contexts, hosting
+    from relax.core.controller.driver_reward import start_reward
+    from relax.core.controller.roles import TrainerRole
     from relax.core.controller.worker_group import spawn
 
     cores = max(1, os.cpu_count() or 2)
     reserved = roles.placement
+    roles.hosted = hosting.hosts_engine(cfg)
     if "reference" in config_needs(cfg.algorithm):  # declared by the estimator/loss, or kl.coef > 0
         ref_ctx = contexts.trainer_context(cfg, model_path, role="reference")
         roles.reference = TrainerRole.options(num_cpus=0).remote(cfg, ref_ctx, num_threads=cores)
     if (path := teacher_path(cfg, model_path)) is not None:
         teacher_ctx = contexts.trainer_context(cfg, path, role="teacher")
         roles.teacher = TrainerRole.options(num_cpus=0).remote(cfg, teacher_ctx, num_threads=cores)
-    roles.engines = [start_engine(cfg, model_path, i, reserved, slot=i) for i in range(cfg.rollout.num_engines)]
-    roles.reward = RewardRole.options(num_cpus=0).remote(cfg, contexts.reward_context(cfg, model_path, roles.engines))
     trainer_opts = reserved.trainer_options()
     ctx = contexts.trainer_context(cfg, model_path)
-    if len(trainer_opts) == 1:
+    if roles.hosted:  # one process: the trainer serves rollout with its own module
+        roles.trainer = hosting.HostRole.options(**trainer_opts[0], max_concurrency=ENGINE_CONCURRENCY).remote(
+            cfg, ctx, contexts.engine_context(cfg, model_path, 0), num_threads=cores
+        )
+        roles.engines = [roles.trainer]
+    else:
+        roles.engines = [start_engine(cfg, model_path, i, reserved, slot=i) for i in range(cfg.rollout.num_engines)]
+    roles.reward = start_reward(cfg, contexts.reward_context(cfg, model_path, roles.engines))  # maybe in the driver
+    if roles.hosted:
+        pass  # started above, as engine 0
+    elif len(trainer_opts) == 1:
         roles.trainer = TrainerRole.options(**trainer_opts[0]).remote(cfg, ctx, num_threads=cores)
     else:  # a worker group: ranks start together (blocking until they rendezvous); rank 0 leads
         threads = max(1, cores // len(trainer_opts))
