@@ -8,7 +8,52 @@ protocol and add model inputs (pixel values, grids, audio features) to the retur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+
+class MediaError(ValueError):
+    """Bad media in one dataset row: names the row and the item (e.g. ``where="train.jsonl:7"``,
+    ``item="messages[0].content[1] image 'cat.png'"``, ``why="truncated image"``), so a run error or a
+    counted skip says exactly which file to fix."""
+
+    def __init__(self, where: str, item: str, why: str) -> None:
+        self.where, self.item, self.why = where, item, why
+        super().__init__(f"{where}: {item}: {why}")
+
+    def __reduce__(self):  # survive pickling across Ray actors with all three fields
+        return (type(self), (self.where, self.item, self.why))
+
+
+class ProcessedPrompt(TypedDict):
+    """One prompt after a multimodal processor: computed once when the prompt is drawn, shared by its group."""
+
+    prompt_text: str
+    prompt_ids: list[int]
+    # the HF processor's model inputs for this ONE prompt except input_ids / attention_mask: pixel_values,
+    # image_grid_thw, pixel_values_videos, video_grid_thw, second_per_grid_ts, input_features,
+    # feature_attention_mask, ...
+    inputs: dict[str, torch.Tensor]
+    counts: dict[str, int]  # media items loaded, by kind ("image", "video", "audio")
+
+
+@runtime_checkable
+class MultimodalProcessor(Protocol):
+    """A processor whose prompts carry media. ``multimodal = True`` makes the dataset keep messages + media
+    refs and defer ``process`` to draw time (once per prompt, not per sample, not at load)."""
+
+    multimodal: bool
+
+    def process(self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str) -> ProcessedPrompt:
+        """Load the media (content items of ``messages`` and column refs in ``media``) and run the HF
+        processor; raise ``MediaError(where, item, why)`` for any bad item."""
+        ...
+
+
+def is_multimodal(processor: Any) -> bool:
+    return bool(getattr(processor, "multimodal", False)) and callable(getattr(processor, "process", None))
 
 
 @dataclass(frozen=True)
