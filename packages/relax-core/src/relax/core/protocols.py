@@ -82,7 +82,12 @@ class Trainer(Protocol):
         ...
 
     def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
-        """HF-named tensors, grouped into buckets of roughly ``bucket_bytes``."""
+        """HF-named tensors, grouped into buckets of roughly ``bucket_bytes``.
+
+        A sharded trainer whose export gathers across its ranks (a collective) declares the class
+        attribute ``collective_export = True``: in a worker group, every rank then iterates its own
+        ``export_weights(bucket_bytes)`` in lockstep with rank 0 and only rank 0's buckets are sent
+        (``relax.core.controller.collective``). Without it, only rank 0 exports."""
         ...
 
     def save(self, directory: str) -> None: ...

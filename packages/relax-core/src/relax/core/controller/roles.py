@@ -18,6 +18,7 @@ import torch
 from relax.core.config import RelaxConfig
 from relax.core.context import PluginContext
 from relax.core.controller.capabilities import capabilities
+from relax.core.controller.collective import CollectiveExport, drain, is_collective
 from relax.core.controller.contexts import build_plugin
 from relax.core.data import Sample
 from relax.core.protocols import GenerationRequest, GenerationResult
@@ -82,7 +83,9 @@ class TrainerRole:
 
     With ``trainer.resources.num_workers > 1`` every rank is a ``TrainerRole`` and rank 0 leads
     (``lead``): the training-state methods below run on all ranks and answer with rank 0's result;
-    weight export, weight-sync endpoints, ``capabilities`` and ``call`` run on rank 0 only.
+    weight export, weight-sync endpoints, ``capabilities`` and ``call`` run on rank 0 only, except that
+    a trainer declaring ``collective_export`` has every peer drain its own export in step with rank 0's
+    (``relax.core.controller.collective``).
     """
 
     def __init__(self, cfg: RelaxConfig, ctx: PluginContext, num_threads: int | None = None):
@@ -119,13 +122,24 @@ class TrainerRole:
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return self._all("train_step", batch)
 
+    def _exporter(self) -> Any:
+        """The trainer as an exporter sees it: itself, or on rank 0 of a collective export, a view whose
+        ``export_weights`` runs on every rank together."""
+        if self.peers is None or not is_collective(self.trainer):
+            return self.trainer
+        return CollectiveExport(self.trainer, self.peers, self._fan_out)
+
     def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Streams buckets (a Ray generator: one object per bucket, never the whole model at once)."""
-        yield from self.trainer.export_weights(bucket_bytes)
+        yield from self._exporter().export_weights(bucket_bytes)
+
+    def drain_export(self, bucket_bytes: int) -> int:
+        """A peer rank's share of a collective export (called by rank 0); the number of buckets."""
+        return drain(self.trainer, bucket_bytes)
 
     def weight_sender(self, spec: Any, method: str, *args: Any) -> Iterator[Any]:
         """Weight-sync endpoint: the transport's sender in this process (``push`` streams progress)."""
-        yield from serve_sender(self, self.trainer, spec, method, *args)
+        yield from serve_sender(self, self._exporter(), spec, method, *args)
 
     def save(self, directory: str) -> None:
         self._all("save", directory)
