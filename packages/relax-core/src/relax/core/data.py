@@ -17,6 +17,9 @@ class Sample:
     label: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     media: list[dict[str, Any]] = field(default_factory=list)  # references to multimodal inputs
+    # the processed model inputs of this prompt (pixel values, grids, audio features): one object-store
+    # reference (or dict) shared by the whole group, never a copy per sample (relax.core.data_multimodal)
+    mm_inputs: Any = None
     response_ids: list[int] = field(default_factory=list)
     response_text: str = ""
     loss_mask: list[float] = field(default_factory=list)  # per response token
@@ -39,7 +42,8 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     """Left-pad prompts to P, right-pad responses to R.
 
     Returns input_ids/attention_mask/position_ids (B, P+R), responses/response_mask/
-    rollout_logprobs (B, R), rewards (B,), group_index (B,), min_version (B,).
+    rollout_logprobs (B, R), rewards (B,), group_index (B,), min_version (B,); with multimodal samples
+    also each row's media inputs, padded per row (``mm.<key>``, see ``relax.core.data_multimodal``).
     """
     if not samples:
         raise ValueError("collate() needs at least one sample")
@@ -62,7 +66,13 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
             if s.rollout_logprobs:
                 rollout_lp[i, :r] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    media = {}
+    if any(s.mm_inputs is not None for s in samples):
+        from relax.core.data_multimodal import pack_media, resolve_all
+
+        media = pack_media(resolve_all([s.mm_inputs for s in samples]))
     return {
+        **media,
         "input_ids": input_ids,
         "attention_mask": attention,
         "position_ids": position_ids,

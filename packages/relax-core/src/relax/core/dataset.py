@@ -39,6 +39,8 @@ class PromptItem:
     metadata: dict[str, Any]
     media: list[dict[str, Any]]  # references ({"key": media_key, "ref": value}); nothing is loaded
     uid: str  # "<file name>:<row>", stable across runs
+    # multimodal processor: the chat messages, processed (media loaded) only when the prompt is drawn
+    messages: list[dict[str, Any]] | None = None
 
 
 _DATA = DataConfig()  # the run config's ``data:`` section owns the defaults shared with it
@@ -195,6 +197,17 @@ def _check_messages(value: list[Any]) -> str | None:
     return None
 
 
+def _preview(messages: list[dict[str, Any]]) -> str:
+    """The text parts of a multimodal chat (the dataset's fingerprint and logs; the real prompt text
+    comes from the processor at draw time)."""
+    parts = []
+    for m in messages:
+        content = m["content"]
+        items = [content] if isinstance(content, str) else content
+        parts += [c if isinstance(c, str) else str(c.get("text", f"<{c.get('type')}>")) for c in items]
+    return "\n".join(parts)
+
+
 def _media_refs(key: str, value: Any) -> list[dict[str, Any]] | None:
     values = value if isinstance(value, list) else [value]
     if not all(isinstance(v, str | dict) for v in values):
@@ -220,6 +233,9 @@ class PromptDataset:
         self.config = config
         self.tokenizer = tokenizer
         self.processor = processor
+        from relax.core.processors import is_multimodal
+
+        self.multimodal = is_multimodal(processor)
         self.stats = {"loaded": 0, "skipped_malformed": 0, "filtered_too_long": 0}
         self.skipped: list[str] = []  # the first few skipped rows' errors
         self.items: list[PromptItem] = []
@@ -300,19 +316,35 @@ class PromptDataset:
                 raise bad(key, "media must be a path/URL string, a dict, or a list of them")
             media.extend(refs)
         metadata = {k: row[k] for k in cfg.metadata_keys if k in row}
+        uid = f"{file.name}:{row_no}"
+        if self.multimodal:  # media are loaded at draw time, once per drawn prompt
+            messages = self._messages(prompt)
+            return PromptItem([], _preview(messages), label, metadata, media, uid, messages)
         text, ids = self._render(prompt)
-        return PromptItem(list(ids), text, label, metadata, media, f"{file.name}:{row_no}")
+        return PromptItem(list(ids), text, label, metadata, media, uid)
+
+    def _messages(self, prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.config.system_prompt is not None and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.config.system_prompt})
+        return messages
 
     def _render(self, prompt: str | list[dict[str, Any]]) -> tuple[str, list[int]]:
         """(prompt text, prompt ids): chat prompts go through the processor, plain ones are encoded."""
         if not self.config.apply_chat_template:
             ids = self.tokenizer.encode(prompt, add_special_tokens=False) if self.tokenizer is not None else []
             return prompt, ids  # type: ignore[return-value]  # lists were rejected above
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if self.config.system_prompt is not None and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": self.config.system_prompt})
-        out = self.processor(messages)
+        out = self.processor(self._messages(prompt))
         return out["prompt_text"], out["prompt_ids"]
+
+    def next_item(self) -> PromptItem:
+        """One more prompt (replaces a prompt skipped for bad media), advancing the cursor by one."""
+        if self.position >= len(self.items):
+            self.epoch, self.position = self.epoch + 1, 0
+        if self._order[0] != self.epoch:
+            self._order = (self.epoch, self.epoch_order(self.epoch))
+        self.position += 1
+        return self.items[self._order[1][self.position - 1]]
 
     def epoch_order(self, epoch: int) -> list[int]:
         """Indices of ``items`` in the order epoch ``epoch`` visits them (a function of seed and epoch)."""

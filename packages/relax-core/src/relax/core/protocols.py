@@ -38,6 +38,9 @@ class GenerationRequest:
     prefix_response_ids: list[int] = field(default_factory=list)
     prefix_logprobs: list[float] = field(default_factory=list)
     prefix_versions: list[int] = field(default_factory=list)
+    # processed media inputs of the prompt (``ProcessedPrompt["inputs"]``): an object-store reference or
+    # the dict itself, the same object for every request of a group (resolved once by the engine)
+    media: Any = None
 
 
 @dataclass

@@ -30,7 +30,15 @@ class PromptSource:
         """The next prompt batch as groups of empty samples for ``step`` (may be called again for
         the same step: DAPO dynamic sampling draws extra batches)."""
         with self._lock:
-            groups = build_groups(self.dataset.next_batch(), step, self.cfg, self.next_group_id)
+            items, shared = self.dataset.next_batch(), None
+            if getattr(self.dataset, "multimodal", False):  # media are processed once per drawn prompt
+                from relax.core.data_multimodal import draw_multimodal
+
+                items, shared = draw_multimodal(self.dataset, items)
+            groups = build_groups(items, step, self.cfg, self.next_group_id)
+            for group, ref in zip(groups, shared or (), strict=False):
+                for sample in group:
+                    sample.mm_inputs = ref  # one reference for the whole group
             self.next_group_id += len(groups)
             self._after[step] = self._position()
         return groups

@@ -56,6 +56,7 @@ def request_for(sample: Sample, params: SamplingParams, seed: int, step: int) ->
     return GenerationRequest(
         request_id=f"{step}/{sample.group_id}/{sample.index_in_group}",
         prompt_ids=sample.prompt_ids,
+        media=sample.mm_inputs,
         params=replace(params, seed=sample_seed(seed, step, sample.group_id, sample.index_in_group)),
     )
 

@@ -120,7 +120,8 @@ def greedy_baseline(
     stored on every member as ``reward_info["greedy_reward"]`` (call after scoring the group)."""
     probes = [
         [Sample(prompt_ids=list(g[0].prompt_ids), group_id=g[0].group_id, index_in_group=-1,
-                prompt_text=g[0].prompt_text, label=g[0].label, metadata=dict(g[0].metadata), media=list(g[0].media))]
+                prompt_text=g[0].prompt_text, label=g[0].label, metadata=dict(g[0].metadata), media=list(g[0].media),
+                mm_inputs=g[0].mm_inputs)]
         for g in groups
         if g
     ]

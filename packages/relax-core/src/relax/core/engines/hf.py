@@ -56,14 +56,16 @@ class HFRolloutEngine:
     ) -> None:
         """``model`` / ``tokenizer``: serve these (already placed) objects instead of loading
         ``model_path`` -- a trainer-hosted engine serves the trainer's own module (``engines.hosted``)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from relax.core.multimodal_model import load_model
 
         self.model_path = model_path
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
         if model is None:
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+            model = load_model(model_path, dtype)  # a VL / Omni checkpoint loads as image-text-to-text
             model.to(self.device).eval().requires_grad_(False)
         self.model = model
         self._params = dict(self.model.state_dict())  # views sharing storage with the live model
@@ -159,6 +161,8 @@ class HFRolloutEngine:
         """
         epoch = self._abort_epoch  # an abort ends this whole call, queued requests included
         rows = [self._row(r, epoch) for r in requests]
+        if any(r.media is not None for r in requests):
+            return await self._generate_with_media(rows, epoch)
         with self._count_lock:
             self._in_flight += 1
         try:
@@ -196,6 +200,21 @@ class HFRolloutEngine:
         if failed is not None:
             message = f"generate: a decode step shared with other calls failed: {failed!r}"
             raise RuntimeError(message) from failed
+        return [self._result(r) for r in rows]
+
+    async def _generate_with_media(self, rows: list[Row], epoch: int) -> list[GenerationResult]:
+        """Requests carrying processed media decode on their own path (``engines.multimodal``)."""
+        from relax.core.engines.multimodal import generate_with_media
+
+        with self._count_lock:
+            self._in_flight += 1
+        try:
+            await generate_with_media(self, rows, epoch)
+        finally:
+            for r in rows:
+                r.finish = r.finish or "abort"
+            with self._count_lock:
+                self._in_flight -= 1
         return [self._result(r) for r in rows]
 
     def _forget_finished(self) -> None:

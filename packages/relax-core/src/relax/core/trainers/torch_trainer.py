@@ -24,6 +24,8 @@ from relax.core.algorithms import (
     logprobs_from_logits,
     mismatch_metrics,
 )
+from relax.core.data_multimodal import has_media, unpack_media
+from relax.core.multimodal_model import media_forward_kwargs
 from relax.core.trainers.critic import Critic, split_rows
 from relax.core.trainers.data_parallel import DataParallel, shard_bounds, take_rows
 from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
@@ -82,7 +84,9 @@ class TorchTrainer:
         skip_nonfinite: bool = False,
         data_parallel: DataParallel | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from relax.core.multimodal_model import load_model
 
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
@@ -97,7 +101,7 @@ class TorchTrainer:
         self.loss_agg_mode, self.temperature = loss_agg_mode, temperature
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model = load_model(model_path, dtype)  # a VL / Omni checkpoint loads as image-text-to-text
         self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
         self.model.requires_grad_(trainable)
         self.optimizer = (
@@ -118,14 +122,16 @@ class TorchTrainer:
     def _response_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R, V) logits predicting each response token (positions P-1 .. P+R-2)."""
         resp_len = batch["responses"].shape[1]
+        kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        if has_media(batch):  # the rows' media, and 3-D positions from the model's own rope index
+            ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
+            kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width)
         out = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
             use_cache=False,
             logits_to_keep=resp_len + 1,
+            **kwargs,
         )
-        logits = out.logits[:, :-1]
+        logits = out.logits[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
         return logits if self.temperature == 1.0 else logits / self.temperature
 
     def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:

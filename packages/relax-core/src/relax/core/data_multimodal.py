@@ -1,0 +1,155 @@
+"""Multimodal prompts between the dataset, the engines and the trainer (backend-neutral).
+
+A multimodal processor runs once per prompt when the prompt is drawn (``process_drawn``); its model
+inputs (pixel values, grids, audio features) are stored once (``share``: the Ray object store when Ray
+runs) and every sample / request of the group holds the same reference. ``collate`` packs each row's
+inputs into padded per-row tensors (``pack_media``), so row slicing -- micro-batches, mini-batches,
+data-parallel shards -- keeps each row's media with it; ``unpack_media`` restores the exact tensors
+the processor returned, concatenated in row order as HF models expect.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from relax.core.processors import MediaError
+
+log = logging.getLogger(__name__)
+PREFIX = "mm."  # batch keys: "mm.<key>" (B, N, ...) zero-padded, "mm.<key>.shape" (B, ndim) true shapes
+TOKEN_LEVEL = ("mm_token_type_ids",)  # per-token processor outputs: recomputed from the ids, not carried
+
+
+def share(inputs: dict[str, torch.Tensor]) -> Any:
+    """One stored copy of a prompt's inputs: an object-store reference when Ray runs, else the dict."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.put(inputs)
+    return inputs
+
+
+def resolve(ref: Any) -> dict[str, torch.Tensor]:
+    """The inputs behind a reference from ``share`` (fetched once per distinct reference by callers)."""
+    if ref is None or isinstance(ref, dict):
+        return ref
+    import ray
+
+    return ray.get(ref)
+
+
+def resolve_all(refs: Sequence[Any]) -> list[dict[str, torch.Tensor] | None]:
+    """``resolve`` for a list, fetching each distinct reference once (a group shares one)."""
+    seen: dict[int, Any] = {}
+    out = []
+    for ref in refs:
+        if id(ref) not in seen:
+            seen[id(ref)] = resolve(ref)
+        out.append(seen[id(ref)])
+    return out
+
+
+def pack_media(rows: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+    """Per-row media as padded tensors: ``mm.<key>`` (B, *max shape) and ``mm.<key>.shape`` (B, ndim)."""
+    keys = sorted({k for r in rows if r for k in r if k not in TOKEN_LEVEL})
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        tensors = [None if r is None else r.get(key) for r in rows]
+        ref = next(t for t in tensors if t is not None)
+        ndim = ref.dim()
+        shapes = torch.zeros((len(rows), ndim), dtype=torch.long)
+        for i, t in enumerate(tensors):
+            if t is not None:
+                if t.dim() != ndim:
+                    raise ValueError(f"media input {key!r}: rows disagree on rank ({t.dim()} vs {ndim})")
+                shapes[i] = torch.tensor(t.shape)
+        padded = torch.zeros((len(rows), *shapes.max(0).values.tolist()), dtype=ref.dtype)
+        for i, t in enumerate(tensors):
+            if t is not None and t.numel():
+                padded[(i, *(slice(0, n) for n in t.shape))] = t
+        out[PREFIX + key], out[PREFIX + key + ".shape"] = padded, shapes
+    return out
+
+
+def has_media(batch: dict[str, Any]) -> bool:
+    return any(k.startswith(PREFIX) for k in batch)
+
+
+def row_media(batch: dict[str, Any], row: int) -> dict[str, torch.Tensor]:
+    """Row ``row``'s media exactly as the processor returned them (keys it had)."""
+    out = {}
+    for key in batch:
+        if key.startswith(PREFIX) and not key.endswith(".shape"):
+            shape = batch[key + ".shape"][row].tolist()
+            if shape and shape[0] > 0:
+                out[key[len(PREFIX):]] = batch[key][(row, *(slice(0, n) for n in shape))]
+    return out
+
+
+def unpack_media(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's media kwargs for all rows of ``batch``: each key's rows concatenated in row order
+    (trailing dims zero-padded to the widest row, e.g. audio frames, which the feature mask covers)."""
+    rows = batch["input_ids"].shape[0]
+    per_key: dict[str, list[torch.Tensor]] = {}
+    for i in range(rows):
+        for key, t in row_media(batch, i).items():
+            per_key.setdefault(key, []).append(t)
+    out = {}
+    for key, parts in per_key.items():
+        widest = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+        if any(list(p.shape[1:]) != widest for p in parts):
+            parts = [torch.nn.functional.pad(p, _pad_spec(p.shape[1:], widest)) for p in parts]
+        out[key] = torch.cat(parts)
+    return out
+
+
+def _pad_spec(shape: Sequence[int], target: Sequence[int]) -> list[int]:
+    spec: list[int] = []
+    for have, want in reversed(list(zip(shape, target, strict=True))):
+        spec += [0, want - have]
+    return spec
+
+
+def process_drawn(
+    items: list[Any], processor: Any, on_error: str, draw_one: Callable[[], Any], stats: dict[str, int]
+) -> list[tuple[Any, dict[str, Any]]]:
+    """Run ``processor.process`` once per drawn prompt item; returns ``(item, processed)`` pairs.
+
+    A ``MediaError`` raises (``on_error: raise``), or is counted in ``stats["skipped_media"]`` and the
+    prompt replaced by the next one from ``draw_one`` (``skip``): the other prompts are kept as they are.
+    """
+    out = []
+    queue = list(items)
+    budget = 100 * max(1, len(items))  # every row bad: fail instead of drawing forever
+    while queue:
+        item = queue.pop(0)
+        try:
+            processed = processor.process(list(item.messages), list(item.media), item.uid)
+        except MediaError as e:
+            if on_error != "skip":
+                raise
+            stats["skipped_media"] = stats.get("skipped_media", 0) + 1
+            log.warning("data: skipped prompt %s: %s", item.uid, e)
+            budget -= 1
+            if budget <= 0:
+                raise MediaError(item.uid, "every drawn prompt", "bad media in too many rows in a row") from e
+            queue.append(draw_one())
+            continue
+        stats["processed_prompts"] = stats.get("processed_prompts", 0) + 1
+        for kind, n in processed.get("counts", {}).items():
+            stats[f"media_{kind}"] = stats.get(f"media_{kind}", 0) + int(n)
+        out.append((item, processed))
+    return out
+
+
+def draw_multimodal(dataset: Any, items: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Drawn prompt items with their processed text and ids, and one shared inputs reference per item."""
+    from dataclasses import replace
+
+    pairs = process_drawn(items, dataset.processor, dataset.config.on_error, dataset.next_item, dataset.stats)
+    ready = [replace(it, prompt_ids=list(p["prompt_ids"]), prompt_text=p["prompt_text"]) for it, p in pairs]
+    return ready, [share(p["inputs"]) for _, p in pairs]

@@ -1,0 +1,82 @@
+"""Loading and calling VL / Omni models the same way in the engine and the trainer.
+
+Both sides pass the processor's media inputs and the token-type ids and leave ``position_ids`` to the
+model, which computes the 3-D M-RoPE positions with its own rope-index function from the ids, the
+attention mask (left padding) and the grids: the trainer's positions are by construction those the
+rollout forward used.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+#: weight-name prefixes of the media encoders (``trainer.freeze_media_towers`` keeps them fixed and unsynced)
+TOWER_PREFIXES = ("visual.", "audio_tower.", "model.visual.", "model.audio_tower.", "thinker.visual.",
+                  "thinker.audio_tower.")
+
+
+def is_multimodal_model(model_path: str) -> bool:
+    """True when the checkpoint's config is an image/audio-text-to-text model (loaded with
+    ``AutoModelForImageTextToText``) rather than a plain causal LM."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return AutoConfig.from_pretrained(model_path).model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def load_model(model_path: str, dtype: str) -> Any:
+    """``AutoModelForImageTextToText`` for VL / Omni-thinker checkpoints, else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cls = AutoModelForImageTextToText if is_multimodal_model(model_path) else AutoModelForCausalLM
+    return cls.from_pretrained(model_path, dtype=getattr(torch, dtype))
+
+
+def is_tower(name: str) -> bool:
+    return name.startswith(TOWER_PREFIXES)
+
+
+def _token_id(config: Any, kind: str) -> int | None:
+    for key in (f"{kind}_token_id", f"{kind}_token_index"):
+        value = getattr(config, key, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+def media_token_ids(config: Any) -> list[int]:
+    """Placeholder and start/end ids of every media kind the model knows."""
+    kinds = ("image", "video", "audio", "vision_start", "vision_end", "audio_start", "audio_end")
+    return [i for i in (_token_id(config, k) for k in kinds) if i is not None]
+
+
+def media_forward_kwargs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
+    prompt_width: int,
+) -> dict[str, Any]:
+    """Keyword arguments (``input_ids`` included) that make ``model`` see ``media`` for ``input_ids``.
+
+    The media tensors; token types (text 0, image 1, video 2) where the model's rope index needs them;
+    ``position_ids=None``, so the model's own rope-index function computes the 3-D positions; the mask as
+    bool (the Omni rope index selects tokens with ``ids[mask]``). Media ids a response sampled (columns
+    from ``prompt_width`` on) are fed back as token 0: a response never adds media, and the model's
+    placeholder counting and rope index must see only the prompt's. Engine and trainer both do this, so
+    their logprobs still agree; the sampled ids themselves are kept as they are.
+    """
+    response = input_ids[:, prompt_width:]
+    media_ids = torch.tensor(media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device)
+    if response.numel() and torch.isin(response, media_ids).any():
+        input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(torch.isin(response, media_ids), 0)], 1)
+    kwargs: dict[str, Any] = {**media, "input_ids": input_ids, "position_ids": None,
+                              "attention_mask": attention_mask.bool()}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        types = torch.zeros_like(input_ids, dtype=torch.int32)
+        for code, kind in ((1, "image"), (2, "video")):
+            tok = _token_id(model.config, kind)
+            if tok is not None:
+                types[input_ids == tok] = code
+        kwargs["mm_token_type_ids"] = types
+    return kwargs
