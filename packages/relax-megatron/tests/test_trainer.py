@@ -57,8 +57,9 @@ def test_backend_params_reject_unsupported_layouts():
     assert MegatronParams(tensor_parallel=0).validate() == ["tensor_parallel: must be >= 1, got 0"]
     (cp,) = MegatronParams(context_parallel=2).validate()
     assert "need Transformer Engine" in cp
-    (tp,) = MegatronParams(tensor_parallel=2).validate()
-    assert "tensor_parallel=2" in tp and "only 1/1/1" in tp
+    assert MegatronParams(tensor_parallel=2).validate() == []
+    (pp,) = MegatronParams(pipeline_parallel=2).validate()
+    assert "pipeline_parallel=2" in pp and "only 1/1" in pp
 
 
 def test_registered_as_the_megatron_trainer():
@@ -99,5 +100,7 @@ class TestFactory(TinyModelFixtures):
             megatron_trainer(MegatronParams(), self.context(model_dir, critic=True))
         with pytest.raises(ValueError, match="float32 only"):
             megatron_trainer(MegatronParams(), self.context(model_dir, dtype="bfloat16"))
-        with pytest.raises(ValueError, match="trainer.backend_params: tensor_parallel=2"):
+        with pytest.raises(ValueError, match="trainer.backend_params: pipeline_parallel=2"):
+            megatron_trainer(MegatronParams(pipeline_parallel=2), self.context(model_dir))
+        with pytest.raises(ValueError, match="world_size=1 != tensor_parallel=2"):  # a TP=2 rank needs its group
             megatron_trainer(MegatronParams(tensor_parallel=2), self.context(model_dir))

@@ -12,8 +12,8 @@ from relax.core.hookspecs import hookimpl
 class MegatronParams:
     """``trainer.backend_params`` of the ``megatron`` trainer."""
 
-    tensor_parallel: int = 1  # TP ranks (this release: 1 through the controller)
-    pipeline_parallel: int = 1  # PP stages (this release: 1)
+    tensor_parallel: int = 1  # TP ranks: one rank actor each (a worker group), gloo on CPU
+    pipeline_parallel: int = 1  # PP stages (this release: 1 through the controller)
     expert_parallel: int = 1  # MoE expert-parallel ranks (this release: 1; dense Qwen3 only)
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
     sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
@@ -31,11 +31,9 @@ class MegatronParams:
         if self.context_parallel > 1 or self.sequence_parallel:
             errors.append("context_parallel / sequence_parallel: need Transformer Engine, which this build of "
                           "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
-        if (self.tensor_parallel, self.pipeline_parallel, self.expert_parallel) != (1, 1, 1):
-            errors.append(f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}, "
-                          f"expert_parallel={self.expert_parallel}: only 1/1/1 runs through the controller so far "
-                          "(a TP>1 trainer gathers its export across ranks, and core's worker group calls "
-                          "export_weights on rank 0 alone)")  # fmt: skip
+        if (self.pipeline_parallel, self.expert_parallel) != (1, 1):
+            errors.append(f"pipeline_parallel={self.pipeline_parallel}, expert_parallel={self.expert_parallel}: "
+                          "only 1/1 runs through the controller so far (tensor_parallel may be > 1)")  # fmt: skip
         return errors
 
 
@@ -58,8 +56,13 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
         **train_kwargs(ctx),
         trainable=spec.trainable,
-        tensor_parallel=params.tensor_parallel,
+        # frozen roles (reference, teacher) are one process: the whole model at TP=1
+        tensor_parallel=params.tensor_parallel if spec.trainable else 1,
         pipeline_parallel=params.pipeline_parallel,
+        rank=ctx.index,
+        world_size=ctx.world_size,
+        master_addr=ctx.master_addr,
+        master_port=ctx.master_port,
     )
 
 

@@ -5,8 +5,8 @@ The model is built from the HF config and loaded from the HF safetensors through
 (:mod:`relax.megatron.logprobs`); the loss is core's policy objective with step-global token counts,
 as in core's torch trainer, so the two give the same loss on the same batch. This increment runs
 TP=1, PP=1 in one process (gloo on CPU), or TP=N as N processes that call every method together
-(``export_weights`` gathers across TP, so it is collective too); ``MegatronParams.validate`` still rejects
-TP>1 because core's worker group calls ``export_weights`` on rank 0 alone.
+(``export_weights`` gathers across TP, so it is collective too: ``collective_export``, core's worker group
+has every rank export in step and sends rank 0's buckets).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ def attention_mask(valid: torch.Tensor) -> torch.Tensor:
 
 class MegatronTrainer:
     """One rank of a megatron-core trainer. ``trainable=False`` is a frozen reference (no optimizer)."""
+
+    collective_export = True  # export_weights all-gathers the TP shards: every rank iterates it together
 
     def __init__(
         self,
@@ -257,13 +259,16 @@ class MegatronTrainer:
         yield from buckets(iter(hf.items()), bucket_bytes)
 
     def save_hf(self, directory: str) -> None:
-        """An HF directory (config, tokenizer, safetensors) that plain transformers loads."""
+        """An HF directory (config, tokenizer, safetensors) that plain transformers loads. Collective
+        (every TP rank gathers); TP rank 0 writes it."""
         from safetensors.torch import save_file
         from transformers import AutoTokenizer
 
+        hf = {n: t.contiguous() for b in self.export_weights() for n, t in b}
+        if self.tp_rank != 0:
+            return
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        hf = {n: t.contiguous() for b in self.export_weights() for n, t in b}
         self.hf_config.save_pretrained(out)
         AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out)
         save_file(hf, out / "model.safetensors", metadata={"format": "pt"})
