@@ -46,3 +46,19 @@ def test_startup_line_names_each_phase_and_the_total():
     line = clock.summary()
     assert line.startswith("first step 1.") and "s after launch: python + imports 1.0 |" in line
     assert "model, tokenizer, data 0.2 (alongside) | roles 0.0" in line
+
+
+def test_early_start_delivers_its_roles_error_once_and_keeps_the_ray_it_joined(ray_session, tmp_path):
+    from relax.core.config import config_from_dict
+    from relax.core.controller.startup import EarlyStart
+
+    # built without the loader's path check, so the early thread's own error is what surfaces
+    cfg = config_from_dict({**load_config(None).to_dict(), "model": {"path": str(tmp_path / "missing")}})
+    early = EarlyStart(cfg)
+    try:
+        assert early.ray() is False  # Ray was already up: this start did not launch it
+        with pytest.raises(FileNotFoundError, match="model.path"):
+            early.take_roles()
+        assert early.take_roles() is None  # a restarted attempt starts its own roles
+    finally:
+        early.release()

@@ -31,10 +31,13 @@ def _load(ns: argparse.Namespace):
 def cmd_run(ns: argparse.Namespace) -> int:
     cfg = _load(ns)
     try:
+        from relax.core.controller.startup import EarlyStart
+
+        early = EarlyStart(cfg)  # Ray and the roles start while the driver imports torch & co.
         from relax.core.controller.run import run
 
         print(f"relax: running {cfg.name!r} in {cfg.mode} mode for {cfg.total_steps} steps -> {cfg.run_dir}", flush=True)
-        summary = run(cfg)
+        summary = run(cfg, early=early)
     except BaseException as exc:  # Ctrl-C too: one line and how to resume, the traceback to a file
         return _report_failure(exc, ns, cfg)
     last = summary.get("last_metrics", {})

@@ -40,6 +40,7 @@ class RunState:
         counters: FaultCounters | None = None,
         setup: startup.BackgroundSetup | None = None,
         clock: startup.StartupClock | None = None,
+        early: startup.EarlyStart | None = None,
     ) -> None:
         from relax.core.metrics import MetricsLogger
 
@@ -59,9 +60,12 @@ class RunState:
         if clock is not None:
             clock.add_overlapped("model, tokenizer, data", local.seconds)
             clock.mark("setup beyond ray")
-        self.roles = runtime.start_roles(cfg, self.model_path)
+        early_roles = early.take_roles() if early is not None else None  # started while the driver imported
+        self.roles = early_roles or runtime.start_roles(cfg, self.model_path)
         if clock is not None:
-            clock.mark("roles")
+            if early_roles is not None:
+                clock.add_overlapped("roles", early.seconds.get("roles", 0.0))
+            clock.mark("waiting for roles" if early_roles is not None else "roles")
         self.weight_sync = runtime.build_weight_sync(cfg, self.model_path, self.roles.hosted)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
         # engines by stable index; the reward's judge handle follows the live set. A trainer-hosted
@@ -189,28 +193,38 @@ def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(i) for i in x) if isinstance(x, list) else x
 
 
-def run(cfg: RelaxConfig) -> dict[str, Any]:
+def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None) -> dict[str, Any]:
     """Run training to ``cfg.total_steps``; returns a summary (run dir, final model dir, last metrics).
 
     Faults: SIGINT/SIGTERM interrupt the run (see ``controller.signals``); on any failure an
     emergency checkpoint of the last committed step is saved if the trainer is alive, and the
     exception carries ``relax_step`` / ``relax_checkpoint``; a dead trainer restarts the run from
     its latest checkpoint up to ``trainer.max_restarts`` times; an embedded Ray is torn down
-    completely (``controller.teardown``) however the run ends."""
+    completely (``controller.teardown``) however the run ends.
+
+    ``early``: Ray and the roles already starting in a thread (``relax run``, see
+    ``startup.EarlyStart``); the run takes them over."""
     clock = startup.StartupClock()
     clock.mark("python + imports")
     with signals.guarded():
         setup = startup.BackgroundSetup(cfg)  # no Ray needed: runs while Ray starts
-        started_ray = runtime.init_ray(cfg)
-        clock.mark("ray")
-        if (guard := signals.current()) is not None:
-            guard.install()  # ray.init installs its own SIGTERM handler
         try:
-            return recovery.with_trainer_restarts(cfg, partial(_run_attempt, setup=setup, clock=clock))
+            started_ray = early.ray() if early is not None else runtime.init_ray(cfg)
+            if early is not None:
+                clock.add_overlapped("ray", early.seconds.get("ray", 0.0))
+            clock.mark("waiting for ray" if early is not None else "ray")
+            if (guard := signals.current()) is not None:
+                guard.install()  # ray.init installs its own SIGTERM handler
+            try:
+                attempt = partial(_run_attempt, setup=setup, clock=clock, early=early)
+                return recovery.with_trainer_restarts(cfg, attempt)
+            finally:
+                if started_ray:
+                    with signals.phase("cleanup"):
+                        teardown.shutdown_ray()
         finally:
-            if started_ray:
-                with signals.phase("cleanup"):
-                    teardown.shutdown_ray()
+            if early is not None:
+                early.release()
 
 
 def _run_attempt(
@@ -218,6 +232,7 @@ def _run_attempt(
     counters: FaultCounters,
     setup: startup.BackgroundSetup | None = None,
     clock: startup.StartupClock | None = None,
+    early: startup.EarlyStart | None = None,
 ) -> dict[str, Any]:
     from relax.core.controller.colocate import colocate_step
     from relax.core.controller.modes import MODE_LOOPS
@@ -225,7 +240,7 @@ def _run_attempt(
     step_fns = {"colocate": colocate_step, **MODE_LOOPS}
     if clock is not None and clock.reported:
         clock = None  # a restarted attempt: the start-up line was printed already
-    state = RunState(cfg, counters, setup, clock)
+    state = RunState(cfg, counters, setup, clock, early)
     notify_url = cfg.logging.webhook_url
     handle = RunHandle(state, RunControl())
     hook = get_plugin_manager().hook

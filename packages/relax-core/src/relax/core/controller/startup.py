@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -103,3 +104,55 @@ class BackgroundSetup:
         """The background result (its exception re-raised here), or a fresh one after the first take."""
         future, self._future = self._future, None
         return future.result() if future is not None else prepare_local(cfg)
+
+
+class EarlyStart:
+    """``relax run``'s head start: Ray, then the role actors, started in a thread as soon as the
+    config is loaded, while the driver still imports its libraries and prepares tokenizer and data.
+
+    The thread stays parked until :meth:`release` (after Ray's shutdown): Ray's daemons are started
+    with a parent-death signal, which Linux sends when the *thread* that started them exits.
+    """
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.seconds: dict[str, float] = {}
+        self._ray: cf.Future = cf.Future()
+        self._roles: cf.Future = cf.Future()
+        self._taken = False
+        self._park = threading.Event()
+        threading.Thread(target=self._start, name="relax-early-start", daemon=True).start()
+
+    def _start(self) -> None:
+        from relax.core.controller import runtime
+
+        try:
+            started = time.perf_counter()
+            self._ray.set_result(runtime.init_ray(self.cfg))
+            self.seconds["ray"] = time.perf_counter() - started
+        except BaseException as exc:  # delivered to ray() and take_roles()
+            self._ray.set_exception(exc)
+            return
+        try:
+            started = time.perf_counter()
+            self._roles.set_result(runtime.start_roles(self.cfg, runtime.resolve_model_path(self.cfg)))
+            self.seconds["roles"] = time.perf_counter() - started
+        except BaseException as exc:
+            self._roles.set_exception(exc)
+        self._park.wait()
+
+    def ray(self) -> bool:
+        """Wait for Ray; True if this start launched an embedded Ray (its error re-raised here)."""
+        return self._ray.result()
+
+    def take_roles(self) -> Any | None:
+        """The started roles (their start-up error re-raised here) the first time; then None, so a
+        restarted attempt starts its own."""
+        taken, self._taken = self._taken, True
+        if taken or self._ray.exception() is not None:  # a failed Ray start is raised by ray()
+            return None
+        return self._roles.result()
+
+    def release(self) -> None:
+        """Let the thread end (call after Ray's shutdown)."""
+        self._park.set()
