@@ -107,3 +107,29 @@ def test_media_roundtrip_generate_train_sync(family, media, tmp_path_factory):
     old_lp = torch.tensor([lp for r in results for lp in r.logprobs[:1]])
     new_on_old = trainer.forward_logprobs(batch)[:, 0]
     assert not torch.allclose(old_lp, new_on_old, atol=1e-4), "the train step did not change the policy"
+
+
+def test_frozen_towers_are_not_trained_nor_synced(media, tmp_path_factory):
+    """``freeze_media_towers``: vision and audio towers keep their loaded weights and are left out of the
+    sync; the language model trains, and the engine (partial sync) still agrees with the trainer."""
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen3_omni")
+    processor = TinyMediaProcessor(model_dir)
+    processed = [processor.process(m, [], f"rows.jsonl:{i + 1}") for i, m in enumerate(rows_for("qwen3_omni", media))]
+    engine = HFRolloutEngine(model_dir)
+    results = run_async(engine.generate(requests_for(processed)), 120)
+    samples = samples_for(processed, results)
+    batch = collate(samples, engine.pad_token_id)
+    trainer = torch_trainer(model_dir, micro_batch_size=4, freeze_media_towers=True)
+    loaded = {n: t.clone() for n, t in trainer.model.state_dict().items()}
+    advantages = torch.tensor([1.0 if s.reward else -1.0 for s in samples])[:, None].expand_as(batch["response_mask"])
+    trainer.train_step({**batch, "advantages": advantages.contiguous()})
+    now = trainer.model.state_dict()
+    towers = [n for n in now if n.startswith(("model.visual.", "model.audio_tower."))]
+    assert any("audio_tower" in n for n in towers) and any("visual" in n for n in towers)
+    assert all(torch.equal(now[n], loaded[n]) for n in towers), "a frozen tower changed"
+    assert any(not torch.equal(now[n], loaded[n]) for n in now if n.startswith("model.language_model."))
+    synced = trainer.state_dict_for_sync()
+    assert synced and not set(synced) & set(towers)
+    engine.update_weights(synced, version=1)
+    new_results = run_async(engine.generate(requests_for(processed, version=1)), 120)
+    assert_parity(trainer, collate(samples_for(processed, new_results), engine.pad_token_id), new_results)

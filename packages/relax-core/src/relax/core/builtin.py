@@ -34,6 +34,8 @@ class TorchTrainerParams:
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
     world_size: int = 1  # data-parallel ranks (gloo on CPU, NCCL on GPU), each a Ray actor
     num_cpus: float = 1.0  # reserved per rank
+    # VL / Omni models: keep the vision / audio towers as loaded (not trained, not sent in weight syncs)
+    freeze_media_towers: bool = False
 
     def validate(self) -> list[str]:
         return [] if self.world_size >= 1 else [f"world_size: must be >= 1, got {self.world_size}"]

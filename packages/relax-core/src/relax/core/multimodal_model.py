@@ -39,6 +39,14 @@ def is_tower(name: str) -> bool:
     return name.startswith(TOWER_PREFIXES)
 
 
+def freeze_towers(model: Any) -> bool:
+    """Stop gradients into the media towers; False when the model has none (a text-only LM)."""
+    towers = [p for n, p in model.named_parameters() if is_tower(n)]
+    for p in towers:
+        p.requires_grad_(False)
+    return bool(towers)
+
+
 def _token_id(config: Any, kind: str) -> int | None:
     for key in (f"{kind}_token_id", f"{kind}_token_index"):
         value = getattr(config, key, None)

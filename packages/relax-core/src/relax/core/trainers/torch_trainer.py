@@ -25,7 +25,7 @@ from relax.core.algorithms import (
     mismatch_metrics,
 )
 from relax.core.data_multimodal import has_media, unpack_media
-from relax.core.multimodal_model import media_forward_kwargs
+from relax.core.multimodal_model import freeze_towers, is_tower, media_forward_kwargs
 from relax.core.trainers.critic import Critic, split_rows
 from relax.core.trainers.data_parallel import DataParallel, shard_bounds, take_rows
 from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
@@ -83,6 +83,7 @@ class TorchTrainer:
         critic_warmup_steps: int = 0,
         skip_nonfinite: bool = False,
         data_parallel: DataParallel | None = None,
+        freeze_media_towers: bool = False,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -104,9 +105,11 @@ class TorchTrainer:
         self.model = load_model(model_path, dtype)  # a VL / Omni checkpoint loads as image-text-to-text
         self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
         self.model.requires_grad_(trainable)
+        # VL / Omni: the vision / audio towers (and their mergers) stay as loaded and are left out of weight syncs
+        self.freeze_media_towers = freeze_media_towers and freeze_towers(self.model)
         self.optimizer = (
             torch.optim.AdamW(
-                self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
+                [p for p in self.model.parameters() if p.requires_grad], lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
             )
             if trainable
             else None
@@ -361,6 +364,8 @@ class TorchTrainer:
         """HF-named state, tied weights once (first name wins, as in ``save_pretrained``)."""
         seen: set[int] = set()
         for name, tensor in self.model.state_dict().items():
+            if self.freeze_media_towers and is_tower(name):
+                continue  # frozen: the engines' copies are the loaded ones already
             if tensor.data_ptr() not in seen:
                 seen.add(tensor.data_ptr())
                 yield name, tensor
@@ -448,6 +453,7 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     trainable = spec.trainable
     kwargs: dict[str, Any] = dict(
         **train_kwargs(ctx), skip_nonfinite=t.skip_nonfinite, dtype=dtype, device=params.device,
+        freeze_media_towers=getattr(params, "freeze_media_towers", False),
     )
     objective = build_policy_objective(spec.algorithm) if trainable else None
     if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
