@@ -58,6 +58,8 @@ def test_tp2_quickstart_trains_and_syncs_the_gathered_weights(ray_session, tmp_p
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["train/loss"]) and r["train/grad_norm"] > 0 for r in rows)
     assert observer["status"] == "completed" and observer["peers"] == 1  # rank 0 leads one TP peer
+    trainer_ckpt = run_dir / "checkpoints" / "step_000002" / "trainer"  # both ranks wrote a dist checkpoint
+    assert (trainer_ckpt / "metadata.json").is_file() and (trainer_ckpt / "hf" / "config.json").is_file()
     served, exported = observer["served"], observer["exported"]
     assert set(served) - set(exported) == {"lm_head.weight"}  # tied to the embedding: exported once
     assert torch.equal(served["lm_head.weight"], exported["model.embed_tokens.weight"])

@@ -28,9 +28,16 @@ def torch_reference(tiny_qwen3):
 
 
 @pytest.fixture(scope="module")
-def tp2(tiny_qwen3, torch_reference, run_ranks):
-    """One two-process TP=2 launch for both checks below (starting processes is the slow part)."""
-    return run_ranks("tensor", tiny_qwen3[0], {"tokens": TOKENS, "batch": torch_reference[1]})
+def tp2_checkpoint(tmp_path_factory):
+    return tmp_path_factory.mktemp("tp2") / "checkpoint"
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny_qwen3, torch_reference, run_ranks, tp2_checkpoint):
+    """One two-process TP=2 launch for the checks below (starting processes is the slow part); the
+    trained trainer is saved to ``tp2_checkpoint``."""
+    data = {"tokens": TOKENS, "batch": torch_reference[1]}
+    return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
 
 
 def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tp2):
@@ -83,3 +90,18 @@ def test_pp2_logprobs_match_hf(tiny_qwen3, run_ranks):
         ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
     ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(got["logprobs"], ref, rtol=1.3e-6, atol=1e-5)
+
+
+def test_tp2_checkpoint_loads_at_tp1(megatron_world, tiny_qwen3, tp2, tp2_checkpoint, torch_reference):
+    """A dist checkpoint saved by the two TP=2 ranks after their step, loaded by one TP=1 trainer
+    (megatron reshards): the same step and the same logprobs as the TP=2 ranks computed after saving."""
+    from relax.megatron.trainer import MegatronTrainer
+
+    _, batch = torch_reference
+    trainer = MegatronTrainer(tiny_qwen3[0], micro_batch_size=4)  # with an optimizer: its state reshards too
+    before = trainer.forward_logprobs(batch)
+    trainer.load(str(tp2_checkpoint))
+    assert trainer.step == 1
+    after = trainer.forward_logprobs(batch)
+    assert float((after - before).abs().max()) > 1e-4  # the load changed the weights
+    torch.testing.assert_close(after, tp2["train"]["logprobs_after"], atol=1e-5, rtol=0)

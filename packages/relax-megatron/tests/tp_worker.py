@@ -2,7 +2,8 @@
 
 ``--mode tensor`` (TP = world size), on ``--input`` = {"tokens", "batch"}: build the tiny Qwen3, load
 this rank's HF shard, score the tokens vocab-parallel and gather the weights back to HF names; then a
-``MegatronTrainer`` scores the batch (with old logprobs), takes one train step and exports its weights.
+``MegatronTrainer`` scores the batch (with old logprobs), takes one train step and exports its weights
+(and with ``--ckpt`` saves a dist checkpoint and scores the batch again).
 ``--mode pipeline`` (PP = world size, 1F1B schedule, forward only), on ``--input`` = tokens: the last
 stage's logprobs. Rank 0 saves the results to ``--out``.
 """
@@ -25,6 +26,7 @@ def main() -> None:
     ap.add_argument("--mode", choices=["tensor", "pipeline"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--without", default="", help="a cpu_compat patch to remove (checks it is still needed)")
+    ap.add_argument("--ckpt", default="", help="tensor mode: save the trained trainer here (a dist checkpoint)")
     args = ap.parse_args()
 
     import torch
@@ -56,7 +58,11 @@ def train_check(args: argparse.Namespace, batch: dict) -> dict:
     before = trainer.forward_logprobs(batch)
     metrics = trainer.train_step(batch)
     weights = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
-    return {"logprobs": before, "metrics": metrics, "weights": weights}
+    out = {"logprobs": before, "metrics": metrics, "weights": weights}
+    if args.ckpt:
+        trainer.save(args.ckpt)
+        out["logprobs_after"] = trainer.forward_logprobs(batch)
+    return out
 
 
 def pipeline_check(args: argparse.Namespace, tokens) -> dict:

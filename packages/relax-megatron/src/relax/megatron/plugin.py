@@ -74,3 +74,23 @@ def relax_register_trainers(register):
         config=MegatronParams,
         resources=lambda p: Resources(p.num_cpus, 0.0, num_workers=p.tensor_parallel * p.pipeline_parallel),
     )
+
+
+def _convert_arguments(parser) -> None:
+    parser.add_argument("checkpoint", help="a megatron trainer checkpoint directory (<run>/checkpoints/step_N/trainer)")
+    parser.add_argument("hf_dir", help="where to write the HF model directory")
+
+
+def convert_command(ns) -> int:
+    """``relax convert <megatron_ckpt> <hf_dir>``: a megatron dist checkpoint -> an HF directory."""
+    from relax.megatron.checkpoint import to_hf
+
+    names = to_hf(ns.checkpoint, ns.hf_dir)
+    print(f"relax convert: wrote {len(names)} tensors to {ns.hf_dir}")
+    return 0
+
+
+@hookimpl
+def relax_register_commands(register):
+    register("convert", convert_command, help="write a megatron trainer checkpoint as an HF model directory",
+             arguments=_convert_arguments)  # fmt: skip

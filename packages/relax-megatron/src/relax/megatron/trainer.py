@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -261,44 +260,21 @@ class MegatronTrainer:
     def save_hf(self, directory: str) -> None:
         """An HF directory (config, tokenizer, safetensors) that plain transformers loads. Collective
         (every TP rank gathers); TP rank 0 writes it."""
-        from safetensors.torch import save_file
-        from transformers import AutoTokenizer
+        from relax.megatron.checkpoint import write_hf
 
-        hf = {n: t.contiguous() for b in self.export_weights() for n, t in b}
-        if self.tp_rank != 0:
-            return
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        self.hf_config.save_pretrained(out)
-        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out)
-        save_file(hf, out / "model.safetensors", metadata={"format": "pt"})
+        hf = {n: t for b in self.export_weights() for n, t in b}
+        if self.tp_rank == 0:
+            write_hf(directory, hf, self.hf_config, self.model_path)
 
     # -------------------------------------------------------------- checkpoints
-    def _state_file(self, directory: str) -> Path:
-        return Path(directory) / f"megatron_tp{self.tp_rank:02d}.pt"
-
     def save(self, directory: str) -> None:
-        """This rank's weights, optimizer state, step and RNG states (one file per TP rank)."""
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        state = {
-            "model": convert.weights_only(self.model.state_dict()),
-            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-            "step": self.step,
-            "rng": torch.get_rng_state(),
-        }
-        torch.save(state, self._state_file(directory))
+        """A megatron dist checkpoint: model, optimizer, step and RNG (collective; see ``checkpoint``)."""
+        from relax.megatron import checkpoint
+
+        checkpoint.save(self, directory)
 
     def load(self, directory: str) -> None:
-        path = self._state_file(directory)
-        if not path.exists():
-            raise FileNotFoundError(f"no megatron trainer checkpoint for TP rank {self.tp_rank} at {path}")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        result = self.model.load_state_dict(state["model"], strict=False)  # strict would want _extra_state
-        missing = [n for n in result.missing_keys if not n.endswith(convert.EXTRA_STATE)]
-        if missing or result.unexpected_keys:
-            raise ValueError(f"checkpoint {path} does not fit this model: missing {missing}, "
-                             f"unexpected {result.unexpected_keys}")  # fmt: skip
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.step = state["step"]
-        torch.set_rng_state(state["rng"])
+        """Resume from :meth:`save`'s directory, also one saved at another TP size."""
+        from relax.megatron import checkpoint
+
+        checkpoint.load(self, directory)

@@ -1,0 +1,139 @@
+"""Megatron ``dist_checkpointing`` checkpoints of a :class:`~relax.megatron.trainer.MegatronTrainer`.
+
+One directory holds the model and AdamW state as sharded tensors (each TP rank writes its shard; a
+checkpoint saved at TP=2 loads at TP=1 and back: megatron reshards on load), the step (common) and
+every rank's RNG state, plus ``hf/`` (config and tokenizer) so that ``relax convert`` can rebuild
+the model without the run's model directory. The optimizer state is mapped onto the model's
+sharding with megatron's own helpers (``dist_checkpointing.optimizer``), as ``MegatronOptimizer`` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HF_DIR = "hf"  # inside a checkpoint: the HF config and tokenizer
+
+
+def _ensure_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Zero AdamW state for every parameter (before the first step it has none), so that a load has
+    tensors to fill."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not optimizer.state[p]:
+                optimizer.state[p] = {"step": torch.zeros(()), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}  # fmt: skip
+
+
+def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
+    """The trainer's state as a megatron sharded state dict (model, optimizer, step, RNG)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    model = trainer.model.sharded_state_dict()
+    state: dict[str, Any] = {"model": model, "step": trainer.step, "tensor_parallel": trainer.tp}
+    rng = {"torch": torch.get_rng_state()}
+    state["rng"] = ShardedObject("rng_state", rng, (trainer.tp,), (trainer.tp_rank,), replica_id=0)
+    if trainer.optimizer is not None:
+        if loading:
+            _ensure_adam_state(trainer.optimizer)
+        optim = trainer.optimizer.state_dict()
+        steps = {float(s["step"]) for s in optim["state"].values()}
+        if len(steps) > 1:
+            raise ValueError(f"AdamW parameters are at different steps {sorted(steps)}: cannot save one common step")
+        params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+        optim_state_to_sharding_state(optim, get_param_id_to_sharded_param_map(model, params), exclude_keys=("step",))
+        state["optimizer"] = optim
+        state["adam_step"] = steps.pop() if steps else 0.0
+    return state
+
+
+def save(trainer: Any, directory: str) -> None:
+    """Collective: every TP rank writes its shard into ``directory``; TP rank 0 adds ``hf/``."""
+    from megatron.core import dist_checkpointing
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.distributed.barrier()  # the directory exists for every rank before megatron looks into it
+    dist_checkpointing.save(sharded_state(trainer), str(out))
+    if trainer.tp_rank == 0:
+        write_hf(str(out / HF_DIR), None, trainer.hf_config, trainer.model_path)
+    torch.distributed.barrier()
+
+
+def load(trainer: Any, directory: str) -> None:
+    """Restore what :func:`save` wrote, at this trainer's TP size (the RNG state only when the TP size
+    is the one it was saved with: a resharded run has other ranks)."""
+    from megatron.core import dist_checkpointing
+
+    path = Path(directory)
+    if not (path / "metadata.json").is_file():
+        raise FileNotFoundError(f"no megatron dist checkpoint at {path} (metadata.json missing)")
+    common = dist_checkpointing.load_common_state_dict(str(path))
+    state = sharded_state(trainer, loading=True)
+    if common["tensor_parallel"] != trainer.tp:
+        state.pop("rng")
+    if trainer.optimizer is not None and "adam_step" not in common:
+        raise ValueError(f"checkpoint {path} has no optimizer state (saved by a frozen trainer)")
+    loaded = dist_checkpointing.load(state, str(path))
+    load_model(trainer.model, loaded["model"], path)
+    if trainer.optimizer is not None:
+        optim = loaded["optimizer"]
+        for param_state in optim["state"].values():
+            param_state["step"] = torch.tensor(float(loaded["adam_step"]))
+        trainer.optimizer.load_state_dict(optim)
+    trainer.step = int(loaded["step"])
+    if "rng" in loaded:
+        torch.set_rng_state(loaded["rng"]["torch"])
+
+
+def load_model(model: Any, state: dict[str, Any], path: Path) -> None:
+    from relax.megatron.convert import EXTRA_STATE
+
+    result = model.load_state_dict(state, strict=False)
+    missing = [n for n in result.missing_keys if not n.endswith(EXTRA_STATE)]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"checkpoint {path} does not fit this model: missing {missing}, "
+                         f"unexpected {result.unexpected_keys}")  # fmt: skip
+
+
+def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
+    """``relax convert``: the model of a megatron checkpoint as an HF directory (config, tokenizer,
+    safetensors), rebuilt in this process at TP=1 (gloo world of one). Returns the tensor names."""
+    from transformers import AutoConfig
+
+    from megatron.core import dist_checkpointing
+    from relax.megatron import convert
+    from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
+
+    src = Path(checkpoint)
+    if not (src / "metadata.json").is_file() or not (src / HF_DIR / "config.json").is_file():
+        raise FileNotFoundError(f"{src} is not a relax-megatron checkpoint (needs metadata.json and {HF_DIR}/config.json)")
+    ensure_process_group(0, 1)
+    initialize_model_parallel(1, 1)
+    config = AutoConfig.from_pretrained(src / HF_DIR)
+    model = convert.build_gpt_model(config)
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(src))
+    load_model(model, loaded["model"], src)
+    hf = convert.megatron_to_hf([convert.weights_only(model.state_dict())], config)
+    write_hf(hf_dir, hf, config, str(src / HF_DIR))
+    return sorted(hf)
+
+
+def write_hf(directory: str, tensors: dict[str, torch.Tensor] | None, hf_config: Any, tokenizer_path: str) -> None:
+    """An HF directory plain transformers loads: config, tokenizer (from ``tokenizer_path``) and, unless
+    ``tensors`` is None, the weights as safetensors."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_config.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out)
+    if tensors is not None:
+        save_file({n: t.contiguous() for n, t in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
