@@ -51,8 +51,14 @@ class PackedTransferQueue(TransferQueue):
             batch = self.get(consumer, *args)
         except Exception as err:
             return (_Raised(err), *[b""] * n_parts)
-        blob, refs = encode(batch, any(isinstance(v, ray.ObjectRef) for col in batch.data.values() for v in col))
+        blob, refs = encode(batch, any(_holds_ref(v) for col in batch.data.values() for v in col))
         return (refs, *split(blob, n_parts))
+
+
+def _holds_ref(cell: Any) -> bool:
+    """A cell that is, or holds, an ObjectRef (a multimodal ``Sample`` keeps its group's shared media
+    inputs as one): such a batch is pickled with ref tracking, or the ref would lose its owner."""
+    return isinstance(cell, ray.ObjectRef) or isinstance(getattr(cell, "mm_inputs", None), ray.ObjectRef)
 
 
 class _Raised:
@@ -153,7 +159,7 @@ class TransferQueueClient:
     @staticmethod
     def _encode_offloaded(value: Any, cells: Iterable[Any]) -> tuple[list[Any], list[bytes]]:
         """``value`` (rows or columns whose cells are ``cells``, offloaded) as its refs and blob parts."""
-        blob, refs = encode(value, any(isinstance(v, ray.ObjectRef) for v in cells))
+        blob, refs = encode(value, any(_holds_ref(v) for v in cells))
         return refs, split(blob, parts_for(len(blob)))
 
     @staticmethod
