@@ -83,9 +83,12 @@ def _qwen_utils():
     return vision_process, audio_process
 
 
-def _short(ref: Any) -> str:
+def short_ref(ref: Any) -> str:
+    """The reference as errors show it: a long path keeps its file name, a data URL its type."""
     text = str(ref)
-    return repr(text if len(text) <= 48 else text[:45] + "...")
+    if len(text) <= 48:
+        return repr(text)
+    return repr(text[:45] + "..." if text.startswith("data:") else "..." + text[-45:])
 
 
 def kind_of_column(key: str, ref: Any) -> str | None:
@@ -111,9 +114,12 @@ def attach_columns(messages: list[dict[str, Any]], media: list[dict[str, Any]]) 
     extra = []
     for i, m in enumerate(media):
         ref = m["ref"]
-        kind = kind_of_column(m["key"], ref)
-        value = ref.get(kind, ref.get("ref")) if isinstance(ref, dict) and kind else ref
-        extra.append({"type": kind or "?", kind or "?": value, "_item": f"media[{i}] (column {m['key']!r})"})
+        kind, name = kind_of_column(m["key"], ref), f"media[{i}] (column {m['key']!r})"
+        if kind is None:
+            raise MediaError("?", name, f"cannot tell the media kind of column {m['key']!r} (name the column "
+                             "image/video/audio, or give {\"type\": ..., <type>: ref} dicts)")
+        value = ref.get(kind) if isinstance(ref, dict) else ref
+        extra.append({"type": kind, kind: value, "_item": name})
     user["content"] = extra + items
     return out
 
@@ -141,7 +147,7 @@ def load_media(messages: list[dict[str, Any]], media: list[dict[str, Any]], budg
                 f"messages[{mi}].content[{ci}]")
             if kind not in KINDS:
                 raise MediaError(where, name, f"unsupported content type {kind!r} (expected text, image, video or audio)")
-            label = f"{name} {kind} {_short(item.get(kind))}"
+            label = f"{name} {kind} {short_ref(item.get(kind))}"
             if kind not in allowed:
                 raise MediaError(where, label, f"wrong type: this model takes {', '.join(allowed)}, not {kind}")
             _load_item(loaded, kind, item.get(kind), budget, patch_size, lambda why, lb=label: MediaError(where, lb, why))
@@ -176,8 +182,8 @@ def _load_item(loaded: LoadedMedia, kind: str, ref: Any, budget: MediaBudget, pa
                    "min_pixels": budget.video_min_pixels, "max_pixels": budget.video_max_pixels}
             try:
                 frames, meta = vision.fetch_video(ele, image_patch_size=patch_size, return_video_metadata=True)
-            except Exception as e:  # decord / torchvision raise assorted errors for a bad stream
-                raise err(f"undecodable video ({type(e).__name__})") from None
+            except Exception as e:  # decord / torchvision raise assorted errors (kept as __cause__)
+                raise err("undecodable video") from e
             loaded.videos.append(frames)
             loaded.video_metadata.append(meta)
             if budget.use_audio_in_video:
@@ -198,7 +204,7 @@ def _open_ref(kind: str, ref: Any, budget: MediaBudget, err) -> Path | bytes:
         if not sep or not head.endswith(";base64"):
             raise err("a data URL must be base64 (data:<type>/<subtype>;base64,...)")
         if mime and mime.split("/")[0] != kind:
-            raise err(f"wrong type: a {mime} data URL where {kind} is expected")
+            raise err(f"wrong type: a data URL of type {mime} where {kind} is expected")
         if len(payload) * 3 // 4 > budget.max_bytes_per_item:
             raise err(f"over budget: about {len(payload) * 3 // 4} bytes > max_bytes_per_item={budget.max_bytes_per_item}")
         try:
@@ -236,13 +242,13 @@ def _decode_audio(audio, ele: dict[str, Any], in_video: bool, err, what: str):
             with av.open(ele["video"]) as container:
                 has_audio = any(s.type == "audio" for s in container.streams)
         except Exception as e:
-            raise err(f"undecodable video ({type(e).__name__})") from None
+            raise err("undecodable video") from e
         if not has_audio:
             raise err("the video has no audio track (use_audio_in_video is on)")
     try:
         (track,) = audio.process_audio_info([{"role": "user", "content": [ele]}], in_video)
     except Exception as e:  # soundfile / audioread / librosa raise assorted errors
-        raise err(f"undecodable {what} ({type(e).__name__})") from None
+        raise err(f"undecodable {what}") from e
     if track.size == 0:
         raise err(f"undecodable {what} (no samples)")
     return track
