@@ -41,7 +41,8 @@ def rows_for(family: str, media: dict[str, str]) -> list[list[dict]]:
     rows = [[{"role": "user", "content": [{"type": k, k: media[k]}, {"type": "text", "text": f"what is in the {k}?"}]}]
             for k in kinds]
     both = [{"type": "image", "image": media["image"]}, {"type": "video", "video": media["video"]}]
-    return [*rows, [{"role": "user", "content": [*both, {"type": "text", "text": "same?"}]}]]
+    text_only = [{"role": "user", "content": "no media here?"}]
+    return [*rows, [{"role": "user", "content": [*both, {"type": "text", "text": "same?"}]}], text_only]
 
 
 def requests_for(processed: list[dict], version: int = 0) -> list[GenerationRequest]:
@@ -133,3 +134,17 @@ def test_frozen_towers_are_not_trained_nor_synced(media, tmp_path_factory):
     engine.update_weights(synced, version=1)
     new_results = run_async(engine.generate(requests_for(processed, version=1)), 120)
     assert_parity(trainer, collate(samples_for(processed, new_results), engine.pad_token_id), new_results)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_omni"])
+def test_text_only_requests_on_a_multimodal_model_use_the_kv_path(family, tmp_path_factory):
+    """No media on the request: the batched KV-cache path, 1-D positions, still equal to the trainer's."""
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family)
+    engine = HFRolloutEngine(model_dir)
+    prompts = [engine.tokenizer.encode("hello there?"), engine.tokenizer.encode("1+1=?")]
+    requests = [GenerationRequest(str(i), p, SamplingParams(max_new_tokens=MAX_NEW, seed=i)) for i, p in enumerate(prompts)]
+    results = run_async(engine.generate(requests), 60)
+    assert engine.stats["prefill_rows"] == 2  # went through the batcher, not the media path
+    samples = [Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids)
+               for i, (p, r) in enumerate(zip(prompts, results, strict=True))]
+    assert_parity(torch_trainer(model_dir), collate(samples, engine.pad_token_id), results)
