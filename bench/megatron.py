@@ -1,0 +1,125 @@
+"""Train throughput of the megatron trainer (TP=1, TP=2) vs core's torch trainer on CPU.
+
+Same locally built Qwen3-architecture model, same batch (``ROWS`` rows of ``PROMPT`` + ``RESPONSE``
+tokens), same GRPO objective, one optimizer step per ``train_step``. Every process gets one thread,
+so TP=2 uses two cores where the others use one (this machine has two). The torch baseline runs in
+this process; each megatron layout runs as its own ranks (``--worker``, gloo). Tokens/s counts the
+batch's non-padding tokens over the timed steps (after ``WARMUP`` untimed ones).
+
+    python bench/megatron.py [steps]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ["OMP_NUM_THREADS"] = "1"
+# this file is named megatron.py: keep its folder off the path, or it would shadow the megatron-core package
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+ROWS, PROMPT, RESPONSE = 32, 48, 48
+WARMUP = 1
+MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
+
+
+def make_batch(model_dir: str):
+    import torch
+    from transformers import AutoTokenizer
+
+    from relax.core.data import Sample
+    from relax.core.testing.trainer import make_batch as collate_with_advantages
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    special = set(tok.all_special_ids)
+    vocab = torch.tensor([t for t in range(len(tok)) if t not in special])
+
+    def draw(n: int) -> list[int]:
+        return vocab[torch.randint(len(vocab), (n,), generator=gen)].tolist()
+
+    samples = [Sample(prompt_ids=draw(PROMPT), group_id=i // 4, response_ids=draw(RESPONSE)) for i in range(ROWS)]
+    return collate_with_advantages(samples, tok.pad_token_id)
+
+
+def timed_steps(trainer, batch, steps: int) -> float:
+    """Tokens/s over ``steps`` train steps (after the warm-up); ``old_logprobs`` scored once, before."""
+    batch = {**batch, "old_logprobs": trainer.forward_logprobs(batch)}
+    for _ in range(WARMUP):
+        trainer.train_step(batch)
+    started = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(batch)
+    return float(batch["attention_mask"].sum()) * steps / (time.perf_counter() - started)
+
+
+def trainer_kwargs() -> dict:
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+
+    return {"objective": build_policy_objective(AlgorithmConfig()), "lr": 1e-4, "micro_batch_size": ROWS}
+
+
+def worker(rank: int, world: int, port: int, model_dir: str, batch_file: str, steps: int, out: str) -> None:
+    import torch
+
+    from relax.megatron.trainer import MegatronTrainer
+
+    torch.set_num_threads(1)
+    trainer = MegatronTrainer(model_dir, **trainer_kwargs(), tensor_parallel=world, rank=rank, world_size=world,
+                              master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    rate = timed_steps(trainer, torch.load(batch_file), steps)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"tokens_per_s": rate}))
+
+
+def megatron_rate(tp: int, model_dir: str, batch_file: str, steps: int, root: Path) -> float:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = root / f"tp{tp}.json"
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(tp), str(port), model_dir, batch_file,
+                               str(steps), str(out)]) for r in range(tp)]  # fmt: skip
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            raise SystemExit(f"megatron TP={tp} rank failed (exit {p.returncode})")
+    return json.loads(out.read_text())["tokens_per_s"]
+
+
+def main(argv: list[str]) -> None:
+    import torch
+
+    from relax.core.quickstart_model import build_tiny_model
+    from relax.core.trainers.torch_trainer import TorchTrainer
+
+    steps = int(argv[0]) if argv else 5
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir = build_tiny_model(root / "model", **MODEL)
+        batch = make_batch(model_dir)
+        batch_file = str(root / "batch.pt")
+        torch.save(batch, batch_file)
+        base = timed_steps(TorchTrainer(model_dir, **trainer_kwargs()), batch, steps)
+        tp1 = megatron_rate(1, model_dir, batch_file, steps, root)
+        tp2 = megatron_rate(2, model_dir, batch_file, steps, root)
+    print(f"batch {ROWS} x {PROMPT + RESPONSE} tokens, {steps} timed steps, 1 thread per process")
+    print(f"{'trainer':<22} {'tokens/s':>10} {'vs torch':>9}")
+    for name, rate in [("torch", base), ("megatron TP=1", tp1), ("megatron TP=2 (2 procs)", tp2)]:
+        print(f"{name:<22} {rate:>10.0f} {rate / base:>8.2f}x")
+    print(f"megatron: {tp1 / base:.2f}x train tokens/s TP=1 megatron vs torch trainer")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        r, w, p, m, b, s, o = sys.argv[2:9]
+        worker(int(r), int(w), int(p), m, b, int(s), o)
+    else:
+        main(sys.argv[1:])
