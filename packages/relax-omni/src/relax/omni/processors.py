@@ -86,7 +86,8 @@ class QwenOmniProcessor:
             if loaded.audios:
                 kwargs["audio"] = loaded.audios
         out = self.hf(**kwargs)
-        ids = out["input_ids"][0].tolist()
+        ids = out["input_ids"][0].tolist()  # placeholders expanded to one token per merged patch / frame
+        # prompt_text stays the template text (one placeholder per item): what a server takes beside the media
         inputs = {k: v for k, v in out.items() if k not in DROPPED}
         return ProcessedPrompt(prompt_text=text, prompt_ids=ids, inputs=inputs, counts=loaded.counts)
 
