@@ -62,7 +62,7 @@ def test_bad_inputs_name_what_is_wrong(tiny_qwen3):
     with pytest.raises(ValueError, match="tensor_parallel=3 must divide num_key_value_heads=2"):
         convert.hf_to_megatron(hf, config, tp=3)
     llama = type("Cfg", (), {"model_type": "llama"})()
-    with pytest.raises(ValueError, match="Qwen3 dense models only; got model_type='llama'"):
+    with pytest.raises(ValueError, match="Qwen3 dense and Qwen3-MoE models only; got model_type='llama'"):
         convert.Dims.from_hf(llama)
 
 
@@ -102,3 +102,49 @@ def test_load_hf_into_rejects_a_missing_weight(megatron_world, tiny_qwen3):
     partial = {n: t for n, t in hf.items() if n != "model.layers.1.mlp.up_proj.weight"}
     with pytest.raises(KeyError, match="model.layers.1.mlp.up_proj.weight"):
         convert.load_hf_into(model, partial, config)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_moe_round_trip_is_bit_exact_and_shards_the_experts(tiny_qwen3_moe, ep):
+    _, config, hf = tiny_qwen3_moe
+    shards = convert.hf_to_megatron(hf, config, ep=ep)
+    assert len(shards) == ep
+    local = {n.split(".")[6] for n in shards[-1] if ".mlp.experts.local_experts." in n}
+    assert local == {str(k) for k in range(4 // ep)}  # each EP rank holds its share, numbered locally
+    fc1 = shards[-1]["decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"]
+    last_rank_first = 4 - 4 // ep  # the last rank's first expert, as an HF index
+    want = torch.cat([hf[f"model.layers.1.mlp.experts.{last_rank_first}.{w}.weight"] for w in ("gate_proj", "up_proj")])
+    assert torch.equal(fc1, want)
+    back = convert.megatron_to_hf(shards, config)
+    assert sorted(back) == sorted(convert.hf_weight_names(config))
+    _assert_same(back, hf)
+
+
+def test_moe_bad_layouts_name_what_is_wrong(tiny_qwen3, tiny_qwen3_moe):
+    _, moe_config, moe_hf = tiny_qwen3_moe
+    with pytest.raises(ValueError, match="expert_parallel=3 must divide num_experts=4"):
+        convert.hf_to_megatron(moe_hf, moe_config, ep=3)
+    with pytest.raises(ValueError, match="tensor_parallel=2: Qwen3-MoE runs with tensor_parallel=1"):
+        convert.hf_to_megatron(moe_hf, moe_config, tp=2)
+    _, config, hf = tiny_qwen3
+    with pytest.raises(ValueError, match="expert_parallel=2 needs an MoE model"):
+        convert.hf_to_megatron(hf, config, ep=2)
+
+
+def test_moe_logprobs_match_transformers_ep1(megatron_world, tiny_qwen3_moe):
+    """Router (softmax, top 2, renormalised) and experts: megatron's logprobs equal HF Qwen3-MoE's."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir, config, hf = tiny_qwen3_moe
+    model = convert.build_gpt_model(config)
+    convert.load_hf_into(model, hf, config)
+    model.eval()
+    tokens = torch.randint(0, config.vocab_size, (3, 33), generator=torch.Generator().manual_seed(0))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    positions = torch.arange(inputs.shape[1])[None].expand_as(inputs)
+    with torch.no_grad():
+        logprobs = -model(inputs, positions, attention_mask=None, labels=targets)
+        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+    ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
+    assert ref.std() > 0.1
+    torch.testing.assert_close(logprobs, ref, rtol=1.3e-6, atol=1e-5)

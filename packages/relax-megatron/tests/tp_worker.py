@@ -3,7 +3,8 @@
 ``--mode tensor`` (TP = world size), on ``--input`` = {"tokens", "batch"}: build the tiny Qwen3, load
 this rank's HF shard, score the tokens vocab-parallel and gather the weights back to HF names; then a
 ``MegatronTrainer`` scores the batch (with old logprobs), takes one train step and exports its weights
-(and with ``--ckpt`` saves a dist checkpoint and scores the batch again).
+(and with ``--ckpt`` saves a dist checkpoint and scores the batch again); with ``moe_dir`` in the
+input, the same ranks then score the tokens with a Qwen3-MoE model at expert parallelism = world size.
 ``--mode pipeline`` (PP = world size, 1F1B schedule, forward only), on ``--input`` = tokens: the last
 stage's logprobs. Rank 0 saves the results to ``--out``.
 """
@@ -34,6 +35,8 @@ def main() -> None:
     if args.mode == "tensor":  # one launch for both checks: starting processes is the slow part
         data = torch.load(args.input)
         results = {"convert": convert_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
+        if "moe_dir" in data:  # then the same two processes as expert-parallel ranks
+            results["moe"] = moe_check(args, data["moe_dir"], data["tokens"])
     else:
         results = pipeline_check(args, torch.load(args.input))
     if args.rank == 0:
@@ -63,6 +66,32 @@ def train_check(args: argparse.Namespace, batch: dict) -> dict:
         trainer.save(args.ckpt)
         out["logprobs_after"] = trainer.forward_logprobs(batch)
     return out
+
+
+def moe_check(args: argparse.Namespace, model_dir: str, tokens) -> dict:
+    """Qwen3-MoE at EP = world size (each rank holds its share of the experts, allgather dispatcher):
+    logprobs of ``tokens`` and the EP-gathered weights mapped back to HF names."""
+    import torch
+    from megatron.core import parallel_state
+    from transformers import AutoConfig
+
+    from relax.megatron import convert
+    from relax.megatron.parallel import gather_tp_shards, initialize_model_parallel
+
+    parallel_state.destroy_model_parallel()
+    initialize_model_parallel(1, 1, seed=0, expert_parallel=args.world)
+    config = AutoConfig.from_pretrained(model_dir)
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    model = convert.build_gpt_model(config, expert_model_parallel_size=args.world)
+    convert.load_hf_into(model, convert.read_hf_checkpoint(model_dir), config, ep=args.world, ep_rank=ep_rank)
+    model.eval()
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    with torch.no_grad():
+        logprobs = -model(inputs, torch.arange(inputs.shape[1])[None].expand_as(inputs), attention_mask=None,
+                          labels=targets)  # fmt: skip
+    local = convert.weights_only(model.state_dict())
+    group = parallel_state.get_expert_model_parallel_group()
+    return {"logprobs": logprobs, "hf": convert.megatron_to_hf(gather_tp_shards(local, args.world, group), config)}
 
 
 def pipeline_check(args: argparse.Namespace, tokens) -> dict:

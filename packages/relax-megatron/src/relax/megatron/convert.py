@@ -35,15 +35,24 @@ class Dims:
     ffn: int
     vocab: int
     tied: bool
+    experts: int = 0  # Qwen3-MoE: routed experts per layer (0: dense)
+    topk: int = 0
+    moe_ffn: int = 0
+    norm_topk: bool = False
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> Dims:
         model_type = getattr(hf_config, "model_type", None)
-        if model_type != "qwen3":
-            raise ValueError(f"relax-megatron converts Qwen3 dense models only; got model_type={model_type!r}")
+        if model_type not in ("qwen3", "qwen3_moe"):
+            raise ValueError(f"relax-megatron converts Qwen3 dense and Qwen3-MoE models only; got model_type={model_type!r}")
         if getattr(hf_config, "attention_bias", False):
             raise ValueError("Qwen3 with attention_bias=True is not supported by the megatron mapping yet")
         heads = hf_config.num_attention_heads
+        moe = {}
+        if model_type == "qwen3_moe":
+            from relax.megatron.moe import moe_dims
+
+            moe = moe_dims(hf_config)
         return cls(
             num_layers=hf_config.num_hidden_layers,
             hidden=hf_config.hidden_size,
@@ -53,6 +62,7 @@ class Dims:
             ffn=hf_config.intermediate_size,
             vocab=hf_config.vocab_size,
             tied=bool(hf_config.tie_word_embeddings),
+            **moe,
         )
 
     def check_tp(self, tp: int) -> None:
@@ -93,16 +103,27 @@ def hf_weight_names(hf_config: Any) -> list[str]:
     d = Dims.from_hf(hf_config)
     per_layer = [
         "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-        "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+        "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm",
     ]  # fmt: skip
+    if d.experts:
+        experts = [f"mlp.experts.{j}.{w}" for j in range(d.experts) for w in ("gate_proj", "up_proj", "down_proj")]
+        per_layer += ["mlp.gate", *experts]
+    else:
+        per_layer += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
     names = ["model.embed_tokens.weight", "model.norm.weight"] + (["lm_head.weight"] if not d.tied else [])
     return names + [f"model.layers.{i}.{w}.weight" for i in range(d.num_layers) for w in per_layer]
 
 
-def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1) -> list[dict[str, Tensor]]:
-    """HF Qwen3 state dict -> one megatron GPTModel state dict per TP rank (``result[rank]``)."""
+def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: int = 1) -> list[dict[str, Tensor]]:
+    """HF Qwen3 state dict -> one megatron GPTModel state dict per TP rank (``result[rank]``); for a
+    Qwen3-MoE model (TP=1) one per expert-parallel rank, each with its ``experts / ep`` local experts."""
     d = Dims.from_hf(hf_config)
     d.check_tp(tp)
+    if ep > 1 or d.experts:
+        from relax.megatron.moe import check_ep, experts_to_megatron
+
+        check_ep(d, tp, ep)
+    expert_parts: list[dict[str, Tensor]] = [{} for _ in range(ep)]  # MoE: each EP rank's local experts
     missing = sorted(set(hf_weight_names(hf_config)) - set(hf))
     if missing:
         raise KeyError(f"the HF state dict lacks {len(missing)} Qwen3 weight(s): {missing[:8]}")
@@ -125,6 +146,10 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1) -> lis
         replicate(m + "self_attention.k_layernorm.weight", hf[h + "self_attn.k_norm.weight"])
         replicate(m + "input_layernorm.weight", hf[h + "input_layernorm.weight"])
         replicate(m + "pre_mlp_layernorm.weight", hf[h + "post_attention_layernorm.weight"])
+        if d.experts:
+            for rank, part in enumerate(experts_to_megatron(hf, h, m, d, ep)):
+                expert_parts[rank].update(part)
+            continue
         gates = torch.chunk(hf[h + "mlp.gate_proj.weight"], tp, 0)
         ups = torch.chunk(hf[h + "mlp.up_proj.weight"], tp, 0)
         put(m + "mlp.linear_fc1.weight", [torch.cat([g, u], 0) for g, u in zip(gates, ups, strict=True)])
@@ -132,20 +157,25 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1) -> lis
     replicate("decoder.final_layernorm.weight", hf["model.norm.weight"])
     if not d.tied:
         put("output_layer.weight", _split(hf["lm_head.weight"], tp, 0))
+    if d.experts:  # TP=1: the one shard, with each EP rank's experts
+        return [{**shards[0], **part} for part in expert_parts]
     return shards
 
 
 def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> dict[str, Tensor]:
-    """Megatron state dicts of every TP rank (in rank order) -> the HF Qwen3 state dict.
+    """Megatron state dicts of every TP rank (in rank order; Qwen3-MoE: of every EP rank) -> the HF
+    Qwen3 state dict.
 
     Tied embeddings give no ``lm_head.weight`` (as ``save_pretrained`` writes them).
     """
     d = Dims.from_hf(hf_config)
-    tp = len(shards)
+    tp = 1 if d.experts else len(shards)  # MoE shards are EP ranks: non-expert weights are whole on each
     d.check_tp(tp)
+    if d.experts:
+        shards = [shards[0]] + [{n: t for n, t in s.items() if ".mlp.experts." in n} for s in shards[1:]]
 
     def cat(name: str, dim: int) -> Tensor:
-        return torch.cat([s[name] for s in shards], dim=dim)
+        return torch.cat([s[name] for s in shards[:tp]], dim=dim)
 
     def one(name: str) -> Tensor:
         return shards[0][name].clone()
@@ -160,6 +190,11 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> di
         hf[h + "self_attn.k_norm.weight"] = one(m + "self_attention.k_layernorm.weight")
         hf[h + "input_layernorm.weight"] = one(m + "input_layernorm.weight")
         hf[h + "post_attention_layernorm.weight"] = one(m + "pre_mlp_layernorm.weight")
+        if d.experts:
+            from relax.megatron.moe import experts_to_hf
+
+            hf.update(experts_to_hf(shards, h, m, d))
+            continue
         halves = [torch.chunk(s[m + "mlp.linear_fc1.weight"], 2, 0) for s in shards]
         hf[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves], 0)
         hf[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in halves], 0)
@@ -287,6 +322,9 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
     )
+    from relax.megatron.moe import moe_config
+
+    kwargs.update(moe_config(d))
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -300,10 +338,11 @@ def build_gpt_model(hf_config: Any, pre_process: bool = True, post_process: bool
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     config = transformer_config(hf_config, **overrides)
-    Dims.from_hf(hf_config).check_tp(config.tensor_model_parallel_size)
+    d = Dims.from_hf(hf_config)
+    d.check_tp(config.tensor_model_parallel_size)
     return GPTModel(
         config,
-        get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
+        get_gpt_layer_local_spec(num_experts=d.experts or None, qk_layernorm=True, normalization="RMSNorm"),
         vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
@@ -315,11 +354,12 @@ def build_gpt_model(hf_config: Any, pre_process: bool = True, post_process: bool
 
 
 def load_hf_into(
-    model: Any, hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_rank: int = 0
+    model: Any, hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_rank: int = 0,
+    ep: int = 1, ep_rank: int = 0,
 ) -> None:
-    """Copy HF weights into ``model`` (this TP rank's shard of this pipeline stage); every model weight
-    must be covered."""
-    shard = to_stage(hf_to_megatron(hf, hf_config, tp)[tp_rank], hf_config, pp, pp_rank)
+    """Copy HF weights into ``model`` (this TP / EP rank's shard of this pipeline stage); every model
+    weight must be covered."""
+    shard = to_stage(hf_to_megatron(hf, hf_config, tp, ep)[max(tp_rank, ep_rank)], hf_config, pp, pp_rank)
     expected = set(weights_only(model.state_dict()))
     missing, unexpected = expected - set(shard), set(shard) - expected
     if missing or unexpected:

@@ -34,7 +34,9 @@ def ensure_process_group(
                             timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
 
 
-def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:
+def initialize_model_parallel(
+    tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0, expert_parallel: int = 1
+) -> None:
     """Initialise megatron's parallel state and its RNG tracker over an already initialised
     ``torch.distributed`` default group; applies the CPU patches when no GPU is present.
 
@@ -48,11 +50,13 @@ def initialize_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int =
         raise RuntimeError("initialise torch.distributed (gloo on CPU, nccl on GPU) before megatron's parallel state")
     ensure_cpu_compat()
     if parallel_state.model_parallel_is_initialized():
-        have = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
-        if have != (tensor_parallel, pipeline_parallel):
-            raise RuntimeError(f"megatron parallel state is already initialised with (TP, PP)={have}")
+        have = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_expert_model_parallel_world_size())  # fmt: skip
+        if have != (tensor_parallel, pipeline_parallel, expert_parallel):
+            raise RuntimeError(f"megatron parallel state is already initialised with (TP, PP, EP)={have}")
     else:
-        parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
+        parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel,
+                                                 expert_model_parallel_size=expert_parallel)  # fmt: skip
     mtp.model_parallel_cuda_manual_seed(seed)
 
 

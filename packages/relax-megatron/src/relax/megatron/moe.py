@@ -1,0 +1,88 @@
+"""Qwen3-MoE on megatron-core: the expert/router part of the HF <-> megatron mapping and the MoE
+settings of the model config (the attention and norms map as for dense Qwen3 in :mod:`convert`).
+
+* HF ``mlp.gate`` (the router, ``[experts, hidden]``) is megatron's ``mlp.router``.
+* HF expert ``j``'s ``gate_proj`` / ``up_proj`` fuse into ``mlp.experts.local_experts.<k>.linear_fc1``
+  (``[gate; up]``), ``down_proj`` is ``linear_fc2``. Expert parallelism: EP rank ``r`` holds experts
+  ``r * E/ep ... (r+1) * E/ep - 1`` as local experts ``0 ... E/ep - 1``; everything else is replicated.
+* Routing: Qwen3-MoE takes a softmax over all experts, then the top k, renormalised when
+  ``norm_topk_prob``. Megatron's top-k then softmax equals the renormalised form; with
+  ``moe_router_pre_softmax`` (softmax first) the plain one. No load-balancing loss at train time here
+  (``moe_aux_loss_coeff = 0``); the allgather dispatcher (the alltoall one needs CUDA streams).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def moe_dims(hf_config: Any) -> dict[str, Any]:
+    """The MoE fields of :class:`relax.megatron.convert.Dims` (every layer must be an MoE layer)."""
+    if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(hf_config, "mlp_only_layers", None):
+        raise ValueError("Qwen3-MoE with dense layers (decoder_sparse_step != 1 or mlp_only_layers) is not "
+                         "supported by the megatron mapping yet")  # fmt: skip
+    return {
+        "experts": hf_config.num_experts,
+        "topk": hf_config.num_experts_per_tok,
+        "moe_ffn": hf_config.moe_intermediate_size,
+        "norm_topk": bool(hf_config.norm_topk_prob),
+    }
+
+
+def check_ep(d: Any, tp: int, ep: int) -> None:
+    if not d.experts:
+        raise ValueError(f"expert_parallel={ep} needs an MoE model (this one is dense)")
+    if tp != 1:
+        raise ValueError(f"tensor_parallel={tp}: Qwen3-MoE runs with tensor_parallel=1 (expert_parallel instead)")
+    if ep < 1 or d.experts % ep:
+        raise ValueError(f"expert_parallel={ep} must divide num_experts={d.experts}")
+
+
+def experts_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, ep: int) -> list[dict[str, Tensor]]:
+    """One layer's router and experts (HF prefix ``h``, megatron prefix ``m``) per EP rank."""
+    per = d.experts // ep
+    out: list[dict[str, Tensor]] = []
+    for rank in range(ep):
+        part = {m + "mlp.router.weight": hf[h + "mlp.gate.weight"].clone()}
+        for k in range(per):
+            e = f"{h}mlp.experts.{rank * per + k}."
+            local = f"{m}mlp.experts.local_experts.{k}."
+            part[local + "linear_fc1.weight"] = torch.cat([hf[e + "gate_proj.weight"], hf[e + "up_proj.weight"]], 0)
+            part[local + "linear_fc2.weight"] = hf[e + "down_proj.weight"]
+        out.append(part)
+    return out
+
+
+def experts_to_hf(shards: Sequence[Mapping[str, Tensor]], h: str, m: str, d: Any) -> dict[str, Tensor]:
+    """Inverse of :func:`experts_to_megatron` over every EP rank's shard (in rank order)."""
+    per = d.experts // len(shards)
+    hf = {h + "mlp.gate.weight": shards[0][m + "mlp.router.weight"].clone()}
+    for rank, shard in enumerate(shards):
+        for k in range(per):
+            e = f"{h}mlp.experts.{rank * per + k}."
+            local = f"{m}mlp.experts.local_experts.{k}."
+            gate, up = torch.chunk(shard[local + "linear_fc1.weight"], 2, 0)
+            hf[e + "gate_proj.weight"], hf[e + "up_proj.weight"] = gate.clone(), up.clone()
+            hf[e + "down_proj.weight"] = shard[local + "linear_fc2.weight"]
+    return hf
+
+
+def moe_config(d: Any) -> dict[str, Any]:
+    """``TransformerConfig`` fields of an MoE model (empty for a dense one)."""
+    if not d.experts:
+        return {}
+    return {
+        "num_moe_experts": d.experts,
+        "moe_router_topk": d.topk,
+        "moe_ffn_hidden_size": d.moe_ffn,
+        "moe_router_pre_softmax": not d.norm_topk,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_token_dispatcher_type": "allgather",
+        "moe_grouped_gemm": False,
+    }
