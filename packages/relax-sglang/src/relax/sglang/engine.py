@@ -1,0 +1,223 @@
+"""``SGLangEngine``: a Relax rollout engine backed by one SGLang server (launched or attached).
+
+Generation goes through SGLang's native token-id ``/generate`` (per-token logprobs, finish reason and
+per-token weight-version spans). Control maps onto SGLang's endpoints:
+
+- ``pause()``: new requests wait in the engine, and ``/pause_generation`` with ``pause_mode`` handles the
+  ones in flight -- ``retract`` / ``in_place`` keep them on the server (they continue after ``resume()``,
+  under whatever weights are loaded by then), ``abort`` ends them and the engine resubmits each as a
+  continuation (prompt + tokens so far) after ``resume()``. In every mode the tokens of one response carry
+  the version that produced each of them.
+- ``abort()`` (``rollout.partial_rollout: abort``): ``/abort_request`` for everything; results come back
+  with finish reason ``"abort"`` and the tokens so far (the controller resubmits them).
+- Weight updates: ``update_weights`` (tensors, ``/update_weights_from_tensor``), ``update_weights_from_disk``,
+  and the distributed group calls used by the ``sglang_*`` transports -- all between
+  ``begin_weight_update`` and ``end_weight_update``, each tagged with the new ``weight_version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax.core.protocols import GenerationRequest, GenerationResult
+from relax.sglang.client import SGLangClient, SGLangHTTPError
+from relax.sglang.params import SGLangEngineParams
+from relax.sglang.payload import generate_payload, parse_output, parse_version, result
+from relax.sglang.server import ServerError, ServerProcess
+
+_GATE_POLL_S = 0.01
+
+
+def serialize_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's ``serialized_named_tensors`` entry: a ForkingPickler dump (storage shared through files in
+    /dev/shm, hence the ``file_system`` strategy -- the default fd passing crashes the server) in base64."""
+    import multiprocessing.reduction
+
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    buf = io.BytesIO()
+    multiprocessing.reduction.ForkingPickler(buf).dump([(n, t.detach().cpu().contiguous()) for n, t in named])
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+class SGLangEngine:
+    """``RolloutEngine`` over one SGLang server (see the module docstring)."""
+
+    def __init__(
+        self,
+        params: SGLangEngineParams,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        index: int = 0,
+        run_dir: str = ".",
+        tokenizer_path: str | None = None,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        self.params, self.model_path, self.index = params, model_path, index
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
+        self.server: ServerProcess | None = None
+        if params.urls:
+            url = params.urls[index % len(params.urls)]
+        else:
+            log = Path(run_dir) / "logs" / f"sglang-engine-{index}.log"
+            self.server = ServerProcess(params, model_path, dtype, log, index)
+            self.server.start()
+            url = self.server.url
+        self.url = url
+        self.name = f"sglang engine[{index}] at {url}"
+        self.client = SGLangClient(url, self.name, params.control_timeout_s, params.request_timeout_s, params.max_concurrency)
+        self._version = parse_version(self.client.get("/model_info").get("weight_version"), 0)
+        self._running = threading.Event()
+        self._running.set()
+        self._abort_epoch = 0
+        self._in_flight = 0
+        self._count_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        media = [r.request_id for r in requests if getattr(r, "media", None) is not None]
+        if media:
+            raise NotImplementedError(
+                f"{self.name}: requests {media[:3]} carry media; multimodal payloads for SGLang are not wired yet "
+                "(they need relax-omni's request media form) -- use the hf engine for VL/Omni models"
+            )
+        epoch = self._abort_epoch
+        with self._count_lock:
+            self._in_flight += 1
+        try:
+            return list(await asyncio.gather(*(self._one(r, epoch) for r in requests)))
+        finally:
+            with self._count_lock:
+                self._in_flight -= 1
+
+    async def _one(self, req: GenerationRequest, epoch: int) -> GenerationResult:
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        reason = "abort"
+        while True:
+            while not self._running.is_set() and self._abort_epoch == epoch:
+                await asyncio.sleep(_GATE_POLL_S)
+            if self._abort_epoch != epoch:
+                break
+            done = list(req.prefix_response_ids) + ids
+            if len(done) >= req.params.max_new_tokens:
+                reason = "length"
+                break
+            rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"
+            out = await self.client.generate(generate_payload(req, rid, done))
+            got, lps, vers, reason = parse_output(out, self._version)
+            ids, logprobs, versions = ids + got, logprobs + lps, versions + vers
+            # aborted by a pause (pause_mode "abort"), not by abort(): continue from the tokens so far
+            if reason != "abort" or self._abort_epoch != epoch:
+                break
+        response = list(req.prefix_response_ids) + ids
+        text = self.tokenizer.decode(response, skip_special_tokens=True)
+        return result(req, ids, logprobs, versions, reason, text)
+
+    # ------------------------------------------------------------------ control
+    def weight_version(self) -> int:
+        return self._version
+
+    def pause(self) -> None:
+        self._running.clear()
+        self.client.post("/pause_generation", {"mode": self.params.pause_mode})
+
+    def resume(self) -> None:
+        self.client.post("/continue_generation", {})
+        self._running.set()
+
+    def abort(self) -> None:
+        self._abort_epoch += 1
+        self.client.post("/abort_request", {"abort_all": True})
+
+    def health(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "url": self.url,
+            "weight_version": self._version,
+            "paused": not self._running.is_set(),
+            "in_flight": self._in_flight,
+            "model_path": self.model_path,
+        }
+        if self.server is not None and not self.server.alive():
+            return {**info, "ok": False, "error": f"{self.name} exited with code {self.server.exit_code()}"}
+        try:
+            self.client.get("/health", timeout_s=min(10.0, self.params.control_timeout_s))
+        except SGLangHTTPError as exc:
+            return {**info, "ok": False, "error": str(exc)}
+        return {**info, "ok": True}
+
+    def restart(self) -> None:
+        """Start a launched server again (after it died); the engine then serves the weights at
+        ``model_path`` as version 0 until the next weight sync."""
+        if self.server is None:
+            raise ServerError(f"{self.name}: attached by URL, so it cannot be restarted from here")
+        self.server.stop()
+        self.server.start()
+        self._version = parse_version(self.client.get("/model_info").get("weight_version"), 0)
+
+    def close(self) -> None:
+        self.client.close()
+        if self.server is not None:
+            self.server.stop()
+
+    # ------------------------------------------------------------------ weight updates
+    def begin_weight_update(self, version: int) -> None:
+        self.client.post("/begin_weight_update", {})
+
+    def end_weight_update(self, version: int) -> None:
+        self.client.post("/end_weight_update", {})
+        served = parse_version(self.client.get("/model_info").get("weight_version"), -1)
+        if served != version:
+            raise SGLangHTTPError(f"{self.name} serves weight version {served} after the update to {version}")
+        self._version = version
+
+    def update_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """One bucket through ``/update_weights_from_tensor`` (call between begin/end_weight_update)."""
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        body = {"serialized_named_tensors": [serialize_tensors(items)] * self.params.tp_size,
+                "weight_version": str(version), "flush_cache": True}  # fmt: skip
+        self.client.post("/update_weights_from_tensor", body)
+        self._version = version
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        """Load a whole HF checkpoint directory written by the trainer (``sglang_disk``)."""
+        self.client.post("/update_weights_from_disk", {"model_path": path, "weight_version": str(version), "flush_cache": True})
+        self._version = version
+
+    def init_weights_update_group(self, addr: str, port: int, rank_offset: int, world: int, group: str, backend: str) -> None:
+        body = {"master_address": addr, "master_port": port, "rank_offset": rank_offset, "world_size": world,
+                "group_name": group, "backend": backend}  # fmt: skip
+        self.client.post("/init_weights_update_group", body)
+
+    def update_weights_from_distributed(self, layout: list[tuple[str, str, list[int]]], group: str, version: int) -> None:
+        """Receive one bucket broadcast by the trainer (rank 0) over ``group``: (name, dtype, shape) each."""
+        body = {"names": [n for n, _, _ in layout], "dtypes": [d for _, d, _ in layout],
+                "shapes": [list(s) for _, _, s in layout], "group_name": group, "weight_version": str(version),
+                "flush_cache": True}  # fmt: skip
+        self.client.post("/update_weights_from_distributed", body)
+        self._version = version
+
+    def destroy_weights_update_group(self, group: str) -> None:
+        self.client.post("/destroy_weights_update_group", {"group_name": group})
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        return self.client.post("/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+
+    def flush_cache(self) -> None:
+        self.client.post("/flush_cache", {})
+

@@ -1,0 +1,56 @@
+"""``rollout.engine_params`` of the ``sglang`` engine (typed, validated by core's config loader)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PauseMode = Literal["retract", "in_place", "abort"]
+
+
+@dataclass(frozen=True)
+class SGLangEngineParams:
+    """Launch one SGLang server per engine index, or attach to running ones (``urls``).
+
+    ``python`` is the interpreter of the server's environment (SGLang pins its own torch and
+    transformers, so it cannot share Relax's venv; ``scripts/build_server_env.sh`` builds one for CPU).
+    ``pause_mode`` is what ``pause()`` does to requests in flight when ``rollout.partial_rollout`` is
+    ``in_place``: ``retract`` (back to the queue, recomputed under the new weights), ``in_place`` (kept with
+    their KV cache) or ``abort`` (ended, then resubmitted by the engine as a continuation). Either way a
+    sequence that spans a weight update reports both versions, token by token.
+    """
+
+    urls: list[str] = field(default_factory=list)  # attach: engine i uses urls[i % len(urls)]; empty: launch
+    python: str = "python"  # the server environment's interpreter (launch only)
+    device: str = "cpu"
+    dtype: str | None = None  # None: the run's model dtype
+    mem_fraction_static: float = 0.05
+    max_total_tokens: int | None = 4096
+    tp_size: int = 1
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port per engine
+    deterministic: bool = True  # --enable-deterministic-inference: the only mode that honours request seeds
+    extra_args: list[str] = field(default_factory=list)  # passed through to sglang.launch_server
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server process
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0  # one /generate call
+    control_timeout_s: float = 120.0  # health, pause, weight updates
+    max_concurrency: int = 64  # /generate calls in flight per engine
+    pause_mode: PauseMode = "retract"
+    num_cpus: float = 1.0  # reserved per engine (the server's own processes are not counted)
+
+    def validate(self) -> list[str]:
+        errors = []
+        for name in ("startup_timeout_s", "request_timeout_s", "control_timeout_s", "mem_fraction_static"):
+            if getattr(self, name) <= 0:
+                errors.append(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.max_concurrency < 1:
+            errors.append(f"max_concurrency: must be >= 1, got {self.max_concurrency}")
+        if self.tp_size < 1:
+            errors.append(f"tp_size: must be >= 1, got {self.tp_size}")
+        if self.tp_size > 1 and self.device == "cpu":
+            errors.append("tp_size: SGLang tensor parallelism needs GPUs; use tp_size 1 with device 'cpu'")
+        bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            errors.append(f"urls: must start with http:// or https://, got {bad}")
+        return errors

@@ -1,0 +1,159 @@
+"""One SGLang server as a child process: command line, start, health wait, log capture, clean stop.
+
+The server runs from its own environment (``python`` in the engine params), in its own session, so
+stopping it takes its scheduler/detokenizer children with it (no orphans) and frees its port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+from relax.sglang.params import SGLangEngineParams
+
+HEALTH_POLL_S = 0.5
+STOP_GRACE_S = 15.0
+LOG_TAIL_LINES = 30
+
+
+class ServerError(RuntimeError):
+    """An SGLang server failed to start, died, or did not answer in time (the message names it)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype: str) -> list[str]:
+    """The ``sglang.launch_server`` command line for ``params`` (pure: unit-tested)."""
+    cmd = [
+        params.python, "-m", "sglang.launch_server",
+        "--model-path", model_path,
+        "--host", params.host, "--port", str(port),
+        "--device", params.device,
+        "--dtype", params.dtype or dtype,
+        "--mem-fraction-static", str(params.mem_fraction_static),
+        "--tp-size", str(params.tp_size),
+        "--skip-server-warmup",
+    ]  # fmt: skip
+    if params.max_total_tokens is not None:
+        cmd += ["--max-total-tokens", str(params.max_total_tokens)]
+    if params.deterministic:
+        cmd += ["--enable-deterministic-inference"]
+    if params.device == "cpu":  # what runs without sgl-kernel (see server/cpu_shims)
+        cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph"]
+    return cmd + list(params.extra_args)
+
+
+def server_env(params: SGLangEngineParams) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the server's venv must not see Relax's site-packages
+    if params.device == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env.update(params.env)
+    return env
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class ServerProcess:
+    """A launched SGLang server; ``name`` (``sglang engine[i] at URL``) appears in every error."""
+
+    def __init__(self, params: SGLangEngineParams, model_path: str, dtype: str, log_path: Path, index: int = 0):
+        self.params, self.model_path, self.dtype, self.index = params, model_path, dtype, index
+        self.log_path = Path(log_path)
+        self.port = params.port + index if params.port else free_port(params.host)
+        self.url = f"http://{params.host}:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def name(self) -> str:
+        return f"sglang engine[{self.index}] at {self.url}"
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = server_command(self.params, self.model_path, self.port, self.dtype)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=server_env(self.params), start_new_session=True,
+                )  # fmt: skip
+            except FileNotFoundError as exc:
+                raise ServerError(
+                    f"{self.name}: cannot run engine_params.python {self.params.python!r} ({exc}); point it at "
+                    "the SGLang server environment (packages/relax-sglang/scripts/build_server_env.sh)"
+                ) from exc
+        self.wait_healthy(self.params.startup_timeout_s)
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerError(
+                    f"{self.name} exited with code {self.proc.returncode} while starting; log {self.log_path}:\n"
+                    + log_tail(self.log_path)
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerError(
+                    f"{self.name} was not healthy within {timeout_s:g}s; log {self.log_path}:\n" + log_tail(self.log_path)
+                )
+            time.sleep(HEALTH_POLL_S)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after a grace period; idempotent."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # start_new_session: the server leads its own process group
+        for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+            if not _group_alive(pgid):
+                break
+            time.sleep(0.5)
+        try:  # children that outlived the leader (scheduler, detokenizer)
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(STOP_GRACE_S)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False

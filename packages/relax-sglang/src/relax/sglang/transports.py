@@ -1,0 +1,175 @@
+"""Weight-sync transports into SGLang servers, registered like core's (``weight_sync.transport``).
+
+Each runs inside core's :class:`relax.core.weight_sync.Transport` frame: the trainer's process sends,
+each engine's process receives (here: turns the data into SGLang HTTP calls on its server), every call
+has a deadline naming the engine, ``begin_weight_update`` / ``end_weight_update`` bracket the update on
+every server (``/update_weights_from_tensor`` and ``/update_weights_from_distributed`` are refused
+outside it), and after ``end`` each server must report the new ``weight_version``.
+
+- ``sglang_disk``: the trainer writes a safetensors version directory (core's disk layout), every server
+  loads it with ``/update_weights_from_disk``. Servers on other nodes need ``directory`` on shared storage.
+- ``sglang_tensor``: each bucket goes to the engine's process, which hands it to its server through
+  ``/update_weights_from_tensor`` (tensors shared through /dev/shm; same node as the server).
+- ``sglang_distributed``: the trainer is rank 0 of a torch.distributed group that every server joins
+  (``/init_weights_update_group``; gloo on CPU, NCCL on GPU); per bucket the servers are told the layout
+  (``/update_weights_from_distributed``) and the trainer broadcasts each tensor.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from relax.core.weight_sync import DiskSync, InProcessSync, Receiver, WeightSyncError
+from relax.core.weight_sync.base import bucket_nbytes
+from relax.core.weight_sync.broadcast import broadcast, listen
+from relax.core.weight_sync.transport import Peers
+
+ENGINES = ("sglang",)
+
+
+class SGLangDiskReceiver(Receiver):
+    def load(self, path: str, version: int) -> None:
+        self.engine.update_weights_from_disk(path, version)
+
+
+class SGLangDiskSync(DiskSync):
+    """Trainer writes ``<directory>/v<version>``; each server loads it from disk."""
+
+    name = "sglang_disk"
+    receiver_cls = SGLangDiskReceiver
+    engines = ENGINES
+
+
+class SGLangTensorSync(InProcessSync):
+    """Each bucket to each engine's process, then into its server as shared-memory tensors."""
+
+    name = "sglang_tensor"
+    engines = ENGINES
+
+
+@dataclass(frozen=True)
+class SGLangDistributedParams:
+    """``weight_sync.params`` of ``sglang_distributed``."""
+
+    backend: Literal["gloo", "nccl"] = "gloo"
+    master_addr: str = "127.0.0.1"  # where the trainer's store listens; servers on other nodes need its IP
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def open_store(addr: str, world: int, timeout_s: float) -> tuple[Any, int]:
+    """The group's TCPStore, listening on ``addr`` only: (store, port)."""
+    import torch.distributed as dist
+
+    fd, port = listen(addr)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd), port
+
+
+def trainer_group(store: Any, world: int, name: str, backend: str, timeout_s: float) -> Any:
+    """Rank 0's side of SGLang's ``init_custom_process_group`` (the same store prefixes, so the servers'
+    ranks meet ours). Blocks until every rank joined; the servers join over HTTP meanwhile."""
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    group, _ = _new_process_group_helper(
+        world, 0, [], Backend(backend), PrefixStore(name, store), group_name=name, backend_options=None, timeout=timeout
+    )
+    _world.pg_group_ranks[group] = {i: i for i in range(world)}
+    return group
+
+
+class SGLangDistributedReceiver(Receiver):
+    def tp_size(self) -> int:
+        return int(self.engine.params.tp_size)
+
+    def join(self, addr: str, port: int, rank_offset: int, world: int, group: str, backend: str) -> None:
+        self.engine.init_weights_update_group(addr, port, rank_offset, world, group, backend)
+        self.group = group
+
+    def receive(self, layout: list[tuple[str, str, list[int]]], group: str, version: int) -> None:
+        self.engine.update_weights_from_distributed(layout, group, version)
+
+    def leave(self, group: str) -> None:
+        self.engine.destroy_weights_update_group(group)
+
+
+class SGLangDistributedSync(InProcessSync):
+    """Trainer rank 0 broadcasts each bucket to every server over a torch.distributed group."""
+
+    name = "sglang_distributed"
+    config = SGLangDistributedParams
+    receiver_cls = SGLangDistributedReceiver
+    engines = ENGINES
+
+    def __init__(self, params: Any = None, ctx: Any = None, **overrides: Any):
+        super().__init__(params, ctx, **overrides)
+        self._group: Any = None
+        self._store: Any = None
+        self._name = ""
+        self._members: tuple = ()
+        self._peers: Peers | None = None
+
+    def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
+        try:
+            self._ensure_group(peers)
+            for i, bucket in enumerate(trainer.export_weights(self.bucket_bytes)):
+                layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in bucket]
+                pending = peers.start("receive", layout, self._name, version)
+                timeout = datetime.timedelta(seconds=self.timeout_s)
+                try:
+                    for _, tensor in bucket:
+                        broadcast(self._group, tensor.detach().contiguous()).wait(timeout)
+                except Exception as exc:
+                    peers.wait(pending, f"update_weights_from_distributed(bucket {i}, version {version})")
+                    raise WeightSyncError(f"broadcast of bucket {i} (version {version}) failed: {exc}") from exc
+                peers.wait(pending, f"update_weights_from_distributed(bucket {i}, version {version})")
+                yield bucket_nbytes(bucket)
+        except BaseException:
+            self.close()  # a failed collective leaves the group unusable: rebuilt on the next sync
+            raise
+
+    def _ensure_group(self, peers: Peers) -> None:
+        members = tuple(id(e) for e in peers.engines)
+        if self._group is not None and members == self._members:
+            return
+        self.close()
+        sizes = list(peers.call("tp_size", what="tp_size").values())
+        world = 1 + sum(sizes)
+        name = f"relax-sglang-{uuid.uuid4().hex[:12]}"
+        addr = self.params.master_addr
+        store, port = open_store(addr, world, self.timeout_s)
+        offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
+        pending = peers.start_each("join", [(addr, port, off, world, name, self.params.backend) for off in offsets])
+        try:
+            group = trainer_group(store, world, name, self.params.backend, self.timeout_s)
+        except Exception as exc:
+            peers.wait(pending, "init_weights_update_group")  # names the engine that failed to join
+            raise WeightSyncError(f"the weight-update group {name} did not form: {exc}") from exc
+        peers.wait(pending, "init_weights_update_group")
+        self._group, self._store, self._name, self._members, self._peers = group, store, name, members, peers
+
+    def close(self) -> None:
+        group, peers, name = self._group, self._peers, self._name
+        self._group = self._store = self._peers = None
+        self._members, self._name = (), ""
+        if group is not None:
+            import torch.distributed as dist
+
+            try:
+                dist.destroy_process_group(group)
+            except Exception:  # noqa: BLE001 - best effort: the group object is dropped either way
+                pass
+        if peers is not None and name:
+            try:
+                peers.call("leave", name, what="destroy_weights_update_group")
+            except WeightSyncError:
+                pass  # a dead server has no group to leave

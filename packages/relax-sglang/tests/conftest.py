@@ -1,0 +1,36 @@
+"""Fixtures for relax-sglang tests: the server environment (built from nothing when missing, reused when
+present) and one shared SGLang server per session on the kit's tiny Qwen3."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax.core.testing.models import MODEL_SEED, OTHER_MODEL_SEED, tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def sglang_python(tmp_path_factory) -> str:
+    """The server venv's interpreter; a failed build fails the test with the build log's tail (no skip)."""
+    from relax.sglang.testing import ServerEnvError, server_python
+
+    try:
+        return server_python(tmp_path_factory.getbasetemp() / "sglang-server-env-build.log")
+    except ServerEnvError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> tuple[str, str]:
+    """(model, other model): the conformance kit's tiny Qwen3 pair (same paths as its fixtures)."""
+    root = tmp_path_factory.getbasetemp()
+    return tiny_model_dir(root, MODEL_SEED), tiny_model_dir(root, OTHER_MODEL_SEED)
+
+
+@pytest.fixture(scope="session")
+def sglang_engine(sglang_python, tiny_dirs, tmp_path_factory):
+    """The session's one launched server, serving the tiny model (tests restore weights they change)."""
+    from relax.sglang.testing import close_shared, shared_engine
+
+    engine = shared_engine(tiny_dirs[0], str(tmp_path_factory.getbasetemp() / "sglang-run"))
+    yield engine
+    close_shared()

@@ -1,0 +1,55 @@
+"""The pure mappings: sampling params, per-token versions, finish reasons, the server command line."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax.core.protocols import GenerationRequest, SamplingParams
+from relax.sglang.params import SGLangEngineParams
+from relax.sglang.payload import finish_reason, generate_payload, parse_output, token_versions
+from relax.sglang.server import server_command
+
+
+def test_payload_continues_the_prefix_with_the_remaining_budget():
+    req = GenerationRequest(
+        "r", [1, 2], SamplingParams(temperature=0.5, top_k=0, max_new_tokens=6, stop_token_ids=(9,), seed=4),
+        prefix_response_ids=[5, 6],
+    )  # fmt: skip
+    body = generate_payload(req, "rid", [5, 6, 7])
+    assert body["input_ids"] == [1, 2, 5, 6, 7]
+    sp = body["sampling_params"]
+    assert (sp["max_new_tokens"], sp["top_k"], sp["stop_token_ids"], sp["sampling_seed"]) == (3, -1, [9], 4)
+    assert body["return_logprob"] is True and "stop" not in sp
+
+
+def test_token_versions_follow_the_spans():
+    meta = {"weight_versions": [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]}
+    assert token_versions(meta, 5, default=0) == [3, 3, 4, 4, 4]
+    assert token_versions({"weight_version": "default"}, 2, default=7) == [7, 7]
+
+
+def test_parse_output_and_finish_reasons():
+    out = {"output_ids": [4, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
+           "output_token_logprobs": [[-0.5, 4, None], [-1.0, 2, None]], "weight_version": "1"}}  # fmt: skip
+    assert parse_output(out, 0) == ([4, 2], [-0.5, -1.0], [1, 1], "stop")
+    assert finish_reason({"finish_reason": {"type": "abort", "message": "x"}}) == "abort"
+    with pytest.raises(ValueError, match="not stop, length or abort"):
+        finish_reason({"finish_reason": None})
+    out["meta_info"]["output_token_logprobs"].pop()
+    with pytest.raises(ValueError, match="2 tokens but 1 logprobs"):
+        parse_output(out, 0)
+
+
+def test_server_command_passes_launch_settings_through():
+    params = SGLangEngineParams(python="/env/bin/python", tp_size=1, extra_args=["--chunked-prefill-size", "64"])
+    cmd = server_command(params, "/m", 30001, "float32")
+    assert cmd[:3] == ["/env/bin/python", "-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--model-path") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "30001"
+    assert cmd[cmd.index("--dtype") + 1] == "float32" and "--attention-backend" in cmd
+    assert cmd[-2:] == ["--chunked-prefill-size", "64"]
+
+
+def test_params_validation_names_the_field():
+    bad = SGLangEngineParams(tp_size=2, urls=["localhost:1"], max_concurrency=0)
+    errors = " ".join(bad.validate())
+    assert "tp_size" in errors and "urls" in errors and "max_concurrency" in errors
