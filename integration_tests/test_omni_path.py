@@ -1,15 +1,20 @@
 """The multimodal path through ``relax run`` on a tiny Qwen2.5-VL (built locally) with relax-omni's processor:
 colocate and async runs train for a few steps; in async mode every batch handed to the trainer carries, row by
 row, exactly the tensors a fresh processing of that dataset row gives, and the trainer's own logprobs of the
-trained responses equal the rollout's (so it saw the same media and M-RoPE positions)."""
+trained responses equal the rollout's (so it saw the same media and M-RoPE positions). After the run the
+engine serves exactly the trainer's weights: all of them (colocate, where the trainer hosts the engine), or,
+through the weight sync to the separate async engine, all but the frozen vision tower, which stays as loaded
+(``freeze_media_towers``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import types
 
 import numpy as np
 import pytest
+import ray
 import torch
 
 from relax.core.config import load_config
@@ -43,6 +48,26 @@ def omni_setup(tmp_path_factory):
     return model_dir, data, rows
 
 
+@pytest.fixture
+def observer(monkeypatch):
+    """At run end (driver, before teardown): what the engine serves and what the trainer exports."""
+    from relax.core import plugins
+
+    out: dict = {}
+
+    def collect(run, status):
+        state = run._state  # test-only inspection of the run's roles
+        (engine,) = state.fleet.live().values()
+        out["served"] = ray.get(engine.call.remote("state_dict"), timeout=120)
+        stream = state.roles.trainer.export_weights.options(num_returns="streaming").remote(1 << 20)
+        out["exported"] = {n: t for ref in stream for n, t in ray.get(ref, timeout=120)}
+
+    module = types.ModuleType("omni_run_observer")
+    module.relax_on_run_end = collect
+    monkeypatch.setattr(plugins, "_MANAGER", plugins.RelaxPluginManager(extra_plugins={"observer": module}))
+    return out
+
+
 def overrides(model_dir, data, run_dir, mode):
     return [
         f"model.path={model_dir}", f"data.path={data}", "data.prompt_key=messages", "data.processor=qwen2_5_vl",
@@ -69,7 +94,8 @@ def fresh(rows, model_dir):
 
 
 @pytest.mark.parametrize("mode", ["colocate", "async"])
-def test_media_run_trains_and_reaches_the_trainer_intact(ray_session, omni_setup, tmp_path, monkeypatch, mode):
+def test_media_run_trains_and_reaches_the_trainer_intact(ray_session, omni_setup, tmp_path, monkeypatch, observer,
+                                                        mode):
     model_dir, data, rows = omni_setup
     import relax.core.controller.modes as modes
 
@@ -83,12 +109,24 @@ def test_media_run_trains_and_reaches_the_trainer_intact(ray_session, omni_setup
 
     monkeypatch.setattr(modes, "collate", recording_collate)
     run_dir = tmp_path / mode
-    summary = run(load_config(None, overrides(model_dir, data, run_dir, mode)))
+    frozen = mode == "async"  # colocate trains and serves every weight; async keeps the vision tower as loaded
+    extra = ["trainer.backend_params.freeze_media_towers=true"] if frozen else []
+    summary = run(load_config(None, [*overrides(model_dir, data, run_dir, mode), *extra]))
     assert summary["steps"] == 2
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["policy_version"] for m in metrics] == [1, 2]
     assert all(math.isfinite(m["train/loss"]) and m["train/grad_norm"] > 0 for m in metrics)
     assert all(m["rollout/train_logprob_abs_diff"] < 1e-4 for m in metrics), [m["rollout/train_logprob_abs_diff"] for m in metrics]
+    served, exported = observer["served"], observer["exported"]
+    towers = {n for n in served if n.startswith("model.visual.")}
+    assert towers and set(served) - set(exported) == (towers if frozen else set())
+    assert all(torch.equal(served[n], t) for n, t in exported.items())
+    from relax.core.multimodal_model import load_model
+
+    initial = load_model(model_dir, "float32").state_dict()
+    assert any(not torch.equal(initial[n], t) for n, t in exported.items()), "training moved no weight"
+    tower_moved = any(not torch.equal(initial[n], served[n]) for n in towers)
+    assert tower_moved != frozen, "the vision tower must train and sync unless frozen"
     if mode == "async":
         want = fresh(rows, model_dir)
         assert len(seen) == 2 * 4
