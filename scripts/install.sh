@@ -7,6 +7,17 @@ cd "$(dirname "$0")/.."
 if ! command -v uv >/dev/null 2>&1; then
   python3 -m pip install --quiet "uv==0.13.9"
 fi
+# ffmpeg: relax-omni's audio-in-video (qwen-omni-utils reads a video's soundtrack through it). Installed with
+# apt-get when missing and root is available; otherwise a note (only use_audio_in_video needs it).
+if ! command -v ffmpeg >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get install -y -qq ffmpeg >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 &&
+      apt-get install -y -qq ffmpeg >/dev/null 2>&1; }) ||
+      echo "install: could not apt-get ffmpeg; relax-omni's use_audio_in_video will be unavailable" >&2
+  else
+    echo "install: no ffmpeg (needs root + apt-get); relax-omni's use_audio_in_video will be unavailable" >&2
+  fi
+fi
 export UV_COMPILE_BYTECODE=1
 if compgen -G "/opt/wheels/torch-2.13.0+cpu-*.whl" >/dev/null; then
   uv sync --frozen "$@"
