@@ -104,3 +104,18 @@ class TestFactory(TinyModelFixtures):
             megatron_trainer(MegatronParams(pipeline_parallel=2), self.context(model_dir))
         with pytest.raises(ValueError, match="world_size=1 != tensor_parallel=2"):  # a TP=2 rank needs its group
             megatron_trainer(MegatronParams(tensor_parallel=2), self.context(model_dir))
+
+
+class TestNonFinite(TinyModelFixtures):
+    def test_a_nan_update_raises_or_is_skipped(self, megatron_world, model_dir, tokenizer):
+        from relax.core.trainers.torch_trainer import NonFiniteError
+
+        batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
+        batch["advantages"] = torch.full_like(batch["advantages"], float("nan"))
+        with pytest.raises(NonFiniteError, match="train step 1: non-finite loss.*skip_nonfinite=true"):
+            megatron_trainer(model_dir).train_step(batch)
+        trainer = megatron_trainer(model_dir, skip_nonfinite=True)
+        before = {n: t.clone() for n, t in exported(trainer).items()}
+        assert trainer.train_step(batch)["skipped_nonfinite"] == 1.0
+        for name, tensor in exported(trainer).items():
+            assert torch.equal(tensor, before[name]), name  # the update was dropped

@@ -56,6 +56,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
         **train_kwargs(ctx),
         trainable=spec.trainable,
+        skip_nonfinite=spec.optim.skip_nonfinite,
         # frozen roles (reference, teacher) are one process: the whole model at TP=1
         tensor_parallel=params.tensor_parallel if spec.trainable else 1,
         pipeline_parallel=params.pipeline_parallel,

@@ -75,6 +75,7 @@ class MegatronTrainer:
         temperature: float = 1.0,
         seed: int = 0,
         trainable: bool = True,
+        skip_nonfinite: bool = False,
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
         rank: int = 0,
@@ -114,6 +115,7 @@ class MegatronTrainer:
         self.lr_schedule, self.min_lr_ratio = lr_schedule, min_lr_ratio
         self.micro_batch_size, self.num_minibatches = micro_batch_size, num_minibatches
         self.loss_agg_mode, self.temperature = loss_agg_mode, temperature
+        self.skip_nonfinite = skip_nonfinite  # False: a NaN/inf loss or gradient raises NonFiniteError
         self.optimizer = (
             torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
             if trainable
@@ -169,7 +171,7 @@ class MegatronTrainer:
             group["lr"] = lr
         records = [self._optimizer_step(mini) for mini in split_rows(batch, size)]
         self.step += 1
-        metrics = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
+        metrics = {k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records)) for k in records[0]}
         return {**metrics, "lr": lr}
 
     def _optimizer_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -205,17 +207,28 @@ class MegatronTrainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
         grad_norm = self._clip_grad_norm(params, max_norm)
-        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
-            raise FloatingPointError(f"train step {self.step + 1}: non-finite loss {loss_sum} or grad_norm "
-                                     f"{grad_norm}; the update was not applied. Lower trainer.lr")  # fmt: skip
-        self.optimizer.step()
+        skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))  # the same on every TP rank
+        if skipped:  # a NaN/inf update would destroy the weights: drop it, or stop the run
+            self._nonfinite(f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} "
+                            f"(loss {loss_sum}, grad_norm {grad_norm}); the update was not applied")  # fmt: skip
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
         denom = max(tokens, 1.0)
         return {
             **{k: v if k.endswith("loss") else v / denom for k, v in obj_sums.items()},
             "loss": loss_sum,
             "grad_norm": grad_norm,
             "entropy": entropy_sum / denom,
+            "skipped_nonfinite": float(skipped),
         }
+
+    def _nonfinite(self, what: str) -> None:
+        from relax.core.trainers.torch_trainer import NonFiniteError
+
+        if not self.skip_nonfinite:
+            raise NonFiniteError(f"train step {self.step + 1}: {what}. Lower trainer.lr or check rewards and "
+                                 "advantages; trainer.skip_nonfinite=true skips such updates instead of stopping")  # fmt: skip
 
     def _sum_qk_norm_grads(self) -> None:
         """Qwen3's q/k norms are replicated but each TP rank applies them to its own heads: their gradient
