@@ -17,6 +17,8 @@ WeightSyncConformance           ``make_transport(timeout_s, bucket_bytes)`` [``m
 RewardConformance               ``make_reward()`` [``samples``, ``expected_scores``, ``slow_sample``]
 QueueConformance                ``make_queue(capacity, consumers, lease_timeout_s)`` [``close_queue``]
 ProcessorConformance            ``make_processor(model_dir)`` [``conversations``, ``expected_prompt``]
+MultimodalProcessorConformance  ``family`` and ``make_processor(model_dir)`` [``audio_ref``]; tiny VL / Omni
+                                models from ``multimodal_models.tiny_multimodal_dir(root, family)``
 ==============================  ==========================================================
 
 Example (a third-party engine package's ``tests/test_conformance.py``)::
@@ -42,6 +44,8 @@ that start Ray actors need Ray initialised first (a session fixture in your ``co
 
 from relax.core.testing.engine import EngineFixtures, RolloutEngineConformance, check_result
 from relax.core.testing.models import TinyModelFixtures, eos_token_ids, load_hf_weights, tiny_model_dir
+from relax.core.testing.multimodal import MultimodalProcessorConformance
+from relax.core.testing.multimodal_models import tiny_multimodal_dir
 from relax.core.testing.processor import ProcessorConformance
 from relax.core.testing.queue import QueueConformance
 from relax.core.testing.reward import RewardConformance
@@ -58,6 +62,7 @@ from relax.core.testing.transport import WeightSyncConformance
 __all__ = [
     "EngineFixtures",
     "LogprobAgreementConformance",
+    "MultimodalProcessorConformance",
     "ProcessorConformance",
     "QueueConformance",
     "RewardConformance",
@@ -72,5 +77,6 @@ __all__ = [
     "make_batch",
     "make_samples",
     "tiny_model_dir",
+    "tiny_multimodal_dir",
     "torch_trainer",
 ]
