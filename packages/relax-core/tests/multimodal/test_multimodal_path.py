@@ -8,6 +8,8 @@ sides), one train step changes the weights, and after a weight sync the engine s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -145,6 +147,8 @@ def test_text_only_requests_on_a_multimodal_model_use_the_kv_path(family, tmp_pa
     requests = [GenerationRequest(str(i), p, SamplingParams(max_new_tokens=MAX_NEW, seed=i)) for i, p in enumerate(prompts)]
     results = run_async(engine.generate(requests), 60)
     assert engine.stats["prefill_rows"] == 2  # went through the batcher, not the media path
+    mixed = run_async(engine.generate([requests[0], replace(requests[1], request_id="m", media={})]), 60)
+    assert mixed[0].response_ids == results[0].response_ids  # a call mixing both paths: same tokens
     samples = [Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids)
                for i, (p, r) in enumerate(zip(prompts, results, strict=True))]
     assert_parity(torch_trainer(model_dir), collate(samples, engine.pad_token_id), results)

@@ -31,7 +31,7 @@ async def generate_with_media(engine: Any, rows: list[Any], epoch: int) -> None:
         groups.setdefault((id(media[i]), tuple(r.context)), []).append(i)
     for index in groups.values():
         live = [rows[i] for i in index if not rows[i].finish]
-        inputs = {k: v.to(engine.device) for k, v in media[index[0]].items()}
+        inputs = {k: v.to(engine.device) for k, v in (media[index[0]] or {}).items()}  # None: text-only row
         while live:
             if engine._abort_epoch != epoch:
                 for r in live:
