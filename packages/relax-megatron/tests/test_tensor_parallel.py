@@ -68,6 +68,8 @@ def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
     ref, batch = torch_reference
     got = tp2["train"]
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
+    for mine, want in zip(got["sum_pi_squared"], ref.forward_logprobs_and_sum_pi_squared(batch), strict=True):
+        torch.testing.assert_close(mine, want, atol=1e-5, rtol=0)  # vocab-parallel sum of pi^2 too
     metrics = ref.train_step(batch)
     for key in ("loss", "entropy", "grad_norm"):
         assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key

@@ -59,9 +59,10 @@ def train_check(args: argparse.Namespace, batch: dict) -> dict:
         tensor_parallel=args.world, rank=args.rank, world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
     before = trainer.forward_logprobs(batch)
+    sum_pi_squared = trainer.forward_logprobs_and_sum_pi_squared(batch)
     metrics = trainer.train_step(batch)
     weights = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
-    out = {"logprobs": before, "metrics": metrics, "weights": weights}
+    out = {"logprobs": before, "sum_pi_squared": sum_pi_squared, "metrics": metrics, "weights": weights}
     if args.ckpt:
         trainer.save(args.ckpt)
         out["logprobs_after"] = trainer.forward_logprobs(batch)

@@ -162,11 +162,12 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     return shards
 
 
-def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> dict[str, Tensor]:
+def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, partial: bool = False) -> dict[str, Tensor]:
     """Megatron state dicts of every TP rank (in rank order; Qwen3-MoE: of every EP rank) -> the HF
     Qwen3 state dict.
 
-    Tied embeddings give no ``lm_head.weight`` (as ``save_pretrained`` writes them).
+    Tied embeddings give no ``lm_head.weight`` (as ``save_pretrained`` writes them). ``partial``: the
+    shards hold some units only (e.g. one layer, see :func:`export_units`); convert those.
     """
     d = Dims.from_hf(hf_config)
     tp = 1 if d.experts else len(shards)  # MoE shards are EP ranks: non-expert weights are whole on each
@@ -180,9 +181,16 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> di
     def one(name: str) -> Tensor:
         return shards[0][name].clone()
 
-    hf: dict[str, Tensor] = {"model.embed_tokens.weight": cat("embedding.word_embeddings.weight", 0)}
+    def has(name: str) -> bool:
+        return not partial or name in shards[0]
+
+    hf: dict[str, Tensor] = {}
+    if has("embedding.word_embeddings.weight"):
+        hf["model.embed_tokens.weight"] = cat("embedding.word_embeddings.weight", 0)
     for i in range(d.num_layers):
         h, m = _layer_names(i)
+        if not has(m + "input_layernorm.weight"):
+            continue
         q, k, v = split_qkv(cat(m + "self_attention.linear_qkv.weight", 0), d)
         hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"] = q, k, v
         hf[h + "self_attn.o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", 1)
@@ -199,10 +207,27 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> di
         hf[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves], 0)
         hf[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in halves], 0)
         hf[h + "mlp.down_proj.weight"] = cat(m + "mlp.linear_fc2.weight", 1)
-    hf["model.norm.weight"] = one("decoder.final_layernorm.weight")
-    if not d.tied:
+    if has("decoder.final_layernorm.weight"):
+        hf["model.norm.weight"] = one("decoder.final_layernorm.weight")
+    if not d.tied and has("output_layer.weight"):
         hf["lm_head.weight"] = cat("output_layer.weight", 0)
     return hf
+
+
+def export_units(names: Sequence[str]) -> list[list[str]]:
+    """Megatron weight names grouped into what :func:`megatron_to_hf` can convert on its own (one
+    decoder layer, or one top-level weight), in model order: an export gathers and converts one unit
+    at a time, never the whole model."""
+    units: list[list[str]] = []
+    key = None
+    for name in names:
+        i = _layer_index(name)
+        this = ("layer", i) if i is not None else ("top", name)
+        if this != key:
+            units.append([])
+            key = this
+        units[-1].append(name)
+    return units
 
 
 def read_hf_checkpoint(model_dir: str) -> dict[str, Tensor]:

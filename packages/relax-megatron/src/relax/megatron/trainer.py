@@ -124,8 +124,9 @@ class MegatronTrainer:
         self.step = 0
 
     # ------------------------------------------------------------------ forward
-    def _response_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, R) logprobs and entropies of the response tokens (positions P-1 .. P+R-2 predict them)."""
+    def _response_scores(self, batch: dict[str, torch.Tensor], score: Callable = logprobs_and_entropy) -> tuple:
+        """``score`` (vocab-parallel) of the response tokens: (B, R) logprobs and entropies by default.
+        Positions P-1 .. P+R-2 predict them; logits are temperature-scaled; each rank holds its slice."""
         resp = batch["responses"]
         prompt_len = batch["input_ids"].shape[1] - resp.shape[1]
         logits = self.model(batch["input_ids"], batch["position_ids"], attention_mask(batch["attention_mask"]))
@@ -133,18 +134,31 @@ class MegatronTrainer:
         if self.temperature != 1.0:
             logits = logits / self.temperature
         vocab_start = self.tp_rank * logits.shape[-1]
-        return logprobs_and_entropy(logits, resp, vocab_start, self.tp_group if self.tp > 1 else None)
+        return score(logits, resp, vocab_start, self.tp_group if self.tp > 1 else None)
+
+    def _masked_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
+        """The first ``count`` outputs of ``score`` over the whole batch (micro-batched, no grad), 0 where masked."""
+        from relax.core.trainers.critic import split_rows
+
+        out: list[list[torch.Tensor]] = [[] for _ in range(count)]
+        with torch.no_grad():
+            for sub in split_rows(batch, self.micro_batch_size):
+                keep = sub["response_mask"] > 0
+                for i, t in enumerate(self._response_scores(sub, score)[:count]):
+                    out[i].append(torch.where(keep, t, torch.zeros_like(t)))
+        return [torch.cat(parts) for parts in out]
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0."""
-        from relax.core.trainers.critic import split_rows
+        return self._masked_scores(batch, logprobs_and_entropy, 1)[0]
 
-        out = []
-        with torch.no_grad():
-            for sub in split_rows(batch, self.micro_batch_size):
-                lp, _ = self._response_scores(sub)
-                out.append(torch.where(sub["response_mask"] > 0, lp, torch.zeros_like(lp)))
-        return torch.cat(out)
+    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_logprobs`` and, from the same forward, the (B, R) ``sum_v pi(v)^2`` of the policy at
+        ``temperature`` (optimal token baselines), vocab-parallel; both 0 where masked."""
+        from relax.megatron.logprobs import logprobs_and_sum_pi_squared
+
+        logprobs, sum_sq = self._masked_scores(batch, logprobs_and_sum_pi_squared, 2)
+        return logprobs, sum_sq
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         raise RuntimeError("the megatron trainer has no critic yet: use trainer.backend: torch with algorithm.critic")
@@ -258,17 +272,19 @@ class MegatronTrainer:
         return norm
 
     # ------------------------------------------------------------------ weights
-    def _tp_shards(self) -> list[dict[str, torch.Tensor]]:
-        """Every TP rank's megatron weights, in rank order (TP=1: this rank's, as live detached views)."""
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
+        """HF-named, TP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings once),
+        streamed: one decoder layer (or top-level weight) is gathered and converted at a time."""
         from relax.megatron.parallel import gather_tp_shards
 
-        local = {n: t.detach() for n, t in convert.weights_only(self.model.state_dict()).items()}
-        return gather_tp_shards(local, self.tp, self.tp_group)
+        local = convert.weights_only(self.model.state_dict())
 
-    def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
-        """HF-named, TP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings once)."""
-        hf = convert.megatron_to_hf(self._tp_shards(), self.hf_config)
-        yield from buckets(iter(hf.items()), bucket_bytes)
+        def named() -> Iterator[tuple[str, torch.Tensor]]:
+            for unit in convert.export_units(list(local)):
+                shards = gather_tp_shards({n: local[n].detach() for n in unit}, self.tp, self.tp_group)
+                yield from convert.megatron_to_hf(shards, self.hf_config, partial=True).items()
+
+        yield from buckets(named(), bucket_bytes)
 
     def save_hf(self, directory: str) -> None:
         """An HF directory (config, tokenizer, safetensors) that plain transformers loads. Collective
