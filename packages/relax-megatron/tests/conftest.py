@@ -50,15 +50,17 @@ def tiny_qwen3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3_moe(tmp_path_factory):
+def tiny_qwen3_moe(tmp_path_factory, tiny_qwen3):
     """(model_dir, HF config, HF state dict) of a seeded tiny Qwen3-MoE (4 experts, top 2, renormalised
-    as in the released Qwen3-MoE configs), saved as transformers writes it (one tensor per expert)."""
+    as in the released Qwen3-MoE configs) with the tiny Qwen3's tokenizer, saved as transformers writes
+    it (one tensor per expert)."""
     import torch
-    from transformers import AutoConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import AutoConfig, AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from relax.core.testing.models import load_hf_weights
 
-    config = Qwen3MoeConfig(
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3[0])
+    config = Qwen3MoeConfig(pad_token_id=tokenizer.pad_token_id,
         vocab_size=24, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
         norm_topk_prob=True, initializer_range=0.3, tie_word_embeddings=True,
@@ -67,6 +69,7 @@ def tiny_qwen3_moe(tmp_path_factory):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         Qwen3MoeForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
     return str(model_dir), AutoConfig.from_pretrained(model_dir), load_hf_weights(str(model_dir))
 
 

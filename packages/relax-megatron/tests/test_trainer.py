@@ -119,3 +119,30 @@ class TestNonFinite(TinyModelFixtures):
         assert trainer.train_step(batch)["skipped_nonfinite"] == 1.0
         for name, tensor in exported(trainer).items():
             assert torch.equal(tensor, before[name]), name  # the update was dropped
+
+
+def test_a_moe_step_matches_the_torch_trainer(megatron_world, tiny_qwen3_moe):
+    """Qwen3-MoE (TP=1, EP=1): the same logprobs, loss, grad norm and updated weights as core's torch
+    trainer on transformers' Qwen3-MoE (whose experts are fused tensors in memory; the export is per expert,
+    as checkpoints and SGLang name them)."""
+    from transformers import AutoTokenizer
+
+    model_dir, config, _ = tiny_qwen3_moe
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
+    ref, meg = torch_trainer(model_dir, **TRAINER_KW, eps=1e-4), megatron_trainer(model_dir, eps=1e-4)
+    old = ref.forward_logprobs(batch)
+    torch.testing.assert_close(meg.forward_logprobs(batch), old, atol=1e-5, rtol=0)
+    m_ref, m_meg = ref.train_step({**batch, "old_logprobs": old}), meg.train_step({**batch, "old_logprobs": old})
+    for key in ("loss", "entropy", "grad_norm"):
+        assert m_meg[key] == pytest.approx(m_ref[key], abs=1e-5), key
+    want, got = exported(ref), exported(meg)
+    for i in range(config.num_hidden_layers):
+        e = f"model.layers.{i}.mlp.experts."
+        fused = {e + "gate_up_proj": torch.stack([torch.cat([got.pop(f"{e}{j}.gate_proj.weight"),
+                                                             got.pop(f"{e}{j}.up_proj.weight")]) for j in range(4)]),
+                 e + "down_proj": torch.stack([got.pop(f"{e}{j}.down_proj.weight") for j in range(4)])}  # fmt: skip
+        got.update(fused)
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
