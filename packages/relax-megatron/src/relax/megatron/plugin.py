@@ -14,7 +14,7 @@ class MegatronParams:
 
     tensor_parallel: int = 1  # TP ranks: one rank actor each (a worker group), gloo on CPU
     pipeline_parallel: int = 1  # PP stages (this release: 1 through the controller)
-    expert_parallel: int = 1  # MoE expert-parallel ranks (this release: 1; dense Qwen3 only)
+    expert_parallel: int = 1  # MoE expert-parallel ranks (through the controller: 1; Qwen3-MoE trains at EP=1)
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
     sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
     num_cpus: float = 1.0  # reserved per rank
