@@ -85,3 +85,14 @@ def test_group_shares_one_processing_and_bad_media_is_skipped(data_file, model_d
     assert inputs["image_grid_thw"].shape == (1, 3)
     batch = collate([s for g in groups for s in g], pad_id=0)
     assert batch["mm.pixel_values"].shape[0] == 2 * G and batch["mm.image_grid_thw.shape"][:, 0].tolist() == [1] * 8
+
+
+def test_every_row_bad_fails_instead_of_drawing_forever(tmp_path, model_dir):
+    rows = [{"messages": [{"role": "user", "content": [{"type": "image", "image": str(tmp_path / f"gone{i}.png")}]}],
+             "label": "1"} for i in range(2)]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts, processor = source(path, model_dir, "skip")
+    with pytest.raises(MediaError, match="bad media in too many rows in a row"):
+        prompts.draw(0)
+    assert prompts.dataset.stats["skipped_media"] == 200 and processor.calls == 200

@@ -133,7 +133,8 @@ def process_drawn(
             if on_error != "skip":
                 raise
             stats["skipped_media"] = stats.get("skipped_media", 0) + 1
-            log.warning("data: skipped prompt %s: %s", item.uid, e)
+            if stats["skipped_media"] <= 5:  # later skips are only counted
+                log.warning("data: skipped prompt (bad media; further ones only counted after 5): %s", e)
             budget -= 1
             if budget <= 0:
                 raise MediaError(item.uid, "every drawn prompt", "bad media in too many rows in a row") from e
