@@ -44,12 +44,13 @@ def resolve(ref: Any) -> dict[str, torch.Tensor]:
 
 def resolve_all(refs: Sequence[Any]) -> list[dict[str, torch.Tensor] | None]:
     """``resolve`` for a list, fetching each distinct reference once (a group shares one)."""
-    seen: dict[int, Any] = {}
+    seen: dict[Any, Any] = {}
     out = []
     for ref in refs:
-        if id(ref) not in seen:
-            seen[id(ref)] = resolve(ref)
-        out.append(seen[id(ref)])
+        key = ref.hex() if hasattr(ref, "hex") and not isinstance(ref, dict) else id(ref)  # ObjectRef: by id
+        if key not in seen:
+            seen[key] = resolve(ref)
+        out.append(seen[key])
     return out
 
 
