@@ -3,9 +3,12 @@
 ``relax run`` spends most of its first seconds waiting: for Ray's daemons, then for the role
 actors to import torch and load their models. The driver's share (quick-start model on first use,
 tokenizer, dataset) needs no Ray, so :class:`BackgroundSetup` runs it in a thread while
-``ray.init`` waits. :class:`StartupClock` records named phases from the process launch and prints
-one line before the first step, e.g. ``relax: first step 9.8 s after launch: python + imports
-2.1 | ray 4.3 | model, tokenizer, data 1.2 (alongside) | setup beyond ray 0.0 | roles 3.1 | ready 0.1``.
+``ray.init`` waits; ``relax run`` goes further with :class:`EarlyStart`: Ray and then the role
+actors start in a thread as soon as the config is loaded. :class:`StartupClock` records named
+phases from the process launch and prints one line before the first step, e.g. ``relax: first
+step 9.8 s after launch: python + imports 2.1 | ray 4.3 | model, tokenizer, data 1.2 (alongside) |
+setup beyond ray 0.0 | roles 3.1 | ready 0.1`` (with an early start, ray and roles show as
+"(alongside)" plus the driver's "waiting for ..." time).
 """
 
 from __future__ import annotations
