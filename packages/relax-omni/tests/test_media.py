@@ -122,3 +122,12 @@ def test_budget_validation_names_the_fields():
     assert errors == ["min_pixels (10) must be <= max_pixels (5)", "fps must be > 0, got 0",
                       "max_frames must be >= 2 (Qwen groups frames in pairs), got 1",
                       "max_audio_seconds must be > 0, got -1"]
+
+
+def test_video_from_a_data_url_equals_the_file(media):
+    import torch
+
+    path = media / "dot.mp4"
+    frames = [load_media(row({"type": "video", "video": ref}), [], BUDGET, "t:1").videos[0]
+              for ref in (str(path), data_url(path, "video/mp4"))]
+    assert frames[0].shape[0] == 4 and torch.equal(frames[0], frames[1])

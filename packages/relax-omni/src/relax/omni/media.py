@@ -176,7 +176,8 @@ def _load_item(loaded: LoadedMedia, kind: str, ref: Any, budget: MediaBudget, pa
         _check_seconds(track, budget, err, "audio")
         loaded.audios.append(track)
     else:
-        path, tmp = (source, None) if isinstance(source, Path) else _spill(source)
+        tmp = None if isinstance(source, Path) else _spill(source)
+        path = source if tmp is None else tmp
         try:
             ele = {"video": str(path), "fps": budget.fps, "max_frames": budget.max_frames,
                    "min_pixels": budget.video_min_pixels, "max_pixels": budget.video_max_pixels}
@@ -260,9 +261,9 @@ def _check_seconds(track, budget: MediaBudget, err, what: str) -> None:
         raise err(f"over budget: {seconds:.1f} s of {what} > max_audio_seconds={budget.max_audio_seconds}")
 
 
-def _spill(data: bytes) -> tuple[Path, str]:
+def _spill(data: bytes) -> Path:
     """Video decoders want a file: a data URL's bytes go to a temporary one, removed after decoding."""
     fd, name = tempfile.mkstemp(suffix=".media")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    return Path(name), name
+    return Path(name)

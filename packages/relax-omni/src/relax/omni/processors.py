@@ -40,9 +40,6 @@ class OmniProcessorParams(MediaBudget):
 
     add_generation_prompt: bool = True  # end the prompt with the assistant turn's opening tokens
 
-    def validate(self) -> list[str]:
-        return MediaBudget.validate(self)
-
 
 class QwenOmniProcessor:
     multimodal = True
