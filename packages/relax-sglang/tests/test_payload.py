@@ -53,3 +53,11 @@ def test_params_validation_names_the_field():
     bad = SGLangEngineParams(tp_size=2, urls=["localhost:1"], max_concurrency=0)
     errors = " ".join(bad.validate())
     assert "tp_size" in errors and "urls" in errors and "max_concurrency" in errors
+
+
+def test_stop_ids_cut_the_response_even_with_ignore_eos():
+    from relax.sglang.payload import cut_at_stop_ids
+
+    params = SamplingParams(ignore_eos=True, stop_token_ids=(5,))
+    assert cut_at_stop_ids(params, [7, 5, 5, 9], [-1.0] * 4, [0] * 4, "length") == ([7, 5], [-1.0] * 2, [0] * 2, "stop")
+    assert cut_at_stop_ids(params, [7, 9], [-1.0] * 2, [0] * 2, "length")[3] == "length"

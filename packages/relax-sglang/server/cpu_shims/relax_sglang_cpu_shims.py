@@ -81,16 +81,14 @@ class _AfterImport(MetaPathFinder):
     """Runs a patch right after one of the ``_AFTER_IMPORT`` modules has executed."""
 
     def find_spec(self, fullname, path=None, target=None):
-        patch = _AFTER_IMPORT.get(fullname)
+        patch = _AFTER_IMPORT.pop(fullname, None)  # once: the regular finders below must not come back here
         if patch is None:
             return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-        else:
-            return None
+        from importlib.util import find_spec
+
+        spec = find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
         run = spec.loader.exec_module
 
         def exec_module(module):
@@ -104,4 +102,5 @@ class _AfterImport(MetaPathFinder):
 def install() -> None:
     if "torchvision" not in sys.modules:
         sys.meta_path.insert(0, _BeforeTorchvision())
-    sys.meta_path.insert(0, _AfterImport())
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())

@@ -3,6 +3,11 @@
 SGLang imports ``sgl_kernel`` (and a few submodules) at module level; on the CPU path
 (``SGLANG_USE_CPU_ENGINE=1``, torch-native backends) no function of it is called. Any attribute or submodule
 resolves to a callable that raises NotImplementedError naming what was needed.
+
+One real op is provided: ``torch.ops.sgl_kernel.murmur_hash32_cpu``, which SGLang's seeded sampler
+(``multinomial_with_seed``, used when a request carries ``sampling_seed``) calls on CPU. It is a pure-torch
+port of SGLang's own Triton ``murmur_hash32_kernel`` (sglang/kernels/ops/sampling/murmur_hash.py): the same
+MurmurHash3 mixing of (seed low, seed high, position, column), so samples depend only on seed and position.
 """
 
 from __future__ import annotations
@@ -59,3 +64,56 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.append(_SubmoduleFinder())
+
+_M32 = 0xFFFFFFFF
+
+
+def _rotl32(x, r: int):
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _mix(h, k):
+    k = (k * 0xCC9E2D51) & _M32  # int64 products wrap mod 2**64; their low 32 bits are exact
+    k = _rotl32(k, 15)
+    k = (k * 0x1B873593) & _M32
+    h = _rotl32(h ^ k, 13)
+    return (h * 5 + 0xE6546B64) & _M32
+
+
+def _fmix(h):
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _murmur_hash32_cpu(seed, positions, col_indices):
+    import torch
+
+    seed = seed.to(torch.int64)[:, None]
+    pos = (positions.to(torch.int64) & _M32)[:, None]
+    col = (col_indices.to(torch.int64) & _M32)[None, :]
+    h = _mix(torch.zeros_like(seed), seed & _M32)
+    h = _mix(h, (seed >> 32) & _M32)
+    h = _mix(h, pos)
+    h = _mix(h.expand(-1, col.shape[1]), col)
+    return _fmix(h ^ 16)
+
+
+def _murmur_hash32_meta(seed, positions, col_indices):
+    return seed.new_empty((seed.shape[0], col_indices.shape[0]), dtype=__import__("torch").int64)
+
+
+def _register_murmur_hash32_cpu() -> None:
+    import torch
+
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    lib.define("murmur_hash32_cpu(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor")
+    lib.impl("murmur_hash32_cpu", _murmur_hash32_cpu, "CPU")
+    lib.impl("murmur_hash32_cpu", _murmur_hash32_meta, "Meta")
+    _LIBRARIES.append(lib)  # the op lives as long as the Library object
+
+
+_LIBRARIES: list = []
+_register_murmur_hash32_cpu()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import threading
 import uuid
@@ -31,7 +32,7 @@ import torch
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.sglang.client import SGLangClient, SGLangHTTPError
 from relax.sglang.params import SGLangEngineParams
-from relax.sglang.payload import generate_payload, parse_output, parse_version, result
+from relax.sglang.payload import cut_at_stop_ids, generate_payload, parse_output, parse_version, result
 from relax.sglang.server import ServerError, ServerProcess
 
 _GATE_POLL_S = 0.01
@@ -65,6 +66,10 @@ class SGLangEngine:
     ) -> None:
         from transformers import AutoTokenizer
 
+        if params.python == "auto" and not params.urls:
+            from relax.sglang.server_env import server_python
+
+            params = dataclasses.replace(params, python=server_python(Path(run_dir) / "logs" / "sglang-server-env-build.log"))
         self.params, self.model_path, self.index = params, model_path, index
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
         self.server: ServerProcess | None = None
@@ -119,7 +124,7 @@ class SGLangEngine:
             rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"
             out = await self.client.generate(generate_payload(req, rid, done))
             got, lps, vers, reason = parse_output(out, self._version)
-            ids, logprobs, versions = ids + got, logprobs + lps, versions + vers
+            ids, logprobs, versions, reason = cut_at_stop_ids(req.params, ids + got, logprobs + lps, versions + vers, reason)
             # aborted by a pause (pause_mode "abort"), not by abort(): continue from the tokens so far
             if reason != "abort" or self._abort_epoch != epoch:
                 break
@@ -175,7 +180,13 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ weight updates
     def begin_weight_update(self, version: int) -> None:
-        self.client.post("/begin_weight_update", {})
+        try:
+            self.client.post("/begin_weight_update", {})
+        except SGLangHTTPError as exc:  # an earlier update failed between begin and end: close it first
+            if "already open" not in str(exc):
+                raise
+            self.client.post("/end_weight_update", {})
+            self.client.post("/begin_weight_update", {})
 
     def end_weight_update(self, version: int) -> None:
         self.client.post("/end_weight_update", {})
@@ -190,13 +201,14 @@ class SGLangEngine:
         """One bucket through ``/update_weights_from_tensor`` (call between begin/end_weight_update)."""
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         body = {"serialized_named_tensors": [serialize_tensors(items)] * self.params.tp_size,
-                "weight_version": str(version), "flush_cache": True}  # fmt: skip
+                "weight_version": str(version), "flush_cache": self._may_flush()}  # fmt: skip
         self.client.post("/update_weights_from_tensor", body)
         self._version = version
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         """Load a whole HF checkpoint directory written by the trainer (``sglang_disk``)."""
-        self.client.post("/update_weights_from_disk", {"model_path": path, "weight_version": str(version), "flush_cache": True})
+        body = {"model_path": path, "weight_version": str(version), "flush_cache": self._may_flush()}
+        self.client.post("/update_weights_from_disk", body)
         self._version = version
 
     def init_weights_update_group(self, addr: str, port: int, rank_offset: int, world: int, group: str, backend: str) -> None:
@@ -208,9 +220,14 @@ class SGLangEngine:
         """Receive one bucket broadcast by the trainer (rank 0) over ``group``: (name, dtype, shape) each."""
         body = {"names": [n for n, _, _ in layout], "dtypes": [d for _, d, _ in layout],
                 "shapes": [list(s) for _, _, s in layout], "group_name": group, "weight_version": str(version),
-                "flush_cache": True}  # fmt: skip
+                "flush_cache": self._may_flush()}  # fmt: skip
         self.client.post("/update_weights_from_distributed", body)
         self._version = version
+
+    def _may_flush(self) -> bool:
+        """Requests paused ``in_place`` keep their (old-weights) KV cache by definition, and SGLang refuses
+        to flush while they exist: flush the prefix cache on every update except then."""
+        return self._running.is_set() or self.params.pause_mode != "in_place"
 
     def destroy_weights_update_group(self, group: str) -> None:
         self.client.post("/destroy_weights_update_group", {"group_name": group})

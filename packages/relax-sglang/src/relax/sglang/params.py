@@ -21,10 +21,10 @@ class SGLangEngineParams:
     """
 
     urls: list[str] = field(default_factory=list)  # attach: engine i uses urls[i % len(urls)]; empty: launch
-    python: str = "python"  # the server environment's interpreter (launch only)
+    python: str = "python"  # the server environment's interpreter; "auto": build/reuse the cached CPU env
     device: str = "cpu"
     dtype: str | None = None  # None: the run's model dtype
-    mem_fraction_static: float = 0.05
+    mem_fraction_static: float = 0.8  # SGLang's static memory fraction (the KV pool is capped by max_total_tokens)
     max_total_tokens: int | None = 4096
     tp_size: int = 1
     host: str = "127.0.0.1"

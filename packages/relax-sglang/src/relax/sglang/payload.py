@@ -84,6 +84,20 @@ def parse_output(out: dict[str, Any], default_version: int) -> tuple[list[int], 
     return ids, logprobs, token_versions(meta, len(ids), default_version), finish_reason(meta)
 
 
+def cut_at_stop_ids(
+    params: SamplingParams, ids: list[int], logprobs: list[float], versions: list[int], reason: str
+) -> tuple[list[int], list[float], list[int], str]:
+    """SGLang checks ``stop_token_ids`` only when ``ignore_eos`` is off; Relax stops at them either way
+    (``ignore_eos`` ignores only EOS), so with ``ignore_eos`` the response is cut after the first stop id."""
+    if not (params.ignore_eos and params.stop_token_ids):
+        return ids, logprobs, versions, reason
+    stop = set(params.stop_token_ids)
+    end = next((i + 1 for i, t in enumerate(ids) if t in stop), None)
+    if end is None:
+        return ids, logprobs, versions, reason
+    return ids[:end], logprobs[:end], versions[:end], "stop"
+
+
 def result(
     req: GenerationRequest, ids: list[int], logprobs: list[float], versions: list[int], reason: str, text: str
 ) -> GenerationResult:

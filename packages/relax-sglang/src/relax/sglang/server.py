@@ -49,7 +49,8 @@ def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype
     if params.deterministic:
         cmd += ["--enable-deterministic-inference"]
     if params.device == "cpu":  # what runs without sgl-kernel (see server/cpu_shims)
-        cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph"]
+        cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph",
+                "--sleep-on-idle"]  # an idle CPU scheduler otherwise spins a whole core  # fmt: skip
     return cmd + list(params.extra_args)
 
 
@@ -92,7 +93,7 @@ class ServerProcess:
             try:
                 self.proc = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=server_env(self.params), start_new_session=True,
+                    env=server_env(self.params), start_new_session=True, preexec_fn=_die_with_parent,
                 )  # fmt: skip
             except FileNotFoundError as exc:
                 raise ServerError(
@@ -144,16 +145,38 @@ class ServerProcess:
             if not _group_alive(pgid):
                 break
             time.sleep(0.5)
-        try:  # children that outlived the leader (scheduler, detokenizer)
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if _group_alive(pgid):  # children that outlived the leader (scheduler, detokenizer)
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait(STOP_GRACE_S)
 
 
-def _group_alive(pgid: int) -> bool:
+def _die_with_parent() -> None:
+    """In the child: SIGKILL it when the engine's process dies, even by SIGKILL (``ray.kill``), so a server
+    never outlives its engine actor (SGLang's own subprocesses follow their launcher). Linux only."""
     try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the process group that still run (zombies excluded: where PID 1 does not reap, as in some
+    containers, an exited child stays a zombie in the group)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _group_alive(pgid: int) -> bool:
+    return bool(live_group_members(pgid))

@@ -7,48 +7,16 @@ A server takes ~30-90 s to start on a small CPU machine, so tests share one per 
 from __future__ import annotations
 
 import atexit
-import os
-import subprocess
 import threading
-from pathlib import Path
 from typing import Any
 
 from relax.sglang.params import SGLangEngineParams
+from relax.sglang.server_env import ServerEnvError, server_python
 
-BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "build_server_env.sh"
-BUILD_TIMEOUT_S = 1800.0
+__all__ = ["ServerEnvError", "close_shared", "engine_params", "server_python", "shared_engine"]
 
 _lock = threading.Lock()
-_python: str | None = None
 _shared: dict[str, Any] = {}
-
-
-class ServerEnvError(RuntimeError):
-    """The SGLang server environment could not be built (the message ends with the build log's tail)."""
-
-
-def server_python(log_path: str | os.PathLike[str] | None = None) -> str:
-    """The server environment's interpreter: ``$RELAX_SGLANG_PYTHON``, else built (or reused) by
-    ``scripts/build_server_env.sh``. A failed or timed-out build raises with the log's tail."""
-    global _python
-    with _lock:
-        if _python is None:
-            _python = os.environ.get("RELAX_SGLANG_PYTHON") or _build(Path(log_path or "sglang-server-env-build.log"))
-        return _python
-
-
-def _build(log: Path) -> str:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as err:
-        try:
-            done = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=err, text=True, timeout=BUILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            done = None
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-    if done is None or done.returncode != 0:
-        why = f"timed out after {BUILD_TIMEOUT_S:g}s" if done is None else f"failed (exit {done.returncode})"
-        raise ServerEnvError(f"building the SGLang server env with {BUILD_SCRIPT} {why}; log {log}:\n{tail}")
-    return done.stdout.strip().splitlines()[-1]
 
 
 def engine_params(**overrides: Any) -> SGLangEngineParams:

@@ -1,0 +1,85 @@
+"""Server lifecycle: a bad interpreter is a clear error; stopping a server leaves no process of its group
+and frees its port; a killed server is detected and named by ``health`` and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import textwrap
+
+import pytest
+
+from relax.core.protocols import GenerationRequest, SamplingParams
+from relax.sglang.client import SGLangHTTPError
+from relax.sglang.params import SGLangEngineParams
+from relax.sglang.server import ServerError, ServerProcess, live_group_members
+
+# stands in for sglang.launch_server where only process handling is under test: a real HTTP server on
+# --port with a child process in its group, as SGLang's scheduler/detokenizer are
+FAKE_LAUNCHER = textwrap.dedent('''
+    import http.server, subprocess, sys
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+''')
+
+
+def _generate(engine, n: int = 4):
+    req = GenerationRequest("k", [4, 5, 6], SamplingParams(max_new_tokens=n, ignore_eos=True, seed=0))
+    return asyncio.run(asyncio.wait_for(engine.generate([req]), 300))[0]
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Bindable as a server binds it (SO_REUSEADDR: connections in TIME_WAIT do not count, a listener does)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def test_a_missing_interpreter_is_a_clear_error(tmp_path):
+    server = ServerProcess(SGLangEngineParams(python="/nonexistent/bin/python"), "/m", "float32", tmp_path / "s.log")
+    with pytest.raises(ServerError, match=r"cannot run engine_params.python '/nonexistent/bin/python'"):
+        server.start()
+
+
+def test_stop_leaves_no_process_and_frees_the_port(tmp_path):
+    pkg = tmp_path / "fake" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(FAKE_LAUNCHER)
+    params = SGLangEngineParams(python=sys.executable, env={"PYTHONPATH": str(tmp_path / "fake")}, startup_timeout_s=60)
+    server = ServerProcess(params, "/m", "float32", tmp_path / "logs" / "s.log", index=1)
+    server.start()
+    pgid, port = server.proc.pid, server.port
+    assert server.alive() and not _port_free("127.0.0.1", port)
+    server.stop()
+    assert live_group_members(pgid) == [], "processes of the server's group outlived stop()"
+    assert _port_free("127.0.0.1", port), f"port {port} still bound after stop()"
+    assert "sglang.launch_server" in (tmp_path / "logs" / "s.log").read_text()
+
+
+def test_killed_server_is_named_by_health_and_restarts(sglang_engine):
+    """Kills the session's server and restarts it (same model, version 0): later tests see a fresh server."""
+    engine = sglang_engine
+    assert _generate(engine).finish_reason == "length"
+    os.killpg(engine.server.proc.pid, signal.SIGKILL)
+    engine.server.proc.wait(30)
+    health = engine.health()
+    assert health["ok"] is False and f"sglang engine[0] at {engine.url} exited" in health["error"], health
+    with pytest.raises(SGLangHTTPError, match=r"sglang engine\[0\] at .*/generate failed"):
+        _generate(engine)
+    engine.restart()
+    assert engine.health()["ok"] is True and engine.weight_version() == 0
+    assert len(_generate(engine, 3).response_ids) == 3
