@@ -7,8 +7,9 @@ transformers imports torchvision whenever it is installed, so without this every
 
 What: a ``sys.meta_path`` hook that, the first time ``torchvision`` is imported, defines the two missing
 schemas (only if torch has not got them) and then steps aside. Nothing is imported at interpreter start-up
-(torch is only touched when torchvision is). ``relax.omni.compat`` tests that the shim is still needed and
-still works; delete it when a CPU torchvision wheel matching core's torch is used.
+(torch is only touched when torchvision is). ``packages/relax-omni/tests/test_torchvision_shim.py`` proves it
+still needed and still working, also in Ray workers; delete it when a CPU torchvision wheel matching core's
+torch is used.
 """
 
 from __future__ import annotations
