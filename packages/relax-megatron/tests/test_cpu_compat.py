@@ -146,6 +146,6 @@ def test_tied_embedding_sync_is_still_needed(tiny_qwen3, run_ranks):
     """PP=2 with tied embeddings fails to build without the patch; that it works is
     test_tensor_parallel.py::test_pp2_logprobs_match_hf."""
     model_dir, _, _ = tiny_qwen3
-    logs = run_ranks("pipeline", model_dir, torch.zeros(1, 4, dtype=torch.long), "--without", "tied_embedding_sync",
+    logs = run_ranks("pipeline", model_dir, {"tokens": torch.zeros(1, 4, dtype=torch.long)}, "--without", "tied_embedding_sync",
                      expect_ok=False)  # fmt: skip
     assert NO_CUDA in logs and "setup_embeddings_and_output_layer" in logs

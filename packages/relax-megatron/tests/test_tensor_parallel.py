@@ -2,7 +2,7 @@
 
 Vocab-parallel logprobs and entropy equal transformers' (no full-logit gather: each rank holds half the
 vocabulary), TP-gathered weights map back to the HF checkpoint bit-exactly, a TP=2 train step matches
-core's torch trainer, and PP=2 logprobs equal transformers'."""
+core's torch trainer, and PP=2 logprobs equal transformers' and a PP=2 train step matches the torch trainer."""
 
 from __future__ import annotations
 
@@ -79,19 +79,48 @@ def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
         torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_pp2_logprobs_match_hf(tiny_qwen3, run_ranks):
+@pytest.fixture(scope="module")
+def pp2(tiny_qwen3, torch_reference, run_ranks, tmp_path_factory):
+    """One two-process launch at PP=2: forward-only logprobs of tokens, then a ``MegatronTrainer`` step
+    (and a dist checkpoint save) at PP=2."""
+    tokens = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(6))
+    ckpt = tmp_path_factory.mktemp("pp2") / "checkpoint"
+    return tokens, run_ranks("pipeline", tiny_qwen3[0], {"tokens": tokens, "batch": torch_reference[1]}, "--ckpt", str(ckpt))
+
+
+def test_pp2_logprobs_match_hf(tiny_qwen3, pp2):
     """PP=2 (one layer per stage, activations sent between processes by megatron's 1F1B schedule):
     the last stage's logprobs equal transformers'."""
     from transformers import AutoModelForCausalLM
 
     model_dir, config, _ = tiny_qwen3
-    tokens = torch.randint(0, config.vocab_size, (2, 25), generator=torch.Generator().manual_seed(6))
-    got = run_ranks("pipeline", model_dir, tokens)
+    tokens, got = pp2
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
         ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
     ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(got["logprobs"], ref, rtol=1.3e-6, atol=1e-5)
+
+
+def test_pp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference):
+    """The trainer at PP=2 (1F1B over 2 micro-batches, tied embedding gradients summed across the
+    stages): rank 0 (first stage) gets the last stage's logprobs and metrics; the same loss, grad norm
+    and PP-gathered updated weights as core's torch trainer; its checkpoint save leaves the weights as they were."""
+    from relax.core.testing import torch_trainer
+    from relax.core.testing.trainer import exported
+
+    batch = torch_reference[1]
+    ref = torch_trainer(tiny_qwen3[0], lr=1e-2, eps=1e-4, micro_batch_size=4)  # fresh: the TP=2 test stepped the shared one
+    got = pp2[1]["train"]
+    torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
+    metrics = ref.train_step(batch)
+    for key in ("loss", "entropy", "grad_norm"):
+        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
+    want = exported(ref)
+    assert sorted(got["weights"]) == sorted(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    torch.testing.assert_close(got["logprobs_after"], ref.forward_logprobs(batch), atol=1e-5, rtol=1e-5)
 
 
 def test_tp2_checkpoint_loads_at_tp1(megatron_world, tiny_qwen3, tp2, tp2_checkpoint, torch_reference):

@@ -58,8 +58,11 @@ def test_backend_params_reject_unsupported_layouts():
     (cp,) = MegatronParams(context_parallel=2).validate()
     assert "need Transformer Engine" in cp
     assert MegatronParams(tensor_parallel=2).validate() == []
-    (pp,) = MegatronParams(pipeline_parallel=2).validate()
-    assert "pipeline_parallel=2" in pp and "only 1/1" in pp
+    assert MegatronParams(tensor_parallel=2, pipeline_parallel=2).validate() == []
+    (ep,) = MegatronParams(expert_parallel=2).validate()
+    assert "expert_parallel=2" in ep and "needs data parallelism" in ep
+    (dist_opt,) = MegatronParams(distributed_optimizer=True).validate()
+    assert "distributed_optimizer" in dist_opt and "data-parallel" in dist_opt
 
 
 def test_registered_as_the_megatron_trainer():
@@ -100,9 +103,9 @@ class TestFactory(TinyModelFixtures):
             megatron_trainer(MegatronParams(), self.context(model_dir, critic=True))
         with pytest.raises(ValueError, match="float32 only"):
             megatron_trainer(MegatronParams(), self.context(model_dir, dtype="bfloat16"))
-        with pytest.raises(ValueError, match="trainer.backend_params: pipeline_parallel=2"):
-            megatron_trainer(MegatronParams(pipeline_parallel=2), self.context(model_dir))
-        with pytest.raises(ValueError, match="world_size=1 != tensor_parallel=2"):  # a TP=2 rank needs its group
+        with pytest.raises(ValueError, match="trainer.backend_params: expert_parallel=2"):
+            megatron_trainer(MegatronParams(expert_parallel=2), self.context(model_dir))
+        with pytest.raises(ValueError, match="world_size=1 != tensor_parallel=2 x pipeline_parallel=1"):  # a TP=2 rank needs its group
             megatron_trainer(MegatronParams(tensor_parallel=2), self.context(model_dir))
 
 

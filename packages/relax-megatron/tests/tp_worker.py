@@ -5,8 +5,9 @@ this rank's HF shard, score the tokens vocab-parallel and gather the weights bac
 ``MegatronTrainer`` scores the batch (with old logprobs), takes one train step and exports its weights
 (and with ``--ckpt`` saves a dist checkpoint and scores the batch again); with ``moe_dir`` in the
 input, the same ranks then score the tokens with a Qwen3-MoE model at expert parallelism = world size.
-``--mode pipeline`` (PP = world size, 1F1B schedule, forward only), on ``--input`` = tokens: the last
-stage's logprobs. Rank 0 saves the results to ``--out``.
+``--mode pipeline`` (PP = world size, 1F1B schedule), on the same input: the last stage's logprobs of
+the tokens (forward only), then the same ``MegatronTrainer`` check at PP = world size. Rank 0 saves the
+results to ``--out``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def main() -> None:
         if "moe_dir" in data:  # then the same two processes as expert-parallel ranks
             results["moe"] = moe_check(args, data["moe_dir"], data["tokens"])
     else:
-        results = pipeline_check(args, torch.load(args.input))
+        data = torch.load(args.input)
+        results = {"logprobs": pipeline_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
     if args.rank == 0:
         torch.save(results, args.out)
     torch.distributed.barrier()
@@ -56,7 +58,7 @@ def train_check(args: argparse.Namespace, batch: dict) -> dict:
 
     trainer = MegatronTrainer(
         args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4, micro_batch_size=4,
-        tensor_parallel=args.world, rank=args.rank, world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
+        rank=args.rank, **{f"{args.mode}_parallel": args.world}, world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
     before = trainer.forward_logprobs(batch)
     sum_pi_squared = trainer.forward_logprobs_and_sum_pi_squared(batch)
@@ -133,10 +135,10 @@ def pipeline_check(args: argparse.Namespace, tokens) -> dict:
         )  # fmt: skip
     if pp_rank == args.world - 1:  # only the last stage has the losses: hand them to rank 0
         torch.distributed.send(out[0]["logprobs"].contiguous(), dst=0)
-        return {}
+        return None
     logprobs = torch.empty(targets.shape)
     torch.distributed.recv(logprobs, src=args.world - 1)
-    return {"logprobs": logprobs}
+    return logprobs
 
 
 def convert_check(args: argparse.Namespace, tokens) -> dict:

@@ -36,9 +36,10 @@ def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
     )
 
     model = trainer.model.sharded_state_dict()
-    state: dict[str, Any] = {"model": model, "step": trainer.step, "tensor_parallel": trainer.tp}
+    state: dict[str, Any] = {"model": model, "step": trainer.step, "layout": [trainer.tp, trainer.pp]}
     rng = {"torch": torch.get_rng_state()}
-    state["rng"] = ShardedObject("rng_state", rng, (trainer.tp,), (trainer.tp_rank,), replica_id=0)
+    state["rng"] = ShardedObject("rng_state", rng, (trainer.pp, trainer.tp), (trainer.pp_rank, trainer.tp_rank),
+                                 replica_id=0)  # fmt: skip
     if trainer.optimizer is not None:
         if loading:
             _ensure_adam_state(trainer.optimizer)
@@ -61,7 +62,7 @@ def save(trainer: Any, directory: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()  # the directory exists for every rank before megatron looks into it
     dist_checkpointing.save(sharded_state(trainer), str(out))
-    if trainer.tp_rank == 0:
+    if torch.distributed.get_rank() == 0:
         write_hf(str(out / HF_DIR), None, trainer.hf_config, trainer.model_path)
     torch.distributed.barrier()
 
@@ -76,7 +77,7 @@ def load(trainer: Any, directory: str) -> None:
         raise FileNotFoundError(f"no megatron dist checkpoint at {path} (metadata.json missing)")
     common = dist_checkpointing.load_common_state_dict(str(path))
     state = sharded_state(trainer, loading=True)
-    if common["tensor_parallel"] != trainer.tp:
+    if list(common.get("layout", ())) != [trainer.tp, trainer.pp]:
         state.pop("rng")
     if trainer.optimizer is not None and "adam_step" not in common:
         raise ValueError(f"checkpoint {path} has no optimizer state (saved by a frozen trainer)")

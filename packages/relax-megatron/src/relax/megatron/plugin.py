@@ -13,10 +13,11 @@ class MegatronParams:
     """``trainer.backend_params`` of the ``megatron`` trainer."""
 
     tensor_parallel: int = 1  # TP ranks: one rank actor each (a worker group), gloo on CPU
-    pipeline_parallel: int = 1  # PP stages (this release: 1 through the controller)
+    pipeline_parallel: int = 1  # PP stages (1F1B): one rank actor each; TP x PP rank actors in all
     expert_parallel: int = 1  # MoE expert-parallel ranks (through the controller: 1; Qwen3-MoE trains at EP=1)
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
     sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
+    distributed_optimizer: bool = False  # shards optimizer state over data-parallel ranks (no DP yet: refused)
     num_cpus: float = 1.0  # reserved per rank
 
     def validate(self) -> list[str]:
@@ -31,9 +32,12 @@ class MegatronParams:
         if self.context_parallel > 1 or self.sequence_parallel:
             errors.append("context_parallel / sequence_parallel: need Transformer Engine, which this build of "
                           "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
-        if (self.pipeline_parallel, self.expert_parallel) != (1, 1):
-            errors.append(f"pipeline_parallel={self.pipeline_parallel}, expert_parallel={self.expert_parallel}: "
-                          "only 1/1 runs through the controller so far (tensor_parallel may be > 1)")  # fmt: skip
+        if self.distributed_optimizer:
+            errors.append("distributed_optimizer: shards the optimizer state across data-parallel ranks, and the "
+                          "megatron trainer runs without data parallelism so far (nothing to shard); set it to false")  # fmt: skip
+        if self.expert_parallel != 1:
+            errors.append(f"expert_parallel={self.expert_parallel}: only 1 runs through the controller so far "
+                          "(EP > 1 needs data parallelism for the non-expert weights)")  # fmt: skip
         return errors
 
 
@@ -59,7 +63,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         skip_nonfinite=spec.optim.skip_nonfinite,
         # frozen roles (reference, teacher) are one process: the whole model at TP=1
         tensor_parallel=params.tensor_parallel if spec.trainable else 1,
-        pipeline_parallel=params.pipeline_parallel,
+        pipeline_parallel=params.pipeline_parallel if spec.trainable else 1,
         rank=ctx.index,
         world_size=ctx.world_size,
         master_addr=ctx.master_addr,

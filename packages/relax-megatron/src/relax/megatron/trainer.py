@@ -91,11 +91,9 @@ class MegatronTrainer:
 
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
-        if pipeline_parallel != 1:
-            raise ValueError(f"pipeline_parallel={pipeline_parallel}: the megatron trainer runs PP=1 for now")
-        if world_size != tensor_parallel:
-            raise ValueError(f"world_size={world_size} != tensor_parallel={tensor_parallel}: data parallelism "
-                             "is not implemented yet, every rank is one TP shard")  # fmt: skip
+        if world_size != tensor_parallel * pipeline_parallel:
+            raise ValueError(f"world_size={world_size} != tensor_parallel={tensor_parallel} x pipeline_parallel="
+                             f"{pipeline_parallel}: data parallelism is not implemented yet")  # fmt: skip
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
@@ -105,8 +103,17 @@ class MegatronTrainer:
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
-        self.model = convert.build_gpt_model(self.hf_config, tensor_model_parallel_size=tensor_parallel)
-        convert.load_hf_into(self.model, convert.read_hf_checkpoint(model_path), self.hf_config, self.tp, self.tp_rank)
+        self.pp, self.pp_rank = pipeline_parallel, parallel_state.get_pipeline_model_parallel_rank()
+        self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pipeline_parallel - 1
+        # PP: core's objective already divides by step-global token counts, so megatron's schedule must
+        # not rescale the loss
+        pipeline = (dict(pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=torch.float32,
+                         calculate_per_token_loss=True)
+                    if pipeline_parallel > 1 else {})  # fmt: skip
+        self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
+                                             tensor_model_parallel_size=tensor_parallel, **pipeline)  # fmt: skip
+        convert.load_hf_into(self.model, convert.read_hf_checkpoint(model_path), self.hf_config, self.tp, self.tp_rank,
+                             pipeline_parallel, self.pp_rank)  # fmt: skip
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
         self.objective = objective
@@ -127,9 +134,16 @@ class MegatronTrainer:
     def _response_scores(self, batch: dict[str, torch.Tensor], score: Callable = logprobs_and_entropy) -> tuple:
         """``score`` (vocab-parallel) of the response tokens: (B, R) logprobs and entropies by default.
         Positions P-1 .. P+R-2 predict them; logits are temperature-scaled; each rank holds its slice."""
+        return self._scores(batch, self._forward(self.model, batch), score)
+
+    @staticmethod
+    def _forward(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """This stage's forward: logits on the last stage, hidden states on the others."""
+        return model(batch["input_ids"], batch["position_ids"], attention_mask(batch["attention_mask"]))
+
+    def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
         resp = batch["responses"]
         prompt_len = batch["input_ids"].shape[1] - resp.shape[1]
-        logits = self.model(batch["input_ids"], batch["position_ids"], attention_mask(batch["attention_mask"]))
         logits = logits[:, prompt_len - 1 : prompt_len - 1 + resp.shape[1]]
         if self.temperature != 1.0:
             logits = logits / self.temperature
@@ -140,13 +154,24 @@ class MegatronTrainer:
         """The first ``count`` outputs of ``score`` over the whole batch (micro-batched, no grad), 0 where masked."""
         from relax.core.trainers.critic import split_rows
 
-        out: list[list[torch.Tensor]] = [[] for _ in range(count)]
+        def masked(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> list[torch.Tensor]:
+            keep = sub["response_mask"] > 0
+            return [torch.where(keep, t, torch.zeros_like(t)) for t in self._scores(sub, logits, score)[:count]]
+
+        micros = list(split_rows(batch, self.micro_batch_size))
         with torch.no_grad():
-            for sub in split_rows(batch, self.micro_batch_size):
-                keep = sub["response_mask"] > 0
-                for i, t in enumerate(self._response_scores(sub, score)[:count]):
-                    out[i].append(torch.where(keep, t, torch.zeros_like(t)))
-        return [torch.cat(parts) for parts in out]
+            if self.pp == 1:
+                records = [masked(sub, self._forward(self.model, sub)) for sub in micros]
+            else:  # the last stage scores; its results go to every stage (rank 0 answers for the group)
+                from relax.megatron.pipeline import from_last_stage, run_schedule
+
+                records = run_schedule(self.model, micros, self._forward,
+                                       lambda sub, logits: (torch.zeros(()), masked(sub, logits)), forward_only=True)  # fmt: skip
+        if self.pp == 1:
+            return [torch.cat([r[i] for r in records]) for i in range(count)]
+        shape = tuple(batch["responses"].shape)
+        out = [torch.cat([r[i] for r in records]) if self.last_stage else torch.zeros(shape) for i in range(count)]
+        return from_last_stage(out)[0]
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0."""
@@ -195,9 +220,9 @@ class MegatronTrainer:
         mask = batch["response_mask"]
         tokens, seqs = float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, entropy_sum, obj_sums = 0.0, 0.0, {}
-        for sub in split_rows(batch, self.micro_batch_size):
-            logprobs, entropy = self._response_scores(sub)
+
+        def micro_loss(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            logprobs, entropy = self._scores(sub, logits)
             inputs = PolicyLossInputs(
                 logprobs=logprobs,
                 old_logprobs=sub["old_logprobs"],
@@ -210,14 +235,28 @@ class MegatronTrainer:
                 **{k: sub[k] for k in _OPTIONAL_COLUMNS if k in sub},
             )
             loss, obj_metrics = self.objective(inputs)
-            loss.backward()
             sub_tokens = float(sub["response_mask"].sum())
-            loss_sum += float(loss.detach())
-            entropy_sum += float((entropy.detach() * sub["response_mask"]).sum())
-            for k, v in obj_metrics.items():  # "*loss" terms use the global counts, so they add up
-                weight = 1.0 if k.endswith("loss") else sub_tokens
-                obj_sums[k] = obj_sums.get(k, 0.0) + float(v) * weight
+            # "*loss" terms use the global counts, so they add up; the others are token-weighted
+            record = {k: float(v) * (1.0 if k.endswith("loss") else sub_tokens) for k, v in obj_metrics.items()}
+            return loss, {**record, "\0loss": float(loss.detach()),
+                          "\0entropy": float((entropy.detach() * sub["response_mask"]).sum())}  # fmt: skip
+
+        micros = list(split_rows(batch, self.micro_batch_size))
+        if self.pp == 1:
+            records = []
+            for sub in micros:
+                loss, record = micro_loss(sub, self._forward(self.model, sub))
+                loss.backward()
+                records.append(record)
+        else:  # 1F1B: the last stage computes the loss; its sums go to every stage
+            from relax.megatron.pipeline import from_last_stage, run_schedule
+
+            records = from_last_stage([], run_schedule(self.model, micros, self._forward, micro_loss, forward_only=False))[1]
+        sums = {k: sum(r[k] for r in records) for k in records[0]}
+        loss_sum, entropy_sum = sums.pop("\0loss"), sums.pop("\0entropy")
+        obj_sums = sums
         self._sum_qk_norm_grads()
+        self._sum_tied_embedding_grads()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
         grad_norm = self._clip_grad_norm(params, max_norm)
@@ -254,16 +293,29 @@ class MegatronTrainer:
             if param.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
                 torch.distributed.all_reduce(param.grad, group=self.tp_group)
 
-    def _clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
-        """Clip to the norm of the whole model's gradient; TP shards count once, replicated weights
-        (norms) once, not once per rank. TP=1: torch's ``clip_grad_norm_``."""
-        if self.tp == 1:
-            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    def _sum_tied_embedding_grads(self) -> None:
+        """PP with tied embeddings: the first stage's embedding and the last stage's output layer are one
+        weight; each gets the sum of both gradients (megatron's ``_allreduce_word_embedding_grads``)."""
+        from megatron.core import parallel_state
 
-        owned = [p.grad for p in params if param_is_not_tensor_parallel_duplicate(p)]
+        if self.pp == 1 or not self.hf_config.tie_word_embeddings or not parallel_state.is_rank_in_embedding_group():
+            return
+        weight = self.model.shared_embedding_or_output_weight()
+        torch.distributed.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+    def _clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip to the norm of the whole model's gradient; TP shards and pipeline stages count once,
+        replicated weights (norms, a tied embedding's copy) once, not once per rank. TP=PP=1: torch's
+        ``clip_grad_norm_``."""
+        if self.tp == 1 and self.pp == 1:
+            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
+
+        owned = [p.grad for p in params if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
         square = torch.stack([g.float().square().sum() for g in owned]).sum() if owned else torch.zeros(())
-        torch.distributed.all_reduce(square, group=self.tp_group)
+        torch.distributed.all_reduce(square, group=parallel_state.get_model_parallel_group())
         norm = float(square.sqrt())
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
@@ -273,26 +325,39 @@ class MegatronTrainer:
 
     # ------------------------------------------------------------------ weights
     def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
-        """HF-named, TP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings once),
-        streamed: one decoder layer (or top-level weight) is gathered and converted at a time."""
+        """HF-named, TP- and PP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings
+        once), streamed: one decoder layer (or top-level weight) is gathered and converted at a time."""
         from relax.megatron.parallel import gather_tp_shards
 
         local = convert.weights_only(self.model.state_dict())
+        if self.pp > 1:  # whole-model layer numbers; the last stage's copy of a tied embedding left out
+            from relax.megatron.pipeline import global_layer_names
+
+            offset = convert.stage_layers(self.hf_config.num_hidden_layers, self.pp, self.pp_rank).start
+            tied_copy = ("output_layer.weight",) if self.hf_config.tie_word_embeddings and not self.first_stage else ()
+            local = global_layer_names(local, offset, tied_copy)
+        units = convert.export_units(list(local))
 
         def named() -> Iterator[tuple[str, torch.Tensor]]:
-            for unit in convert.export_units(list(local)):
-                shards = gather_tp_shards({n: local[n].detach() for n in unit}, self.tp, self.tp_group)
+            if self.pp > 1:
+                from relax.megatron.pipeline import stage_units
+
+                source = stage_units(units, local)
+            else:
+                source = ({n: local[n].detach() for n in unit} for unit in units)
+            for unit in source:
+                shards = gather_tp_shards(unit, self.tp, self.tp_group)
                 yield from convert.megatron_to_hf(shards, self.hf_config, partial=True).items()
 
         yield from buckets(named(), bucket_bytes)
 
     def save_hf(self, directory: str) -> None:
         """An HF directory (config, tokenizer, safetensors) that plain transformers loads. Collective
-        (every TP rank gathers); TP rank 0 writes it."""
+        (every rank gathers); rank 0 writes it."""
         from relax.megatron.checkpoint import write_hf
 
         hf = {n: t for b in self.export_weights() for n, t in b}
-        if self.tp_rank == 0:
+        if torch.distributed.get_rank() == 0:
             write_hf(directory, hf, self.hf_config, self.model_path)
 
     # -------------------------------------------------------------- checkpoints
