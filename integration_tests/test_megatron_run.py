@@ -1,6 +1,6 @@
-"""The quick-start on the megatron trainer at TP=2 (two rank actors over gloo) through ``relax run``:
-it trains, and after the last weight sync the engine serves exactly the TP-gathered trainer weights
-(core's collective export: both ranks gather, rank 0 sends)."""
+"""The quick-start on the megatron trainer at TP=2, and at PP=2 (two rank actors over gloo, 1F1B), through
+``relax run``: it trains, and after the last weight sync the engine serves exactly the gathered trainer
+weights (core's collective export: both ranks gather, rank 0 sends)."""
 
 from __future__ import annotations
 
@@ -43,21 +43,24 @@ def observer(monkeypatch):
     return out
 
 
-def test_tp2_quickstart_trains_and_syncs_the_gathered_weights(ray_session, tmp_path, observer):
+@pytest.mark.parametrize("layout", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_quickstart_trains_and_syncs_the_gathered_weights(ray_session, tmp_path, observer, layout):
     run_dir = tmp_path / "megatron"
+    tp, pp = layout
     cfg = load_config(EXAMPLE, [
+        f"trainer.backend_params.tensor_parallel={tp}", f"trainer.backend_params.pipeline_parallel={pp}",
         "total_steps=2", f"run_dir={run_dir}", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
         "trainer.micro_batch_size=8", "data.task_size=200", "logging.progress=false", "logging.console=false",
         "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false",
         "checkpoint.resume=never",
     ])  # fmt: skip
-    assert cfg.trainer.backend == "megatron" and cfg.trainer.backend_params.tensor_parallel == 2
+    assert cfg.trainer.backend == "megatron" and cfg.trainer.backend_params.pipeline_parallel == pp
     summary = run(cfg)
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["train/loss"]) and r["train/grad_norm"] > 0 for r in rows)
-    assert observer["status"] == "completed" and observer["peers"] == 1  # rank 0 leads one TP peer
+    assert observer["status"] == "completed" and observer["peers"] == 1  # rank 0 leads one TP / PP peer
     trainer_ckpt = run_dir / "checkpoints" / "step_000002" / "trainer"  # both ranks wrote a dist checkpoint
     assert (trainer_ckpt / "metadata.json").is_file() and (trainer_ckpt / "hf" / "config.json").is_file()
     served, exported = observer["served"], observer["exported"]
