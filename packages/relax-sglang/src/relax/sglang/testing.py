@@ -21,7 +21,7 @@ _shared: dict[str, Any] = {}
 
 def engine_params(**overrides: Any) -> SGLangEngineParams:
     """Engine params for tests: the built server env, CPU, short timeouts."""
-    base = dict(python=server_python(), startup_timeout_s=600.0, control_timeout_s=120.0, request_timeout_s=300.0)
+    base = dict(python=server_python(), startup_timeout_s=900.0, control_timeout_s=120.0, request_timeout_s=300.0)
     return SGLangEngineParams(**{**base, **overrides})
 
 
