@@ -1,6 +1,6 @@
 """The quick-start on the megatron trainer at TP=2 x PP=2 (four rank actors over gloo, 1F1B) through
 ``relax run``: it trains, and after the last weight sync the engine serves exactly the gathered trainer
-weights (core's collective export: both ranks gather, rank 0 sends)."""
+weights (core's collective export: every rank gathers, rank 0 sends)."""
 
 from __future__ import annotations
 

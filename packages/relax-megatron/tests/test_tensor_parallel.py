@@ -60,16 +60,11 @@ def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tp2):
         assert torch.equal(got["hf"][name], tensor), name
 
 
-def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
-    """Same weights, batch and objective as core's torch trainer at TP=1: the same logprobs, loss, grad
-    norm (TP shards and replicated norms each counted once) and gathered updated weights."""
+def _assert_same_step(got: dict, ref, batch: dict) -> None:
+    """``got`` (a multi-process trainer's step) has the loss, entropy, grad norm and gathered updated
+    weights of core's torch trainer ``ref`` stepping on ``batch``."""
     from relax.core.testing.trainer import exported
 
-    ref, batch = torch_reference
-    got = tp2["train"]
-    torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
-    for mine, want in zip(got["sum_pi_squared"], ref.forward_logprobs_and_sum_pi_squared(batch), strict=True):
-        torch.testing.assert_close(mine, want, atol=1e-5, rtol=0)  # vocab-parallel sum of pi^2 too
     metrics = ref.train_step(batch)
     for key in ("loss", "entropy", "grad_norm"):
         assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
@@ -77,6 +72,17 @@ def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
     assert sorted(got["weights"]) == sorted(want)
     for name, tensor in want.items():
         torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
+    """Same weights, batch and objective as core's torch trainer at TP=1: the same logprobs, loss, grad
+    norm (TP shards and replicated norms each counted once) and gathered updated weights."""
+    ref, batch = torch_reference
+    got = tp2["train"]
+    torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
+    for mine, want in zip(got["sum_pi_squared"], ref.forward_logprobs_and_sum_pi_squared(batch), strict=True):
+        torch.testing.assert_close(mine, want, atol=1e-5, rtol=0)  # vocab-parallel sum of pi^2 too
+    _assert_same_step(got, ref, batch)
 
 
 @pytest.fixture(scope="module")
@@ -107,19 +113,12 @@ def test_pp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_referen
     stages): rank 0 (first stage) gets the last stage's logprobs and metrics; the same loss, grad norm
     and PP-gathered updated weights as core's torch trainer; its checkpoint save leaves the weights as they were."""
     from relax.core.testing import torch_trainer
-    from relax.core.testing.trainer import exported
 
     batch = torch_reference[1]
     ref = torch_trainer(tiny_qwen3[0], lr=1e-2, eps=1e-4, micro_batch_size=4)  # fresh: the TP=2 test stepped the shared one
     got = pp2[1]["train"]
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
-    metrics = ref.train_step(batch)
-    for key in ("loss", "entropy", "grad_norm"):
-        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
-    want = exported(ref)
-    assert sorted(got["weights"]) == sorted(want)
-    for name, tensor in want.items():
-        torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    _assert_same_step(got, ref, batch)
     torch.testing.assert_close(got["logprobs_after"], ref.forward_logprobs(batch), atol=1e-5, rtol=1e-5)
 
 
