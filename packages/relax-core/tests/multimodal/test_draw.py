@@ -12,7 +12,7 @@ import pytest
 
 from relax.core.controller.prompts import PromptSource
 from relax.core.data import collate
-from relax.core.data_multimodal import draw_multimodal
+from relax.core.data_multimodal import draw_multimodal, resolve
 from relax.core.dataset import DatasetConfig, PromptDataset
 from relax.core.processors import MediaError
 from relax.core.testing.multimodal_models import tiny_multimodal_dir
@@ -80,7 +80,8 @@ def test_group_shares_one_processing_and_bad_media_is_skipped(data_file, model_d
     assert groups[1][0].prompt_text.endswith("three?<|im_end|>\n<|im_start|>assistant\n")  # row 3 replaced row 2
     column_row = prompts.dataset.items[3]  # media in a column: the image joins the first user message
     assert column_row.media == [{"key": "picture", "ref": str(data_file.parent / "c.png")}]
-    (ready,), (inputs,) = draw_multimodal(prompts.dataset, [column_row])
+    (ready,), (shared,) = draw_multimodal(prompts.dataset, [column_row])
+    inputs = resolve(shared)  # an ObjectRef once Ray is up (a whole suite run), the dict itself otherwise
     assert ready.prompt_text.startswith("<|im_start|>user\n<|vision_start|><|image_pad|>") and "four?" in ready.prompt_text
     assert inputs["image_grid_thw"].shape == (1, 3)
     batch = collate([s for g in groups for s in g], pad_id=0)
