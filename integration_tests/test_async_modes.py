@@ -58,10 +58,12 @@ def test_staleness_never_exceeds_the_bound(ray_session, tmp_path, mode, stalenes
 
 
 def test_partial_rollout_spans_weight_updates_in_a_run(ray_session, tmp_path):
-    """Generation (200 tokens, EOS ignored) outlasts a train step, so updates land mid-sequence."""
+    """Generation (200 tokens, EOS ignored, 4 sequences at a time) outlasts a train step, so updates land
+    mid-sequence (with the whole step decoding at once, the engine can finish before the trainer syncs)."""
     run_dir = tmp_path / "partial"
     cfg = load_config(None, [*SMALL, "total_steps=4", f"run_dir={run_dir}", "mode=async", "max_staleness=1",
-                             "rollout.max_new_tokens=200", "rollout.ignore_eos=true", "rollout.prompts_per_step=8"])
+                             "rollout.max_new_tokens=200", "rollout.ignore_eos=true", "rollout.prompts_per_step=8",
+                             "rollout.engine_params.max_batch_size=4"])
     run(cfg)
     rows = _metrics(run_dir)
     assert sum(r["rollout/mixed_version_frac"] for r in rows) > 0, "no sequence spanned a weight update"
