@@ -25,30 +25,25 @@ def _shared_or_hf(model_dir: str, root) -> object:
     return HFRolloutEngine(model_dir)
 
 
-class TestSGLangConformance(RolloutEngineConformance):
+class _OnSharedServer:
+    """The kits' engine: the session's server (see ``_shared_or_hf``)."""
+
     timeout_s = 300.0
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _root(cls, tmp_path_factory, sglang_python):
+        cls.root = tmp_path_factory.getbasetemp()
+
+    def make_engine(self, model_dir):
+        return _shared_or_hf(model_dir, self.root)
+
+
+class TestSGLangConformance(_OnSharedServer, RolloutEngineConformance):
     pause_probe_s = 1.0
 
-    @pytest.fixture(scope="class", autouse=True)
-    @classmethod
-    def _root(cls, tmp_path_factory, sglang_python):
-        cls.root = tmp_path_factory.getbasetemp()
 
-    def make_engine(self, model_dir):
-        return _shared_or_hf(model_dir, self.root)
-
-
-class TestSGLangAgreesWithTorchTrainer(LogprobAgreementConformance):
-    timeout_s = 300.0
-
-    @pytest.fixture(scope="class", autouse=True)
-    @classmethod
-    def _root(cls, tmp_path_factory, sglang_python):
-        cls.root = tmp_path_factory.getbasetemp()
-
-    def make_engine(self, model_dir):
-        return _shared_or_hf(model_dir, self.root)
-
+class TestSGLangAgreesWithTorchTrainer(_OnSharedServer, LogprobAgreementConformance):
     def make_trainer(self, model_dir):
         return torch_trainer(model_dir)
 
