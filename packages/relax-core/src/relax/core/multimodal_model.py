@@ -17,6 +17,10 @@ import torch
 TOWER_PREFIXES = ("visual.", "audio_tower.", "model.visual.", "model.audio_tower.", "thinker.visual.",
                   "thinker.audio_tower.")
 
+#: media-input key of a prompt whose videos carry their soundtracks interleaved (Omni ``use_audio_in_video``):
+#: one entry per video; the model's rope index must be told, or audio and video positions come out wrong
+AUDIO_IN_VIDEO = "use_audio_in_video"
+
 
 def is_multimodal_model(model_path: str) -> bool:
     """True when the checkpoint's config is an image/audio-text-to-text model (loaded with
@@ -78,8 +82,19 @@ def media_forward_kwargs(
     media_ids = torch.tensor(media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device)
     if response.numel() and torch.isin(response, media_ids).any():
         input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(torch.isin(response, media_ids), 0)], 1)
-    kwargs: dict[str, Any] = {**media, "input_ids": input_ids, "position_ids": None,
-                              "attention_mask": attention_mask.bool()}
+    media = dict(media)
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": None, "attention_mask": attention_mask.bool()}
+    flags = media.pop(AUDIO_IN_VIDEO, None)
+    if flags is not None:  # one bool for the whole batch in HF's rope index: every video must agree
+        videos = media.get("video_grid_thw")
+        if videos is None or flags.numel() != videos.shape[0]:
+            raise ValueError(
+                f"a batch mixes videos with and without their soundtrack ({flags.numel()} of "
+                f"{0 if videos is None else videos.shape[0]} videos use_audio_in_video): the model's rope index "
+                "takes one flag per forward; process every video of a run with the same use_audio_in_video"
+            )
+        kwargs["use_audio_in_video"] = True
+    kwargs.update(media)
     if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
         types = torch.zeros_like(input_ids, dtype=torch.int32)
         for code, kind in ((1, "image"), (2, "video")):

@@ -68,7 +68,10 @@ class LoadedMedia:
     images: list[Any] = field(default_factory=list)
     videos: list[Any] = field(default_factory=list)
     video_metadata: list[dict[str, Any]] = field(default_factory=list)  # native fps, sampled frame indices
+    video_fps: list[float] = field(default_factory=list)  # frames sampled per second, per video
     audios: list[Any] = field(default_factory=list)
+    # per entry of ``audios``: None for an audio item, i for the soundtrack of ``videos[i]`` (use_audio_in_video)
+    audio_from_video: list[int | None] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -175,6 +178,7 @@ def _load_item(loaded: LoadedMedia, kind: str, ref: Any, budget: MediaBudget, pa
         track = _decode_audio(audio, {"type": "audio", "audio": _audio_input(source)}, False, err, "audio")
         _check_seconds(track, budget, err, "audio")
         loaded.audios.append(track)
+        loaded.audio_from_video.append(None)
     else:
         tmp = None if isinstance(source, Path) else _spill(source)
         path = source if tmp is None else tmp
@@ -182,15 +186,18 @@ def _load_item(loaded: LoadedMedia, kind: str, ref: Any, budget: MediaBudget, pa
             ele = {"video": str(path), "fps": budget.fps, "max_frames": budget.max_frames,
                    "min_pixels": budget.video_min_pixels, "max_pixels": budget.video_max_pixels}
             try:
-                frames, meta = vision.fetch_video(ele, image_patch_size=patch_size, return_video_metadata=True)
+                (frames, meta), sample_fps = vision.fetch_video(
+                    ele, image_patch_size=patch_size, return_video_metadata=True, return_video_sample_fps=True)
             except Exception as e:  # decord / torchvision raise assorted errors (kept as __cause__)
                 raise err("undecodable video") from e
             loaded.videos.append(frames)
             loaded.video_metadata.append(meta)
+            loaded.video_fps.append(float(sample_fps))
             if budget.use_audio_in_video:
                 track = _decode_audio(audio, {"type": "video", "video": str(path)}, True, err, "video soundtrack")
                 _check_seconds(track, budget, err, "video soundtrack")
                 loaded.audios.append(track)
+                loaded.audio_from_video.append(len(loaded.videos) - 1)
         finally:
             if tmp is not None:
                 os.unlink(tmp)

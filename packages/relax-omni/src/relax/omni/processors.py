@@ -78,14 +78,23 @@ class QwenOmniProcessor:
             kwargs.update(videos=loaded.videos, video_metadata=loaded.video_metadata)
             kwargs["videos_kwargs"] = {"do_sample_frames": False, "size": {
                 "shortest_edge": p.video_min_pixels, "longest_edge": p.video_max_pixels}}
-        if "audio" in self.family.kinds:
-            kwargs["use_audio_in_video"] = self.params.use_audio_in_video
-            if loaded.audios:
-                kwargs["audio"] = loaded.audios
+            if len(set(loaded.video_fps)) == 1:  # seconds per temporal grid (M-RoPE time) from the sampled fps
+                kwargs["videos_kwargs"]["fps"] = loaded.video_fps[0]
+        in_video = self.params.use_audio_in_video and bool(loaded.videos)
+        if loaded.audios:
+            kwargs["audio"] = loaded.audios
+        if in_video:  # each soundtrack is interleaved with its video's frames, chunk by chunk
+            kwargs.update(load_audio_from_video=True, audio_from_video_indices=loaded.audio_from_video)
         out = self.hf(**kwargs)
         ids = out["input_ids"][0].tolist()  # placeholders expanded to one token per merged patch / frame
         # prompt_text stays the template text (one placeholder per item): what a server takes beside the media
         inputs = {k: v for k, v in out.items() if k not in DROPPED}
+        if in_video:  # one flag per video: the model's rope index must interleave the positions the same way
+            import torch
+
+            from relax.core.multimodal_model import AUDIO_IN_VIDEO
+
+            inputs[AUDIO_IN_VIDEO] = torch.ones(len(loaded.videos), dtype=torch.long)
         return ProcessedPrompt(prompt_text=text, prompt_ids=ids, inputs=inputs, counts=loaded.counts)
 
 
