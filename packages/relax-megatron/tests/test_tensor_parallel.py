@@ -87,11 +87,12 @@ def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
 
 @pytest.fixture(scope="module")
 def pp2(tiny_qwen3, torch_reference, run_ranks, tmp_path_factory):
-    """One two-process launch at PP=2: forward-only logprobs of tokens, then a ``MegatronTrainer`` step
-    (and a dist checkpoint save) at PP=2."""
+    """One two-process launch at PP=2: forward-only logprobs of tokens, then a ``MegatronTrainer`` step,
+    a dist checkpoint save and a second step at PP=2; then a step of the same processes at DP=2.
+    (tokens, rank 0's results, checkpoint directory)."""
     tokens = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(6))
     ckpt = tmp_path_factory.mktemp("pp2") / "checkpoint"
-    return tokens, run_ranks("pipeline", tiny_qwen3[0], {"tokens": tokens, "batch": torch_reference[1]}, "--ckpt", str(ckpt))
+    return tokens, run_ranks("pipeline", tiny_qwen3[0], {"tokens": tokens, "batch": torch_reference[1]}, "--ckpt", str(ckpt)), ckpt
 
 
 def test_pp2_logprobs_match_hf(tiny_qwen3, pp2):
@@ -100,7 +101,7 @@ def test_pp2_logprobs_match_hf(tiny_qwen3, pp2):
     from transformers import AutoModelForCausalLM
 
     model_dir, config, _ = tiny_qwen3
-    tokens, got = pp2
+    tokens, got, _ = pp2
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
         ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
@@ -152,3 +153,41 @@ def test_ep2_moe_logprobs_and_export_match_hf(tiny_qwen3_moe, tp2):
     assert sorted(got["hf"]) == sorted(hf)
     for name, tensor in hf.items():
         assert torch.equal(got["hf"][name], tensor), name
+
+
+def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference):
+    """DP=2 (the same two processes as data-parallel replicas, 4 rows and 2 micro-batches each; token counts,
+    metric sums and gradients summed over the replicas): every rank gets all rows' logprobs, and the step
+    has the loss, grad norm and updated weights of core's torch trainer on the whole batch (within 1e-5)."""
+    from relax.core.testing import torch_trainer
+
+    batch = torch_reference[1]
+    ref = torch_trainer(tiny_qwen3[0], lr=1e-2, eps=1e-4, micro_batch_size=4)
+    got = pp2[1]["dp"]
+    torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
+    _assert_same_step(got, ref, batch)
+
+
+def test_pp2_checkpoint_resumes_at_pp1(megatron_world, tiny_qwen3, pp2, torch_reference):
+    """A dist checkpoint saved by the two PP=2 stages after their first step, loaded by one PP=1 trainer
+    (megatron maps the stages' layers onto one model; AdamW state too): its second step repeats the
+    PP=2 ranks' second step (loss, grad norm and gathered weights within 1e-5)."""
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.testing.trainer import exported
+    from relax.megatron.trainer import MegatronTrainer
+
+    _, batch = torch_reference
+    got = pp2[1]["train"]
+    objective = build_policy_objective(AlgorithmConfig())
+    trainer = MegatronTrainer(tiny_qwen3[0], objective=objective, lr=1e-2, eps=1e-4, micro_batch_size=4)
+    trainer.load(str(pp2[2]))
+    assert trainer.step == 1
+    torch.testing.assert_close(trainer.forward_logprobs(batch), got["logprobs_after"], atol=1e-5, rtol=0)
+    metrics = trainer.train_step(batch)
+    for key in ("loss", "grad_norm"):
+        assert metrics[key] == pytest.approx(got["second"][key], abs=1e-5), key
+    weights = exported(trainer)
+    assert sorted(weights) == sorted(got["weights_second"])
+    for name, tensor in got["weights_second"].items():
+        torch.testing.assert_close(weights[name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")

@@ -58,7 +58,8 @@ def test_backend_params_reject_unsupported_layouts():
     (cp,) = MegatronParams(context_parallel=2).validate()
     assert "need Transformer Engine" in cp
     assert MegatronParams(tensor_parallel=2).validate() == []
-    assert MegatronParams(tensor_parallel=2, pipeline_parallel=2).validate() == []
+    assert MegatronParams(tensor_parallel=2, pipeline_parallel=2, data_parallel=2).validate() == []
+    assert MegatronParams(data_parallel=0).validate() == ["data_parallel: must be >= 1, got 0"]
     (ep,) = MegatronParams(expert_parallel=2).validate()
     assert "expert_parallel=2" in ep and "needs data parallelism" in ep
     (dist_opt,) = MegatronParams(distributed_optimizer=True).validate()
@@ -71,6 +72,8 @@ def test_registered_as_the_megatron_trainer():
 
     registration = get_plugin_manager().registry.registration("trainer", "megatron")
     assert registration.factory is megatron_trainer and registration.config is MegatronParams
+    layout = MegatronParams(tensor_parallel=2, pipeline_parallel=3, data_parallel=2)
+    assert registration.resources(layout).num_workers == 12  # one rank actor per rank: TP x PP x DP
 
 
 class TestFactory(TinyModelFixtures):

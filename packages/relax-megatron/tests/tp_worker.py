@@ -6,8 +6,9 @@ this rank's HF shard, score the tokens vocab-parallel and gather the weights bac
 (and with ``--ckpt`` saves a dist checkpoint and scores the batch again); with ``moe_dir`` in the
 input, the same ranks then score the tokens with a Qwen3-MoE model at expert parallelism = world size.
 ``--mode pipeline`` (PP = world size, 1F1B schedule), on the same input: the last stage's logprobs of
-the tokens (forward only), then the same ``MegatronTrainer`` check at PP = world size. Rank 0 saves the
-results to ``--out``.
+the tokens (forward only), then the same ``MegatronTrainer`` check at PP = world size (with ``--ckpt``
+also a second step after the save), then at DP = world size (two micro-batches per replica). Rank 0
+saves the results to ``--out``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def main() -> None:
     else:
         data = torch.load(args.input)
         results = {"logprobs": pipeline_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()  # the same processes as data-parallel replicas
+        dp = argparse.Namespace(**{**vars(args), "mode": "data", "ckpt": ""})
+        results["dp"] = train_check(dp, data["batch"], micro_batch_size=2)
     if args.rank == 0:
         torch.save(results, args.out)
     torch.distributed.barrier()
@@ -50,14 +56,14 @@ def main() -> None:
     torch.distributed.destroy_process_group()
 
 
-def train_check(args: argparse.Namespace, batch: dict) -> dict:
+def train_check(args: argparse.Namespace, batch: dict, micro_batch_size: int = 4) -> dict:
 
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
     trainer = MegatronTrainer(
-        args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4, micro_batch_size=4,
+        args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4, micro_batch_size=micro_batch_size,
         rank=args.rank, **{f"{args.mode}_parallel": args.world}, world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
     before = trainer.forward_logprobs(batch)
@@ -68,6 +74,8 @@ def train_check(args: argparse.Namespace, batch: dict) -> dict:
     if args.ckpt:
         trainer.save(args.ckpt)
         out["logprobs_after"] = trainer.forward_logprobs(batch)
+        out["second"] = trainer.train_step(batch)  # what a resumed trainer must repeat
+        out["weights_second"] = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
     return out
 
 

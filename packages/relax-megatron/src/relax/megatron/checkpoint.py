@@ -27,6 +27,11 @@ def _ensure_adam_state(optimizer: torch.optim.Optimizer) -> None:
                                       "exp_avg_sq": torch.zeros_like(p)}  # fmt: skip
 
 
+def layout(trainer: Any) -> list[int]:
+    """[TP, PP, DP]: the RNG states are restored only into the layout that saved them."""
+    return [trainer.tp, trainer.pp, trainer.dp]
+
+
 def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
     """The trainer's state as a megatron sharded state dict (model, optimizer, step, RNG)."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -36,10 +41,10 @@ def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
     )
 
     model = trainer.model.sharded_state_dict()
-    state: dict[str, Any] = {"model": model, "step": trainer.step, "layout": [trainer.tp, trainer.pp]}
-    rng = {"torch": torch.get_rng_state()}
-    state["rng"] = ShardedObject("rng_state", rng, (trainer.pp, trainer.tp), (trainer.pp_rank, trainer.tp_rank),
-                                 replica_id=0)  # fmt: skip
+    state: dict[str, Any] = {"model": model, "step": trainer.step, "layout": layout(trainer)}
+    rng = {"torch": torch.get_rng_state()}  # one per rank: data-parallel replicas keep their own
+    state["rng"] = ShardedObject("rng_state", rng, (trainer.pp, trainer.tp, trainer.dp),
+                                 (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank), replica_id=0)  # fmt: skip
     if trainer.optimizer is not None:
         if loading:
             _ensure_adam_state(trainer.optimizer)
@@ -77,7 +82,7 @@ def load(trainer: Any, directory: str) -> None:
         raise FileNotFoundError(f"no megatron dist checkpoint at {path} (metadata.json missing)")
     common = dist_checkpointing.load_common_state_dict(str(path))
     state = sharded_state(trainer, loading=True)
-    if list(common.get("layout", ())) != [trainer.tp, trainer.pp]:
+    if list(common.get("layout", ())) != layout(trainer):
         state.pop("rng")
     if trainer.optimizer is not None and "adam_step" not in common:
         raise ValueError(f"checkpoint {path} has no optimizer state (saved by a frozen trainer)")

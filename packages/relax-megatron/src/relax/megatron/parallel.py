@@ -71,3 +71,43 @@ def gather_tp_shards(local: dict[str, torch.Tensor], tp: int, group=None) -> lis
         for rank, part in enumerate(parts):
             shards[rank][name] = part
     return shards
+
+
+def rank_rows(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str, torch.Tensor]:
+    """This data-parallel rank's contiguous share of the batch's rows (core's ``shard_bounds``). A rank
+    with no rows takes one fully masked row: it still joins every collective, contributing 0."""
+    from relax.core.trainers.data_parallel import shard_bounds, take_rows
+
+    start, end = shard_bounds(batch["responses"].shape[0], dp_rank, dp)
+    if end > start:
+        return take_rows(batch, start, end)
+    rows = take_rows(batch, 0, 1)
+    return {**rows, "response_mask": torch.zeros_like(rows["response_mask"])}
+
+
+def gather_rows(local: torch.Tensor, total_rows: int, dp: int, group) -> torch.Tensor:
+    """Every data-parallel rank's rows (its :func:`rank_rows` share, scored) in rank order, on every rank."""
+    from relax.core.trainers.data_parallel import shard_bounds
+
+    bounds = [shard_bounds(total_rows, r, dp) for r in range(dp)]
+    size = max(1, *(e - s for s, e in bounds))
+    padded = torch.zeros((size, *local.shape[1:]), dtype=local.dtype)
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(dp)]
+    torch.distributed.all_gather(parts, padded, group=group)
+    return torch.cat([part[: e - s] for part, (s, e) in zip(parts, bounds, strict=True)])
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter], group) -> None:
+    """Sum every trainable parameter's gradient over ``group`` (the data-parallel ranks) in one flat
+    buffer; a parameter this rank's rows did not reach (an unrouted expert) contributes zeros."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = _flatten_dense_tensors(grads)
+    torch.distributed.all_reduce(flat, group=group)
+    for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(summed)

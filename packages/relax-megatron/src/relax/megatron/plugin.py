@@ -13,7 +13,9 @@ class MegatronParams:
     """``trainer.backend_params`` of the ``megatron`` trainer."""
 
     tensor_parallel: int = 1  # TP ranks: one rank actor each (a worker group), gloo on CPU
-    pipeline_parallel: int = 1  # PP stages (1F1B): one rank actor each; TP x PP rank actors in all
+    pipeline_parallel: int = 1  # PP stages (1F1B): one rank actor each
+    # data-parallel replicas (megatron's world = TP x PP x DP rank actors); each takes its share of the rows
+    data_parallel: int = 1
     expert_parallel: int = 1  # MoE expert-parallel ranks (through the controller: 1; Qwen3-MoE trains at EP=1)
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
     sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
@@ -24,7 +26,8 @@ class MegatronParams:
         errors = [
             f"{name}: must be >= 1, got {value}"
             for name, value in (("tensor_parallel", self.tensor_parallel), ("pipeline_parallel", self.pipeline_parallel),
-                                ("expert_parallel", self.expert_parallel), ("context_parallel", self.context_parallel))
+                                ("data_parallel", self.data_parallel), ("expert_parallel", self.expert_parallel),
+                                ("context_parallel", self.context_parallel))
             if value < 1
         ]  # fmt: skip
         if errors:
@@ -39,6 +42,11 @@ class MegatronParams:
             errors.append(f"expert_parallel={self.expert_parallel}: only 1 runs through the controller so far "
                           "(EP > 1 needs data parallelism for the non-expert weights)")  # fmt: skip
         return errors
+
+
+def world_size(params: MegatronParams) -> int:
+    """Rank actors of the trainer's worker group: TP x PP x DP (megatron's world size)."""
+    return params.tensor_parallel * params.pipeline_parallel * params.data_parallel
 
 
 def megatron_trainer(params: MegatronParams, ctx: PluginContext):
@@ -64,6 +72,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         # frozen roles (reference, teacher) are one process: the whole model at TP=1
         tensor_parallel=params.tensor_parallel if spec.trainable else 1,
         pipeline_parallel=params.pipeline_parallel if spec.trainable else 1,
+        data_parallel=params.data_parallel if spec.trainable else 1,
         rank=ctx.index,
         world_size=ctx.world_size,
         master_addr=ctx.master_addr,
@@ -77,7 +86,7 @@ def relax_register_trainers(register):
         "megatron",
         megatron_trainer,
         config=MegatronParams,
-        resources=lambda p: Resources(p.num_cpus, 0.0, num_workers=p.tensor_parallel * p.pipeline_parallel),
+        resources=lambda p: Resources(p.num_cpus, 0.0, num_workers=world_size(p)),
     )
 
 

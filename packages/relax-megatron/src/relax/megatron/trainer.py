@@ -78,6 +78,7 @@ class MegatronTrainer:
         skip_nonfinite: bool = False,
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
+        data_parallel: int = 1,
         rank: int = 0,
         world_size: int = 1,
         master_addr: str | None = None,
@@ -91,9 +92,9 @@ class MegatronTrainer:
 
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
-        if world_size != tensor_parallel * pipeline_parallel:
+        if world_size != tensor_parallel * pipeline_parallel * data_parallel:
             raise ValueError(f"world_size={world_size} != tensor_parallel={tensor_parallel} x pipeline_parallel="
-                             f"{pipeline_parallel}: data parallelism is not implemented yet")  # fmt: skip
+                             f"{pipeline_parallel} x data_parallel={data_parallel}")  # fmt: skip
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
@@ -105,6 +106,9 @@ class MegatronTrainer:
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp, self.pp_rank = pipeline_parallel, parallel_state.get_pipeline_model_parallel_rank()
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pipeline_parallel - 1
+        # DP (megatron derives it: world / (TP x PP)): each replica takes its share of every batch's rows
+        self.dp, self.dp_rank = data_parallel, parallel_state.get_data_parallel_rank()
+        self.dp_group = parallel_state.get_data_parallel_group()
         # PP: core's objective already divides by step-global token counts, so megatron's schedule must
         # not rescale the loss
         pipeline = (dict(pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=torch.float32,
@@ -151,7 +155,16 @@ class MegatronTrainer:
         return score(logits, resp, vocab_start, self.tp_group if self.tp > 1 else None)
 
     def _masked_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
-        """The first ``count`` outputs of ``score`` over the whole batch (micro-batched, no grad), 0 where masked."""
+        """The first ``count`` outputs of ``score`` over the whole batch (micro-batched, no grad), 0 where
+        masked; with DP each replica scores its rows and every rank gets all of them."""
+        if self.dp == 1:
+            return self._replica_scores(batch, score, count)
+        from relax.megatron.parallel import gather_rows, rank_rows
+
+        local = self._replica_scores(rank_rows(batch, self.dp, self.dp_rank), score, count)
+        return [gather_rows(t, batch["responses"].shape[0], self.dp, self.dp_group) for t in local]
+
+    def _replica_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
         from relax.core.trainers.critic import split_rows
 
         def masked(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> list[torch.Tensor]:
@@ -208,7 +221,13 @@ class MegatronTrainer:
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        records = [self._optimizer_step(mini) for mini in split_rows(batch, size)]
+        if self.dp > 1:
+            from relax.megatron.parallel import rank_rows
+
+            minis = [rank_rows(mini, self.dp, self.dp_rank) for mini in split_rows(batch, size)]
+        else:
+            minis = list(split_rows(batch, size))
+        records = [self._optimizer_step(mini) for mini in minis]
         self.step += 1
         metrics = {k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records)) for k in records[0]}
         return {**metrics, "lr": lr}
@@ -217,8 +236,8 @@ class MegatronTrainer:
         from relax.core.algorithms import PolicyLossInputs
         from relax.core.trainers.critic import split_rows
 
-        mask = batch["response_mask"]
-        tokens, seqs = float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())
+        mask = batch["response_mask"]  # with DP: this replica's rows; counts and sums cover every replica's
+        tokens, seqs = self._dp_sum([float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())])
         self.optimizer.zero_grad(set_to_none=True)
 
         def micro_loss(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -252,11 +271,16 @@ class MegatronTrainer:
             from relax.megatron.pipeline import from_last_stage, run_schedule
 
             records = from_last_stage([], run_schedule(self.model, micros, self._forward, micro_loss, forward_only=False))[1]
-        sums = {k: sum(r[k] for r in records) for k in records[0]}
+        keys = sorted(records[0])
+        sums = dict(zip(keys, self._dp_sum([sum(r[k] for r in records) for k in keys]), strict=True))
         loss_sum, entropy_sum = sums.pop("\0loss"), sums.pop("\0entropy")
         obj_sums = sums
         self._sum_qk_norm_grads()
         self._sum_tied_embedding_grads()
+        if self.dp > 1:
+            from relax.megatron.parallel import all_reduce_grads
+
+            all_reduce_grads([p for p in self.model.parameters() if p.requires_grad], self.dp_group)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
         grad_norm = self._clip_grad_norm(params, max_norm)
@@ -275,6 +299,14 @@ class MegatronTrainer:
             "entropy": entropy_sum / denom,
             "skipped_nonfinite": float(skipped),
         }
+
+    def _dp_sum(self, values: list[float]) -> list[float]:
+        """Element-wise sums over the data-parallel replicas (fp64, one collective); DP=1: ``values``."""
+        if self.dp == 1:
+            return values
+        summed = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.all_reduce(summed, group=self.dp_group)
+        return summed.tolist()
 
     def _nonfinite(self, what: str) -> None:
         from relax.core.trainers.torch_trainer import NonFiniteError
