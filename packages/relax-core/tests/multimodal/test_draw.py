@@ -47,10 +47,10 @@ def model_dir(tmp_path_factory):
     return tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
 
 
-def source(path, model_dir, on_error):
+def source(path, model_dir, on_error, max_prompt_length=None):
     processor = TinyMediaProcessor(model_dir)
     cfg = DatasetConfig(path=str(path), prompt_key="messages", label_key="label", media_keys=("picture",),
-                        batch_size=2, shuffle=False, on_error=on_error)
+                        batch_size=2, shuffle=False, on_error=on_error, max_prompt_length=max_prompt_length)
     dataset = PromptDataset(cfg, processor.hf.tokenizer, processor)
     return PromptSource(dataset, SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=G))), processor
 
@@ -97,3 +97,28 @@ def test_every_row_bad_fails_instead_of_drawing_forever(tmp_path, model_dir):
     with pytest.raises(MediaError, match="bad media in too many rows in a row"):
         prompts.draw(0)
     assert prompts.dataset.stats["skipped_media"] == 200 and processor.calls == 200
+
+
+def test_prompt_too_long_with_its_media_is_dropped_counted_and_replaced(tmp_path, model_dir):
+    """``data.max_prompt_length`` holds for the expanded media placeholders too: the row is dropped and counted
+    (``filtered_too_long``, like a long text row at load) and the next prompt drawn; nothing is truncated."""
+    from PIL import Image
+
+    for name, side in (("small", 56), ("big", 112)):
+        Image.new("RGB", (side, side), "white").save(tmp_path / f"{name}.png")
+    rows = [{"messages": [{"role": "user", "content": [{"type": "image", "image": str(tmp_path / f"{name}.png")},
+                                                       {"type": "text", "text": f"{i}?"}]}], "label": "1"}
+            for i, name in enumerate(("small", "big", "small"))]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lengths = [len(TinyMediaProcessor(model_dir).process(r["messages"], [], "x")["prompt_ids"]) for r in rows]
+    assert lengths[0] == lengths[2] < lengths[1]  # 4 vs 16 image tokens
+    prompts, _ = source(path, model_dir, "raise", max_prompt_length=lengths[0])
+    groups = prompts.draw(0)
+    assert [g[0].prompt_text.split("<|vision_end|>")[1][0] for g in groups] == ["0", "2"]  # row 2 replaced
+    assert all(len(g[0].prompt_ids) == lengths[0] for g in groups)  # kept whole, not truncated
+    assert prompts.dataset.stats["filtered_too_long"] == 1 and prompts.dataset.stats["processed_prompts"] == 2
+    too_short, _ = source(path, model_dir, "skip", max_prompt_length=lengths[0] - 1)
+    with pytest.raises(MediaError, match=rf"prompts longer than data.max_prompt_length={lengths[0] - 1} in too many"):
+        too_short.draw(0)
+    assert too_short.dataset.stats["filtered_too_long"] == 200

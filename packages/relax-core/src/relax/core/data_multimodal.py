@@ -115,17 +115,35 @@ def _pad_spec(shape: Sequence[int], target: Sequence[int]) -> list[int]:
     return spec
 
 
+#: dataset counters that grow while prompts are drawn (logged with every step, not only at load)
+DRAW_STATS = ("processed_prompts", "skipped_media", "filtered_too_long", "media_image", "media_video", "media_audio")
+
+
 def process_drawn(
-    items: list[Any], processor: Any, on_error: str, draw_one: Callable[[], Any], stats: dict[str, int]
+    items: list[Any], processor: Any, on_error: str, draw_one: Callable[[], Any], stats: dict[str, int],
+    max_prompt_length: int | None = None,
 ) -> list[tuple[Any, dict[str, Any]]]:
     """Run ``processor.process`` once per drawn prompt item; returns ``(item, processed)`` pairs.
 
     A ``MediaError`` raises (``on_error: raise``), or is counted in ``stats["skipped_media"]`` and the
     prompt replaced by the next one from ``draw_one`` (``skip``): the other prompts are kept as they are.
+    A prompt longer than ``max_prompt_length`` once its media placeholders are expanded is dropped and
+    counted (``filtered_too_long``, as core does for text rows at load) and replaced, never truncated.
     """
     out = []
     queue = list(items)
     budget = 100 * max(1, len(items))  # every row bad: fail instead of drawing forever
+
+    def reject(item: Any, counter: str, what: str, detail: str, error: Exception | None = None) -> None:
+        nonlocal budget
+        stats[counter] = stats.get(counter, 0) + 1
+        if stats[counter] <= 5:  # later ones are only counted
+            log.warning("data: dropped prompt %s, %s (further ones only counted after 5): %s", item.uid, what, detail)
+        budget -= 1
+        if budget <= 0:
+            raise MediaError(item.uid, "every drawn prompt", f"{what} in too many rows in a row") from error
+        queue.append(draw_one())
+
     while queue:
         item = queue.pop(0)
         try:
@@ -133,25 +151,34 @@ def process_drawn(
         except MediaError as e:
             if on_error != "skip":
                 raise
-            stats["skipped_media"] = stats.get("skipped_media", 0) + 1
-            if stats["skipped_media"] <= 5:  # later skips are only counted
-                log.warning("data: skipped prompt (bad media; further ones only counted after 5): %s", e)
-            budget -= 1
-            if budget <= 0:
-                raise MediaError(item.uid, "every drawn prompt", "bad media in too many rows in a row") from e
-            queue.append(draw_one())
+            reject(item, "skipped_media", "bad media", str(e), e)
+            continue
+        n = len(processed["prompt_ids"])
+        if max_prompt_length and n > max_prompt_length:
+            reject(item, "filtered_too_long", f"prompts longer than data.max_prompt_length={max_prompt_length}",
+                   f"{n} prompt tokens with media expanded")
             continue
         stats["processed_prompts"] = stats.get("processed_prompts", 0) + 1
-        for kind, n in processed.get("counts", {}).items():
-            stats[f"media_{kind}"] = stats.get(f"media_{kind}", 0) + int(n)
+        for kind, count in processed.get("counts", {}).items():
+            stats[f"media_{kind}"] = stats.get(f"media_{kind}", 0) + int(count)
         out.append((item, processed))
     return out
+
+
+def draw_counts(dataset: Any) -> dict[str, float]:
+    """``data/<counter>`` so far for the draw-time counters of a multimodal dataset (empty for text)."""
+    if not getattr(dataset, "multimodal", False):
+        return {}
+    stats = dict(dataset.stats)  # the async producer may be drawing
+    return {f"data/{k}": float(stats.get(k, 0)) for k in DRAW_STATS}
 
 
 def draw_multimodal(dataset: Any, items: list[Any]) -> tuple[list[Any], list[Any]]:
     """Drawn prompt items with their processed text and ids, and one shared inputs reference per item."""
     from dataclasses import replace
 
-    pairs = process_drawn(items, dataset.processor, dataset.config.on_error, dataset.next_item, dataset.stats)
+    cfg = dataset.config
+    pairs = process_drawn(items, dataset.processor, cfg.on_error, dataset.next_item, dataset.stats,
+                          cfg.max_prompt_length)
     ready = [replace(it, prompt_ids=list(p["prompt_ids"]), prompt_text=p["prompt_text"]) for it, p in pairs]
     return ready, [share(p["inputs"]) for _, p in pairs]
