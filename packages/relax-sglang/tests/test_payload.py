@@ -61,3 +61,40 @@ def test_stop_ids_cut_the_response_even_with_ignore_eos():
     params = SamplingParams(ignore_eos=True, stop_token_ids=(5,))
     assert cut_at_stop_ids(params, [7, 5, 5, 9], [-1.0] * 4, [0] * 4, "length") == ([7, 5], [-1.0] * 2, [0] * 2, "stop")
     assert cut_at_stop_ids(params, [7, 9], [-1.0] * 2, [0] * 2, "length")[3] == "length"
+
+
+def _image_inputs(seed: int) -> dict:
+    """A relax-omni processor's ``inputs`` for one image (Qwen-VL shapes: 4 patches of 2 floats, a 1x2x2 grid)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return {"pixel_values": torch.randn(4, 2, generator=gen), "image_grid_thw": torch.tensor([[1, 2, 2]]),
+            "mm_token_type_ids": torch.tensor([[0, 1, 1, 0]])}  # fmt: skip
+
+
+def test_media_payload_sends_one_processor_output_item_per_modality():
+    from relax.sglang.payload import media_payload
+
+    inputs = {**_image_inputs(0), "input_features": [[0.5, 0.25]], "feature_attention_mask": [[1]]}
+    fields = media_payload(inputs)
+    assert sorted(fields) == ["audio_data", "image_data"]
+    (image,) = fields["image_data"]
+    assert image["format"] == "processor_output" and image["modality"] == "image"
+    assert image["pixel_values"] == inputs["pixel_values"].tolist() and image["image_grid_thw"] == [[1, 2, 2]]
+    assert "mm_token_type_ids" not in image  # recomputed by SGLang from the ids
+    assert fields["audio_data"] == [{"format": "processor_output", "modality": "audio",
+                                     "input_features": [[0.5, 0.25]], "feature_attention_mask": [[1]]}]  # fmt: skip
+    req = GenerationRequest("m", [1, 2], SamplingParams(max_new_tokens=3))
+    body = generate_payload(req, "rid", [7], fields)
+    assert body["image_data"] is fields["image_data"] and body["input_ids"] == [1, 2, 7]
+    with pytest.raises(ValueError, match=r"media inputs \['pixel_attention_mask'\] have no SGLang /generate field"):
+        media_payload({"pixel_attention_mask": [1]})
+
+
+def test_a_groups_media_is_converted_once():
+    from relax.sglang.engine import _media_fields
+
+    shared, other = _image_inputs(1), _image_inputs(2)
+    fields = _media_fields([shared, None, shared, other])
+    assert fields[1] is None and fields[0] is fields[2] and fields[3] is not fields[0]
+    assert fields[3]["image_data"][0]["pixel_values"] == other["pixel_values"].tolist()

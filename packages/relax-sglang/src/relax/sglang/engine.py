@@ -51,6 +51,21 @@ def serialize_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _media_fields(refs: list[Any]) -> list[dict[str, Any] | None]:
+    """Each request's ``/generate`` media fields, resolved and converted once per distinct media object
+    (a group's requests share one: its tensors become JSON lists once, not once per sample)."""
+    from relax.core.data_multimodal import resolve_all
+    from relax.sglang.payload import media_payload
+
+    fields: dict[int, dict[str, Any]] = {}
+    out: list[dict[str, Any] | None] = []
+    for inputs in resolve_all(refs):
+        if inputs is not None and id(inputs) not in fields:
+            fields[id(inputs)] = media_payload(inputs)
+        out.append(None if inputs is None else fields[id(inputs)])
+    return out
+
+
 class SGLangEngine:
     """``RolloutEngine`` over one SGLang server (see the module docstring)."""
 
@@ -92,22 +107,20 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ generation
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        media = [r.request_id for r in requests if getattr(r, "media", None) is not None]
-        if media:
-            raise NotImplementedError(
-                f"{self.name}: requests {media[:3]} carry media; multimodal payloads for SGLang are not wired yet "
-                "(they need relax-omni's request media form) -- use the hf engine for VL/Omni models"
-            )
+        media: list[dict[str, Any] | None] = [None] * len(requests)
+        if any(r.media is not None for r in requests):
+            media = _media_fields([r.media for r in requests])
         epoch = self._abort_epoch
         with self._count_lock:
             self._in_flight += 1
         try:
-            return list(await asyncio.gather(*(self._one(r, epoch) for r in requests)))
+            return list(await asyncio.gather(*(self._one(r, m, epoch) for r, m in zip(requests, media, strict=True))))
         finally:
             with self._count_lock:
                 self._in_flight -= 1
 
-    async def _one(self, req: GenerationRequest, epoch: int) -> GenerationResult:
+    async def _one(self, req: GenerationRequest, media: dict[str, Any] | None, epoch: int) -> GenerationResult:
+        """One request to its end; ``media``: its ``/generate`` media fields (sent with every continuation)."""
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -122,7 +135,7 @@ class SGLangEngine:
                 reason = "length"
                 break
             rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"
-            out = await self.client.generate(generate_payload(req, rid, done))
+            out = await self.client.generate(generate_payload(req, rid, done, media))
             got, lps, vers, reason = parse_output(out, self._version)
             ids, logprobs, versions, reason = cut_at_stop_ids(req.params, ids + got, logprobs + lps, versions + vers, reason)
             # aborted by a pause (pause_mode "abort"), not by abort(): continue from the tokens so far

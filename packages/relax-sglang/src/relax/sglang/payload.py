@@ -31,16 +31,49 @@ def sampling_params(params: SamplingParams, max_new_tokens: int) -> dict[str, An
     return out
 
 
-def generate_payload(req: GenerationRequest, rid: str, response_ids: list[int]) -> dict[str, Any]:
-    """The ``/generate`` body continuing ``req`` after ``response_ids`` (its prefix plus tokens so far)."""
+def generate_payload(
+    req: GenerationRequest, rid: str, response_ids: list[int], media: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``/generate`` body continuing ``req`` after ``response_ids`` (its prefix plus tokens so far);
+    ``media``: the request's media fields (``media_payload`` of its processed inputs)."""
     left = req.params.max_new_tokens - len(response_ids)
-    return {
+    body = {
         "rid": rid,
         "input_ids": list(req.prompt_ids) + list(response_ids),
         "sampling_params": sampling_params(req.params, left),
         "return_logprob": True,
         "logprob_start_len": -1,  # no prompt logprobs: only the sampled tokens'
     }
+    return {**body, **media} if media else body
+
+
+#: processor outputs (``ProcessedPrompt["inputs"]`` keys) by the ``/generate`` field that carries them
+MEDIA_FIELDS: dict[str, tuple[str, ...]] = {
+    "image_data": ("pixel_values", "image_grid_thw"),
+    "video_data": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
+    "audio_data": ("input_features", "feature_attention_mask", "audio_feature_lengths"),
+}
+_MODALITY = {"image_data": "image", "video_data": "video", "audio_data": "audio"}
+_NOT_SENT = ("mm_token_type_ids", "use_audio_in_video")  # recomputed by SGLang from the ids / not a tensor
+
+
+def media_payload(inputs: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """``/generate`` fields for a prompt's processed media: per modality ONE ``processor_output`` item
+    (SGLang takes exactly one when inputs are already processed) holding that modality's tensors as
+    nested lists (JSON). The prompt ids already contain the expanded media placeholder tokens, as the
+    relax-omni processor produced them, so SGLang skips its own processor. Unknown keys are an error."""
+    known = {key: field for field, keys in MEDIA_FIELDS.items() for key in keys}
+    unknown = sorted(set(inputs) - set(known) - set(_NOT_SENT))
+    if unknown:
+        raise ValueError(f"media inputs {unknown} have no SGLang /generate field; known: {sorted(known)}")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, value in inputs.items():
+        if key in _NOT_SENT:
+            continue
+        field = known[key]
+        item = out.setdefault(field, [{"format": "processor_output", "modality": _MODALITY[field]}])[0]
+        item[key] = value.tolist() if hasattr(value, "tolist") else value
+    return out
 
 
 def parse_version(value: Any, default: int) -> int:
