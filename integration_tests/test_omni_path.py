@@ -4,7 +4,8 @@ row, exactly the tensors a fresh processing of that dataset row gives, and the t
 trained responses equal the rollout's (so it saw the same media and M-RoPE positions). After the run the
 engine serves exactly the trainer's weights: all of them (colocate, where the trainer hosts the engine), or,
 through the weight sync to the separate async engine, all but the frozen vision tower, which stays as loaded
-(``freeze_media_towers``)."""
+(``freeze_media_towers``). Rows whose media are missing or whose prompt with its media exceeds
+``data.max_prompt_length`` are dropped as they are drawn and counted in every step's metrics."""
 
 from __future__ import annotations
 
@@ -43,8 +44,12 @@ def omni_setup(tmp_path_factory):
         rows.append({"messages": [{"role": "user", "content": [
             {"type": "image", "image": str(root / f"shapes{i}.png")}, {"type": "text", "text": text}]}],
             "label": str(i % 3 + 1)})
-    data = root / "shapes.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    Image.new("RGB", (112, 112), "white").save(root / "big.png")  # 16 image tokens: over max_prompt_length
+    bad = [{"messages": [{"role": "user", "content": [{"type": "image", "image": str(root / name)},
+                                                      {"type": "text", "text": "how many circles? 9"}]}], "label": "1"}
+           for name in ("missing.png", "big.png")]
+    data = root / "shapes.jsonl"  # drawn in file order: the first step meets both bad rows
+    data.write_text("".join(json.dumps(r) + "\n" for r in [bad[0], rows[0], bad[1], *rows[1:]]))
     return model_dir, data, rows
 
 
@@ -68,9 +73,10 @@ def observer(monkeypatch):
     return out
 
 
-def overrides(model_dir, data, run_dir, mode):
+def overrides(model_dir, data, run_dir, mode, max_prompt_length):
     return [
         f"model.path={model_dir}", f"data.path={data}", "data.prompt_key=messages", "data.processor=qwen2_5_vl",
+        "data.shuffle=false", "data.on_error=skip", f"data.max_prompt_length={max_prompt_length}",
         "data.processor_params.max_pixels=12544", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
         "rollout.max_new_tokens=3", "trainer.micro_batch_size=2", "trainer.lr=1e-3", "total_steps=2",
         f"run_dir={run_dir}", f"mode={mode}", "logging.progress=false", "logging.console=false",
@@ -79,7 +85,7 @@ def overrides(model_dir, data, run_dir, mode):
 
 
 def fresh(rows, model_dir):
-    """Each row processed anew by the same processor: prompt text -> its inputs."""
+    """Each row processed anew by the same processor: prompt text -> its processed prompt."""
     from transformers import AutoProcessor
 
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
@@ -89,7 +95,7 @@ def fresh(rows, model_dir):
     out = {}
     for i, r in enumerate(rows):
         p = proc.process(r["messages"], [], f"shapes.jsonl:{i + 1}")
-        out[p["prompt_text"]] = p["inputs"]
+        out[p["prompt_text"]] = p
     return out
 
 
@@ -111,10 +117,15 @@ def test_media_run_trains_and_reaches_the_trainer_intact(ray_session, omni_setup
     run_dir = tmp_path / mode
     frozen = mode == "async"  # colocate trains and serves every weight; async keeps the vision tower as loaded
     extra = ["trainer.backend_params.freeze_media_towers=true"] if frozen else []
-    summary = run(load_config(None, [*overrides(model_dir, data, run_dir, mode), *extra]))
+    want = fresh(rows, model_dir)
+    longest = max(len(p["prompt_ids"]) for p in want.values())  # the big image's prompt is longer
+    summary = run(load_config(None, [*overrides(model_dir, data, run_dir, mode, longest), *extra]))
     assert summary["steps"] == 2
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["policy_version"] for m in metrics] == [1, 2]
+    for m in metrics:  # counted as drawn, in every step's row (not only the load-time counts of the first)
+        assert (m["data/skipped_media"], m["data/filtered_too_long"]) == (1, 1), m
+        assert m["data/processed_prompts"] >= 2 * m["step"] and m["data/media_image"] == m["data/processed_prompts"]
     assert all(math.isfinite(m["train/loss"]) and m["train/grad_norm"] > 0 for m in metrics)
     assert all(m["rollout/train_logprob_abs_diff"] < 1e-4 for m in metrics), [m["rollout/train_logprob_abs_diff"] for m in metrics]
     served, exported = observer["served"], observer["exported"]
@@ -128,10 +139,9 @@ def test_media_run_trains_and_reaches_the_trainer_intact(ray_session, omni_setup
     tower_moved = any(not torch.equal(initial[n], served[n]) for n in towers)
     assert tower_moved != frozen, "the vision tower must train and sync unless frozen"
     if mode == "async":
-        want = fresh(rows, model_dir)
         assert len(seen) == 2 * 4
         for row in seen:
-            expected = {k: v for k, v in want[row["text"]].items() if k != "mm_token_type_ids"}
+            expected = {k: v for k, v in want[row["text"]]["inputs"].items() if k != "mm_token_type_ids"}
             assert row["media"].keys() == expected.keys()
             assert all(torch.equal(row["media"][k], expected[k]) for k in expected), row["text"]
         assert np.mean([len(r["media"]["pixel_values"]) for r in seen]) > 0

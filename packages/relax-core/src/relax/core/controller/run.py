@@ -156,6 +156,9 @@ class RunState:
         metrics["step"] = float(self.step)
         metrics["policy_version"] = float(self.version)
         metrics.update(self.__dict__.pop("data_counts", {}))
+        from relax.core.data_multimodal import draw_counts
+
+        metrics.update(draw_counts(self.dataset))  # media prompts are skipped / filtered as they are drawn
         self.last_metrics = dict(metrics)
         self.metrics.log(self.step, metrics)
         get_plugin_manager().hook.relax_on_step_end(step=self.step, metrics=dict(metrics))
