@@ -8,6 +8,16 @@ import pytest
 from relax.core.testing.models import MODEL_SEED, OTHER_MODEL_SEED, tiny_model_dir
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kills_shared_server: kills the session's SGLang server (runs last)")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests that kill the session's one SGLang server run after every other test of the session, so the
+    server is launched once (stable sort: the rest keep their order)."""
+    items.sort(key=lambda item: item.get_closest_marker("kills_shared_server") is not None)
+
+
 @pytest.fixture(scope="session")
 def sglang_python(tmp_path_factory) -> str:
     """The server venv's interpreter; a failed build fails the test with the build log's tail (no skip)."""

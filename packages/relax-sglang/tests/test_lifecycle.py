@@ -1,5 +1,6 @@
 """Server lifecycle: a bad interpreter is a clear error; stopping a server leaves no process of its group
-and frees its port; a killed server is detected and named by ``health`` and restarts."""
+and frees its port; a dead server is detected and named by ``health`` and restarts (restart on a stand-in
+server; the session's real server is killed by the last test of the session, so it is launched once)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from relax.sglang.server import ServerError, ServerProcess, live_group_members
 # stands in for sglang.launch_server where only process handling is under test: a real HTTP server on
 # --port with a child process in its group, as SGLang's scheduler/detokenizer are
 FAKE_LAUNCHER = textwrap.dedent('''
-    import http.server, subprocess, sys
+    import http.server, json, subprocess, sys
     port = int(sys.argv[sys.argv.index("--port") + 1])
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200); self.end_headers()
+            body = json.dumps({"weight_version": "default"}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
         def log_message(self, *args):
             pass
     http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
@@ -54,13 +57,16 @@ def test_a_missing_interpreter_is_a_clear_error(tmp_path):
         server.start()
 
 
-def test_stop_leaves_no_process_and_frees_the_port(tmp_path):
+def _fake_params(tmp_path) -> SGLangEngineParams:
     pkg = tmp_path / "fake" / "sglang"
-    pkg.mkdir(parents=True)
+    pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "launch_server.py").write_text(FAKE_LAUNCHER)
-    params = SGLangEngineParams(python=sys.executable, env={"PYTHONPATH": str(tmp_path / "fake")}, startup_timeout_s=60)
-    server = ServerProcess(params, "/m", "float32", tmp_path / "logs" / "s.log", index=1)
+    return SGLangEngineParams(python=sys.executable, env={"PYTHONPATH": str(tmp_path / "fake")}, startup_timeout_s=60)
+
+
+def test_stop_leaves_no_process_and_frees_the_port(tmp_path):
+    server = ServerProcess(_fake_params(tmp_path), "/m", "float32", tmp_path / "logs" / "s.log", index=1)
     server.start()
     pgid, port = server.proc.pid, server.port
     assert server.alive() and not _port_free("127.0.0.1", port)
@@ -70,8 +76,27 @@ def test_stop_leaves_no_process_and_frees_the_port(tmp_path):
     assert "sglang.launch_server" in (tmp_path / "logs" / "s.log").read_text()
 
 
-def test_killed_server_is_named_by_health_and_restarts(sglang_engine):
-    """Kills the session's server and restarts it (same model, version 0): later tests see a fresh server."""
+def test_a_dead_launched_server_is_named_by_health_and_restarts(tmp_path, tiny_dirs):
+    """The restart path on a cheap stand-in server (the real server's death is the last test below)."""
+    from relax.sglang.engine import SGLangEngine
+
+    engine = SGLangEngine(_fake_params(tmp_path), tiny_dirs[0], run_dir=str(tmp_path))
+    try:
+        first = engine.server.proc.pid
+        os.killpg(first, signal.SIGKILL)
+        engine.server.proc.wait(30)
+        health = engine.health()
+        assert health["ok"] is False and f"sglang engine[0] at {engine.url} exited with code -9" in health["error"]
+        engine.restart()
+        assert engine.health()["ok"] is True and engine.server.proc.pid != first and engine.weight_version() == 0
+    finally:
+        engine.close()
+    assert live_group_members(engine.server.proc.pid) == []
+
+
+@pytest.mark.kills_shared_server
+def test_killed_server_is_detected_and_named(sglang_engine):
+    """Kills the session's real server for good: ordered after every other test (see conftest)."""
     engine = sglang_engine
     assert _generate(engine).finish_reason == "length"
     os.killpg(engine.server.proc.pid, signal.SIGKILL)
@@ -80,6 +105,3 @@ def test_killed_server_is_named_by_health_and_restarts(sglang_engine):
     assert health["ok"] is False and f"sglang engine[0] at {engine.url} exited" in health["error"], health
     with pytest.raises(SGLangHTTPError, match=r"sglang engine\[0\] at .*/generate failed"):
         _generate(engine)
-    engine.restart()
-    assert engine.health()["ok"] is True and engine.weight_version() == 0
-    assert len(_generate(engine, 3).response_ids) == 3

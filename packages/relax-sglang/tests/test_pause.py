@@ -10,6 +10,7 @@ import pytest
 
 from relax.core.protocols import GenerationRequest, SamplingParams
 from relax.core.testing.models import load_hf_weights
+from relax.sglang.testing import load_weights
 
 BUDGET = 160  # long enough to be mid-flight when the pause lands (~10 ms/token here)
 
@@ -40,10 +41,7 @@ def test_pause_with_requests_in_flight_then_continue(mode, sglang_engine, tiny_d
     try:
         held, results = asyncio.run(asyncio.wait_for(scenario(), 600))
     finally:
-        restore = list(load_hf_weights(tiny_dirs[0]).items())
-        engine.begin_weight_update(version + 2)
-        engine.update_weights(restore, version + 2)
-        engine.end_weight_update(version + 2)
+        load_weights(engine, tiny_dirs[0], version + 2)
         engine.params = dataclasses.replace(engine.params, pause_mode="retract")
     for r in results:
         assert (len(r.response_ids), r.finish_reason) == (BUDGET, "length"), (mode, len(r.response_ids), r.finish_reason)
@@ -54,3 +52,42 @@ def test_pause_with_requests_in_flight_then_continue(mode, sglang_engine, tiny_d
     assert any(version + 1 in r.versions for r in results), (
         f"{mode}: no token came from the weights loaded during the pause: {[r.versions for r in results]}"
     )
+
+
+def test_abort_then_resubmit_from_scratch_carries_exact_versions(sglang_engine, tiny_dirs):
+    """``rollout.partial_rollout: abort``: in-flight requests end as ``abort`` with old-version tokens only;
+    sent again from scratch after the update, every token is the new weights' (HF greedy on them) and
+    carries the new version -- no token of the aborted attempt leaks into the resubmission (the controller
+resends aborted requests from scratch, see ``relax.core.controller.router.stream_groups``)."""
+    from relax.core.engines.hf import HFRolloutEngine
+
+    engine, version = sglang_engine, sglang_engine.weight_version()
+    reqs = [GenerationRequest(f"a{i}", [4, 5, 6 + i], SamplingParams(temperature=0.0, max_new_tokens=BUDGET, ignore_eos=True))
+            for i in range(3)]  # fmt: skip
+
+    async def scenario():
+        task = asyncio.ensure_future(engine.generate(reqs))
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(engine.pause)
+        try:
+            await asyncio.to_thread(engine.abort)
+            aborted = await asyncio.wait_for(task, 120)  # returned while still paused
+            await asyncio.to_thread(engine.begin_weight_update, version + 1)
+            await asyncio.to_thread(engine.update_weights, list(load_hf_weights(tiny_dirs[1]).items()), version + 1)
+            await asyncio.to_thread(engine.end_weight_update, version + 1)
+        finally:
+            await asyncio.to_thread(engine.resume)
+        return aborted, await asyncio.wait_for(engine.generate(reqs), 300)
+
+    try:
+        aborted, again = asyncio.run(asyncio.wait_for(scenario(), 600))
+    finally:
+        load_weights(engine, tiny_dirs[0], version + 2)
+    for r in aborted:
+        assert r.finish_reason == "abort" and len(r.response_ids) < BUDGET, (r.finish_reason, len(r.response_ids))
+        assert r.versions == [version] * len(r.response_ids), r.versions
+    want = asyncio.run(asyncio.wait_for(HFRolloutEngine(tiny_dirs[1]).generate(reqs), 300))
+    for r, w in zip(again, want, strict=True):
+        assert (r.finish_reason, r.versions) == ("length", [version + 1] * BUDGET), (r.finish_reason, set(r.versions))
+        # the head only: over 160 float32 steps a near-tie may flip between two correct implementations
+        assert r.response_ids[:16] == w.response_ids[:16], "the resubmission did not decode from scratch on the new weights"

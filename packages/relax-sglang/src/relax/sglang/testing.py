@@ -13,7 +13,7 @@ from typing import Any
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.server_env import ServerEnvError, server_python
 
-__all__ = ["ServerEnvError", "close_shared", "engine_params", "server_python", "shared_engine"]
+__all__ = ["ServerEnvError", "close_shared", "engine_params", "load_weights", "server_python", "shared_engine"]
 
 _lock = threading.Lock()
 _shared: dict[str, Any] = {}
@@ -36,6 +36,15 @@ def shared_engine(model_dir: str, run_dir: str, **overrides: Any) -> Any:
         with _lock:
             _shared[model_dir] = engine
     return engine
+
+
+def load_weights(engine: Any, model_dir: str, version: int) -> None:
+    """Serve the checkpoint in ``model_dir`` as ``version`` (tests restore the shared server's weights)."""
+    from relax.core.testing.models import load_hf_weights
+
+    engine.begin_weight_update(version)
+    engine.update_weights(list(load_hf_weights(model_dir).items()), version)
+    engine.end_weight_update(version)
 
 
 def close_shared() -> None:
