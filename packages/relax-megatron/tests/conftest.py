@@ -73,6 +73,26 @@ def tiny_qwen3_moe(tmp_path_factory, tiny_qwen3):
     return str(model_dir), AutoConfig.from_pretrained(model_dir), load_hf_weights(str(model_dir))
 
 
+@pytest.fixture(scope="session")
+def fuse_experts():
+    """``fuse(weights, config)``: an export's per-expert HF names (as checkpoints and SGLang name them) as
+    transformers' in-memory fused ``mlp.experts.gate_up_proj`` / ``down_proj`` (what core's torch trainer
+    exports for Qwen3-MoE); a new dict."""
+    import torch
+
+    def fuse(weights: dict, config) -> dict:
+        out = dict(weights)
+        for i in range(config.num_hidden_layers):
+            e = f"model.layers.{i}.mlp.experts."
+            experts = range(config.num_experts)
+            out[e + "gate_up_proj"] = torch.stack([torch.cat([out.pop(f"{e}{j}.gate_proj.weight"),
+                                                              out.pop(f"{e}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
+            out[e + "down_proj"] = torch.stack([out.pop(f"{e}{j}.down_proj.weight") for j in experts])
+        return out
+
+    return fuse
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -60,10 +60,11 @@ def test_backend_params_reject_unsupported_layouts():
     assert MegatronParams(tensor_parallel=2).validate() == []
     assert MegatronParams(tensor_parallel=2, pipeline_parallel=2, data_parallel=2).validate() == []
     assert MegatronParams(data_parallel=0).validate() == ["data_parallel: must be >= 1, got 0"]
-    (ep,) = MegatronParams(expert_parallel=2).validate()
-    assert "expert_parallel=2" in ep and "needs data parallelism" in ep
+    (ep,) = MegatronParams(expert_parallel=2, data_parallel=3).validate()
+    assert "expert_parallel=2: must divide data_parallel=3" in ep
+    assert MegatronParams(expert_parallel=2, data_parallel=4).validate() == []  # EP carved from DP
     (dist_opt,) = MegatronParams(distributed_optimizer=True).validate()
-    assert "distributed_optimizer" in dist_opt and "data-parallel" in dist_opt
+    assert "distributed_optimizer: not supported" in dist_opt and "CUDA parameters" in dist_opt
 
 
 def test_registered_as_the_megatron_trainer():
@@ -127,7 +128,7 @@ class TestNonFinite(TinyModelFixtures):
             assert torch.equal(tensor, before[name]), name  # the update was dropped
 
 
-def test_a_moe_step_matches_the_torch_trainer(megatron_world, tiny_qwen3_moe):
+def test_a_moe_step_matches_the_torch_trainer(megatron_world, tiny_qwen3_moe, fuse_experts):
     """Qwen3-MoE (TP=1, EP=1): the same logprobs, loss, grad norm and updated weights as core's torch
     trainer on transformers' Qwen3-MoE (whose experts are fused tensors in memory; the export is per expert,
     as checkpoints and SGLang name them)."""
@@ -142,13 +143,7 @@ def test_a_moe_step_matches_the_torch_trainer(megatron_world, tiny_qwen3_moe):
     m_ref, m_meg = ref.train_step({**batch, "old_logprobs": old}), meg.train_step({**batch, "old_logprobs": old})
     for key in ("loss", "entropy", "grad_norm"):
         assert m_meg[key] == pytest.approx(m_ref[key], abs=1e-5), key
-    want, got = exported(ref), exported(meg)
-    for i in range(config.num_hidden_layers):
-        e = f"model.layers.{i}.mlp.experts."
-        fused = {e + "gate_up_proj": torch.stack([torch.cat([got.pop(f"{e}{j}.gate_proj.weight"),
-                                                             got.pop(f"{e}{j}.up_proj.weight")]) for j in range(4)]),
-                 e + "down_proj": torch.stack([got.pop(f"{e}{j}.down_proj.weight") for j in range(4)])}  # fmt: skip
-        got.update(fused)
+    want, got = exported(ref), fuse_experts(exported(meg), config)
     assert sorted(got) == sorted(want)
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")

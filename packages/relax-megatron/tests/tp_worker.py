@@ -4,7 +4,8 @@
 this rank's HF shard, score the tokens vocab-parallel and gather the weights back to HF names; then a
 ``MegatronTrainer`` scores the batch (with old logprobs), takes one train step and exports its weights
 (and with ``--ckpt`` saves a dist checkpoint and scores the batch again); with ``moe_dir`` in the
-input, the same ranks then score the tokens with a Qwen3-MoE model at expert parallelism = world size.
+input, the same ranks then score the tokens with a Qwen3-MoE model at expert parallelism = world size
+and take a trainer step on it at DP = EP = world size.
 ``--mode pipeline`` (PP = world size, 1F1B schedule), on the same input: the last stage's logprobs of
 the tokens (forward only), then the same ``MegatronTrainer`` check at PP = world size (with ``--ckpt``
 also a second step after the save), then at DP = world size (two micro-batches per replica). Rank 0
@@ -33,45 +34,50 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
+    from megatron.core import parallel_state
 
     if args.mode == "tensor":  # one launch for both checks: starting processes is the slow part
         data = torch.load(args.input)
         results = {"convert": convert_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
         if "moe_dir" in data:  # then the same two processes as expert-parallel ranks
             results["moe"] = moe_check(args, data["moe_dir"], data["tokens"])
+            parallel_state.destroy_model_parallel()  # and as DP=2 x EP=2 ranks of a trainer
+            moe_batch = {k: v for k, v in data["batch"].items() if k != "old_logprobs"}  # the MoE model's own
+            results["moe_train"] = train_check(args, moe_batch, model_dir=data["moe_dir"], data_parallel=args.world,
+                                               expert_parallel=args.world)  # fmt: skip
     else:
         data = torch.load(args.input)
         results = {"logprobs": pipeline_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
-        from megatron.core import parallel_state
-
         parallel_state.destroy_model_parallel()  # the same processes as data-parallel replicas
-        dp = argparse.Namespace(**{**vars(args), "mode": "data", "ckpt": ""})
-        results["dp"] = train_check(dp, data["batch"], micro_batch_size=2)
+        results["dp"] = train_check(args, data["batch"], micro_batch_size=2, data_parallel=args.world)
     if args.rank == 0:
         torch.save(results, args.out)
     torch.distributed.barrier()
-    from megatron.core import parallel_state
-
     parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()
 
 
-def train_check(args: argparse.Namespace, batch: dict, micro_batch_size: int = 4) -> dict:
+def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micro_batch_size: int = 4,
+                **layout: int) -> dict:
+    """A ``MegatronTrainer`` at ``layout`` (default: ``<mode>_parallel`` = world size) on ``model_dir``
+    (default ``--model-dir``): logprobs, one step, the exported weights; with ``--ckpt`` (and the default
+    layout) a save, logprobs after it and a second step."""
 
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
     trainer = MegatronTrainer(
-        args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4, micro_batch_size=micro_batch_size,
-        rank=args.rank, **{f"{args.mode}_parallel": args.world}, world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
+        model_dir or args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4,
+        micro_batch_size=micro_batch_size, rank=args.rank, **(layout or {f"{args.mode}_parallel": args.world}),
+        world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
     before = trainer.forward_logprobs(batch)
     sum_pi_squared = trainer.forward_logprobs_and_sum_pi_squared(batch)
     metrics = trainer.train_step(batch)
     weights = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
     out = {"logprobs": before, "sum_pi_squared": sum_pi_squared, "metrics": metrics, "weights": weights}
-    if args.ckpt:
+    if args.ckpt and not layout:
         trainer.save(args.ckpt)
         out["logprobs_after"] = trainer.forward_logprobs(batch)
         out["second"] = trainer.train_step(batch)  # what a resumed trainer must repeat

@@ -74,27 +74,29 @@ def gather_tp_shards(local: dict[str, torch.Tensor], tp: int, group=None) -> lis
 
 
 def rank_rows(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str, torch.Tensor]:
-    """This data-parallel rank's contiguous share of the batch's rows (core's ``shard_bounds``). A rank
-    with no rows takes one fully masked row: it still joins every collective, contributing 0."""
+    """This data-parallel rank's contiguous share of the batch's rows (core's ``shard_bounds``), padded
+    with fully masked copies of row 0 to ``ceil(rows / dp)`` rows: every replica runs the same shapes
+    (the MoE dispatcher gathers tokens across replicas) and joins every collective, padding contributing 0."""
     from relax.core.trainers.data_parallel import shard_bounds, take_rows
 
-    start, end = shard_bounds(batch["responses"].shape[0], dp_rank, dp)
-    if end > start:
-        return take_rows(batch, start, end)
-    rows = take_rows(batch, 0, 1)
-    return {**rows, "response_mask": torch.zeros_like(rows["response_mask"])}
+    rows = batch["responses"].shape[0]
+    start, end = shard_bounds(rows, dp_rank, dp)
+    share, missing = take_rows(batch, start, end), -(-rows // dp) - (end - start)
+    if not missing:
+        return share
+    pad = {**take_rows(batch, 0, missing), "response_mask": torch.zeros_like(batch["response_mask"][:missing])}
+    per_row = [k for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows]
+    return {**share, **{k: torch.cat([share[k], pad[k]]) for k in per_row}}
 
 
 def gather_rows(local: torch.Tensor, total_rows: int, dp: int, group) -> torch.Tensor:
-    """Every data-parallel rank's rows (its :func:`rank_rows` share, scored) in rank order, on every rank."""
+    """The batch's rows in order, on every rank, from every data-parallel rank's :func:`rank_rows` share
+    (scored: the same padded shape on every rank)."""
     from relax.core.trainers.data_parallel import shard_bounds
 
-    bounds = [shard_bounds(total_rows, r, dp) for r in range(dp)]
-    size = max(1, *(e - s for s, e in bounds))
-    padded = torch.zeros((size, *local.shape[1:]), dtype=local.dtype)
-    padded[: local.shape[0]] = local
-    parts = [torch.empty_like(padded) for _ in range(dp)]
-    torch.distributed.all_gather(parts, padded, group=group)
+    parts = [torch.empty_like(local) for _ in range(dp)]
+    torch.distributed.all_gather(parts, local.contiguous(), group=group)
+    bounds = (shard_bounds(total_rows, r, dp) for r in range(dp))
     return torch.cat([part[: e - s] for part, (s, e) in zip(parts, bounds, strict=True)])
 
 
@@ -107,6 +109,8 @@ def all_reduce_grads(params: list[torch.nn.Parameter], group) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
+    if not grads:
+        return
     flat = _flatten_dense_tensors(grads)
     torch.distributed.all_reduce(flat, group=group)
     for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):

@@ -16,10 +16,10 @@ class MegatronParams:
     pipeline_parallel: int = 1  # PP stages (1F1B): one rank actor each
     # data-parallel replicas (megatron's world = TP x PP x DP rank actors); each takes its share of the rows
     data_parallel: int = 1
-    expert_parallel: int = 1  # MoE expert-parallel ranks (through the controller: 1; Qwen3-MoE trains at EP=1)
+    expert_parallel: int = 1  # MoE expert-parallel ranks, carved from the DP ones (must divide data_parallel)
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
     sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
-    distributed_optimizer: bool = False  # shards optimizer state over data-parallel ranks (no DP yet: refused)
+    distributed_optimizer: bool = False  # megatron's DistributedOptimizer: not supported (refused, see validate)
     num_cpus: float = 1.0  # reserved per rank
 
     def validate(self) -> list[str]:
@@ -36,11 +36,12 @@ class MegatronParams:
             errors.append("context_parallel / sequence_parallel: need Transformer Engine, which this build of "
                           "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
         if self.distributed_optimizer:
-            errors.append("distributed_optimizer: shards the optimizer state across data-parallel ranks, and the "
-                          "megatron trainer runs without data parallelism so far (nothing to shard); set it to false")  # fmt: skip
-        if self.expert_parallel != 1:
-            errors.append(f"expert_parallel={self.expert_parallel}: only 1 runs through the controller so far "
-                          "(EP > 1 needs data parallelism for the non-expert weights)")  # fmt: skip
+            errors.append("distributed_optimizer: not supported; megatron-core 0.16's DistributedOptimizer needs its "
+                          "DDP wrapper's grad buffers (this trainer all-reduces gradients itself, with torch AdamW) "
+                          "and takes only CUDA parameters (TypeError for a CPU torch.FloatTensor); set it to false")  # fmt: skip
+        if self.data_parallel % self.expert_parallel:
+            errors.append(f"expert_parallel={self.expert_parallel}: must divide data_parallel={self.data_parallel} "
+                          "(expert-parallel ranks are carved from the data-parallel ones, as in megatron)")  # fmt: skip
         return errors
 
 
@@ -73,6 +74,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         tensor_parallel=params.tensor_parallel if spec.trainable else 1,
         pipeline_parallel=params.pipeline_parallel if spec.trainable else 1,
         data_parallel=params.data_parallel if spec.trainable else 1,
+        expert_parallel=params.expert_parallel if spec.trainable else 1,
         rank=ctx.index,
         world_size=ctx.world_size,
         master_addr=ctx.master_addr,

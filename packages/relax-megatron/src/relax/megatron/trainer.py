@@ -79,6 +79,7 @@ class MegatronTrainer:
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
         data_parallel: int = 1,
+        expert_parallel: int = 1,
         rank: int = 0,
         world_size: int = 1,
         master_addr: str | None = None,
@@ -99,7 +100,10 @@ class MegatronTrainer:
         np.random.seed(seed)
         torch.manual_seed(seed)
         ensure_process_group(rank, world_size, master_addr, master_port)
-        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=seed)
+        if data_parallel % expert_parallel:
+            raise ValueError(f"expert_parallel={expert_parallel} must divide data_parallel={data_parallel}: "
+                             "expert-parallel ranks are carved from the data-parallel ones, as in megatron")  # fmt: skip
+        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=seed, expert_parallel=expert_parallel)
         self.model_path = model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
@@ -109,15 +113,20 @@ class MegatronTrainer:
         # DP (megatron derives it: world / (TP x PP)): each replica takes its share of every batch's rows
         self.dp, self.dp_rank = data_parallel, parallel_state.get_data_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
+        # EP: each rank holds experts / EP experts; their gradients are summed over the expert-DP ranks only
+        self.ep, self.ep_rank = expert_parallel, parallel_state.get_expert_model_parallel_rank()
+        self.ep_group = parallel_state.get_expert_model_parallel_group()
         # PP: core's objective already divides by step-global token counts, so megatron's schedule must
         # not rescale the loss
         pipeline = (dict(pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=torch.float32,
                          calculate_per_token_loss=True)
                     if pipeline_parallel > 1 else {})  # fmt: skip
+        if expert_parallel > 1:
+            pipeline["expert_model_parallel_size"] = expert_parallel
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
                                              tensor_model_parallel_size=tensor_parallel, **pipeline)  # fmt: skip
         convert.load_hf_into(self.model, convert.read_hf_checkpoint(model_path), self.hf_config, self.tp, self.tp_rank,
-                             pipeline_parallel, self.pp_rank)  # fmt: skip
+                             pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
         self.objective = objective
@@ -277,13 +286,9 @@ class MegatronTrainer:
         obj_sums = sums
         self._sum_qk_norm_grads()
         self._sum_tied_embedding_grads()
-        if self.dp > 1:
-            from relax.megatron.parallel import all_reduce_grads
-
-            all_reduce_grads([p for p in self.model.parameters() if p.requires_grad], self.dp_group)
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        self._sum_data_parallel_grads()
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
-        grad_norm = self._clip_grad_norm(params, max_norm)
+        grad_norm = self._clip_grad_norm(max_norm)
         skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))  # the same on every TP rank
         if skipped:  # a NaN/inf update would destroy the weights: drop it, or stop the run
             self._nonfinite(f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} "
@@ -335,20 +340,48 @@ class MegatronTrainer:
         weight = self.model.shared_embedding_or_output_weight()
         torch.distributed.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
-    def _clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
-        """Clip to the norm of the whole model's gradient; TP shards and pipeline stages count once,
-        replicated weights (norms, a tied embedding's copy) once, not once per rank. TP=PP=1: torch's
-        ``clip_grad_norm_``."""
-        if self.tp == 1 and self.pp == 1:
+    def _is_expert(self, name: str) -> bool:
+        """An expert weight sharded over the EP ranks (each rank holds its own experts)."""
+        return self.ep > 1 and ".mlp.experts." in name
+
+    def _sum_data_parallel_grads(self) -> None:
+        """Each replica back-propagated its own rows: sum the gradients over the data-parallel ranks
+        (expert weights over the expert-data-parallel ranks: with EP the dispatcher already brought every
+        EP rank's tokens to an expert)."""
+        if self.dp == 1:
+            return
+        from megatron.core import parallel_state
+        from relax.megatron.parallel import all_reduce_grads
+
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        all_reduce_grads([p for n, p in named if not self._is_expert(n)], self.dp_group)
+        if 1 < self.ep < self.dp:
+            experts = [p for n, p in named if self._is_expert(n)]
+            all_reduce_grads(experts, parallel_state.get_expert_data_parallel_group())
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        """Clip to the norm of the whole model's gradient; TP shards, pipeline stages and EP ranks'
+        experts count once, replicated weights (norms, a tied embedding's copy) once, not once per rank.
+        TP=PP=EP=1: torch's ``clip_grad_norm_``."""
+        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        params = [p for _, p in named]
+        if self.tp == 1 and self.pp == 1 and self.ep == 1:
             return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
         from megatron.core.transformer.module import param_is_not_shared
 
-        owned = [p.grad for p in params if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
-        square = torch.stack([g.float().square().sum() for g in owned]).sum() if owned else torch.zeros(())
-        torch.distributed.all_reduce(square, group=parallel_state.get_model_parallel_group())
-        norm = float(square.sqrt())
+        def square(grads: list[torch.Tensor], group) -> torch.Tensor:
+            total = torch.stack([g.float().square().sum() for g in grads]).sum() if grads else torch.zeros(())
+            torch.distributed.all_reduce(total, group=group)
+            return total
+
+        owned = [(n, p) for n, p in named if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
+        total = square([p.grad for n, p in owned if not self._is_expert(n)], parallel_state.get_model_parallel_group())
+        if self.ep > 1:
+            experts = [p.grad for n, p in owned if self._is_expert(n)]
+            total = total + square(experts, parallel_state.get_expert_tensor_model_pipeline_parallel_group())
+        norm = float(total.sqrt())
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
             for p in params:
@@ -377,8 +410,10 @@ class MegatronTrainer:
                 source = stage_units(units, local)
             else:
                 source = ({n: local[n].detach() for n in unit} for unit in units)
+            # a unit's shards: the EP ranks' (MoE, TP=1: each holds its experts) or the TP ranks'
+            width, group = (self.ep, self.ep_group) if self.ep > 1 else (self.tp, self.tp_group)
             for unit in source:
-                shards = gather_tp_shards(unit, self.tp, self.tp_group)
+                shards = gather_tp_shards(unit, width, group)
                 yield from convert.megatron_to_hf(shards, self.hf_config, partial=True).items()
 
         yield from buckets(named(), bucket_bytes)
