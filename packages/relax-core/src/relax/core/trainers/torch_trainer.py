@@ -29,6 +29,7 @@ from relax.core.multimodal_model import freeze_towers, is_tower, media_forward_k
 from relax.core.trainers.critic import Critic, split_rows
 from relax.core.trainers.data_parallel import DataParallel, shard_bounds, take_rows
 from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
+from relax.core.trainers.shared_prefix import shared_prefix_logits
 
 Objective = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, Any]]]
 _STATE_FILE = "trainer_state.pt"
@@ -54,7 +55,8 @@ class TorchTrainer:
     ``returns``; during the first ``critic_warmup_steps`` calls only the critic is updated.
     ``data_parallel``: this process is one rank of a data-parallel group (every method is then
     called on every rank with the same batch; each rank computes its share of the rows and rank 0
-    returns the result, see ``relax.core.trainers.data_parallel``).
+    returns the result, see ``relax.core.trainers.data_parallel``). ``share_prompts``: rows with the
+    same prompt (a GRPO group) run it once per micro-batch (``relax.core.trainers.shared_prefix``).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class TorchTrainer:
         skip_nonfinite: bool = False,
         data_parallel: DataParallel | None = None,
         freeze_media_towers: bool = False,
+        share_prompts: bool = True,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -119,6 +122,7 @@ class TorchTrainer:
         if data_parallel is not None and critic is not None:
             raise ValueError("the torch trainer's critic is not data-parallel: use world_size 1 with algorithm.critic")
         self.dp = data_parallel
+        self.share_prompts = share_prompts
         self.step = 0
 
     # ------------------------------------------------------------------ forward
@@ -129,13 +133,21 @@ class TorchTrainer:
         if has_media(batch):  # the rows' media, and 3-D positions from the model's own rope index
             ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
             kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width)
-        out = self.model(
-            use_cache=False,
-            logits_to_keep=resp_len + 1,
-            **kwargs,
-        )
-        logits = out.logits[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
+        logits = self._shared_prompt_logits(batch, resp_len) if not has_media(batch) else None
+        if logits is None:
+            out = self.model(use_cache=False, logits_to_keep=resp_len + 1, **kwargs)
+            logits = out.logits[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
         return logits if self.temperature == 1.0 else logits / self.temperature
+
+    def _shared_prompt_logits(self, batch: dict[str, torch.Tensor], resp_len: int) -> torch.Tensor | None:
+        """The group's samples share one pass over their prompt (``share_prompts``); None: plain forward."""
+        if not self.share_prompts:
+            return None
+        try:
+            return shared_prefix_logits(self.model, batch, resp_len)
+        except NotImplementedError:  # a cache whose rows cannot be repeated (sliding window, ...)
+            self.share_prompts = False
+            return None
 
     def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
