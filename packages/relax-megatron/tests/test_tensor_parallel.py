@@ -88,7 +88,7 @@ def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
 @pytest.fixture(scope="module")
 def pp2(tiny_qwen3, torch_reference, run_ranks, tmp_path_factory):
     """One two-process launch at PP=2: forward-only logprobs of tokens, then a ``MegatronTrainer`` step,
-    a dist checkpoint save and a second step at PP=2; then a step of the same processes at DP=2.
+    a dist checkpoint save and a second step at PP=2; then the same at DP=2 (saved to ``<checkpoint>-dp``).
     (tokens, rank 0's results, checkpoint directory)."""
     tokens = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(6))
     ckpt = tmp_path_factory.mktemp("pp2") / "checkpoint"
@@ -168,20 +168,22 @@ def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_referen
     _assert_same_step(got, ref, batch)
 
 
-def test_pp2_checkpoint_resumes_at_pp1(megatron_world, tiny_qwen3, pp2, torch_reference):
-    """A dist checkpoint saved by the two PP=2 stages after their first step, loaded by one PP=1 trainer
-    (megatron maps the stages' layers onto one model; AdamW state too): its second step repeats the
-    PP=2 ranks' second step (loss, grad norm and gathered weights within 1e-5)."""
+@pytest.mark.parametrize("saved_by", ["train", "dp"])
+def test_pp2_and_dp2_checkpoints_resume_in_one_process(megatron_world, tiny_qwen3, pp2, torch_reference, saved_by):
+    """A dist checkpoint saved after their first step by the two PP=2 stages ("train") or the two DP=2
+    replicas ("dp": one copy of the replicated weights and AdamW state, each replica's RNG), loaded by one
+    TP=PP=DP=1 trainer (megatron maps the stages' layers onto one model): its second step repeats the
+    ranks' second step (loss, grad norm and gathered weights within 1e-5)."""
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.core.testing.trainer import exported
     from relax.megatron.trainer import MegatronTrainer
 
     _, batch = torch_reference
-    got = pp2[1]["train"]
+    got = pp2[1][saved_by]
     objective = build_policy_objective(AlgorithmConfig())
     trainer = MegatronTrainer(tiny_qwen3[0], objective=objective, lr=1e-2, eps=1e-4, micro_batch_size=4)
-    trainer.load(str(pp2[2]))
+    trainer.load(str(pp2[2]) + ("-dp" if saved_by == "dp" else ""))
     assert trainer.step == 1
     torch.testing.assert_close(trainer.forward_logprobs(batch), got["logprobs_after"], atol=1e-5, rtol=0)
     metrics = trainer.train_step(batch)

@@ -8,7 +8,8 @@ input, the same ranks then score the tokens with a Qwen3-MoE model at expert par
 and take a trainer step on it at DP = EP = world size.
 ``--mode pipeline`` (PP = world size, 1F1B schedule), on the same input: the last stage's logprobs of
 the tokens (forward only), then the same ``MegatronTrainer`` check at PP = world size (with ``--ckpt``
-also a second step after the save), then at DP = world size (two micro-batches per replica). Rank 0
+also a second step after the save), then at DP = world size (two micro-batches per replica; saved to
+``<ckpt>-dp``, then a second step). Rank 0
 saves the results to ``--out``.
 """
 
@@ -49,7 +50,8 @@ def main() -> None:
         data = torch.load(args.input)
         results = {"logprobs": pipeline_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
         parallel_state.destroy_model_parallel()  # the same processes as data-parallel replicas
-        results["dp"] = train_check(args, data["batch"], micro_batch_size=2, data_parallel=args.world)
+        results["dp"] = train_check(args, data["batch"], micro_batch_size=2, ckpt=args.ckpt + "-dp",
+                                    data_parallel=args.world)  # fmt: skip
     if args.rank == 0:
         torch.save(results, args.out)
     torch.distributed.barrier()
@@ -58,10 +60,10 @@ def main() -> None:
 
 
 def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micro_batch_size: int = 4,
-                **layout: int) -> dict:
+                ckpt: str | None = None, **layout: int) -> dict:
     """A ``MegatronTrainer`` at ``layout`` (default: ``<mode>_parallel`` = world size) on ``model_dir``
-    (default ``--model-dir``): logprobs, one step, the exported weights; with ``--ckpt`` (and the default
-    layout) a save, logprobs after it and a second step."""
+    (default ``--model-dir``): logprobs, one step, the exported weights; with ``ckpt`` (default
+    ``--ckpt`` for the default layout) a save there, logprobs after it and a second step."""
 
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
@@ -77,8 +79,9 @@ def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micr
     metrics = trainer.train_step(batch)
     weights = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
     out = {"logprobs": before, "sum_pi_squared": sum_pi_squared, "metrics": metrics, "weights": weights}
-    if args.ckpt and not layout:
-        trainer.save(args.ckpt)
+    ckpt = (args.ckpt if not layout else "") if ckpt is None else ckpt
+    if ckpt:
+        trainer.save(ckpt)
         out["logprobs_after"] = trainer.forward_logprobs(batch)
         out["second"] = trainer.train_step(batch)  # what a resumed trainer must repeat
         out["weights_second"] = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
