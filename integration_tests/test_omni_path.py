@@ -1,17 +1,18 @@
-"""The multimodal path through ``relax run`` on a tiny Qwen2.5-VL (built locally) with relax-omni's processor:
-colocate and async runs train for a few steps; in async mode every batch handed to the trainer carries, row by
-row, exactly the tensors a fresh processing of that dataset row gives, and the trainer's own logprobs of the
-trained responses equal the rollout's (so it saw the same media and M-RoPE positions). After the run the
-engine serves exactly the trainer's weights: all of them (colocate, where the trainer hosts the engine), or,
-through the weight sync to the separate async engine, all but the frozen vision tower, which stays as loaded
-(``freeze_media_towers``). Rows whose media are missing or whose prompt with its media exceeds
-``data.max_prompt_length`` are dropped as they are drawn and counted in every step's metrics."""
+"""The multimodal path through ``relax run`` with relax-omni's processors on tiny locally built models, two
+GRPO steps each. Async (tiny Qwen2.5-VL): every batch handed to the trainer carries, row by row, exactly the
+tensors a fresh processing of that dataset row gives; rows whose media are missing or whose prompt with its
+media exceeds ``data.max_prompt_length`` are dropped as drawn and counted in every step's metrics; through the
+weight sync the engine serves all the trainer's weights but the frozen vision tower (``freeze_media_towers``),
+kept as loaded. Colocate (the audio quick-start, tiny Qwen2.5-Omni thinker): the trainer hosts the engine, so
+both towers train and are served. In both the trainer's logprobs of the trained responses equal the rollout's
+(it saw the same media and M-RoPE positions)."""
 
 from __future__ import annotations
 
 import json
 import math
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from relax.core.data_multimodal import row_media
 
 pytestmark = pytest.mark.slow
 ROWS = 6
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def omni_setup(tmp_path_factory):
     from relax.core.testing.multimodal_models import tiny_multimodal_dir
 
     root = tmp_path_factory.mktemp("omni_path")
-    model_dir = tiny_multimodal_dir(root, "qwen2_5_vl")
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")  # the session's build
     rows = []
     for i in range(ROWS):
         img = Image.new("RGB", (56 + 14 * (i % 3), 56), "white")
@@ -99,9 +101,28 @@ def fresh(rows, model_dir):
     return out
 
 
-@pytest.mark.parametrize("mode", ["colocate", "async"])
-def test_media_run_trains_and_reaches_the_trainer_intact(ray_session, omni_setup, tmp_path, monkeypatch, observer,
-                                                        mode):
+def check_run(run_dir, model_dir, observer, frozen_towers: set[str], trained_towers: set[str]) -> list[dict]:
+    """Two finished steps with rollout = trainer logprobs; the engine serves exactly the exported weights,
+    minus ``frozen_towers`` (kept as loaded); ``trained_towers`` moved. Returns the metrics rows."""
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["policy_version"] for m in metrics] == [1, 2]
+    assert all(math.isfinite(m["train/loss"]) and m["train/grad_norm"] > 0 for m in metrics)
+    assert all(m["rollout/train_logprob_abs_diff"] < 1e-4 for m in metrics), [m["rollout/train_logprob_abs_diff"] for m in metrics]
+    served, exported = observer["served"], observer["exported"]
+    assert set(served) - set(exported) == frozen_towers
+    assert all(torch.equal(served[n], t) for n, t in exported.items())
+    from relax.core.multimodal_model import load_model
+
+    initial = load_model(model_dir, "float32").state_dict()
+    assert any(not torch.equal(initial[n], t) for n, t in exported.items()), "training moved no weight"
+    assert all(torch.equal(initial[n], served[n]) for n in frozen_towers), "a frozen tower changed"
+    if trained_towers:
+        assert any(not torch.equal(initial[n], served[n]) for n in trained_towers), "a tower did not train or sync"
+    return metrics
+
+
+def test_async_media_run_reaches_the_trainer_intact(ray_session, omni_setup, tmp_path, monkeypatch, observer):
+    """Async (separate engine, weight sync) with the vision tower frozen; bad rows counted per step."""
     model_dir, data, rows = omni_setup
     import relax.core.controller.modes as modes
 
@@ -114,34 +135,40 @@ def test_media_run_trains_and_reaches_the_trainer_intact(ray_session, omni_setup
         return batch
 
     monkeypatch.setattr(modes, "collate", recording_collate)
-    run_dir = tmp_path / mode
-    frozen = mode == "async"  # colocate trains and serves every weight; async keeps the vision tower as loaded
-    extra = ["trainer.backend_params.freeze_media_towers=true"] if frozen else []
     want = fresh(rows, model_dir)
     longest = max(len(p["prompt_ids"]) for p in want.values())  # the big image's prompt is longer
-    summary = run(load_config(None, [*overrides(model_dir, data, run_dir, mode, longest), *extra]))
+    extra = ["trainer.backend_params.freeze_media_towers=true"]
+    summary = run(load_config(None, [*overrides(model_dir, data, tmp_path, "async", longest), *extra]))
     assert summary["steps"] == 2
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["policy_version"] for m in metrics] == [1, 2]
+    towers = {n for n in observer["served"] if n.startswith("model.visual.")}
+    metrics = check_run(tmp_path, model_dir, observer, frozen_towers=towers, trained_towers=set())
     for m in metrics:  # counted as drawn, in every step's row (not only the load-time counts of the first)
         assert (m["data/skipped_media"], m["data/filtered_too_long"]) == (1, 1), m
         assert m["data/processed_prompts"] >= 2 * m["step"] and m["data/media_image"] == m["data/processed_prompts"]
-    assert all(math.isfinite(m["train/loss"]) and m["train/grad_norm"] > 0 for m in metrics)
-    assert all(m["rollout/train_logprob_abs_diff"] < 1e-4 for m in metrics), [m["rollout/train_logprob_abs_diff"] for m in metrics]
-    served, exported = observer["served"], observer["exported"]
-    towers = {n for n in served if n.startswith("model.visual.")}
-    assert towers and set(served) - set(exported) == (towers if frozen else set())
-    assert all(torch.equal(served[n], t) for n, t in exported.items())
-    from relax.core.multimodal_model import load_model
+    assert towers and len(seen) == 2 * 4
+    for row in seen:
+        expected = {k: v for k, v in want[row["text"]]["inputs"].items() if k != "mm_token_type_ids"}
+        assert row["media"].keys() == expected.keys()
+        assert all(torch.equal(row["media"][k], expected[k]) for k in expected), row["text"]
+    assert np.mean([len(r["media"]["pixel_values"]) for r in seen]) > 0
 
-    initial = load_model(model_dir, "float32").state_dict()
-    assert any(not torch.equal(initial[n], t) for n, t in exported.items()), "training moved no weight"
-    tower_moved = any(not torch.equal(initial[n], served[n]) for n in towers)
-    assert tower_moved != frozen, "the vision tower must train and sync unless frozen"
-    if mode == "async":
-        assert len(seen) == 2 * 4
-        for row in seen:
-            expected = {k: v for k, v in want[row["text"]]["inputs"].items() if k != "mm_token_type_ids"}
-            assert row["media"].keys() == expected.keys()
-            assert all(torch.equal(row["media"][k], expected[k]) for k in expected), row["text"]
-        assert np.mean([len(r["media"]["pixel_values"]) for r in seen]) > 0
+
+def test_audio_quickstart_runs_colocate(ray_session, tmp_path_factory, tmp_path, observer):
+    """``examples/quickstart_omni_audio.yaml`` (tiny Qwen2.5-Omni thinker, generated tones + circles task) for
+    two GRPO steps in colocate: the trainer hosts the engine, so both towers train and are served."""
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.synthetic import make_dataset
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
+    data = make_dataset(tmp_path_factory.mktemp("omni_audio_task") / "audio", ("audio", "image"), rows=8)
+    overrides = [f"model.path={model_dir}", f"data.path={data}", f"data.processor_params.media_root={data.parent}",
+                 "total_steps=2", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
+                 f"run_dir={tmp_path}", "logging.progress=false", "logging.console=false",
+                 "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false"]
+    summary = run(load_config(str(EXAMPLES / "quickstart_omni_audio.yaml"), overrides))
+    assert summary["steps"] == 2
+    towers = {n for n in observer["served"] if n.startswith(("model.audio_tower.", "model.visual."))}
+    assert {n.split(".")[1] for n in towers} == {"audio_tower", "visual"}
+    metrics = check_run(tmp_path, model_dir, observer, frozen_towers=set(), trained_towers=towers)
+    assert all(m["groups/kept"] == 2 and m["data/skipped_media"] == 0 for m in metrics)
+    assert metrics[-1]["data/media_audio"] > 0 and metrics[-1]["data/media_image"] > 0
