@@ -3,10 +3,11 @@
 The model is built from the HF config and loaded from the HF safetensors through
 :mod:`relax.megatron.convert`; logprobs and entropy are computed vocab-parallel
 (:mod:`relax.megatron.logprobs`); the loss is core's policy objective with step-global token counts,
-as in core's torch trainer, so the two give the same loss on the same batch. This increment runs
-TP=1, PP=1 in one process (gloo on CPU), or TP=N as N processes that call every method together
-(``export_weights`` gathers across TP, so it is collective too: ``collective_export``, core's worker group
-has every rank export in step and sends rank 0's buckets).
+as in core's torch trainer, so the two give the same loss on the same batch. One process per rank of
+megatron's TP x PP x DP world (gloo on CPU); every rank is called with the whole batch, together
+(``export_weights`` gathers across TP, PP and EP, so it is collective too: ``collective_export``, core's
+worker group has every rank export in step and sends rank 0's buckets). DP replicas take their share of
+the rows; token counts, loss sums and gradients are summed over them (step-global normalisation).
 """
 
 from __future__ import annotations
@@ -96,13 +97,13 @@ class MegatronTrainer:
         if world_size != tensor_parallel * pipeline_parallel * data_parallel:
             raise ValueError(f"world_size={world_size} != tensor_parallel={tensor_parallel} x pipeline_parallel="
                              f"{pipeline_parallel} x data_parallel={data_parallel}")  # fmt: skip
+        if data_parallel % expert_parallel:
+            raise ValueError(f"expert_parallel={expert_parallel} must divide data_parallel={data_parallel}: "
+                             "expert-parallel ranks are carved from the data-parallel ones, as in megatron")  # fmt: skip
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
         ensure_process_group(rank, world_size, master_addr, master_port)
-        if data_parallel % expert_parallel:
-            raise ValueError(f"expert_parallel={expert_parallel} must divide data_parallel={data_parallel}: "
-                             "expert-parallel ranks are carved from the data-parallel ones, as in megatron")  # fmt: skip
         initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=seed, expert_parallel=expert_parallel)
         self.model_path = model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
