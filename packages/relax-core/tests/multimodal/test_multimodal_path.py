@@ -84,6 +84,12 @@ def test_media_roundtrip_generate_train_sync(family, media, tmp_path_factory):
     engine = HFRolloutEngine(model_dir)
     results = run_async(engine.generate(requests_for(processed)), 120)
     assert all(0 < len(r.response_ids) <= MAX_NEW and r.finish_reason in ("stop", "length") for r in results)
+    engine.media_kv_cache = False  # the reference: a full forward with the media for every token
+    reference = run_async(engine.generate(requests_for(processed)), 120)
+    engine.media_kv_cache = True
+    for got, want in zip(results, reference, strict=True):  # KV-cached decoding: same tokens, same logprobs
+        assert got.response_ids == want.response_ids
+        assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) <= 1e-5
 
     samples = samples_for(processed, results)
     batch = collate(samples, engine.pad_token_id)

@@ -1,22 +1,36 @@
-"""The HF engine's path for requests with media: one full forward per token over the group's rows.
+"""The HF engine's path for requests with media: a prefill with the prompt's media, then KV-cached decoding.
 
-The KV-cache batcher assumes 1-D positions and text-only prefills; a media request instead re-runs the
-model on prompt + response so far with the prompt's media every step, exactly the forward the trainer
-runs (same kwargs, same model-computed M-RoPE positions), so rollout and trainer logprobs agree. Rows of
-one group share the prompt, media and length, so they decode as one unpadded batch. Quadratic in the
-response length: meant for short responses and small models (tests, CPU examples).
+The text batcher assumes 1-D positions and text-only prefills, so media requests decode apart, group by
+group (rows of a group share prompt, media and length: one unpadded batch). The prefill is exactly the
+trainer's forward (same kwargs, model-computed M-RoPE positions); it leaves the model's rope delta (M-RoPE
+position minus token index, per row), and each decode step feeds one token per row at position
+``cache length + delta`` on all three M-RoPE axes, which is what the model's own rope index gives a text
+token after the media. A weight update while a group decodes re-runs its prefill with the new weights (so
+every token is scored by the weights whose version it records). ``engine.media_kv_cache = False`` keeps
+the reference path instead: a full forward over prompt + response so far for every token.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from relax.core.data_multimodal import resolve_all
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
-from relax.core.multimodal_model import media_forward_kwargs
+from relax.core.multimodal_model import media_forward_kwargs, media_token_ids
+
+
+@dataclass
+class _Cached:
+    """A group's KV cache: ``length`` positions per row, the rows' rope deltas and the weights' version."""
+
+    cache: Any
+    length: int
+    delta: torch.Tensor  # (rows, 1)
+    version: int
 
 
 def _repeat(media: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
@@ -29,29 +43,77 @@ async def generate_with_media(engine: Any, rows: list[Any], epoch: int) -> None:
     groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault((id(media[i]), tuple(r.context)), []).append(i)
+    use_cache = getattr(engine, "media_kv_cache", True)
     for index in groups.values():
-        live = [rows[i] for i in index if not rows[i].finish]
+        group = [rows[i] for i in index if not rows[i].finish]
         inputs = {k: v.to(engine.device) for k, v in (media[index[0]] or {}).items()}  # None: text-only row
-        while live:
+        cached: _Cached | None = None
+        while any(not r.finish for r in group):
             if engine._abort_epoch != epoch:
-                for r in live:
+                for r in group:
                     r.finish = r.finish or "abort"
                 return
             if not engine._running.is_set():
                 await asyncio.sleep(0.005)
                 continue
             with engine._step_lock:
-                _step(engine, live, inputs)
-            live = [r for r in live if not r.finish]
+                if use_cache:
+                    cached = _cached_step(engine, group, inputs, cached)
+                else:
+                    live = [r for r in group if not r.finish]
+                    _sample(engine, live, _full_forward(engine, live, inputs, cache=False)[0])
             await asyncio.sleep(0)
 
 
-def _step(engine: Any, live: list[Any], media: dict[str, torch.Tensor]) -> None:
-    ids = torch.tensor([r.context + r.ids for r in live], dtype=torch.long, device=engine.device)
-    media = _repeat(media, len(live))
-    kwargs = media_forward_kwargs(engine.model, ids, torch.ones_like(ids), media, len(live[0].request.prompt_ids))
+def _full_forward(engine: Any, rows: list[Any], media: dict[str, torch.Tensor], cache: bool) -> tuple[torch.Tensor, Any]:
+    """Last-position logits of prompt + response so far with the media; the KV cache when ``cache``."""
+    ids = torch.tensor([r.context + r.ids for r in rows], dtype=torch.long, device=engine.device)
+    kwargs = media_forward_kwargs(engine.model, ids, torch.ones_like(ids), _repeat(media, len(rows)),
+                                  len(rows[0].request.prompt_ids))
     with torch.no_grad():
-        logits = engine.model(use_cache=False, logits_to_keep=1, **kwargs).logits[:, -1]
+        out = engine.model(use_cache=cache, logits_to_keep=1, **kwargs)
+    return out.logits[:, -1], (out.cache if cache else None)
+
+
+def _cached_step(engine: Any, group: list[Any], media: dict[str, torch.Tensor], cached: _Cached | None) -> _Cached:
+    """One token for the group's live rows. Finished rows stay in the batch (their logits are ignored)
+    so the cache keeps one shape; the group is small and shares its prompt."""
+    if cached is None or cached.version != engine._version:
+        _rope_holders(engine.model, reset=True)
+        logits, cache = _full_forward(engine, group, media, cache=True)
+        length = len(group[0].context) + len(group[0].ids)
+        cached = _Cached(cache, length, _rope_deltas(engine.model, len(group)).to(engine.device), engine._version)
+    else:
+        last = torch.tensor([[r.ids[-1]] for r in group], dtype=torch.long, device=engine.device)
+        last = last.masked_fill(torch.isin(last, torch.tensor(media_token_ids(engine.model.config), device=last.device)), 0)
+        position = (cached.delta + cached.length).view(1, len(group), 1).expand(3, -1, -1)
+        mask = torch.ones((len(group), cached.length + 1), dtype=torch.long, device=engine.device)
+        with torch.no_grad():
+            out = engine.model(input_ids=last, attention_mask=mask, position_ids=position, cache=cached.cache,
+                               use_cache=True)
+        logits, cached.cache, cached.length = out.logits[:, -1], out.cache, cached.length + 1
+    live = [i for i, r in enumerate(group) if not r.finish]
+    _sample(engine, [group[i] for i in live], logits[live])
+    return cached
+
+
+def _rope_holders(model: Any, reset: bool = False) -> list[Any]:
+    """The modules that keep M-RoPE deltas between forwards (``reset``: cleared, so none is stale)."""
+    holders = [m for m in model.modules() if hasattr(m, "rope_deltas")]
+    for m in holders if reset else ():
+        m.rope_deltas = None
+    return holders
+
+
+def _rope_deltas(model: Any, rows: int) -> torch.Tensor:
+    """The M-RoPE deltas the prefill left on the model; 0 when it computed none (plain 1-D positions)."""
+    for module in _rope_holders(model):
+        if isinstance(module.rope_deltas, torch.Tensor):
+            return module.rope_deltas.reshape(-1, 1).expand(rows, 1).to(torch.long)
+    return torch.zeros((rows, 1), dtype=torch.long)
+
+
+def _sample(engine: Any, live: list[Any], logits: torch.Tensor) -> None:
     params = [r.request.params for r in live]
     temperature = torch.tensor([p.temperature for p in params], device=logits.device)
     top_k = torch.tensor([p.top_k for p in params], device=logits.device)
