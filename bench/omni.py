@@ -4,9 +4,10 @@ A GRPO group is G samples of one prompt. Group-shared (what core does): load + p
 and give every sample the same inputs. Per-sample (the baseline): every sample loads and processes its own copy.
 Rows are the generated media task (images of circles, few-frame videos). Also measures the resident memory of
 1,000 queued image samples either way
-(group-shared first, freed before the per-sample queue is built).
+(group-shared first, freed before the per-sample queue is built), and the HF engine's decoding of one media
+group (G rows, ``--new-tokens`` each): KV-cached vs the full forward per token it replaced.
 
-    python bench/omni.py [--group 8] [--prompts 16] [--rounds 3]
+    python bench/omni.py [--group 8] [--prompts 16] [--rounds 3] [--new-tokens 128]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -31,7 +33,22 @@ def setup(root: Path, rows: int):
     model = tiny_multimodal_dir(root, "qwen2_5_vl")
     proc = make_factory("qwen2_5_vl")(params, PluginContext(role="processor", model_path=model))
     prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
-    return proc, prompts
+    return proc, prompts, model
+
+
+def decode_tokens_per_s(engine, processed: dict, group: int, new_tokens: int, kv_cache: bool) -> float:
+    """Tokens/s of one media group decoded to exactly ``new_tokens`` each (eos ignored)."""
+    from relax.core.protocols import GenerationRequest, SamplingParams
+    from relax.core.testing.models import run_async
+
+    engine.media_kv_cache = kv_cache
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    requests = [GenerationRequest(f"{kv_cache}/{j}", list(processed["prompt_ids"]), replace(params, seed=j),
+                                  media=processed["inputs"]) for j in range(group)]
+    start = time.perf_counter()
+    results = run_async(engine.generate(requests), 3600)
+    assert all(len(r.response_ids) == new_tokens for r in results)
+    return group * new_tokens / (time.perf_counter() - start)
 
 
 def group_shared(proc, prompts, group: int) -> list:
@@ -80,10 +97,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queued", type=int, default=1000, help="image samples held for the memory measure")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per row for the decode measure")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        proc, prompts = setup(root, max(args.prompts, 3 * args.queued // (2 * args.group) + 3))  # 2/3 images
+        proc, prompts, model = setup(root, max(args.prompts, 3 * args.queued // (2 * args.group) + 3))  # 2/3 images
         bench_prompts = prompts[: args.prompts]
         group_shared(proc, bench_prompts[:3], 1)  # warm-up: decoder and processor imports, first calls
         shared, single = [], []
@@ -98,6 +116,15 @@ def main() -> None:
         mb_single = queued_mb(per_sample, proc, images, args.group, args.queued)
         print(f"memory per {args.queued} queued image samples: group-shared {mb_shared[0]:.1f} MB, per-sample "
               f"{mb_single[0]:.1f} MB of tensors (RSS growth {mb_shared[1]:.1f} / {mb_single[1]:.1f} MB)")
+        from relax.core.engines.hf import HFRolloutEngine
+
+        engine = HFRolloutEngine(model)
+        processed = proc.process(images[0], [], "bench:decode")
+        decode_tokens_per_s(engine, processed, args.group, 4, True)  # warm-up
+        kv = decode_tokens_per_s(engine, processed, args.group, args.new_tokens, True)
+        full = decode_tokens_per_s(engine, processed, args.group, args.new_tokens, False)
+        print(f"media decode (G={args.group}, {args.new_tokens} new tokens, {len(processed['prompt_ids'])}-token "
+              f"prompt): KV-cached {kv:.0f} tok/s vs full forward per token {full:.0f} tok/s ({kv / full:.1f}x)")
         print(f"omni: {s / p:.1f}x prompts/s group-shared vs per-sample processing (G={args.group})")
 
 
