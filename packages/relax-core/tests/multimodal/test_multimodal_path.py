@@ -8,6 +8,7 @@ sides), one train step changes the weights, and after a weight sync the engine s
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import numpy as np
@@ -158,3 +159,34 @@ def test_text_only_requests_on_a_multimodal_model_use_the_kv_path(family, tmp_pa
     samples = [Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids)
                for i, (p, r) in enumerate(zip(prompts, results, strict=True))]
     assert_parity(torch_trainer(model_dir), collate(samples, engine.pad_token_id), results)
+
+
+def test_weight_update_mid_group_reprefills_with_the_new_weights(media, tmp_path_factory):
+    """KV-cached media decoding across a weight update: a group whose rows finish at different lengths is
+    re-prefilled (live rows only) with the new weights, and the tokens after the update are scored by them."""
+    from relax.core.multimodal_model import media_forward_kwargs
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
+    processed = TinyMediaProcessor(model_dir).process(rows_for("qwen2_5_vl", media)[0], [], "rows.jsonl:1")
+    engine = HFRolloutEngine(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in engine.model.state_dict().items()}
+    prompt, inputs = list(processed["prompt_ids"]), processed["inputs"]
+    requests = [GenerationRequest(f"w{n}", prompt, SamplingParams(max_new_tokens=n, seed=n, ignore_eos=True),
+                                  media=inputs) for n in (2, 6)]
+
+    async def scenario():
+        task = asyncio.ensure_future(engine.generate(requests))
+        while engine.stats["decode_rows"] < 2 + 2 + 1:  # three steps: the short row finished after two
+            await asyncio.sleep(0)
+        engine.update_weights(new, version=1)
+        return await asyncio.wait_for(task, 60)
+
+    short, long = asyncio.run(scenario())
+    assert short.versions == [0, 0] and long.versions == [0, 0, 0, 1, 1, 1]
+    ids = torch.tensor([prompt + long.response_ids])
+    kwargs = media_forward_kwargs(engine.model, ids, torch.ones_like(ids), inputs, len(prompt))
+    with torch.no_grad():
+        lps = torch.log_softmax(engine.model(**kwargs).logits[0, len(prompt) - 1:-1], -1)
+    want = lps.gather(-1, torch.tensor(long.response_ids)[:, None]).squeeze(-1)[3:]
+    assert (want - torch.tensor(long.logprobs[3:])).abs().max() <= 1e-5

@@ -25,8 +25,9 @@ from relax.core.multimodal_model import media_forward_kwargs, media_token_ids
 
 @dataclass
 class _Cached:
-    """A group's KV cache: ``length`` positions per row, the rows' rope deltas and the weights' version."""
+    """A group's KV cache for ``rows``: ``length`` positions each, their rope deltas, the weights' version."""
 
+    rows: list[Any]
     cache: Any
     length: int
     delta: torch.Tensor  # (rows, 1)
@@ -76,24 +77,26 @@ def _full_forward(engine: Any, rows: list[Any], media: dict[str, torch.Tensor], 
 
 
 def _cached_step(engine: Any, group: list[Any], media: dict[str, torch.Tensor], cached: _Cached | None) -> _Cached:
-    """One token for the group's live rows. Finished rows stay in the batch (their logits are ignored)
-    so the cache keeps one shape; the group is small and shares its prompt."""
+    """One token for the group's live rows. Rows that finish stay in the cached batch (their logits are
+    ignored) so the cache keeps one shape; a (re-)prefill takes the live rows only, all of one length."""
     if cached is None or cached.version != engine._version:
+        live = [r for r in group if not r.finish]
         _rope_holders(engine.model, reset=True)
-        logits, cache = _full_forward(engine, group, media, cache=True)
-        length = len(group[0].context) + len(group[0].ids)
-        cached = _Cached(cache, length, _rope_deltas(engine.model, len(group)).to(engine.device), engine._version)
+        logits, cache = _full_forward(engine, live, media, cache=True)
+        length = len(live[0].context) + len(live[0].ids)
+        cached = _Cached(live, cache, length, _rope_deltas(engine.model, len(live)).to(engine.device), engine._version)
     else:
-        last = torch.tensor([[r.ids[-1]] for r in group], dtype=torch.long, device=engine.device)
+        rows = cached.rows
+        last = torch.tensor([[r.ids[-1]] for r in rows], dtype=torch.long, device=engine.device)
         last = last.masked_fill(torch.isin(last, torch.tensor(media_token_ids(engine.model.config), device=last.device)), 0)
-        position = (cached.delta + cached.length).view(1, len(group), 1).expand(3, -1, -1)
-        mask = torch.ones((len(group), cached.length + 1), dtype=torch.long, device=engine.device)
+        position = (cached.delta + cached.length).view(1, len(rows), 1).expand(3, -1, -1)
+        mask = torch.ones((len(rows), cached.length + 1), dtype=torch.long, device=engine.device)
         with torch.no_grad():
             out = engine.model(input_ids=last, attention_mask=mask, position_ids=position, cache=cached.cache,
                                use_cache=True)
         logits, cached.cache, cached.length = out.logits[:, -1], out.cache, cached.length + 1
-    live = [i for i, r in enumerate(group) if not r.finish]
-    _sample(engine, [group[i] for i in live], logits[live])
+    live = [i for i, r in enumerate(cached.rows) if not r.finish]
+    _sample(engine, [cached.rows[i] for i in live], logits[live])
     return cached
 
 
