@@ -24,7 +24,8 @@ def _resources(params: SGLangEngineParams) -> Resources:
 
 @hookimpl
 def relax_register_rollout_engines(register):
-    register("sglang", _engine, config=SGLangEngineParams, resources=_resources)
+    # attach="urls": core's scale-out by URL starts an engine with engine_params.urls = [that URL]
+    register("sglang", _engine, config=SGLangEngineParams, resources=_resources, attach="urls")
 
 
 @hookimpl

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from relax.core.control.autoscaler import Autoscaler, Decision, Observation, queue_fill
+from relax.core.controller.fleet import attach_param
 
 log = logging.getLogger("relax")
 
@@ -59,6 +60,8 @@ class ControlAgent:
         self.run, self.hub, self.cfg = run, hub, run.config.control
         self.notify = notify or (lambda event, body: None)
         self.autoscaler = Autoscaler(self.cfg.autoscaler) if self.cfg.autoscaler.enabled else None
+        # scale-out by URL is offered when the engine's plugin declares an attach field
+        self.attach = attach_param(run.config.rollout.engine) is not None
         self.decisions: list[dict[str, Any]] = []
         self.busy = threading.Event()  # a scale operation is running
         self.idle = threading.Event()  # ... and its opposite, to wait on at the end
@@ -92,7 +95,7 @@ class ControlAgent:
                 log.warning("control: tick failed: %s", exc)
 
     def _snapshot(self, state: str | None = None) -> dict[str, Any]:
-        out = snapshot(self.run, self.cfg.protect_initial_engines, attach=False, state=state)
+        out = snapshot(self.run, self.cfg.protect_initial_engines, attach=self.attach, state=state)
         out["autoscaler"] = {"enabled": self.autoscaler is not None, "decisions": self.decisions[-10:]}
         return out
 
@@ -122,7 +125,9 @@ class ControlAgent:
         elif kind == "scale_out":
             self.busy.set()
             self.idle.clear()
-            future = control.scale_out(request["num_engines"], on_phase=lambda phase, ids: self.update(op, phase, engine_ids=ids))
+            urls = request.get("urls")
+            future = control.scale_out(len(urls) if urls else request["num_engines"], urls=urls,
+                                       on_phase=lambda phase, ids: self.update(op, phase, engine_ids=ids))
             future.add_done_callback(lambda f: self._finish(op, f, lambda ids: {"engine_ids": ids}, "scale_out"))
         elif kind == "scale_in":
             self.busy.set()

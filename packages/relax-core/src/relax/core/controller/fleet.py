@@ -16,6 +16,11 @@ the version it is labelled with. ``add_engine(s)`` / ``remove_engine`` are the c
 control plane's scale operations (called from its own thread, like a replacement). A scale-in
 drains: the engine gets no new requests while its in-flight ones finish, up to a timeout, and only
 then is removed (what is still in flight goes to the other engines).
+
+Attaching by URL (``attach_engines``): an engine backend that can serve from a running server declares
+at registration which of its ``rollout.engine_params`` fields lists the URLs (``register(..., attach=
+"urls")``); each attached engine is started with that field overridden to its one URL (``engine_params``
+of ``start_engine``), and its replacement re-attaches to the same URL. Core knows no backend here.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -40,6 +46,24 @@ DRAIN_POLL_S = 0.1
 #: ``on_phase(phase, indices)``: engines being added reached ``phase`` -- "creating", "health-checking",
 #: "weight-syncing", then "active" once they serve
 PhaseFn = Callable[[str, list[int]], None]
+
+
+def attach_param(engine: str, manager: Any = None) -> str | None:
+    """The ``rollout.engine_params`` field (a list of URLs) through which rollout engine ``engine``
+    attaches to running servers, as declared at registration (``attach=...``); None: it cannot attach."""
+    if manager is None:
+        from relax.core.plugins import get_plugin_manager
+
+        manager = get_plugin_manager()
+    return manager.registration("rollout_engine", engine).options.get("attach")
+
+
+def with_engine_params(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """``cfg`` with fields of ``rollout.engine_params`` (a dataclass, or a dict for an untyped engine)
+    replaced: the config one engine of the fleet starts from (e.g. attached to its own URL)."""
+    params = cfg.rollout.engine_params
+    params = {**params, **overrides} if isinstance(params, dict) else replace(params, **overrides)
+    return replace(cfg, rollout=replace(cfg.rollout, engine_params=params))
 
 
 def kill(handle: Any) -> None:
@@ -61,8 +85,9 @@ class EngineFleet:
         on_change: Callable[[list[Any]], None] | None = None,
     ) -> None:
         """``engines``: the run's engine list (``Roles.engines``), kept equal to the live set;
-        ``start_engine(index, slot)`` creates an engine actor on the reservation of configured
-        engine ``slot`` (None: outside the reservation); ``sync_engines(handles)`` pushes the
+        ``start_engine(index, slot[, engine_params=overrides])`` creates an engine actor on the reservation
+        of configured engine ``slot`` (None: outside the reservation), with ``rollout.engine_params``
+        fields overridden for that engine alone when given; ``sync_engines(handles)`` pushes the
         current weights to just those engines (``RunState.sync_weights``); ``on_change(engines)`` is
         told the serving engines whenever the set changes (e.g. the reward's judge handle)."""
         self.rollout = cfg.rollout
@@ -76,6 +101,7 @@ class EngineFleet:
         self._next_index = len(engines)
         self._slots: dict[int, int | None] = {i: i for i in range(len(engines))}  # index -> reservation slot
         self._free_slots: list[int] = []  # reservations of removed engines, for engines added later
+        self._params: dict[int, dict[str, Any]] = {}  # index -> its own engine_params overrides (attached)
         self._restarts = 0  # replacement engines started so far
         self._replacing = 0  # replacements in progress
         self._failed_starts = 0  # consecutive replacements that failed to start (backoff exponent)
@@ -127,6 +153,8 @@ class EngineFleet:
             self._replacing += 1
             index, attempt = self._take_index(), self._restarts
             self._slots[index] = self._slots.get(old)  # the replacement runs where the lost engine ran
+            if old in self._params:  # ... and serves from the same server
+                self._params[index] = self._params[old]
         log.warning("relax: %s; evicted it, starting rollout engine[%d] as replacement %d of at most %d",
                     reason, index, attempt, self.rollout.max_restarts)
         threading.Thread(
@@ -179,7 +207,7 @@ class EngineFleet:
         current weights (under ``weights_lock``, one transfer for all) and only then route to them."""
         phase = on_phase or (lambda name, which: None)
         phase("creating", indices)
-        handles = [self._start_engine(index, self._slots.get(index)) for index in indices]
+        handles = [self._start_engine(index, self._slots.get(index), **self._overrides(index)) for index in indices]
         try:
             phase("health-checking", indices)
             deadline = time.monotonic() + self.rollout.timeout_s
@@ -206,6 +234,11 @@ class EngineFleet:
         phase("active", indices)
         return handles
 
+    def _overrides(self, index: int) -> dict[str, Any]:
+        with self._lock:
+            params = self._params.get(index)
+        return {"engine_params": params} if params else {}
+
     def _await(self, ref: Any, deadline: float, what: str) -> Any:
         while not ray.wait([ref], timeout=READY_POLL_S)[0]:
             if self._stop.is_set():
@@ -226,24 +259,43 @@ class EngineFleet:
         its index. Blocks until it serves (engine start-up is bounded by ``rollout.timeout_s``)."""
         return self.add_engines(1)[0]
 
-    def add_engines(self, n: int, on_phase: PhaseFn | None = None) -> list[int]:
+    def add_engines(
+        self, n: int, on_phase: PhaseFn | None = None, engine_params: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Start ``n`` engines together (one weight transfer for all); returns their new indices once
-        they serve. Removed engines' reservations are reused before going outside the reservation."""
+        they serve. Removed engines' reservations are reused before going outside the reservation.
+        ``engine_params``: per new engine, ``rollout.engine_params`` fields of its own (such engines run
+        outside the reservation: an attached engine's server runs elsewhere)."""
+        if engine_params is not None and len(engine_params) != n:
+            raise ValueError(f"engine_params: {len(engine_params)} overrides for {n} engines")
         with self._lock:
             indices = [self._take_index() for _ in range(n)]
-            for index in indices:
-                if self._free_slots:
+            for i, index in enumerate(indices):
+                if engine_params is not None:
+                    self._params[index] = dict(engine_params[i])
+                elif self._free_slots:
                     self._slots[index] = self._free_slots.pop()
         try:
             self._start(indices, on_phase)
         except BaseException:
             with self._lock:
                 for index in indices:
+                    self._params.pop(index, None)
                     if (slot := self._slots.pop(index, None)) is not None:
                         self._free_slots.append(slot)
             raise
         log.info("relax: rollout engines %s added; serving: %s", indices, sorted(self.router.live()))
         return indices
+
+    def attach_engines(self, urls: list[str], on_phase: PhaseFn | None = None, field: str | None = None) -> list[int]:
+        """Add one engine per URL, each attached to that running server, synced to the current weight
+        version before it serves; returns their indices. ``field``: the engine's attach field (default:
+        what its plugin declared, ``attach_param``)."""
+        field = field or attach_param(self.rollout.engine)
+        if field is None:
+            raise ValueError(f"urls: rollout engine {self.rollout.engine!r} cannot attach external engines (its "
+                             "plugin declares no attach= field); scale out with num_engines")
+        return self.add_engines(len(urls), on_phase, engine_params=[{field: [url]} for url in urls])
 
     def remove_engine(self, index: int, drain_timeout_s: float = 0.0) -> dict[str, Any]:
         """Stop routing new requests to engine ``index``, wait up to ``drain_timeout_s`` for its
@@ -264,6 +316,7 @@ class EngineFleet:
             self._forget(handle)
             kill(handle)
         with self._lock:
+            self._params.pop(index, None)
             if (slot := self._slots.pop(index, None)) is not None:
                 self._free_slots.append(slot)
         log.info("relax: rollout engine[%d] removed (%s); serving: %s", index,

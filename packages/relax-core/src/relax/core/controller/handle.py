@@ -63,9 +63,14 @@ class RunControl:
         """Drain and stop engine ``index`` (its in-flight requests go to the other engines)."""
         return self._submit(f"remove_engine({index})", lambda state: state.remove_engine(index))
 
-    def scale_out(self, n: int, on_phase: Callable[[str, list[int]], None] | None = None) -> cf.Future:
-        """Start ``n`` rollout engines now; ``on_phase(phase, indices)`` reports "creating",
+    def scale_out(
+        self, n: int, on_phase: Callable[[str, list[int]], None] | None = None, urls: list[str] | None = None
+    ) -> cf.Future:
+        """Start ``n`` rollout engines now -- with ``urls``, one attached to each running server instead
+        (``EngineFleet.attach_engines``); ``on_phase(phase, indices)`` reports "creating",
         "health-checking", "weight-syncing", "active". Resolves to their indices once they serve."""
+        if urls:
+            return self._in_thread(f"scale_out({urls})", lambda state: state.fleet.attach_engines(urls, on_phase))
         return self._in_thread(f"scale_out({n})", lambda state: state.fleet.add_engines(n, on_phase))
 
     def scale_in(self, index: int, drain_timeout_s: float) -> cf.Future:

@@ -19,7 +19,7 @@ from relax.core.checkpoint import CheckpointManager, read_controller_state, reso
 from relax.core.config import RelaxConfig
 from relax.core.controller import faults, recovery, runtime, signals, startup, teardown
 from relax.core.controller.faults import FaultCounters
-from relax.core.controller.fleet import EngineFleet
+from relax.core.controller.fleet import EngineFleet, with_engine_params
 from relax.core.controller.handle import RunControl, RunHandle
 from relax.core.controller.prompts import PromptSource
 from relax.core.plugins import get_plugin_manager
@@ -137,11 +137,12 @@ class RunState:
 
     # ------------------------------------------------------------------ engine set (control API)
 
-    def _start_engine(self, index: int, slot: int | None = None) -> Any:
+    def _start_engine(self, index: int, slot: int | None = None, engine_params: dict[str, Any] | None = None) -> Any:
         if self.roles.hosted:
             raise RuntimeError("rollout.host: the run's engine lives in the trainer's process; more engines (or a "
                                "replacement) need rollout.host=separate")
-        return runtime.start_engine(self.cfg, self.model_path, index, self.roles.placement, slot)
+        cfg = with_engine_params(self.cfg, engine_params) if engine_params else self.cfg  # e.g. attached by URL
+        return runtime.start_engine(cfg, self.model_path, index, self.roles.placement, slot)
 
     def add_engine(self) -> int:
         """Start a rollout engine, synced to the current weight version before it serves; returns
