@@ -98,3 +98,15 @@ def test_a_groups_media_is_converted_once():
     fields = _media_fields([shared, None, shared, other])
     assert fields[1] is None and fields[0] is fields[2] and fields[3] is not fields[0]
     assert fields[3]["image_data"][0]["pixel_values"] == other["pixel_values"].tolist()
+
+
+def test_the_engine_declares_its_attach_field_for_scale_out_by_url():
+    """Core's scale-out by URL starts an engine with ``engine_params.urls = [url]`` (and no launch)."""
+    from relax.core.config import load_config
+    from relax.core.controller.fleet import attach_param, with_engine_params
+
+    assert attach_param("sglang") == "urls"
+    cfg = load_config(None, ["rollout.engine=sglang", "rollout.engine_params.python=/env/bin/python"])
+    params = with_engine_params(cfg, {"urls": ["http://10.0.0.2:30000"]}).rollout.engine_params
+    assert isinstance(params, SGLangEngineParams) and params.urls == ["http://10.0.0.2:30000"]
+    assert params.python == "/env/bin/python" and cfg.rollout.engine_params.urls == []
