@@ -1,7 +1,7 @@
 """``use_audio_in_video`` through the model path: a video row with its soundtrack is processed (the soundtrack's
-audio tokens interleaved with the video's), generated and scored by the trainer with the same interleaved
-M-RoPE positions -- rollout = trainer logprobs within 1e-4 (fp32) and both equal a direct HF forward told
-``use_audio_in_video=True`` (without the flag the rope index silently mis-places audio and video)."""
+audio tokens interleaved with the video's), generated, scored and trained by the trainer with the same
+interleaved M-RoPE positions -- rollout = trainer logprobs within 1e-4 (fp32) and both equal a direct HF forward
+told ``use_audio_in_video=True`` (without the flag the rope index silently mis-places audio and video)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(f
     results = run_async(engine.generate(requests), 120)
     samples = [Sample(prompt_ids=list(ids), group_id=0, index_in_group=j, response_ids=list(r.response_ids),
                       rollout_logprobs=list(r.logprobs), mm_inputs=p["inputs"]) for j, r in enumerate(results)]
-    got = torch_trainer(model_dir, micro_batch_size=2).forward_logprobs(collate(samples, engine.pad_token_id))
+    batch = collate(samples, engine.pad_token_id)
+    trainer = torch_trainer(model_dir, micro_batch_size=2)
+    got = trainer.forward_logprobs(batch)
     for i, r in enumerate(results):
         rollout = torch.tensor(r.logprobs)
         assert (got[i, :len(rollout)] - rollout).abs().max() <= 1e-4, "rollout vs trainer logprobs"
@@ -68,6 +70,14 @@ def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(f
         assert (told - rollout).abs().max() <= 1e-4, "rollout vs HF forward with use_audio_in_video=True"
         untold = direct_logprobs(engine.model, full, p["inputs"], len(ids), False)[0]
         assert (untold - rollout).abs().max() > 1e-3, "the flag made no difference: positions not interleaved?"
+
+    # one train step on the row: gradients reach both towers through the interleaved tokens
+    before = {n: t.clone() for n, t in trainer.state_dict_for_sync().items()}
+    advantages = torch.tensor([[1.0], [-1.0]]).expand_as(batch["response_mask"]).contiguous()
+    trainer.train_step({**batch, "advantages": advantages})
+    after = trainer.state_dict_for_sync()
+    moved = {n.split(".")[1] for n in before if n.startswith("model.") and not torch.equal(before[n], after[n])}
+    assert {"audio_tower", "visual", "language_model"} <= moved, moved
 
     # a batch whose videos disagree on the flag cannot get one rope index: a clear error, not wrong positions
     plain = {k: v for k, v in p["inputs"].items()}
