@@ -76,15 +76,17 @@ def media_forward_kwargs(
     bool (the Omni rope index selects tokens with ``ids[mask]``). Media ids a response sampled (columns
     from ``prompt_width`` on) are fed back as token 0: a response never adds media, and the model's
     placeholder counting and rope index must see only the prompt's. Engine and trainer both do this, so
-    their logprobs still agree; the sampled ids themselves are kept as they are.
+    their logprobs still agree; the sampled ids themselves are kept as they are. The ``AUDIO_IN_VIDEO``
+    flags (one per video) become the model's ``use_audio_in_video``.
     """
     response = input_ids[:, prompt_width:]
     media_ids = torch.tensor(media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device)
     if response.numel() and torch.isin(response, media_ids).any():
         input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(torch.isin(response, media_ids), 0)], 1)
     media = dict(media)
-    kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": None, "attention_mask": attention_mask.bool()}
     flags = media.pop(AUDIO_IN_VIDEO, None)
+    kwargs: dict[str, Any] = {**media, "input_ids": input_ids, "position_ids": None,
+                              "attention_mask": attention_mask.bool()}
     if flags is not None:  # one bool for the whole batch in HF's rope index: every video must agree
         videos = media.get("video_grid_thw")
         if videos is None or flags.numel() != videos.shape[0]:
@@ -94,7 +96,6 @@ def media_forward_kwargs(
                 "takes one flag per forward; process every video of a run with the same use_audio_in_video"
             )
         kwargs["use_audio_in_video"] = True
-    kwargs.update(media)
     if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
         types = torch.zeros_like(input_ids, dtype=torch.int32)
         for code, kind in ((1, "image"), (2, "video")):
