@@ -1,8 +1,8 @@
-"""Train throughput of the megatron trainer (TP=1, TP=2) vs core's torch trainer on CPU.
+"""Train throughput of the megatron trainer (TP=1, TP=2, DP=2) vs core's torch trainer on CPU.
 
 Same locally built Qwen3-architecture model, same batch (``ROWS`` rows of ``PROMPT`` + ``RESPONSE``
 tokens), same GRPO objective, one optimizer step per ``train_step``. Every process gets one thread,
-so TP=2 uses two cores where the others use one (this machine has two). The torch baseline runs in
+so TP=2 and DP=2 use two cores where the others use one (this machine has two). The torch baseline runs in
 this process; each megatron layout runs as its own ranks (``--worker``, gloo). Tokens/s counts the
 batch's non-padding tokens over the timed steps (after ``WARMUP`` untimed ones).
 
@@ -67,29 +67,30 @@ def trainer_kwargs() -> dict:
     return {"objective": build_policy_objective(AlgorithmConfig()), "lr": 1e-4, "micro_batch_size": ROWS}
 
 
-def worker(rank: int, world: int, port: int, model_dir: str, batch_file: str, steps: int, out: str) -> None:
+def worker(rank: int, world: int, port: int, model_dir: str, batch_file: str, steps: int, out: str, kind: str) -> None:
+    """One rank at ``kind``_parallel = ``world`` (``tensor`` or ``data``)."""
     import torch
 
     from relax.megatron.trainer import MegatronTrainer
 
     torch.set_num_threads(1)
-    trainer = MegatronTrainer(model_dir, **trainer_kwargs(), tensor_parallel=world, rank=rank, world_size=world,
-                              master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    trainer = MegatronTrainer(model_dir, **trainer_kwargs(), **{f"{kind}_parallel": world}, rank=rank,
+                              world_size=world, master_addr="127.0.0.1", master_port=port)  # fmt: skip
     rate = timed_steps(trainer, torch.load(batch_file), steps)
     if rank == 0:
         Path(out).write_text(json.dumps({"tokens_per_s": rate}))
 
 
-def megatron_rate(tp: int, model_dir: str, batch_file: str, steps: int, root: Path) -> float:
+def megatron_rate(size: int, model_dir: str, batch_file: str, steps: int, root: Path, kind: str = "tensor") -> float:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    out = root / f"tp{tp}.json"
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(tp), str(port), model_dir, batch_file,
-                               str(steps), str(out)]) for r in range(tp)]  # fmt: skip
+    out = root / f"{kind}{size}.json"
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(size), str(port), model_dir, batch_file,
+                               str(steps), str(out), kind]) for r in range(size)]  # fmt: skip
     for p in procs:
         if p.wait(timeout=1800) != 0:
-            raise SystemExit(f"megatron TP={tp} rank failed (exit {p.returncode})")
+            raise SystemExit(f"megatron {kind}_parallel={size} rank failed (exit {p.returncode})")
     return json.loads(out.read_text())["tokens_per_s"]
 
 
@@ -110,16 +111,18 @@ def main(argv: list[str]) -> None:
         base = timed_steps(TorchTrainer(model_dir, **trainer_kwargs()), batch, steps)
         tp1 = megatron_rate(1, model_dir, batch_file, steps, root)
         tp2 = megatron_rate(2, model_dir, batch_file, steps, root)
+        dp2 = megatron_rate(2, model_dir, batch_file, steps, root, kind="data")
     print(f"batch {ROWS} x {PROMPT + RESPONSE} tokens, {steps} timed steps, 1 thread per process")
     print(f"{'trainer':<22} {'tokens/s':>10} {'vs torch':>9}")
-    for name, rate in [("torch", base), ("megatron TP=1", tp1), ("megatron TP=2 (2 procs)", tp2)]:
+    for name, rate in [("torch", base), ("megatron TP=1", tp1), ("megatron TP=2 (2 procs)", tp2),
+                       ("megatron DP=2 (2 procs)", dp2)]:  # fmt: skip
         print(f"{name:<22} {rate:>10.0f} {rate / base:>8.2f}x")
     print(f"megatron: {tp1 / base:.2f}x train tokens/s TP=1 megatron vs torch trainer")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        r, w, p, m, b, s, o = sys.argv[2:9]
-        worker(int(r), int(w), int(p), m, b, int(s), o)
+        r, w, p, m, b, s, o, k = sys.argv[2:10]
+        worker(int(r), int(w), int(p), m, b, int(s), o, k)
     else:
         main(sys.argv[1:])
