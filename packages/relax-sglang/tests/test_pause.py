@@ -67,7 +67,7 @@ resends aborted requests from scratch, see ``relax.core.controller.router.stream
 
     async def scenario():
         task = asyncio.ensure_future(engine.generate(reqs))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.4)  # on the server (a request still in transit would wait out the pause)
         await asyncio.to_thread(engine.pause)
         try:
             await asyncio.to_thread(engine.abort)
