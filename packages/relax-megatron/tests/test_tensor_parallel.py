@@ -1,8 +1,9 @@
-"""TP=2, PP=2 and MoE EP=2 on CPU: two real processes over gloo (``tp_worker.py``).
+"""TP=2, PP=2, DP=2 and MoE EP=2 on CPU: two real processes over gloo (``tp_worker.py``), one launch.
 
 Vocab-parallel logprobs and entropy equal transformers' (no full-logit gather: each rank holds half the
 vocabulary), TP-gathered weights map back to the HF checkpoint bit-exactly, a TP=2 train step matches
-core's torch trainer, and PP=2 logprobs equal transformers' and a PP=2 train step matches the torch trainer."""
+core's torch trainer, PP=2 logprobs equal transformers' and PP=2, DP=2 and (MoE) DP=2 x EP=2 train steps
+match the torch trainer; TP=2, PP=2 and DP=2 dist checkpoints load in one process."""
 
 from __future__ import annotations
 
@@ -32,12 +33,27 @@ def tp2_checkpoint(tmp_path_factory):
     return tmp_path_factory.mktemp("tp2") / "checkpoint"
 
 
+PP_TOKENS = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(6))
+
+
 @pytest.fixture(scope="module")
-def tp2(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint):
-    """One two-process launch for the checks below (starting processes is the slow part): TP=2, the
-    trained trainer saved to ``tp2_checkpoint``, then the same ranks at EP=2 with the tiny Qwen3-MoE."""
-    data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0]}
+def pp2_checkpoint(tmp_path_factory):
+    return tmp_path_factory.mktemp("pp2") / "checkpoint"
+
+
+@pytest.fixture(scope="module")
+def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint, pp2_checkpoint):
+    """One two-process launch for every check below (starting processes is the slow part): TP=2 (the
+    trained trainer saved to ``tp2_checkpoint``), the same ranks at EP=2 and DP=2 x EP=2 with the tiny
+    Qwen3-MoE, then at PP=2 (saved to ``pp2_checkpoint``) and DP=2 (saved to ``<pp2_checkpoint>-dp``)."""
+    data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0],
+            "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint)}}  # fmt: skip
     return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
+
+
+@pytest.fixture(scope="module")
+def tp2(launch):
+    return launch
 
 
 def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tp2):
@@ -86,13 +102,11 @@ def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
 
 
 @pytest.fixture(scope="module")
-def pp2(tiny_qwen3, torch_reference, run_ranks, tmp_path_factory):
-    """One two-process launch at PP=2: forward-only logprobs of tokens, then a ``MegatronTrainer`` step,
-    a dist checkpoint save and a second step at PP=2; then the same at DP=2 (saved to ``<checkpoint>-dp``).
+def pp2(launch, pp2_checkpoint):
+    """The launch's PP=2 part: forward-only logprobs of ``PP_TOKENS``, a ``MegatronTrainer`` step, a dist
+    checkpoint save and a second step at PP=2; then the same at DP=2.
     (tokens, rank 0's results, checkpoint directory)."""
-    tokens = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(6))
-    ckpt = tmp_path_factory.mktemp("pp2") / "checkpoint"
-    return tokens, run_ranks("pipeline", tiny_qwen3[0], {"tokens": tokens, "batch": torch_reference[1]}, "--ckpt", str(ckpt)), ckpt
+    return PP_TOKENS, launch["pipeline"], pp2_checkpoint
 
 
 def test_pp2_logprobs_match_hf(tiny_qwen3, pp2):

@@ -3,14 +3,14 @@
 ``--mode tensor`` (TP = world size), on ``--input`` = {"tokens", "batch"}: build the tiny Qwen3, load
 this rank's HF shard, score the tokens vocab-parallel and gather the weights back to HF names; then a
 ``MegatronTrainer`` scores the batch (with old logprobs), takes one train step and exports its weights
-(and with ``--ckpt`` saves a dist checkpoint and scores the batch again); with ``moe_dir`` in the
-input, the same ranks then score the tokens with a Qwen3-MoE model at expert parallelism = world size
-and take a trainer step on it at DP = EP = world size.
-``--mode pipeline`` (PP = world size, 1F1B schedule), on the same input: the last stage's logprobs of
-the tokens (forward only), then the same ``MegatronTrainer`` check at PP = world size (with ``--ckpt``
-also a second step after the save), then at DP = world size (two micro-batches per replica; saved to
-``<ckpt>-dp``, then a second step). Rank 0
-saves the results to ``--out``.
+(and with ``--ckpt`` saves a dist checkpoint, scores the batch again and takes a second step); with
+``moe_dir`` in the input, the same ranks then score the tokens with a Qwen3-MoE model at expert
+parallelism = world size and take a trainer step on it at DP = EP = world size; with ``pipeline`` =
+{"tokens", "ckpt"} in the input, they then run the pipeline mode's checks on those.
+``--mode pipeline`` (PP = world size, 1F1B schedule), on {"tokens"[, "batch"]}: the last stage's
+logprobs of the tokens (forward only), then with a batch the same ``MegatronTrainer`` check at PP = world
+size (saved to ``--ckpt``), then at DP = world size (two micro-batches per replica; saved to
+``<ckpt>-dp``). Rank 0 saves the results to ``--out``.
 """
 
 from __future__ import annotations
@@ -31,27 +31,28 @@ def main() -> None:
     ap.add_argument("--mode", choices=["tensor", "pipeline"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--without", default="", help="a cpu_compat patch to remove (checks it is still needed)")
-    ap.add_argument("--ckpt", default="", help="tensor mode: save the trained trainer here (a dist checkpoint)")
+    ap.add_argument("--ckpt", default="", help="save the TP (tensor mode) or PP (pipeline mode) trainer here")
     args = ap.parse_args()
 
     import torch
     from megatron.core import parallel_state
 
-    if args.mode == "tensor":  # one launch for both checks: starting processes is the slow part
-        data = torch.load(args.input)
-        results = {"convert": convert_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
+    data = torch.load(args.input)
+    if args.mode == "tensor":  # one launch for every check: starting processes is the slow part
+        results = {"convert": convert_check(args, data["tokens"]),
+                   "train": train_check(args, data["batch"], ckpt=args.ckpt, tensor_parallel=args.world)}  # fmt: skip
         if "moe_dir" in data:  # then the same two processes as expert-parallel ranks
             results["moe"] = moe_check(args, data["moe_dir"], data["tokens"])
             parallel_state.destroy_model_parallel()  # and as DP=2 x EP=2 ranks of a trainer
             moe_batch = {k: v for k, v in data["batch"].items() if k != "old_logprobs"}  # the MoE model's own
             results["moe_train"] = train_check(args, moe_batch, model_dir=data["moe_dir"], data_parallel=args.world,
                                                expert_parallel=args.world)  # fmt: skip
+        if "pipeline" in data:  # then as pipeline stages and data-parallel replicas
+            parallel_state.destroy_model_parallel()
+            pipeline = data["pipeline"]
+            results["pipeline"] = pipeline_checks(args, pipeline["tokens"], data["batch"], pipeline["ckpt"])
     else:
-        data = torch.load(args.input)
-        results = {"logprobs": pipeline_check(args, data["tokens"]), "train": train_check(args, data["batch"])}
-        parallel_state.destroy_model_parallel()  # the same processes as data-parallel replicas
-        results["dp"] = train_check(args, data["batch"], micro_batch_size=2, ckpt=args.ckpt + "-dp",
-                                    data_parallel=args.world)  # fmt: skip
+        results = pipeline_checks(args, data["tokens"], data.get("batch"), args.ckpt)
     if args.rank == 0:
         torch.save(results, args.out)
     torch.distributed.barrier()
@@ -59,11 +60,23 @@ def main() -> None:
     torch.distributed.destroy_process_group()
 
 
+def pipeline_checks(args: argparse.Namespace, tokens, batch: dict | None, ckpt: str) -> dict:
+    """PP = world size: forward-only logprobs of ``tokens``; with ``batch`` a trainer check at PP = world
+    size (saved to ``ckpt``), then at DP = world size (two micro-batches per replica, saved to ``<ckpt>-dp``)."""
+    from megatron.core import parallel_state
+
+    results = {"logprobs": pipeline_check(args, tokens)}
+    if batch is not None:
+        results["train"] = train_check(args, batch, ckpt=ckpt, pipeline_parallel=args.world)
+        parallel_state.destroy_model_parallel()  # the same processes as data-parallel replicas
+        results["dp"] = train_check(args, batch, micro_batch_size=2, ckpt=ckpt and ckpt + "-dp", data_parallel=args.world)
+    return results
+
+
 def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micro_batch_size: int = 4,
-                ckpt: str | None = None, **layout: int) -> dict:
-    """A ``MegatronTrainer`` at ``layout`` (default: ``<mode>_parallel`` = world size) on ``model_dir``
-    (default ``--model-dir``): logprobs, one step, the exported weights; with ``ckpt`` (default
-    ``--ckpt`` for the default layout) a save there, logprobs after it and a second step."""
+                ckpt: str = "", **layout: int) -> dict:
+    """A ``MegatronTrainer`` at ``layout`` on ``model_dir`` (default ``--model-dir``): logprobs, one step,
+    the exported weights; with ``ckpt`` a save there, logprobs after it and a second step."""
 
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
@@ -71,7 +84,7 @@ def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micr
 
     trainer = MegatronTrainer(
         model_dir or args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4,
-        micro_batch_size=micro_batch_size, rank=args.rank, **(layout or {f"{args.mode}_parallel": args.world}),
+        micro_batch_size=micro_batch_size, rank=args.rank, **layout,
         world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
     before = trainer.forward_logprobs(batch)
@@ -79,7 +92,6 @@ def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micr
     metrics = trainer.train_step(batch)
     weights = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
     out = {"logprobs": before, "sum_pi_squared": sum_pi_squared, "metrics": metrics, "weights": weights}
-    ckpt = (args.ckpt if not layout else "") if ckpt is None else ckpt
     if ckpt:
         trainer.save(ckpt)
         out["logprobs_after"] = trainer.forward_logprobs(batch)
