@@ -147,3 +147,16 @@ def test_a_moe_step_matches_the_torch_trainer(megatron_world, tiny_qwen3_moe, fu
     assert sorted(got) == sorted(want)
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_rank_rows_pads_every_replica_to_the_same_rows():
+    """5 rows over 2 replicas (core's shard_bounds): rows 0-1 plus a fully masked copy of row 0, and rows
+    2-4, so both run the same shapes (the MoE dispatcher gathers tokens across them); per-batch values
+    pass through."""
+    from relax.megatron.parallel import rank_rows
+
+    batch = {"responses": torch.arange(10).view(5, 2), "response_mask": torch.ones(5, 2), "temperature": 0.7}
+    first, second = rank_rows(batch, 2, 0), rank_rows(batch, 2, 1)
+    assert first["responses"].tolist() == [[0, 1], [2, 3], [0, 1]] and first["temperature"] == 0.7
+    assert first["response_mask"].tolist() == [[1, 1], [1, 1], [0, 0]]
+    assert second["responses"].tolist() == [[4, 5], [6, 7], [8, 9]] and second["response_mask"].sum() == 6
