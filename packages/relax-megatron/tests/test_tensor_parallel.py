@@ -36,6 +36,13 @@ def tp2_checkpoint(tmp_path_factory):
 PP_TOKENS = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(6))
 
 
+def dp_batch(batch: dict) -> dict:
+    """The DP=2 checks' batch: the first 7 rows (3 + 4: the first replica gets a masked padding row)."""
+    from relax.core.trainers.data_parallel import take_rows
+
+    return take_rows(batch, 0, 7)
+
+
 @pytest.fixture(scope="module")
 def pp2_checkpoint(tmp_path_factory):
     return tmp_path_factory.mktemp("pp2") / "checkpoint"
@@ -47,7 +54,7 @@ def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoin
     trained trainer saved to ``tp2_checkpoint``), the same ranks at EP=2 and DP=2 x EP=2 with the tiny
     Qwen3-MoE, then at PP=2 (saved to ``pp2_checkpoint``) and DP=2 (saved to ``<pp2_checkpoint>-dp``)."""
     data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0],
-            "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint)}}  # fmt: skip
+            "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint), "dp_batch": dp_batch(torch_reference[1])}}  # fmt: skip
     return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
 
 
@@ -170,12 +177,13 @@ def test_ep2_moe_logprobs_and_export_match_hf(tiny_qwen3_moe, tp2):
 
 
 def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference):
-    """DP=2 (the same two processes as data-parallel replicas, 4 rows and 2 micro-batches each; token counts,
-    metric sums and gradients summed over the replicas): every rank gets all rows' logprobs, and the step
-    has the loss, grad norm and updated weights of core's torch trainer on the whole batch (within 1e-5)."""
+    """DP=2 (the same two processes as data-parallel replicas, 3 and 4 of 7 rows, padded to 2 micro-batches
+    of 2 each; token counts, metric sums and gradients summed over the replicas): every rank gets all rows'
+    logprobs, and the step has the loss, grad norm and updated weights of core's torch trainer on the whole
+    batch (within 1e-5)."""
     from relax.core.testing import torch_trainer
 
-    batch = torch_reference[1]
+    batch = dp_batch(torch_reference[1])
     ref = torch_trainer(tiny_qwen3[0], lr=1e-2, eps=1e-4, micro_batch_size=4)
     got = pp2[1]["dp"]
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
@@ -193,7 +201,7 @@ def test_pp2_and_dp2_checkpoints_resume_in_one_process(megatron_world, tiny_qwen
     from relax.core.testing.trainer import exported
     from relax.megatron.trainer import MegatronTrainer
 
-    _, batch = torch_reference
+    batch = dp_batch(torch_reference[1]) if saved_by == "dp" else torch_reference[1]
     got = pp2[1][saved_by]
     objective = build_policy_objective(AlgorithmConfig())
     trainer = MegatronTrainer(tiny_qwen3[0], objective=objective, lr=1e-2, eps=1e-4, micro_batch_size=4)

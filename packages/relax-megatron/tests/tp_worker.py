@@ -6,7 +6,7 @@ this rank's HF shard, score the tokens vocab-parallel and gather the weights bac
 (and with ``--ckpt`` saves a dist checkpoint, scores the batch again and takes a second step); with
 ``moe_dir`` in the input, the same ranks then score the tokens with a Qwen3-MoE model at expert
 parallelism = world size and take a trainer step on it at DP = EP = world size; with ``pipeline`` =
-{"tokens", "ckpt"} in the input, they then run the pipeline mode's checks on those.
+{"tokens", "ckpt"[, "dp_batch"]} in the input, they then run the pipeline mode's checks on those.
 ``--mode pipeline`` (PP = world size, 1F1B schedule), on {"tokens"[, "batch"]}: the last stage's
 logprobs of the tokens (forward only), then with a batch the same ``MegatronTrainer`` check at PP = world
 size (saved to ``--ckpt``), then at DP = world size (two micro-batches per replica; saved to
@@ -50,7 +50,8 @@ def main() -> None:
         if "pipeline" in data:  # then as pipeline stages and data-parallel replicas
             parallel_state.destroy_model_parallel()
             pipeline = data["pipeline"]
-            results["pipeline"] = pipeline_checks(args, pipeline["tokens"], data["batch"], pipeline["ckpt"])
+            results["pipeline"] = pipeline_checks(args, pipeline["tokens"], data["batch"], pipeline["ckpt"],
+                                                  pipeline.get("dp_batch"))  # fmt: skip
     else:
         results = pipeline_checks(args, data["tokens"], data.get("batch"), args.ckpt)
     if args.rank == 0:
@@ -60,16 +61,18 @@ def main() -> None:
     torch.distributed.destroy_process_group()
 
 
-def pipeline_checks(args: argparse.Namespace, tokens, batch: dict | None, ckpt: str) -> dict:
+def pipeline_checks(args: argparse.Namespace, tokens, batch: dict | None, ckpt: str, dp_batch: dict | None = None) -> dict:
     """PP = world size: forward-only logprobs of ``tokens``; with ``batch`` a trainer check at PP = world
-    size (saved to ``ckpt``), then at DP = world size (two micro-batches per replica, saved to ``<ckpt>-dp``)."""
+    size (saved to ``ckpt``), then on ``dp_batch`` (default ``batch``) at DP = world size (micro-batches of
+    two, saved to ``<ckpt>-dp``)."""
     from megatron.core import parallel_state
 
     results = {"logprobs": pipeline_check(args, tokens)}
     if batch is not None:
         results["train"] = train_check(args, batch, ckpt=ckpt, pipeline_parallel=args.world)
         parallel_state.destroy_model_parallel()  # the same processes as data-parallel replicas
-        results["dp"] = train_check(args, batch, micro_batch_size=2, ckpt=ckpt and ckpt + "-dp", data_parallel=args.world)
+        results["dp"] = train_check(args, batch if dp_batch is None else dp_batch, micro_batch_size=2,
+                                    ckpt=ckpt and ckpt + "-dp", data_parallel=args.world)  # fmt: skip
     return results
 
 
