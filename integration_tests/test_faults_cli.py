@@ -142,3 +142,21 @@ def test_second_ctrl_c_skips_the_checkpoint_and_still_cleans_up(relax_run):
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert "again" in out  # the second signal was acknowledged
     assert not alive(r.ray), f"Ray processes of the run left behind: {sorted(alive(r.ray))}"
+
+
+def test_an_invalid_config_is_reported_and_the_early_ray_shut_down(relax_run):
+    """``relax run`` starts Ray before it loads the config (see ``EarlyStart.before_config``): a config
+    that fails to load is reported as for any command, and that Ray goes away with the run."""
+    r = relax_run("total_steps=-3")
+    deadline = time.monotonic() + 120
+    while r.proc.poll() is None and time.monotonic() < deadline:
+        r.ray.update(ray_processes(r.proc.pid))
+        time.sleep(0.1)
+    r.proc.wait(timeout=10)
+    r._reader.join(timeout=10)
+    out = r.output
+    assert r.proc.returncode == 2, out
+    assert "relax: invalid config:" in out and "total_steps: must be > 0, got -3" in out
+    assert "Started a local Ray instance" in out  # the early start did launch one ...
+    assert "Traceback" not in out
+    assert not alive(r.ray), f"Ray processes left behind: {sorted(alive(r.ray))}"  # ... and shut it down

@@ -62,3 +62,29 @@ def test_early_start_delivers_its_roles_error_once_and_keeps_the_ray_it_joined(r
         assert early.take_roles() is None  # a restarted attempt starts its own roles
     finally:
         early.release()
+
+
+def test_ray_settings_are_peeked_from_the_file_and_overrides(tmp_path):
+    """``relax run`` starts Ray from the ``ray:`` section alone, before the config loads."""
+    from relax.core.controller.ray_start import RaySettings, default_num_cpus, peek_settings
+
+    assert peek_settings(None, []) == RaySettings(None, None, default_num_cpus())  # the bundled quick-start
+    path = tmp_path / "cfg.yaml"
+    path.write_text("ray:\n  num_cpus: 3\n  node_ip_address: 127.0.0.2\n")
+    assert peek_settings(str(path), []) == RaySettings(None, "127.0.0.2", 3)
+    assert peek_settings(str(path), ["ray.address=10.0.0.1:6379", "seed=3"]) == RaySettings("10.0.0.1:6379", "127.0.0.2")
+    path.write_text("ray: [not, a, mapping]\n")
+    assert peek_settings(str(path), []) is None  # unreadable: Ray starts after the loader said why
+    assert peek_settings(str(tmp_path / "missing.yaml"), []) is None
+    assert peek_settings(None, ["ray.num_cpus=zero"]) is None
+
+
+def test_the_loaded_config_decides_the_ray_it_needs(model_dir, tmp_path):
+    """What ``EarlyStart`` compares its guess with: the config's own settings."""
+    from relax.core.controller.ray_start import RaySettings, default_num_cpus
+    from relax.core.controller.runtime import ray_settings
+
+    cfg = load_config(None, [f"model.path={model_dir}", f"run_dir={tmp_path}"])
+    assert ray_settings(cfg) == RaySettings(None, None, default_num_cpus())
+    more = load_config(None, [f"model.path={model_dir}", f"run_dir={tmp_path}", "ray.num_cpus=64"])
+    assert ray_settings(more) == RaySettings(None, None, 64)

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from relax.core.config import ConfigError, load_config
+from relax.core.errors import ConfigError
 from relax.core.plugins import PluginError
 
 
@@ -21,19 +21,56 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
-def _load(ns: argparse.Namespace):
+def _config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:
     path, overrides = _split_args(ns.args)
     if getattr(ns, "address", None):
         overrides = [*overrides, f"ray.address={ns.address}"]
-    return load_config(path, overrides, check_paths=True)  # before Ray: data, model and run_dir usable
+    return path, overrides
+
+
+def _load(ns: argparse.Namespace):
+    from relax.core.config import load_config  # imports torch and the plugins: seconds on a small machine
+
+    return load_config(*_config_args(ns), check_paths=True)  # before Ray: data, model and run_dir usable
+
+
+def _start_ray_early(argv: list[str]):
+    """``relax run``: Ray starts first, while the plugins and the config import torch & co (see
+    ``EarlyStart.before_config``); None for any other command or arguments it cannot read."""
+    if not argv or argv[0] != "run" or {"-h", "--help"} & set(argv):
+        return None
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("args", nargs="*")
+    parser.add_argument("--address")
+    try:
+        path, overrides = _config_args(parser.parse_known_args(argv[1:])[0])
+    except (argparse.ArgumentError, ConfigError):
+        return None
+    from relax.core.controller.startup import EarlyStart
+
+    return EarlyStart.before_config(path, overrides)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    cfg = _load(ns)
-    try:
-        from relax.core.controller.startup import EarlyStart
+    from relax.core.controller.startup import EarlyStart
 
-        early = EarlyStart(cfg)  # Ray and the roles start while the driver imports torch & co.
+    early = getattr(ns, "early", None) or EarlyStart.before_config(*_config_args(ns))
+    try:
+        cfg = _load(ns)
+    except (ConfigError, PluginError) as exc:
+        print(f"relax: {exc}", file=sys.stderr, flush=True)  # at once: shutting Ray down takes a moment
+        if early is not None:
+            early.abandon()
+        return 2
+    except BaseException:
+        if early is not None:
+            early.abandon()
+        raise
+    try:
+        if early is None:
+            early = EarlyStart(cfg)
+        else:
+            early.configure(cfg)  # the roles start while the driver imports the rest
         from relax.core.controller.run import run
 
         print(f"relax: running {cfg.name!r} in {cfg.mode} mode for {cfg.total_steps} steps -> {cfg.run_dir}", flush=True)
@@ -138,12 +175,18 @@ def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    early = _start_ray_early(argv)
     try:
         ns = build_parser().parse_args(argv)
+        ns.early, early = early, None  # cmd_run owns it now
         return int(ns.fn(ns) or 0)
     except (ConfigError, PluginError) as exc:
         print(f"relax: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if early is not None:  # the arguments or a plugin failed before the run took over
+            early.abandon()
 
 
 if __name__ == "__main__":

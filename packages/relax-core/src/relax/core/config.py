@@ -19,6 +19,7 @@ import yaml
 from relax.core.algorithms.config import AlgorithmConfig, KLConfig
 from relax.core.algorithms.validate import algorithm_config_errors
 from relax.core.control.settings import AutoscalerConfig, ControlConfig, control_errors
+from relax.core.errors import ConfigError
 
 __all__ = [
     "AlgorithmConfig",
@@ -39,10 +40,6 @@ __all__ = [
     "WeightSyncConfig",
     "load_config",
 ]
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message lists every problem found."""
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -13,78 +11,21 @@ from typing import Any
 import ray
 
 from relax.core.config import RelaxConfig
+from relax.core.controller import ray_start
 
 log = logging.getLogger("relax")
 
-RAY_ENV = {
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",  # uv-run drivers would otherwise rebuild a venv per worker
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-
-
-LOOPBACK = "127.0.0.1"
-#: Ray replaces a loopback node address by the machine's network address unless it thinks it runs
-#: on a single machine; this is its switch for that (named for the platforms where it is the default)
-_SINGLE_MACHINE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
 
 def init_ray(cfg: RelaxConfig) -> bool:
-    """Start an embedded local Ray (or join ``ray.address``). Returns True if we started it.
+    """Start the Ray ``cfg`` asks for (see :func:`ray_start.start_ray`); True if we started it."""
+    return ray_start.start_ray(ray_settings(cfg))
 
-    Embedded: every Ray listener (GCS, raylet, object manager, agents, workers) binds to
-    127.0.0.1 and the dashboard is off. Cluster: the driver binds ``ray.node_ip_address`` (Ray's
-    choice when null) and Ray's token authentication stays as the cluster runs it (never disabled
-    here). Neither path sets ``RAY_AUTH_MODE``: Ray's default (token) applies unless the
-    environment says otherwise.
-    """
-    for key, value in RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    if ray.is_initialized():
-        return False
-    forwarded = (*RAY_ENV, "RAY_AUTH_MODE", "WANDB_MODE", "RELAX_CACHE_DIR", "OMP_NUM_THREADS", "RELAX_PLUGINS",
-                 "RELAX_DISABLE_PLUGINS", "PYTHONPATH")
-    worker_env = {k: os.environ[k] for k in forwarded if k in os.environ}
-    kwargs: dict[str, Any] = {
-        "include_dashboard": False,
-        "log_to_driver": True,
-        "runtime_env": {"env_vars": worker_env},
-    }
+
+def ray_settings(cfg: RelaxConfig) -> ray_start.RaySettings:
+    """The Ray this config needs: its cluster, or an embedded one with :func:`embedded_num_cpus`."""
     if cfg.ray.address:
-        kwargs["address"] = cfg.ray.address
-        if cfg.ray.node_ip_address:
-            kwargs["_node_ip_address"] = cfg.ray.node_ip_address
-        if os.environ.get("RAY_AUTH_MODE") == "disabled":
-            log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
-        ray.init(**kwargs)
-        return True
-    kwargs["num_cpus"] = embedded_num_cpus(cfg)
-    kwargs["_node_ip_address"] = cfg.ray.node_ip_address or LOOPBACK
-    with _single_machine():
-        ray.init(**kwargs)
-    return True
-
-
-@contextmanager
-def _single_machine() -> Iterator[None]:
-    """Keep Ray on 127.0.0.1 while it starts: its daemons read the switch from the environment
-    they inherit; this (already imported) driver reads the constant Ray computed from it at import."""
-    from ray._private import ray_constants
-
-    saved_env = {k: os.environ.get(k) for k in _SINGLE_MACHINE_ENV}
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ.update(_SINGLE_MACHINE_ENV)
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        return ray_start.RaySettings(cfg.ray.address, cfg.ray.node_ip_address)
+    return ray_start.RaySettings(None, cfg.ray.node_ip_address, embedded_num_cpus(cfg))
 
 
 def embedded_num_cpus(cfg: RelaxConfig) -> int:
@@ -102,7 +43,7 @@ def embedded_num_cpus(cfg: RelaxConfig) -> int:
                 "raise it or leave it null"
             )
         return cfg.ray.num_cpus
-    return max(2, os.cpu_count() or 2, need)
+    return max(ray_start.default_num_cpus(), need)
 
 
 def resolve_model_path(cfg: RelaxConfig) -> str:

@@ -3,8 +3,9 @@
 ``relax run`` spends most of its first seconds waiting: for Ray's daemons, then for the role
 actors to import torch and load their models. The driver's share (quick-start model on first use,
 tokenizer, dataset) needs no Ray, so :class:`BackgroundSetup` runs it in a thread while
-``ray.init`` waits; ``relax run`` goes further with :class:`EarlyStart`: Ray and then the role
-actors start in a thread as soon as the config is loaded. :class:`StartupClock` records named
+``ray.init`` waits; ``relax run`` goes further with :class:`EarlyStart`: Ray starts in a thread
+before the config is loaded (loading it imports torch and the plugins), the role actors as soon
+as it is. :class:`StartupClock` records named
 phases from the process launch and prints one line before the first step, e.g. ``relax: first
 step 9.8 s after launch: python + imports 2.1 | ray 4.3 | model, tokenizer, data 1.2 (alongside) |
 setup beyond ray 0.0 | roles 3.1 | ready 0.1`` (with an early start, ray and roles show as
@@ -110,35 +111,87 @@ class BackgroundSetup:
 
 
 class EarlyStart:
-    """``relax run``'s head start: Ray, then the role actors, started in a thread as soon as the
-    config is loaded, while the driver still imports its libraries and prepares tokenizer and data.
+    """``relax run``'s head start: Ray, then the role actors, started in a thread while the driver
+    still imports its libraries and prepares tokenizer and data.
+
+    :meth:`before_config` starts Ray from the config file's ``ray:`` section alone, before the
+    config (and with it torch and the plugins) is even loaded; :meth:`configure` then hands the
+    loaded config over, and the roles start. A Ray that does not match what the loaded config needs
+    (more CPUs reserved than the machine has, say) is restarted; a config that fails to load shuts
+    it down (:meth:`abandon`). ``EarlyStart(cfg)`` is both steps at once.
 
     The thread stays parked until :meth:`release` (after Ray's shutdown): Ray's daemons are started
     with a parent-death signal, which Linux sends when the *thread* that started them exits.
     """
 
-    def __init__(self, cfg: Any):
-        self.cfg = cfg
+    def __init__(self, cfg: Any = None, *, ray_settings: Any = None):
+        if ray_settings is None:
+            from relax.core.controller.runtime import ray_settings as settings_for
+
+            ray_settings = settings_for(cfg)
         self.seconds: dict[str, float] = {}
+        self._settings = ray_settings
+        self._cfg: cf.Future = cf.Future()
         self._ray: cf.Future = cf.Future()
         self._roles: cf.Future = cf.Future()
         self._taken = False
         self._park = threading.Event()
-        threading.Thread(target=self._start, name="relax-early-start", daemon=True).start()
+        self._thread = threading.Thread(target=self._start, name="relax-early-start", daemon=True)
+        self._thread.start()
+        if cfg is not None:
+            self.configure(cfg)
+
+    @classmethod
+    def before_config(cls, path: str | None, overrides: list[str]) -> EarlyStart | None:
+        """Start Ray from the file's ``ray:`` section; None where it cannot be read (the loader says why)."""
+        from relax.core.controller.ray_start import peek_settings
+
+        settings = peek_settings(path, overrides)
+        return None if settings is None else cls(ray_settings=settings)
+
+    def configure(self, cfg: Any) -> None:
+        """The loaded config: the roles start (after a restart of Ray if it needs another one)."""
+        self._cfg.set_result(cfg)
+
+    def abandon(self, timeout_s: float = 60.0) -> None:
+        """The config did not load: shut down the Ray this start launched and end the thread."""
+        self._cfg.set_exception(RuntimeError("the config did not load"))
+        self._park.set()
+        self._thread.join(timeout_s)
 
     def _start(self) -> None:
-        from relax.core.controller import runtime
+        from relax.core.controller import ray_start
 
         try:
             started = time.perf_counter()
-            self._ray.set_result(runtime.init_ray(self.cfg))
+            launched = ray_start.start_ray(self._settings)
             self.seconds["ray"] = time.perf_counter() - started
+            try:
+                cfg = self._cfg.result()
+            except RuntimeError:  # abandoned
+                if launched:
+                    import ray
+
+                    ray.shutdown()
+                return
+            from relax.core.controller import runtime
+
+            needed = runtime.ray_settings(cfg)
+            if launched and needed != self._settings:  # guessed wrong: start the Ray this config needs
+                log.info("relax: restarting Ray: the config needs %s, not %s", needed, self._settings)
+                import ray
+
+                ray.shutdown()
+                started = time.perf_counter()
+                ray_start.start_ray(needed)
+                self.seconds["ray"] += time.perf_counter() - started
+            self._ray.set_result(launched)
         except BaseException as exc:  # delivered to ray() and take_roles()
             self._ray.set_exception(exc)
             return
         try:
             started = time.perf_counter()
-            self._roles.set_result(runtime.start_roles(self.cfg, runtime.resolve_model_path(self.cfg)))
+            self._roles.set_result(runtime.start_roles(cfg, runtime.resolve_model_path(cfg)))
             self.seconds["roles"] = time.perf_counter() - started
         except BaseException as exc:
             self._roles.set_exception(exc)

@@ -1,0 +1,136 @@
+"""Starting Ray with nothing heavier than ``ray`` and ``yaml`` imported.
+
+``relax run`` starts Ray before it loads the config, because loading the config imports torch and
+every plugin (seconds on a small machine) and Ray's daemons take seconds to come up: the two
+overlap. Only the ``ray:`` section is needed to start, and :func:`peek_settings` reads it from
+the YAML and the overrides without validating anything; the validated config later says what Ray
+it needs (:func:`relax.core.controller.runtime.ray_settings`), and a start that guessed wrong is
+restarted (:class:`relax.core.controller.startup.EarlyStart`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("relax")
+
+RAY_ENV = {
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",  # uv-run drivers would otherwise rebuild a venv per worker
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+#: what the workers must see as the driver does (a joined cluster's daemons do not inherit our environment)
+FORWARDED_ENV = (*RAY_ENV, "RAY_AUTH_MODE", "WANDB_MODE", "RELAX_CACHE_DIR", "OMP_NUM_THREADS", "RELAX_PLUGINS",
+                 "RELAX_DISABLE_PLUGINS", "PYTHONPATH")  # fmt: skip
+LOOPBACK = "127.0.0.1"
+#: Ray replaces a loopback node address by the machine's network address unless it thinks it runs
+#: on a single machine; this is its switch for that (named for the platforms where it is the default)
+_SINGLE_MACHINE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """What starting Ray depends on: a cluster ``address`` to join, or an embedded Ray's CPUs."""
+
+    address: str | None = None
+    node_ip_address: str | None = None
+    num_cpus: int | None = None  # embedded only
+
+
+def default_num_cpus() -> int:
+    """An embedded Ray's CPUs when the config reserves no more: the machine's cores (at least 2)."""
+    return max(2, os.cpu_count() or 2)
+
+
+def peek_settings(path: str | None, overrides: list[str]) -> RaySettings | None:
+    """The ``ray:`` section of a config file (the bundled quick-start when ``path`` is None) and
+    ``ray.*`` overrides, read without validation; None when that cannot be read (the config
+    loader then reports why, and Ray starts after it)."""
+    import yaml
+
+    try:
+        if path is None:
+            from importlib import resources
+
+            data = yaml.safe_load(resources.files("relax.core").joinpath("quickstart.yaml").read_text())
+        else:
+            data = yaml.safe_load(Path(path).read_text())
+        section = dict((data or {}).get("ray") or {})
+        for item in overrides:
+            key, _, value = item.partition("=")
+            if key.startswith("ray."):
+                section[key[4:]] = yaml.safe_load(value)
+        address, node_ip, num_cpus = section.get("address"), section.get("node_ip_address"), section.get("num_cpus")
+        if not all(v is None or isinstance(v, str) for v in (address, node_ip)):
+            return None
+        if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
+            return None
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+    if address:
+        return RaySettings(address, node_ip)
+    return RaySettings(None, node_ip, num_cpus or default_num_cpus())
+
+
+def start_ray(settings: RaySettings) -> bool:
+    """Start an embedded local Ray (or join ``settings.address``). Returns True if we started it.
+
+    Embedded: every Ray listener (GCS, raylet, object manager, agents, workers) binds to
+    127.0.0.1 and the dashboard is off. Cluster: the driver binds ``node_ip_address`` (Ray's
+    choice when null) and Ray's token authentication stays as the cluster runs it (never disabled
+    here). Neither path sets ``RAY_AUTH_MODE``: Ray's default (token) applies unless the
+    environment says otherwise.
+    """
+    import ray
+
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    if ray.is_initialized():
+        return False
+    worker_env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": True,
+        "runtime_env": {"env_vars": worker_env},
+    }
+    if settings.address:
+        kwargs["address"] = settings.address
+        if settings.node_ip_address:
+            kwargs["_node_ip_address"] = settings.node_ip_address
+        if os.environ.get("RAY_AUTH_MODE") == "disabled":
+            log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
+        ray.init(**kwargs)
+        return True
+    kwargs["num_cpus"] = settings.num_cpus or default_num_cpus()
+    kwargs["_node_ip_address"] = settings.node_ip_address or LOOPBACK
+    with _single_machine():
+        ray.init(**kwargs)
+    return True
+
+
+@contextmanager
+def _single_machine() -> Iterator[None]:
+    """Keep Ray on 127.0.0.1 while it starts: its daemons read the switch from the environment
+    they inherit; this (already imported) driver reads the constant Ray computed from it at import."""
+    from ray._private import ray_constants
+
+    saved_env = {k: os.environ.get(k) for k in _SINGLE_MACHINE_ENV}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(_SINGLE_MACHINE_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
