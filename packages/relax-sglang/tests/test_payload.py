@@ -110,3 +110,61 @@ def test_the_engine_declares_its_attach_field_for_scale_out_by_url():
     params = with_engine_params(cfg, {"urls": ["http://10.0.0.2:30000"]}).rollout.engine_params
     assert isinstance(params, SGLangEngineParams) and params.urls == ["http://10.0.0.2:30000"]
     assert params.python == "/env/bin/python" and cfg.rollout.engine_params.urls == []
+
+
+@pytest.fixture(scope="module")
+def omni_media(tmp_path_factory):
+    """A still image and a video with a soundtrack (``relax.omni.synthetic``; the soundtrack needs ffmpeg)."""
+    import shutil
+
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("a video with a soundtrack needs ffmpeg")
+    from relax.omni import synthetic
+
+    d = tmp_path_factory.mktemp("omni_media")
+    synthetic.circles_image(d / "circles.png", 2)
+    synthetic.moving_dot_video(d / "dot_sound.mp4", right=False, tone_hz=330.0)
+    return d
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+def test_omni_processor_outputs_reach_sglang_under_its_names(family, omni_media):
+    """Real relax-omni outputs (tiny processor built locally) for image + video-with-soundtrack: the
+    seconds per temporal grid go out as SGLang's ``second_per_grid_ts`` (also on the first item, where
+    SGLang's rope index reads it) and the per-video flags as the request's ``use_audio_in_video``."""
+    import json
+
+    import torch
+
+    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
+    from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.sglang.payload import media_payload
+
+    params = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28,
+                                 video_max_pixels=56 * 56, max_frames=4, use_audio_in_video=True)  # fmt: skip
+    proc = QwenOmniProcessor(build_processor(family, build_tokenizer(family)), FAMILIES[family], params)
+    content = [{"type": "image", "image": str(omni_media / "circles.png")},
+               {"type": "video", "video": str(omni_media / "dot_sound.mp4")}, {"type": "text", "text": "which way?"}]  # fmt: skip
+    inputs = proc.process([{"role": "user", "content": content}], [], "t.jsonl:1")["inputs"]
+    assert "video_second_per_grid" in inputs and inputs["use_audio_in_video"].tolist() == [1]
+
+    fields = media_payload(inputs)
+    assert sorted(fields) == ["audio_data", "image_data", "use_audio_in_video", "video_data"]
+    assert fields["use_audio_in_video"] is True
+    (image,), (video,), (audio,) = fields["image_data"], fields["video_data"], fields["audio_data"]
+    seconds = inputs["video_second_per_grid"].tolist()
+    assert video["second_per_grid_ts"] == seconds and "video_second_per_grid" not in video
+    assert image["second_per_grid_ts"] == seconds  # SGLang reads it from the first item only
+    assert video["video_grid_thw"] == inputs["video_grid_thw"].tolist()
+    assert audio["input_features"] == inputs["input_features"].tolist()
+    assert audio["feature_attention_mask"] == inputs["feature_attention_mask"].tolist()
+    body = json.loads(json.dumps(generate_payload(GenerationRequest("o", [1], SamplingParams()), "rid", [], fields)))
+    assert body["use_audio_in_video"] is True and body["video_data"][0]["modality"] == "video"
+
+    plain = {k: v for k, v in inputs.items() if k not in ("use_audio_in_video", "pixel_values", "image_grid_thw")}
+    fields = media_payload(plain)  # no flag: no request-level field; the video item comes first itself
+    assert "use_audio_in_video" not in fields and fields["video_data"][0]["second_per_grid_ts"] == seconds
+    mixed = {**inputs, "video_grid_thw": torch.cat([inputs["video_grid_thw"]] * 2),
+             "use_audio_in_video": torch.tensor([1, 0])}  # fmt: skip
+    with pytest.raises(ValueError, match=r"use_audio_in_video \[1, 0\] for 2 videos: SGLang takes one"):
+        media_payload(mixed)

@@ -50,30 +50,61 @@ def generate_payload(
 #: processor outputs (``ProcessedPrompt["inputs"]`` keys) by the ``/generate`` field that carries them
 MEDIA_FIELDS: dict[str, tuple[str, ...]] = {
     "image_data": ("pixel_values", "image_grid_thw"),
-    "video_data": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
+    "video_data": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid"),
     "audio_data": ("input_features", "feature_attention_mask", "audio_feature_lengths"),
 }
 _MODALITY = {"image_data": "image", "video_data": "video", "audio_data": "audio"}
-_NOT_SENT = ("mm_token_type_ids", "use_audio_in_video")  # recomputed by SGLang from the ids / not a tensor
+#: the Qwen-Omni processors' name for it; sent under SGLang's, the one its attribute->modality map knows
+_RENAMED = {"video_second_per_grid": "second_per_grid_ts"}
+#: read by SGLang's Qwen processor (for the M-RoPE index) from the FIRST processor_output item only --
+#: image, then video, then audio -- so an image item carries them too
+_ROPE_LEVEL = ("second_per_grid_ts",)
+_NOT_SENT = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
+AUDIO_IN_VIDEO = "use_audio_in_video"  # relax.core.multimodal_model.AUDIO_IN_VIDEO: one flag per video
 
 
-def media_payload(inputs: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def media_payload(inputs: dict[str, Any]) -> dict[str, Any]:
     """``/generate`` fields for a prompt's processed media: per modality ONE ``processor_output`` item
     (SGLang takes exactly one when inputs are already processed) holding that modality's tensors as
     nested lists (JSON). The prompt ids already contain the expanded media placeholder tokens, as the
-    relax-omni processor produced them, so SGLang skips its own processor. Unknown keys are an error."""
+    relax-omni processor produced them, so SGLang skips its own processor. Unknown keys are an error.
+
+    The per-video ``use_audio_in_video`` flags become SGLang's request-level ``use_audio_in_video``
+    (one per request, so a prompt mixing videos with and without their soundtrack is an error). SGLang
+    0.5.23's Qwen processor still builds its M-RoPE index with ``use_audio_in_video=False`` (qwen_vl.py),
+    so until it honours the flag such rows get un-interleaved positions on the server (see README)."""
     known = {key: field for field, keys in MEDIA_FIELDS.items() for key in keys}
-    unknown = sorted(set(inputs) - set(known) - set(_NOT_SENT))
+    unknown = sorted(set(inputs) - set(known) - set(_NOT_SENT) - {AUDIO_IN_VIDEO})
     if unknown:
         raise ValueError(f"media inputs {unknown} have no SGLang /generate field; known: {sorted(known)}")
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, Any] = {}
     for key, value in inputs.items():
-        if key in _NOT_SENT:
+        if key in _NOT_SENT or key == AUDIO_IN_VIDEO:
             continue
         field = known[key]
         item = out.setdefault(field, [{"format": "processor_output", "modality": _MODALITY[field]}])[0]
-        item[key] = value.tolist() if hasattr(value, "tolist") else value
+        item[_RENAMED.get(key, key)] = value.tolist() if hasattr(value, "tolist") else value
+    first = next((out[f][0] for f in MEDIA_FIELDS if f in out), None)
+    for key in _ROPE_LEVEL:
+        if "video_data" in out and key in out["video_data"][0] and first is not out["video_data"][0]:
+            first[key] = out["video_data"][0][key]
+    if AUDIO_IN_VIDEO in inputs and _audio_in_video(inputs):
+        out[AUDIO_IN_VIDEO] = True
     return out
+
+
+def _audio_in_video(inputs: dict[str, Any]) -> bool:
+    """The request's one ``use_audio_in_video`` from the per-video flags; videos that disagree are an error."""
+    flags = inputs[AUDIO_IN_VIDEO]
+    flags = [int(f) for f in (flags.tolist() if hasattr(flags, "tolist") else flags)]
+    grid = inputs.get("video_grid_thw")
+    videos = 0 if grid is None else len(grid)
+    if len(flags) != videos or len(set(flags)) > 1:
+        raise ValueError(
+            f"media inputs use_audio_in_video {flags} for {videos} videos: SGLang takes one use_audio_in_video "
+            "per request; process every video of a prompt with the same use_audio_in_video"
+        )
+    return bool(flags and flags[0])
 
 
 def parse_version(value: Any, default: int) -> int:
