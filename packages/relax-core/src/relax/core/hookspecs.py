@@ -1,9 +1,9 @@
 """Hook specifications: the contract between Relax and its plugins.
 
 Hooks *register*; objects do the work (simonw/llm style). Every registration hook receives a
-``register(name, factory, *, config=None, resources=None)`` callable; config then selects
-implementations by name. Core's own built-ins are registered through these same hooks
-(``relax.core.builtin``).
+``register(name, factory, *, config=None, resources=None, **options)`` callable (``options``: what one
+kind reads, e.g. a rollout engine's ``attach=``); config then selects implementations by name. Core's
+own built-ins are registered through these same hooks (``relax.core.builtin``).
 
 - ``config``: a dataclass; the plugin's config section (``rollout.engine_params``,
   ``trainer.backend_params``, ``reward.params``, ``weight_sync.params``, ``data.processor_params``)
@@ -52,9 +52,13 @@ def relax_register_rollout_engines(register: Register) -> None:
     """Register rollout engines (``rollout.engine`` selects one).
 
     When: plugin-manager construction. The factory runs inside each rollout Ray actor.
-    Parameters: ``register(name, factory, config=ParamsDataclass, resources=fn)`` where
+    Parameters: ``register(name, factory, config=ParamsDataclass, resources=fn, attach=None)`` where
     ``factory(params, ctx) -> RolloutEngine``; ``params`` is ``rollout.engine_params`` parsed into
     ``config``; ``ctx.index`` / ``ctx.world_size`` are the engine's index and the fleet size.
+    ``attach="<field>"`` declares that the engine can serve from already running servers listed in
+    ``rollout.engine_params.<field>`` (a list of URLs): the control plane's scale-out by URL then starts
+    one engine per URL with that field set to ``[url]`` (``relax.core.controller.fleet.attach_param``);
+    without it a scale-out by URL is refused, naming the engine.
     Returns: nothing.
 
     .. versionadded:: 0.1
