@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from relax.core.engines import kv_batch
+from relax.core.engines import kv_batch, weight_names
 from relax.core.engines.batcher import DecodeBatch, Row
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.protocols import GenerationRequest, GenerationResult
@@ -69,6 +69,7 @@ class HFRolloutEngine:
             model.to(self.device).eval().requires_grad_(False)
         self.model = model
         self._params = dict(self.model.state_dict())  # views sharing storage with the live model
+        self._expert_rules: list[weight_names.ExpertRule] | None = None  # read on a first unknown name
         eos = self.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         if self.tokenizer.eos_token_id is not None:
@@ -132,23 +133,22 @@ class HFRolloutEngine:
     ) -> None:
         """Copy (a subset of) HF-named weights into the model and set the weight version.
 
-        Names and shapes are all checked before anything is written, so a bad update changes
-        nothing. Called once per bucket, the version is simply set again.
+        Per-expert MoE names (``mlp.experts.3.gate_proj.weight``, as checkpoints, SGLang and the megatron
+        trainer name them) fill their slice of the fused expert tensors transformers keeps in memory
+        (``engines.weight_names``). Names and shapes are all checked before anything is written, so a
+        bad update changes nothing. Called once per bucket, the version is simply set again.
         """
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-        unknown = sorted(name for name, _ in items if name not in self._params)
+        if self._expert_rules is None and any(name not in self._params for name, _ in items):
+            self._expert_rules = weight_names.expert_rules(self.model)
+        pairs, unknown, bad = weight_names.resolve(items, self._params, self._expert_rules or [])
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown} (model {self.model_path})")
-        bad = [
-            f"{n}: {tuple(t.shape)} != {tuple(self._params[n].shape)}"
-            for n, t in items
-            if tuple(t.shape) != tuple(self._params[n].shape)
-        ]
         if bad:
             raise ValueError(f"update_weights: shape mismatch {bad}")
         with self._step_lock, torch.no_grad():
-            for name, tensor in items:
-                self._params[name].copy_(tensor)
+            for dest, tensor in pairs:
+                dest.copy_(tensor)
             self._version = version
             self._prefixes.clear()  # kept prefills are of the old weights
 
