@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relax.core.multimodal_model import AUDIO_IN_VIDEO  # "use_audio_in_video": one flag per video
 from relax.core.protocols import GenerationRequest, GenerationResult, SamplingParams
 
 
@@ -60,7 +61,6 @@ _RENAMED = {"video_second_per_grid": "second_per_grid_ts"}
 #: image, then video, then audio -- so an image item carries them too
 _ROPE_LEVEL = ("second_per_grid_ts",)
 _NOT_SENT = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
-AUDIO_IN_VIDEO = "use_audio_in_video"  # relax.core.multimodal_model.AUDIO_IN_VIDEO: one flag per video
 
 
 def media_payload(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +72,9 @@ def media_payload(inputs: dict[str, Any]) -> dict[str, Any]:
     The per-video ``use_audio_in_video`` flags become SGLang's request-level ``use_audio_in_video``
     (one per request, so a prompt mixing videos with and without their soundtrack is an error). SGLang
     0.5.23's Qwen processor still builds its M-RoPE index with ``use_audio_in_video=False`` (qwen_vl.py),
-    so until it honours the flag such rows get un-interleaved positions on the server (see README)."""
+    so until it honours the flag such rows get un-interleaved positions on the server. Note: SGLang 0.5.23
+    takes these items as tensors (its Python ``Engine`` API); over HTTP the JSON lists fail its feature
+    hashing, so such a request fails on a server (see README, relax-sglang)."""
     known = {key: field for field, keys in MEDIA_FIELDS.items() for key in keys}
     unknown = sorted(set(inputs) - set(known) - set(_NOT_SENT) - {AUDIO_IN_VIDEO})
     if unknown:
