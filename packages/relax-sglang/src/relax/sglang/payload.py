@@ -86,10 +86,10 @@ def media_payload(inputs: dict[str, Any]) -> dict[str, Any]:
         field = known[key]
         item = out.setdefault(field, [{"format": "processor_output", "modality": _MODALITY[field]}])[0]
         item[_RENAMED.get(key, key)] = value.tolist() if hasattr(value, "tolist") else value
-    first = next((out[f][0] for f in MEDIA_FIELDS if f in out), None)
+    video = out.get("video_data", [{}])[0]
     for key in _ROPE_LEVEL:
-        if "video_data" in out and key in out["video_data"][0] and first is not out["video_data"][0]:
-            first[key] = out["video_data"][0][key]
+        if key in video:
+            next(out[f][0] for f in MEDIA_FIELDS if f in out)[key] = video[key]
     if AUDIO_IN_VIDEO in inputs and _audio_in_video(inputs):
         out[AUDIO_IN_VIDEO] = True
     return out
