@@ -90,3 +90,9 @@ def test_a_builtin_rule_reward_is_scored_in_the_driver_like_the_role(ray_session
     scored, counts = ray.get(reward.score.remote(samples))
     assert [s.reward for s in scored] == [1.0, 0.0]
     assert counts["failures"] == 0.0 and counts["timeouts"] == 0.0
+
+
+def test_the_hosted_trainer_leaves_a_core_to_the_driver():
+    from relax.core.controller.hosting import host_threads
+
+    assert [host_threads(c) for c in (1, 2, 16)] == [1, 1, 15]

@@ -222,7 +222,7 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     ctx = contexts.trainer_context(cfg, model_path)
     if roles.hosted:  # one process: the trainer serves rollout with its own module
         roles.trainer = hosting.HostRole.options(**trainer_opts[0], max_concurrency=ENGINE_CONCURRENCY).remote(
-            cfg, ctx, contexts.engine_context(cfg, model_path, 0), num_threads=cores
+            cfg, ctx, contexts.engine_context(cfg, model_path, 0), num_threads=hosting.host_threads(cores)
         )
         roles.engines = [roles.trainer]
     else:
