@@ -26,7 +26,7 @@ RAY_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
-#: what the workers must see as the driver does (a joined cluster's daemons do not inherit our environment)
+#: what the workers of a joined cluster must see as the driver does
 FORWARDED_ENV = (*RAY_ENV, "RAY_AUTH_MODE", "WANDB_MODE", "RELAX_CACHE_DIR", "OMP_NUM_THREADS", "RELAX_PLUGINS",
                  "RELAX_DISABLE_PLUGINS", "PYTHONPATH")  # fmt: skip
 LOOPBACK = "127.0.0.1"
@@ -94,13 +94,10 @@ def start_ray(settings: RaySettings) -> bool:
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return False
-    worker_env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-    kwargs: dict[str, Any] = {
-        "include_dashboard": False,
-        "log_to_driver": True,
-        "runtime_env": {"env_vars": worker_env},
-    }
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     if settings.address:
+        # a cluster's daemons do not inherit our environment: the job's runtime env carries it
+        kwargs["runtime_env"] = {"env_vars": {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}}
         kwargs["address"] = settings.address
         if settings.node_ip_address:
             kwargs["_node_ip_address"] = settings.node_ip_address
@@ -108,6 +105,8 @@ def start_ray(settings: RaySettings) -> bool:
             log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
         ray.init(**kwargs)
         return True
+    # embedded: the daemons, and the workers they start, inherit this process's environment; a job
+    # runtime env would only make each worker wait for Ray's runtime-env agent (~1 s per actor here)
     kwargs["num_cpus"] = settings.num_cpus or default_num_cpus()
     kwargs["_node_ip_address"] = settings.node_ip_address or LOOPBACK
     with _single_machine():
