@@ -65,6 +65,10 @@ def test_backend_params_reject_unsupported_layouts():
     assert MegatronParams(expert_parallel=2, data_parallel=4).validate() == []  # EP carved from DP
     (dist_opt,) = MegatronParams(distributed_optimizer=True).validate()
     assert "distributed_optimizer: not supported" in dist_opt and "CUDA parameters" in dist_opt
+    (bf16,) = MegatronParams(dtype="bfloat16").validate()
+    assert bf16 == "dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only"
+    assert MegatronParams(device="cuda:1", dtype="bfloat16").validate() == []
+    assert MegatronParams(device="tpu").validate() == ["device: expected 'cpu', 'cuda' or 'cuda:N', got 'tpu'"]
 
 
 def test_registered_as_the_megatron_trainer():
@@ -75,6 +79,8 @@ def test_registered_as_the_megatron_trainer():
     assert registration.factory is megatron_trainer and registration.config is MegatronParams
     layout = MegatronParams(tensor_parallel=2, pipeline_parallel=3, data_parallel=2)
     assert registration.resources(layout).num_workers == 12  # one rank actor per rank: TP x PP x DP
+    assert registration.resources(layout).num_gpus == 0.0
+    assert registration.resources(MegatronParams(tensor_parallel=2, device="cuda")).num_gpus == 1.0  # per rank
 
 
 class TestFactory(TinyModelFixtures):
@@ -105,8 +111,11 @@ class TestFactory(TinyModelFixtures):
 
         with pytest.raises(ValueError, match="no critic"):
             megatron_trainer(MegatronParams(), self.context(model_dir, critic=True))
-        with pytest.raises(ValueError, match="float32 only"):
+        with pytest.raises(ValueError, match="dtype='bfloat16': the megatron trainer runs float32 on CPU"):
             megatron_trainer(MegatronParams(), self.context(model_dir, dtype="bfloat16"))
+        if not torch.cuda.is_available():
+            with pytest.raises(RuntimeError, match="device='cuda': no CUDA GPU is visible"):
+                megatron_trainer(MegatronParams(device="cuda"), self.context(model_dir))
         with pytest.raises(ValueError, match="trainer.backend_params: expert_parallel=2"):
             megatron_trainer(MegatronParams(expert_parallel=2), self.context(model_dir))
         with pytest.raises(ValueError, match="world_size=1 != tensor_parallel=2 x pipeline_parallel=1"):  # a TP=2 rank needs its group

@@ -7,9 +7,10 @@ import torch
 
 def ensure_process_group(
     rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float = 120.0, backend: str | None = None,
 ) -> None:
-    """Join (or reuse) the default process group: NCCL when a GPU is present, else gloo.
+    """Join (or reuse) the default process group: ``backend``, or by default NCCL when a GPU is present,
+    else gloo.
 
     A world of one without a rendezvous address uses a local file store. An existing group of another
     size is an error.
@@ -29,7 +30,7 @@ def ensure_process_group(
         init = f"file://{tempfile.mkdtemp(prefix='relax-megatron-')}/store"
     else:
         init = f"tcp://{master_addr}:{master_port}"
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
 
@@ -44,7 +45,7 @@ def initialize_model_parallel(
     """
     from megatron.core import parallel_state
     from megatron.core import tensor_parallel as mtp
-    from relax.megatron.cpu_compat import ensure_cpu_compat
+    from relax.megatron.cpu_compat import ensure_cpu_compat  # a no-op when a GPU is present
 
     if not torch.distributed.is_initialized():
         raise RuntimeError("initialise torch.distributed (gloo on CPU, nccl on GPU) before megatron's parallel state")
@@ -58,6 +59,22 @@ def initialize_model_parallel(
         parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel,
                                                  expert_model_parallel_size=expert_parallel)  # fmt: skip
     mtp.model_parallel_cuda_manual_seed(seed)
+
+
+def rank_device(device: str, rank: int) -> torch.device:
+    """The torch device of this rank: ``cpu``, or for ``cuda`` the rank's local GPU (``cuda:<rank mod
+    visible GPUs>``: Ray gives each rank actor one GPU through CUDA_VISIBLE_DEVICES, so that is
+    ``cuda:0`` there; one process per GPU on a multi-GPU host otherwise). ``cuda:N`` is taken as is."""
+    if device == "cpu":
+        return torch.device("cpu")
+    if not device.startswith("cuda"):
+        raise ValueError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r}: no CUDA GPU is visible to this process "
+                           "(torch.cuda.is_available() is False); use device: cpu")  # fmt: skip
+    if device == "cuda":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(device)
 
 
 def gather_tp_shards(local: dict[str, torch.Tensor], tp: int, group=None) -> list[dict[str, torch.Tensor]]:

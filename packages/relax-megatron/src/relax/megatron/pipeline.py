@@ -47,7 +47,7 @@ def _schedule(model, micros, forward, finish, forward_only) -> list[Any]:
 
         def loss_func(logits: Tensor):
             loss, record = finish(sub, logits)
-            return loss, torch.tensor(0, dtype=torch.int), record
+            return loss, torch.tensor(0, dtype=torch.int, device=logits.device), record
 
         return forward(model, sub), loss_func
 
@@ -95,11 +95,13 @@ def stage_units(units: list[list[str]], local: dict[str, Tensor]) -> Iterator[di
     each stage in turn announces its units' names and shapes, then broadcasts one unit at a time."""
     group, ranks = pipeline_ranks()
     me = dist.get_rank()
+    device = next(iter(local.values())).device if local else torch.device("cpu")  # NCCL: receive on the GPU
     for src in ranks:
         box = [[[(n, tuple(local[n].shape), local[n].dtype) for n in unit] for unit in units] if src == me else None]
         dist.broadcast_object_list(box, src=src, group=group)
         for unit in box[0]:
-            tensors = {n: local[n].detach().contiguous() if src == me else torch.empty(s, dtype=dt) for n, s, dt in unit}
+            tensors = {n: local[n].detach().contiguous() if src == me else torch.empty(s, dtype=dt, device=device)
+                       for n, s, dt in unit}  # fmt: skip
             for t in tensors.values():
                 dist.broadcast(t, src=src, group=group)
             yield tensors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from relax.core.context import PluginContext, Resources, train_kwargs
 from relax.core.hookspecs import hookimpl
@@ -21,6 +22,10 @@ class MegatronParams:
     sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
     distributed_optimizer: bool = False  # megatron's DistributedOptimizer: not supported (refused, see validate)
     num_cpus: float = 1.0  # reserved per rank
+    # cpu (gloo, float32), or cuda / cuda:N: each rank actor reserves one GPU and uses NCCL (not yet run
+    # on a device in this repo: see README)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] | None = None  # None: the run's dtype; bfloat16 needs device cuda
 
     def validate(self) -> list[str]:
         errors = [
@@ -32,6 +37,10 @@ class MegatronParams:
         ]  # fmt: skip
         if errors:
             return errors
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            errors.append(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.dtype == "bfloat16" and not self.device.startswith("cuda"):
+            errors.append("dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only")
         if self.context_parallel > 1 or self.sequence_parallel:
             errors.append("context_parallel / sequence_parallel: need Transformer Engine, which this build of "
                           "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
@@ -62,8 +71,11 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
     if spec.algorithm.critic.enable and spec.trainable:
         raise ValueError("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; "
                          "use trainer.backend: torch for PPO with a critic")  # fmt: skip
-    if ctx.dtype != "float32":
-        raise ValueError(f"dtype={ctx.dtype!r}: the megatron trainer runs float32 only so far")
+    dtype = params.dtype or ctx.dtype
+    cuda = params.device.startswith("cuda")
+    if dtype not in ("float32", "bfloat16") or (dtype != "float32" and not cuda):
+        raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
+                         "with trainer.backend_params.device: cuda")  # fmt: skip
     return MegatronTrainer(
         ctx.model_path,
         objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
@@ -79,6 +91,8 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         world_size=ctx.world_size,
         master_addr=ctx.master_addr,
         master_port=ctx.master_port,
+        device=params.device,
+        dtype=dtype,
     )
 
 
@@ -88,7 +102,9 @@ def relax_register_trainers(register):
         "megatron",
         megatron_trainer,
         config=MegatronParams,
-        resources=lambda p: Resources(p.num_cpus, 0.0, num_workers=world_size(p)),
+        # one GPU per rank actor with device cuda (Ray sets each actor's CUDA_VISIBLE_DEVICES)
+        resources=lambda p: Resources(p.num_cpus, 1.0 if p.device.startswith("cuda") else 0.0,
+                                      num_workers=world_size(p)),
     )
 
 

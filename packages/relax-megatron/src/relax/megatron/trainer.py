@@ -4,7 +4,8 @@ The model is built from the HF config and loaded from the HF safetensors through
 :mod:`relax.megatron.convert`; logprobs and entropy are computed vocab-parallel
 (:mod:`relax.megatron.logprobs`); the loss is core's policy objective with step-global token counts,
 as in core's torch trainer, so the two give the same loss on the same batch. One process per rank of
-megatron's TP x PP x DP world (gloo on CPU); every rank is called with the whole batch, together
+megatron's TP x PP x DP world (gloo and float32 on CPU; NCCL, ``cuda:<local rank>`` and float32 or
+bfloat16 with ``device="cuda"``: batches go to the device, results come back on CPU); every rank is called with the whole batch, together
 (``export_weights`` gathers across TP, PP and EP, so it is collective too: ``collective_export``, core's
 worker group has every rank export in step and sends rank 0's buckets). DP replicas take their share of
 the rows; token counts, loss sums and gradients are summed over them (step-global normalisation).
@@ -85,12 +86,14 @@ class MegatronTrainer:
         world_size: int = 1,
         master_addr: str | None = None,
         master_port: int | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
     ) -> None:
         from transformers import AutoConfig
 
         from megatron.core import parallel_state
         from relax.core.trainers.optim import LR_SCHEDULES
-        from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
+        from relax.megatron.parallel import ensure_process_group, initialize_model_parallel, rank_device
 
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
@@ -100,10 +103,17 @@ class MegatronTrainer:
         if data_parallel % expert_parallel:
             raise ValueError(f"expert_parallel={expert_parallel} must divide data_parallel={data_parallel}: "
                              "expert-parallel ranks are carved from the data-parallel ones, as in megatron")  # fmt: skip
+        if dtype not in ("float32", "bfloat16") or (dtype != "float32" and device == "cpu"):
+            raise ValueError(f"dtype={dtype!r}: float32 on CPU; float32 or bfloat16 on device cuda")
+        self.device = rank_device(device, rank)
+        if self.device.type == "cuda":  # before megatron builds anything: it allocates on the current device
+            torch.cuda.set_device(self.device)
+        self.dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-        ensure_process_group(rank, world_size, master_addr, master_port)
+        ensure_process_group(rank, world_size, master_addr, master_port,
+                             backend="nccl" if self.device.type == "cuda" else "gloo")  # fmt: skip
         initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=seed, expert_parallel=expert_parallel)
         self.model_path = model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
@@ -119,15 +129,19 @@ class MegatronTrainer:
         self.ep_group = parallel_state.get_expert_model_parallel_group()
         # PP: core's objective already divides by step-global token counts, so megatron's schedule must
         # not rescale the loss
-        pipeline = (dict(pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=torch.float32,
+        pipeline = (dict(pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=self.dtype,
                          calculate_per_token_loss=True)
                     if pipeline_parallel > 1 else {})  # fmt: skip
+        # bf16 (CUDA): parameters in bf16; logprobs, entropy and the loss are computed in fp32 (logprobs.py)
+        precision = dict(params_dtype=torch.bfloat16, bf16=True) if self.dtype == torch.bfloat16 else {}
         if expert_parallel > 1:
             pipeline["expert_model_parallel_size"] = expert_parallel
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
-                                             tensor_model_parallel_size=tensor_parallel, **pipeline)  # fmt: skip
+                                             tensor_model_parallel_size=tensor_parallel,
+                                             use_cpu_initialization=self.device.type == "cpu", **pipeline, **precision)  # fmt: skip
         convert.load_hf_into(self.model, convert.read_hf_checkpoint(model_path), self.hf_config, self.tp, self.tp_rank,
                              pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
+        self.model.to(self.device)  # a no-op where megatron already allocated on the current GPU
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
         self.objective = objective
@@ -145,6 +159,12 @@ class MegatronTrainer:
         self.step = 0
 
     # ------------------------------------------------------------------ forward
+    def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch's tensors on this rank's device (CPU: the batch itself)."""
+        if self.device.type == "cpu":
+            return batch
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
     def _response_scores(self, batch: dict[str, torch.Tensor], score: Callable = logprobs_and_entropy) -> tuple:
         """``score`` (vocab-parallel) of the response tokens: (B, R) logprobs and entropies by default.
         Positions P-1 .. P+R-2 predict them; logits are temperature-scaled; each rank holds its slice."""
@@ -193,20 +213,21 @@ class MegatronTrainer:
         if self.pp == 1:
             return [torch.cat([r[i] for r in records]) for i in range(count)]
         shape = tuple(batch["responses"].shape)
-        out = [torch.cat([r[i] for r in records]) if self.last_stage else torch.zeros(shape) for i in range(count)]
+        out = [torch.cat([r[i] for r in records]) if self.last_stage else torch.zeros(shape, device=self.device)
+               for i in range(count)]  # fmt: skip
         return from_last_stage(out)[0]
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0."""
-        return self._masked_scores(batch, logprobs_and_entropy, 1)[0]
+        return self._masked_scores(self._on_device(batch), logprobs_and_entropy, 1)[0].cpu()
 
     def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward_logprobs`` and, from the same forward, the (B, R) ``sum_v pi(v)^2`` of the policy at
         ``temperature`` (optimal token baselines), vocab-parallel; both 0 where masked."""
         from relax.megatron.logprobs import logprobs_and_sum_pi_squared
 
-        logprobs, sum_sq = self._masked_scores(batch, logprobs_and_sum_pi_squared, 2)
-        return logprobs, sum_sq
+        logprobs, sum_sq = self._masked_scores(self._on_device(batch), logprobs_and_sum_pi_squared, 2)
+        return logprobs.cpu(), sum_sq.cpu()
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         raise RuntimeError("the megatron trainer has no critic yet: use trainer.backend: torch with algorithm.critic")
@@ -225,8 +246,9 @@ class MegatronTrainer:
 
         if self.optimizer is None or self.objective is None:
             raise RuntimeError("train_step needs a trainable MegatronTrainer with an objective")
+        batch = self._on_device(batch)
         if "old_logprobs" not in batch:
-            batch = {**batch, "old_logprobs": self.forward_logprobs(batch)}
+            batch = {**batch, "old_logprobs": self._masked_scores(batch, logprobs_and_entropy, 1)[0]}
         size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
@@ -310,7 +332,7 @@ class MegatronTrainer:
         """Element-wise sums over the data-parallel replicas (fp64, one collective); DP=1: ``values``."""
         if self.dp == 1:
             return values
-        summed = torch.tensor(values, dtype=torch.float64)
+        summed = torch.tensor(values, dtype=torch.float64, device=self.device)  # NCCL: on the GPU
         torch.distributed.all_reduce(summed, group=self.dp_group)
         return summed.tolist()
 
@@ -373,7 +395,8 @@ class MegatronTrainer:
         from megatron.core.transformer.module import param_is_not_shared
 
         def square(grads: list[torch.Tensor], group) -> torch.Tensor:
-            total = torch.stack([g.float().square().sum() for g in grads]).sum() if grads else torch.zeros(())
+            total = (torch.stack([g.float().square().sum() for g in grads]).sum() if grads
+                     else torch.zeros((), device=self.device))  # fmt: skip
             torch.distributed.all_reduce(total, group=group)
             return total
 
@@ -415,7 +438,8 @@ class MegatronTrainer:
             width, group = (self.ep, self.ep_group) if self.ep > 1 else (self.tp, self.tp_group)
             for unit in source:
                 shards = gather_tp_shards(unit, width, group)
-                yield from convert.megatron_to_hf(shards, self.hf_config, partial=True).items()
+                # on CPU for the transports (a no-op on CPU)
+                yield from ((n, t.cpu()) for n, t in convert.megatron_to_hf(shards, self.hf_config, partial=True).items())
 
         yield from buckets(named(), bucket_bytes)
 
