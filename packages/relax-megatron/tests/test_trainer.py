@@ -65,6 +65,7 @@ def test_backend_params_reject_unsupported_layouts():
     assert MegatronParams(expert_parallel=2, data_parallel=4).validate() == []  # EP carved from DP
     (dist_opt,) = MegatronParams(distributed_optimizer=True).validate()
     assert "distributed_optimizer: not supported" in dist_opt and "CUDA parameters" in dist_opt
+    assert MegatronParams(distributed_optimizer=True, device="cuda", data_parallel=2).validate() == []
     (bf16,) = MegatronParams(dtype="bfloat16").validate()
     assert bf16 == "dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only"
     assert MegatronParams(device="cuda:1", dtype="bfloat16").validate() == []
@@ -116,6 +117,8 @@ class TestFactory(TinyModelFixtures):
         if not torch.cuda.is_available():
             with pytest.raises(RuntimeError, match="device='cuda': no CUDA GPU is visible"):
                 megatron_trainer(MegatronParams(device="cuda"), self.context(model_dir))
+        with pytest.raises(ValueError, match="trainer.backend_params: distributed_optimizer: not supported on CPU"):
+            megatron_trainer(MegatronParams(distributed_optimizer=True), self.context(model_dir))
         with pytest.raises(ValueError, match="trainer.backend_params: expert_parallel=2"):
             megatron_trainer(MegatronParams(expert_parallel=2), self.context(model_dir))
         with pytest.raises(ValueError, match="world_size=1 != tensor_parallel=2 x pipeline_parallel=1"):  # a TP=2 rank needs its group

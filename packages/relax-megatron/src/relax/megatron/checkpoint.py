@@ -45,7 +45,10 @@ def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
     rng = {"torch": torch.get_rng_state()}  # one per rank: data-parallel replicas keep their own
     state["rng"] = ShardedObject("rng_state", rng, (trainer.pp, trainer.tp, trainer.dp),
                                  (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank), replica_id=0)  # fmt: skip
-    if trainer.optimizer is not None:
+    if getattr(trainer, "ddp", None) is not None:  # megatron's DistributedOptimizer (CUDA): its own sharding
+        state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
+        state["adam_step"] = float(trainer.step)  # marks a trainable checkpoint (see load)
+    elif trainer.optimizer is not None:
         if loading:
             _ensure_adam_state(trainer.optimizer)
         optim = trainer.optimizer.state_dict()
@@ -88,7 +91,9 @@ def load(trainer: Any, directory: str) -> None:
         raise ValueError(f"checkpoint {path} has no optimizer state (saved by a frozen trainer)")
     loaded = dist_checkpointing.load(state, str(path))
     load_model(trainer.model, loaded["model"], path)
-    if trainer.optimizer is not None:
+    if getattr(trainer, "ddp", None) is not None:
+        trainer.optimizer.load_state_dict(loaded["optimizer"])
+    elif trainer.optimizer is not None:
         optim = loaded["optimizer"]
         for param_state in optim["state"].values():
             param_state["step"] = torch.tensor(float(loaded["adam_step"]))

@@ -20,7 +20,7 @@ class MegatronParams:
     expert_parallel: int = 1  # MoE expert-parallel ranks, carved from the DP ones (must divide data_parallel)
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
     sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
-    distributed_optimizer: bool = False  # megatron's DistributedOptimizer: not supported (refused, see validate)
+    distributed_optimizer: bool = False  # megatron's DistributedOptimizer, sharded over DP: device cuda only
     num_cpus: float = 1.0  # reserved per rank
     # cpu (gloo, float32), or cuda / cuda:N: each rank actor reserves one GPU and uses NCCL (not yet run
     # on a device in this repo: see README)
@@ -44,10 +44,10 @@ class MegatronParams:
         if self.context_parallel > 1 or self.sequence_parallel:
             errors.append("context_parallel / sequence_parallel: need Transformer Engine, which this build of "
                           "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
-        if self.distributed_optimizer:
-            errors.append("distributed_optimizer: not supported; megatron-core 0.16's DistributedOptimizer needs its "
-                          "DDP wrapper's grad buffers (this trainer all-reduces gradients itself, with torch AdamW) "
-                          "and takes only CUDA parameters (TypeError for a CPU torch.FloatTensor); set it to false")  # fmt: skip
+        if self.distributed_optimizer and not self.device.startswith("cuda"):
+            from relax.megatron.distopt import CPU_REASON
+
+            errors.append(CPU_REASON)
         if self.data_parallel % self.expert_parallel:
             errors.append(f"expert_parallel={self.expert_parallel}: must divide data_parallel={self.data_parallel} "
                           "(expert-parallel ranks are carved from the data-parallel ones, as in megatron)")  # fmt: skip
@@ -93,6 +93,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         master_port=ctx.master_port,
         device=params.device,
         dtype=dtype,
+        distributed_optimizer=params.distributed_optimizer,
     )
 
 

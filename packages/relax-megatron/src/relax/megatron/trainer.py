@@ -88,6 +88,7 @@ class MegatronTrainer:
         master_port: int | None = None,
         device: str = "cpu",
         dtype: str = "float32",
+        distributed_optimizer: bool = False,
     ) -> None:
         from transformers import AutoConfig
 
@@ -109,6 +110,11 @@ class MegatronTrainer:
         if self.device.type == "cuda":  # before megatron builds anything: it allocates on the current device
             torch.cuda.set_device(self.device)
         self.dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        self.distributed_optimizer = distributed_optimizer and trainable
+        if self.distributed_optimizer and self.device.type != "cuda":
+            from relax.megatron.distopt import CPU_REASON
+
+            raise ValueError(CPU_REASON)
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
@@ -134,6 +140,8 @@ class MegatronTrainer:
                     if pipeline_parallel > 1 else {})  # fmt: skip
         # bf16 (CUDA): parameters in bf16; logprobs, entropy and the loss are computed in fp32 (logprobs.py)
         precision = dict(params_dtype=torch.bfloat16, bf16=True) if self.dtype == torch.bfloat16 else {}
+        if self.distributed_optimizer:  # megatron's DDP then sums gradients over DP, as our own path does
+            precision["calculate_per_token_loss"] = True
         if expert_parallel > 1:
             pipeline["expert_model_parallel_size"] = expert_parallel
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
@@ -151,11 +159,18 @@ class MegatronTrainer:
         self.micro_batch_size, self.num_minibatches = micro_batch_size, num_minibatches
         self.loss_agg_mode, self.temperature = loss_agg_mode, temperature
         self.skip_nonfinite = skip_nonfinite  # False: a NaN/inf loss or gradient raises NonFiniteError
-        self.optimizer = (
-            torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-            if trainable
-            else None
-        )
+        self.ddp = None  # megatron's DDP wrapper: with the distributed optimizer only
+        if self.distributed_optimizer:
+            from relax.megatron import distopt
+
+            self.ddp, self.optimizer = distopt.wrap(self.model, lr=lr, min_lr=lr * min_lr_ratio, weight_decay=weight_decay,
+                                                    betas=tuple(betas), eps=eps, bf16=self.dtype == torch.bfloat16)  # fmt: skip
+        else:
+            self.optimizer = (
+                torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+                if trainable
+                else None
+            )
         self.step = 0
 
     # ------------------------------------------------------------------ forward
@@ -270,7 +285,7 @@ class MegatronTrainer:
 
         mask = batch["response_mask"]  # with DP: this replica's rows; counts and sums cover every replica's
         tokens, seqs = self._dp_sum([float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())])
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grads()
 
         def micro_loss(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             logprobs, entropy = self._scores(sub, logits)
@@ -307,16 +322,23 @@ class MegatronTrainer:
         sums = dict(zip(keys, self._dp_sum([sum(r[k] for r in records) for k in keys]), strict=True))
         loss_sum, entropy_sum = sums.pop("\0loss"), sums.pop("\0entropy")
         obj_sums = sums
-        self._sum_qk_norm_grads()
-        self._sum_tied_embedding_grads()
-        self._sum_data_parallel_grads()
-        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
-        grad_norm = self._clip_grad_norm(max_norm)
+        if self.ddp is not None:  # megatron's DDP: its finalize_model_grads does the sums below
+            from relax.megatron import distopt
+
+            grad_norm = distopt.reduce_grads(self.ddp, self.optimizer)
+        else:
+            self._sum_qk_norm_grads()
+            self._sum_tied_embedding_grads()
+            self._sum_data_parallel_grads()
+            max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+            grad_norm = self._clip_grad_norm(max_norm)
         skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))  # the same on every TP rank
         if skipped:  # a NaN/inf update would destroy the weights: drop it, or stop the run
             self._nonfinite(f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} "
                             f"(loss {loss_sum}, grad_norm {grad_norm}); the update was not applied")  # fmt: skip
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grads()
+        elif self.ddp is not None:
+            distopt.apply(self.optimizer, self.grad_clip)
         else:
             self.optimizer.step()
         denom = max(tokens, 1.0)
@@ -327,6 +349,14 @@ class MegatronTrainer:
             "entropy": entropy_sum / denom,
             "skipped_nonfinite": float(skipped),
         }
+
+    def _zero_grads(self) -> None:
+        if self.ddp is not None:
+            from relax.megatron import distopt
+
+            distopt.zero_grads(self.ddp, self.optimizer)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def _dp_sum(self, values: list[float]) -> list[float]:
         """Element-wise sums over the data-parallel replicas (fp64, one collective); DP=1: ``values``."""
