@@ -101,16 +101,18 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def run_ranks(tmp_path_factory):
-    """``run(mode, model_dir, data, *extra, world=2, expect_ok=True)``: ``tp_worker.py`` as ``world``
-    processes on ``data``; rank 0's results, or with ``expect_ok=False`` the ranks' combined output."""
+    """``run(mode, model_dir, data, *extra, world=2, expect_ok=True, script="tp_worker.py")``: ``script``
+    as ``world`` processes on ``data``; rank 0's results, or with ``expect_ok=False`` the ranks' combined
+    output."""
 
-    def run(mode: str, model_dir: str, data, *extra: str, world: int = 2, expect_ok: bool = True):
+    def run(mode: str, model_dir: str, data, *extra: str, world: int = 2, expect_ok: bool = True,
+            script: str = "tp_worker.py"):  # fmt: skip
         import torch
 
         tmp_path = tmp_path_factory.mktemp(mode)
         torch.save(data, tmp_path / f"{mode}-input.pt")
         out = tmp_path / f"{mode}-out.pt"
-        cmd = [sys.executable, str(Path(__file__).with_name("tp_worker.py")), "--mode", mode, "--world", str(world),
+        cmd = [sys.executable, str(Path(__file__).with_name(script)), "--mode", mode, "--world", str(world),
                "--port", str(_free_port()), "--model-dir", model_dir, "--input", str(tmp_path / f"{mode}-input.pt"),
                "--out", str(out), *extra]  # fmt: skip
         procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
