@@ -6,6 +6,12 @@ so TP=2 and DP=2 use two cores where the others use one (this machine has two). 
 this process; each megatron layout runs as its own ranks (``--worker``, gloo). Tokens/s counts the
 batch's non-padding tokens over the timed steps (after ``WARMUP`` untimed ones).
 
+With a CUDA device, also the MFU of the megatron trainer (TP=1, bf16, one GPU) on a locally built,
+randomly initialised Qwen3-0.6B-shaped model (config only, nothing downloaded): MFU = 6 * N * tokens/s /
+peak, N = the model's parameters (tied embedding once; attention's own FLOPs not counted), peak = H200 /
+H100 bf16 dense 989 TFLOP/s. The CPU layouts then run with CUDA_VISIBLE_DEVICES="" (megatron's CPU path).
+Without a device MFU is skipped (printed); the headline stays the CPU ratio.
+
     python bench/megatron.py [steps]
 """
 
@@ -26,11 +32,16 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 
 ROWS, PROMPT, RESPONSE = 32, 48, 48
 WARMUP = 1
+PEAK_FLOPS, PEAK_NAME = 989e12, "H200/H100 bf16 dense 989 TFLOP/s"
+MFU_ROWS, MFU_PROMPT, MFU_RESPONSE = 16, 512, 512
+QWEN3_06B = {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True,
+             "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}  # fmt: skip
 MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
          "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
 
 
-def make_batch(model_dir: str):
+def make_batch(model_dir: str, rows: int = ROWS, prompt: int = PROMPT, response: int = RESPONSE):
     import torch
     from transformers import AutoTokenizer
 
@@ -45,7 +56,7 @@ def make_batch(model_dir: str):
     def draw(n: int) -> list[int]:
         return vocab[torch.randint(len(vocab), (n,), generator=gen)].tolist()
 
-    samples = [Sample(prompt_ids=draw(PROMPT), group_id=i // 4, response_ids=draw(RESPONSE)) for i in range(ROWS)]
+    samples = [Sample(prompt_ids=draw(prompt), group_id=i // 4, response_ids=draw(response)) for i in range(rows)]
     return collate_with_advantages(samples, tok.pad_token_id)
 
 
@@ -81,13 +92,67 @@ def worker(rank: int, world: int, port: int, model_dir: str, batch_file: str, st
         Path(out).write_text(json.dumps({"tokens_per_s": rate}))
 
 
-def megatron_rate(size: int, model_dir: str, batch_file: str, steps: int, root: Path, kind: str = "tensor") -> float:
+def build_qwen3_06b(directory: Path, tokenizer_dir: str) -> tuple[str, int]:
+    """A randomly initialised Qwen3-0.6B-shaped model saved (bf16) to ``directory``, with the tiny model's
+    tokenizer (only its pad id is used); (path, parameter count)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_06B)).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())  # a tied embedding is one parameter
+    model.save_pretrained(directory)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
+    return str(directory), params
+
+
+def mfu_worker(port: int, model_dir: str, batch_file: str, steps: int, out: str) -> None:
+    """The megatron trainer on cuda:0 (NCCL world of one, bf16): train tokens/s."""
+    import torch
+
+    from relax.megatron.trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(model_dir, **{**trainer_kwargs(), "micro_batch_size": MFU_ROWS // 2}, device="cuda",
+                              dtype="bfloat16", master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    batch = torch.load(batch_file)
+    torch.cuda.synchronize()
+    rate = timed_steps(trainer, batch, steps)  # train_step returns floats: every step has synchronised
+    Path(out).write_text(json.dumps({"tokens_per_s": rate, "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30}))
+
+
+def mfu(root: Path, tokenizer_dir: str, steps: int) -> str:
+    """The MFU report line (the device run in its own process, as a rank)."""
+    import torch
+
+    model_dir, params = build_qwen3_06b(root / "qwen3-0.6b", tokenizer_dir)
+    batch_file = str(root / "mfu-batch.pt")
+    torch.save(make_batch(model_dir, MFU_ROWS, MFU_PROMPT, MFU_RESPONSE), batch_file)
+    out = root / "mfu.json"
+    proc = subprocess.run([sys.executable, __file__, "--mfu-worker", str(_free_port()), model_dir, batch_file,
+                           str(steps), str(out)], check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"megatron MFU run failed (exit {proc.returncode})")
+    result = json.loads(out.read_text())
+    rate = result["tokens_per_s"]
+    return (f"MFU (megatron TP=1 bf16, {torch.cuda.get_device_name(0)}, Qwen3-0.6B-shaped, N={params / 1e6:.0f}M, "
+            f"{MFU_ROWS} x {MFU_PROMPT + MFU_RESPONSE} tokens/step): {rate:.0f} tokens/s, "
+            f"{6 * params * rate / PEAK_FLOPS:.1%} of {PEAK_NAME} (peak memory {result['max_memory_gib']:.1f} GiB)")
+
+
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return sock.getsockname()[1]
+
+
+def megatron_rate(size: int, model_dir: str, batch_file: str, steps: int, root: Path, kind: str = "tensor") -> float:
+    port = _free_port()
     out = root / f"{kind}{size}.json"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the CPU path, also on a host with a GPU
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(size), str(port), model_dir, batch_file,
-                               str(steps), str(out), kind]) for r in range(size)]  # fmt: skip
+                               str(steps), str(out), kind], env=env) for r in range(size)]  # fmt: skip
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise SystemExit(f"megatron {kind}_parallel={size} rank failed (exit {p.returncode})")
@@ -112,11 +177,13 @@ def main(argv: list[str]) -> None:
         tp1 = megatron_rate(1, model_dir, batch_file, steps, root)
         tp2 = megatron_rate(2, model_dir, batch_file, steps, root)
         dp2 = megatron_rate(2, model_dir, batch_file, steps, root, kind="data")
+        mfu_line = mfu(root, model_dir, steps) if torch.cuda.is_available() else "MFU: skipped (no device)"
     print(f"batch {ROWS} x {PROMPT + RESPONSE} tokens, {steps} timed steps, 1 thread per process")
     print(f"{'trainer':<22} {'tokens/s':>10} {'vs torch':>9}")
     for name, rate in [("torch", base), ("megatron TP=1", tp1), ("megatron TP=2 (2 procs)", tp2),
                        ("megatron DP=2 (2 procs)", dp2)]:  # fmt: skip
         print(f"{name:<22} {rate:>10.0f} {rate / base:>8.2f}x")
+    print(mfu_line)
     print(f"megatron: {tp1 / base:.2f}x train tokens/s TP=1 megatron vs torch trainer")
 
 
@@ -124,5 +191,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         r, w, p, m, b, s, o, k = sys.argv[2:10]
         worker(int(r), int(w), int(p), m, b, int(s), o, k)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--mfu-worker":
+        p, m, b, s, o = sys.argv[2:7]
+        mfu_worker(int(p), m, b, int(s), o)
     else:
         main(sys.argv[1:])
