@@ -18,24 +18,38 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # without it a megatron step is ~25x slower on CPU
 
 
-@pytest.fixture(scope="module")
-def megatron_world(tmp_path_factory):
-    """``torch.distributed`` (gloo, world size 1) + megatron parallel state, TP=1, PP=1."""
+def _world(tmp_path_factory, backend: str):
+    """``torch.distributed`` (``backend``, world size 1; NCCL on cuda:0) + megatron parallel state, TP=1, PP=1."""
+    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     from relax.megatron import cpu_compat
     from relax.megatron.parallel import initialize_model_parallel
 
-    store = tmp_path_factory.mktemp("gloo") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+    store = tmp_path_factory.mktemp(backend) / "store"
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
     try:
         initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
         yield
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
-        cpu_compat.remove()
+        cpu_compat.remove()  # nothing to undo on a GPU machine
+
+
+@pytest.fixture(scope="module")
+def megatron_world(tmp_path_factory):
+    """The CPU world: gloo."""
+    yield from _world(tmp_path_factory, "gloo")
+
+
+@pytest.fixture(scope="module")
+def cuda_world(tmp_path_factory):
+    """The GPU world (test_gpu.py): NCCL on cuda:0."""
+    yield from _world(tmp_path_factory, "nccl")
 
 
 @pytest.fixture(scope="session")

@@ -27,25 +27,6 @@ BF16_ATOL = 0.1  # bf16 keeps ~3 significant digits: logprobs of a few nats move
 
 
 @pytest.fixture(scope="module")
-def cuda_world(tmp_path_factory):
-    """``torch.distributed`` (NCCL, world size 1, cuda:0) + megatron parallel state, TP=1, PP=1."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from relax.megatron.parallel import initialize_model_parallel
-
-    torch.cuda.set_device(0)
-    store = tmp_path_factory.mktemp("nccl") / "store"
-    dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def batch(tiny_qwen3):
     from transformers import AutoTokenizer
 
