@@ -5,10 +5,10 @@ The model is built from the HF config and loaded from the HF safetensors through
 (:mod:`relax.megatron.logprobs`); the loss is core's policy objective with step-global token counts,
 as in core's torch trainer, so the two give the same loss on the same batch. One process per rank of
 megatron's TP x PP x DP world (gloo and float32 on CPU; NCCL, ``cuda:<local rank>`` and float32 or
-bfloat16 with ``device="cuda"``: batches go to the device, results come back on CPU); every rank is called with the whole batch, together
-(``export_weights`` gathers across TP, PP and EP, so it is collective too: ``collective_export``, core's
-worker group has every rank export in step and sends rank 0's buckets). DP replicas take their share of
-the rows; token counts, loss sums and gradients are summed over them (step-global normalisation).
+bfloat16 with ``device="cuda"``: batches go to the device, results come back on CPU); every rank is
+called with the whole batch, together (``export_weights`` gathers across TP, PP and EP, so it is
+collective too: ``collective_export``, core's worker group has every rank export in step and sends rank
+0's buckets). DP replicas take their share of the rows; token counts, loss sums and gradients are summed over them (step-global normalisation).
 """
 
 from __future__ import annotations
