@@ -8,7 +8,8 @@ megatron's TP x PP x DP world (gloo and float32 on CPU; NCCL, ``cuda:<local rank
 bfloat16 with ``device="cuda"``: batches go to the device, results come back on CPU); every rank is
 called with the whole batch, together (``export_weights`` gathers across TP, PP and EP, so it is
 collective too: ``collective_export``, core's worker group has every rank export in step and sends rank
-0's buckets). DP replicas take their share of the rows; token counts, loss sums and gradients are summed over them (step-global normalisation).
+0's buckets). DP replicas take their share of the rows; token counts, loss sums and gradients are
+summed over them (step-global normalisation).
 """
 
 from __future__ import annotations
