@@ -54,7 +54,8 @@ def _start_ray_early(argv: list[str]):
 def cmd_run(ns: argparse.Namespace) -> int:
     from relax.core.controller.startup import EarlyStart
 
-    early = getattr(ns, "early", None) or EarlyStart.before_config(*_config_args(ns))
+    # main() already tried (ns.early, maybe None); a direct call starts Ray here
+    early = ns.early if hasattr(ns, "early") else EarlyStart.before_config(*_config_args(ns))
     try:
         cfg = _load(ns)
     except (ConfigError, PluginError) as exc:

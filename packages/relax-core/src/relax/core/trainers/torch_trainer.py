@@ -129,12 +129,13 @@ class TorchTrainer:
     def _response_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R, V) logits predicting each response token (positions P-1 .. P+R-2)."""
         resp_len = batch["responses"].shape[1]
-        kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
-        if has_media(batch):  # the rows' media, and 3-D positions from the model's own rope index
-            ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
-            kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width)
-        logits = self._shared_prompt_logits(batch, resp_len) if not has_media(batch) else None
+        media = has_media(batch)
+        logits = None if media else self._shared_prompt_logits(batch, resp_len)
         if logits is None:
+            kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+            if media:  # the rows' media, and 3-D positions from the model's own rope index
+                ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
+                kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width)
             out = self.model(use_cache=False, logits_to_keep=resp_len + 1, **kwargs)
             logits = out.logits[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
         return logits if self.temperature == 1.0 else logits / self.temperature
