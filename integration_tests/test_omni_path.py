@@ -20,6 +20,7 @@ import ray
 import torch
 
 from relax.core.config import load_config
+from relax.core.controller.local import LocalHandle
 from relax.core.controller.run import run
 from relax.core.data_multimodal import row_media
 
@@ -65,6 +66,10 @@ def observer(monkeypatch):
     def collect(run, status):
         state = run._state  # test-only inspection of the run's roles
         (engine,) = state.fleet.live().values()
+        if isinstance(engine, LocalHandle):  # rollout.host=driver: the roles live in this process
+            out["served"] = engine.local.call("state_dict")
+            out["exported"] = {n: t for bucket in state.roles.trainer.local.export_weights(1 << 20) for n, t in bucket}
+            return
         out["served"] = ray.get(engine.call.remote("state_dict"), timeout=120)
         stream = state.roles.trainer.export_weights.options(num_returns="streaming").remote(1 << 20)
         out["exported"] = {n: t for ref in stream for n, t in ray.get(ref, timeout=120)}
@@ -155,7 +160,8 @@ def test_async_media_run_reaches_the_trainer_intact(ray_session, omni_setup, tmp
 
 def test_audio_quickstart_runs_colocate(ray_session, tmp_path_factory, tmp_path, observer):
     """``examples/quickstart_omni_audio.yaml`` (tiny Qwen2.5-Omni thinker, generated tones + circles task) for
-    two GRPO steps in colocate: the trainer hosts the engine, so both towers train and are served."""
+    two GRPO steps in colocate: the trainer hosts the engine, both in the driver (``rollout.host`` auto), so both
+    towers train and are served."""
     from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.omni.synthetic import make_dataset
 

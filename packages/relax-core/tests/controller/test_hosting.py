@@ -78,16 +78,17 @@ def test_one_actor_trains_serves_and_publishes_versions(ray_session):
         ray.kill(handle)
 
 
-def test_a_builtin_rule_reward_is_scored_in_the_driver_like_the_role(ray_session):
+def test_a_builtin_rule_reward_is_scored_in_the_driver_like_the_role():
     from relax.core.controller.contexts import reward_context
-    from relax.core.controller.driver_reward import DriverReward, start_reward
+    from relax.core.controller.driver_reward import start_reward
+    from relax.core.controller.local import LocalHandle, get
 
     cfg = load_config(None, ["reward.params={mode: first}"])
     reward = start_reward(cfg, reward_context(cfg, None))
-    assert isinstance(reward, DriverReward)
+    assert isinstance(reward, LocalHandle)
     samples = [Sample(prompt_ids=[1], group_id=0, response_ids=[2], response_text=text, label="7")
                for text in ("7", "the answer is 8")]
-    scored, counts = ray.get(reward.score.remote(samples))
+    scored, counts = get(reward.score.remote(samples))
     assert [s.reward for s in scored] == [1.0, 0.0]
     assert counts["failures"] == 0.0 and counts["timeouts"] == 0.0
 

@@ -66,7 +66,12 @@ def test_early_start_delivers_its_roles_error_once_and_keeps_the_ray_it_joined(r
 
 def test_ray_settings_are_peeked_from_the_file_and_overrides(tmp_path):
     """``relax run`` starts Ray from the ``ray:`` section alone, before the config loads."""
-    from relax.core.controller.ray_start import RaySettings, default_num_cpus, peek_settings
+    from relax.core.controller.ray_start import RaySettings, default_num_cpus, peek_config
+
+    def peek_settings(path, overrides):
+        from relax.core.controller.ray_start import peek_settings
+
+        return peek_settings(peek_config(path, overrides))
 
     assert peek_settings(None, []) == RaySettings(None, None, default_num_cpus())  # the bundled quick-start
     path = tmp_path / "cfg.yaml"
@@ -77,6 +82,15 @@ def test_ray_settings_are_peeked_from_the_file_and_overrides(tmp_path):
     assert peek_settings(str(path), []) is None  # unreadable: Ray starts after the loader said why
     assert peek_settings(str(tmp_path / "missing.yaml"), []) is None
     assert peek_settings(None, ["ray.num_cpus=zero"]) is None
+
+
+def test_a_run_that_may_need_no_ray_does_not_start_one_before_its_config_loads():
+    from relax.core.controller.ray_start import may_run_in_driver, peek_config
+
+    assert may_run_in_driver(peek_config(None, []))  # the quick-start: colocate, rollout.host auto
+    assert may_run_in_driver(peek_config(None, ["rollout.host=driver"]))
+    for override in ("mode=async", "rollout.host=trainer", "rollout.host=separate", "ray.address=10.0.0.1:6379"):
+        assert not may_run_in_driver(peek_config(None, [override])), override
 
 
 def test_the_loaded_config_decides_the_ray_it_needs(model_dir, tmp_path):

@@ -69,7 +69,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         raise
     try:
         if early is None:
-            early = EarlyStart(cfg)
+            from relax.core.controller.hosting import in_driver
+
+            early = None if in_driver(cfg) else EarlyStart(cfg)  # every role in the driver: no Ray
         else:
             early.configure(cfg)  # the roles start while the driver imports the rest
         from relax.core.controller.run import run

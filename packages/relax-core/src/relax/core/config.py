@@ -91,10 +91,12 @@ class RolloutConfig:
     max_restarts: int = 3
     restart_backoff_s: float = 1.0
     engine_params: Any = field(default_factory=dict)  # typed by the engine's registered config
-    # where the engine runs: "trainer" = inside the trainer's process, sampling with the trainer's own
+    # where the engine runs: "trainer" = inside the trainer's actor, sampling with the trainer's own
     # module (no second process, model copy or weight transfer; colocate, one hf engine, one torch
-    # trainer rank on the same device); "separate" = its own actor; "auto" = "trainer" where allowed
-    host: Literal["auto", "trainer", "separate"] = "auto"
+    # trainer rank on the same device); "driver" = that, with the trainer and a built-in rule reward in
+    # the driver's own process (no actor, no Ray started; also no reference/teacher model, cluster or
+    # control plane); "separate" = its own actor; "auto" = the first of driver, trainer, separate allowed
+    host: Literal["auto", "driver", "trainer", "separate"] = "auto"
 
 
 @dataclass(frozen=True)

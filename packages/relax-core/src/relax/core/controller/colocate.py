@@ -7,7 +7,7 @@ import time
 import ray
 from tqdm import tqdm
 
-from relax.core.controller import recovery, stages
+from relax.core.controller import local, recovery, stages
 from relax.core.data import Sample, collate
 
 
@@ -75,7 +75,7 @@ def _fuses_old_logprobs(state) -> bool:
     strictly on-policy: the engines sampled with the weights the trainer holds)."""
     if not hasattr(state, "fused_old_logprobs"):
         try:
-            fuses = bool(ray.get(state.roles.trainer.call.remote("fuses_old_logprobs"), timeout=state.cfg.trainer.timeout_s))
+            fuses = bool(local.get(state.roles.trainer.call.remote("fuses_old_logprobs"), timeout=state.cfg.trainer.timeout_s))
         except (AttributeError, ray.exceptions.RayTaskError):
             fuses = False  # a trainer without the method gets old logprobs from a separate forward
         state.fused_old_logprobs = stages.fuse_old_logprobs(state.cfg, state.roles, fuses)

@@ -16,6 +16,8 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from relax.core.controller import local
+
 log = logging.getLogger("relax")
 
 
@@ -68,7 +70,7 @@ def wait(refs: Any, timeout_s: float, role: str, op: str, index: int | None = No
     its type (Ray's error is also an instance of it) and gets the role named in a note."""
     who = role_label(role, index)
     try:
-        return ray.get(refs, timeout=timeout_s)
+        return local.get(refs, timeout=timeout_s)  # a role in the driver (controller.local) answered already
     except ray.exceptions.GetTimeoutError:
         raise RoleTimeout(f"{who} did not answer {op} within {timeout_s:g}s", role, index, op) from None
     except ray.exceptions.RayActorError as exc:
@@ -78,6 +80,10 @@ def wait(refs: Any, timeout_s: float, role: str, op: str, index: int | None = No
         raise RoleDied(f"{who} died during {op} ({describe(exc)})", role, index, op) from exc
     except ray.exceptions.RayTaskError as exc:  # also an instance of the remote exception's type
         exc.add_note(f"(raised by {who} in {op})")
+        raise
+    except Exception as exc:  # raised by a role in the driver: the same note
+        if isinstance(refs, local.LocalRef) or isinstance(refs, list) and any(isinstance(r, local.LocalRef) for r in refs):
+            exc.add_note(f"(raised by {who} in {op})")
         raise
 
 
@@ -90,7 +96,10 @@ def reward_timeout(cfg: Any, n_samples: int) -> float:
 
 def alive(handle: Any, timeout_s: float) -> bool:
     """Whether an actor is alive. Asks Ray's control store (the actor need not answer: a busy
-    trainer is alive); falls back to a ``__ray_ready__`` call within ``timeout_s``."""
+    trainer is alive); falls back to a ``__ray_ready__`` call within ``timeout_s``. A role in the
+    driver lives as long as the driver."""
+    if local.is_local(handle):
+        return True
     try:
         from ray._private.state import actors  # no public API without the dashboard
 

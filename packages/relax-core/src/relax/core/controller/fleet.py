@@ -35,6 +35,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from relax.core.controller import local
 from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, describe
 from relax.core.controller.router import EngineRouter
 
@@ -240,12 +241,12 @@ class EngineFleet:
         return {"engine_params": params} if params else {}
 
     def _await(self, ref: Any, deadline: float, what: str) -> Any:
-        while not ray.wait([ref], timeout=READY_POLL_S)[0]:
+        while not local.wait([ref], timeout=READY_POLL_S)[0]:
             if self._stop.is_set():
                 raise RuntimeError("the run is stopping")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} within {self.rollout.timeout_s:g}s")
-        return ray.get(ref)
+        return local.get(ref)
 
     def _forget(self, handle: Any) -> None:
         with self._lock:
@@ -334,12 +335,12 @@ class EngineFleet:
         answers = {}
         for i, ref in refs.items():
             try:
-                answers[i] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                answers[i] = local.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except ray.exceptions.GetTimeoutError:
                 self.evict(i, f"rollout engine[{i}] did not answer {method} within {timeout:g}s")
             except ray.exceptions.RayActorError as exc:
                 self.evict(i, f"rollout engine[{i}] died before answering {method} ({describe(exc)})")
-            except ray.exceptions.RayTaskError as exc:
+            except Exception as exc:  # the engine raised (in its actor or the driver)
                 raise RoleError(f"rollout engine[{i}] failed in {method}: {describe(exc)}", "rollout engine", i, method) from exc
         return answers
 

@@ -44,22 +44,61 @@ def host_problems(cfg: Any) -> list[str]:
     return problems
 
 
-def hosts_engine(cfg: Any) -> bool:
-    """``rollout.host`` resolved: ``auto`` hosts where allowed; ``trainer`` where not is an error."""
-    if cfg.rollout.host == "separate":
-        return False
+def driver_problems(cfg: Any) -> list[str]:
+    """Why this config cannot run its roles in the driver (``rollout.host: driver``), beyond
+    :func:`host_problems`: every role must be one the driver can hold, and nothing may need Ray."""
+    from relax.core.algorithms import config_needs
+    from relax.core.controller.driver_reward import DRIVER_REWARDS
+
+    problems = []
+    if cfg.reward.name not in DRIVER_REWARDS:
+        problems.append(f"reward.name is {cfg.reward.name!r}, not a built-in rule reward ({', '.join(sorted(DRIVER_REWARDS))})")
+    if roles := sorted({"reference", "teacher"} & set(config_needs(cfg.algorithm))):
+        problems.append(f"the algorithm needs a {' and a '.join(roles)} model (its own actor)")
+    if cfg.ray.address:
+        problems.append(f"ray.address is {cfg.ray.address!r} (a cluster run)")
+    if cfg.control.enabled:
+        problems.append("control.enabled is true (the control plane is a Ray Serve app)")
+    return problems
+
+
+def placement_of_engine(cfg: Any) -> str:
+    """``rollout.host`` resolved to ``driver`` | ``trainer`` | ``separate``: ``auto`` takes the first
+    this config allows; ``driver`` or ``trainer`` where it is not allowed is an error naming why."""
+    host = cfg.rollout.host
+    if host == "separate":
+        return host
     problems = host_problems(cfg)
-    if problems and cfg.rollout.host == "trainer":
-        raise ValueError("rollout.host: 'trainer' is not possible here: " + "; ".join(problems)
+    if host in ("trainer", "driver") and problems:
+        raise ValueError(f"rollout.host: {host!r} is not possible here: " + "; ".join(problems)
                          + " (use 'auto' or 'separate')")
-    return not problems
+    if problems:
+        return "separate"
+    if host == "trainer":
+        return host
+    in_driver = driver_problems(cfg)
+    if host == "driver" and in_driver:
+        raise ValueError("rollout.host: 'driver' is not possible here: " + "; ".join(in_driver)
+                         + " (use 'auto' or 'trainer')")
+    return "trainer" if in_driver else "driver"
 
 
-def host_threads(cores: int) -> int:
-    """Torch threads of the hosted trainer: every core but one, which stays with the driver (reward,
-    collation, logging) and Ray's daemons. On 2 cores that is 1 thread, and the quick-start's steps
-    measured 0.20-0.23 s against 0.29-0.31 s with 2 threads contending with the driver."""
-    return max(1, cores - 1)
+def hosts_engine(cfg: Any) -> bool:
+    """Whether the engine runs inside the trainer (in its actor, or with it in the driver)."""
+    return placement_of_engine(cfg) != "separate"
+
+
+def in_driver(cfg: Any) -> bool:
+    """Whether every role runs in the driver's process, so the run needs no Ray."""
+    return placement_of_engine(cfg) == "driver"
+
+
+def host_threads(cores: int, driver: bool = False) -> int:
+    """Torch threads of the hosted trainer. In its own actor: every core but one, which stays with
+    the driver (reward, collation, logging) and Ray's daemons; on 2 cores that is 1 thread, and the
+    quick-start's steps measured 0.20-0.23 s against 0.29-0.31 s with 2 threads contending with the
+    driver. In the driver, whose own work runs between the trainer's calls: every core."""
+    return cores if driver else max(1, cores - 1)
 
 
 _Trainer = TrainerRole.__ray_actor_class__

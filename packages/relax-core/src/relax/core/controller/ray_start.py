@@ -3,7 +3,7 @@
 ``relax run`` starts Ray before it loads the config, because loading the config imports torch and
 every plugin (seconds on a small machine) and Ray's daemons take seconds to come up: the two
 overlap. Only the ``ray:`` section is needed to start, and :func:`peek_settings` reads it from
-the YAML and the overrides without validating anything; the validated config later says what Ray
+the YAML and the overrides (:func:`peek_config`) without validating anything; the validated config later says what Ray
 it needs (:func:`relax.core.controller.runtime.ray_settings`), and a start that guessed wrong is
 restarted (:class:`relax.core.controller.startup.EarlyStart`).
 """
@@ -49,10 +49,10 @@ def default_num_cpus() -> int:
     return max(2, os.cpu_count() or 2)
 
 
-def peek_settings(path: str | None, overrides: list[str]) -> RaySettings | None:
-    """The ``ray:`` section of a config file (the bundled quick-start when ``path`` is None) and
-    ``ray.*`` overrides, read without validation; None when that cannot be read (the config
-    loader then reports why, and Ray starts after it)."""
+def peek_config(path: str | None, overrides: list[str]) -> dict[str, Any] | None:
+    """A config file (the bundled quick-start when ``path`` is None) with its ``a.b=value``
+    overrides applied, as plain YAML data without validation or defaults; None when it cannot be
+    read (the config loader then reports why, and Ray starts after it)."""
     import yaml
 
     try:
@@ -62,21 +62,49 @@ def peek_settings(path: str | None, overrides: list[str]) -> RaySettings | None:
             data = yaml.safe_load(resources.files("relax.core").joinpath("quickstart.yaml").read_text())
         else:
             data = yaml.safe_load(Path(path).read_text())
-        section = dict((data or {}).get("ray") or {})
+        data = dict(data or {})
         for item in overrides:
             key, _, value = item.partition("=")
-            if key.startswith("ray."):
-                section[key[4:]] = yaml.safe_load(value)
-        address, node_ip, num_cpus = section.get("address"), section.get("node_ip_address"), section.get("num_cpus")
-        if not all(v is None or isinstance(v, str) for v in (address, node_ip)):
-            return None
-        if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
-            return None
+            *parents, leaf = key.split(".")
+            node = data
+            for name in parents:
+                node = node.setdefault(name, {})
+                if not isinstance(node, dict):
+                    return None
+            node[leaf] = yaml.safe_load(value)
     except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+    return data
+
+
+def peek_settings(data: dict[str, Any] | None) -> RaySettings | None:
+    """The Ray that :func:`peek_config`'s ``ray:`` section asks for; None when it cannot be read."""
+    if data is None:
+        return None
+    try:
+        section = dict(data.get("ray") or {})
+    except (TypeError, ValueError):
+        return None
+    address, node_ip, num_cpus = section.get("address"), section.get("node_ip_address"), section.get("num_cpus")
+    if not all(v is None or isinstance(v, str) for v in (address, node_ip)):
+        return None
+    if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
         return None
     if address:
         return RaySettings(address, node_ip)
     return RaySettings(None, node_ip, num_cpus or default_num_cpus())
+
+
+def may_run_in_driver(data: dict[str, Any]) -> bool:
+    """Whether :func:`peek_config`'s data might put every role in the driver (``rollout.host``
+    auto or driver, colocate mode, no cluster address): such a run may need no Ray at all, so none is
+    started before the config is loaded (the loaded config decides: ``controller.hosting.in_driver``)."""
+    def get(section: str, key: str, default: Any) -> Any:
+        node = data.get(section) if section else data
+        return node.get(key, default) if isinstance(node, dict) else default
+
+    return (get("rollout", "host", "auto") in ("auto", "driver") and get("", "mode", "colocate") == "colocate"
+            and not get("ray", "address", None))
 
 
 def start_ray(settings: RaySettings) -> bool:

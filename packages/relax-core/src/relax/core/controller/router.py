@@ -22,6 +22,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from relax.core.controller import local
 from relax.core.controller.faults import NoEnginesLeft, RoleError, describe
 from relax.core.controller.samples import apply_result, request_for
 from relax.core.data import Sample
@@ -186,17 +187,17 @@ def stream_groups(
             raise router.closed_error()
         first_deadline = min(c.sent for c in pending.values()) + timeout_s
         wait_s = min(POLL_S, max(0.0, first_deadline - time.monotonic()))
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+        ready, _ = local.wait(list(pending), num_returns=1, timeout=wait_s)
         lost: list[_Call] = []
         if ready:
             call = pending.pop(ready[0])
             router.done(call.index, len(call.samples))
             try:
-                results = ray.get(ready[0])
+                results = local.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the engine process is gone
                 router.report_failure(call.index, f"rollout engine[{call.index}] died during generate ({describe(exc)})")
                 lost.append(call)
-            except ray.exceptions.RayTaskError as exc:  # the engine raised: a bug, not a lost engine
+            except Exception as exc:  # the engine raised (in its actor or the driver): a bug, not a lost engine
                 raise RoleError(
                     f"rollout engine[{call.index}] failed in generate: {describe(exc)}", "rollout engine", call.index, "generate"
                 ) from exc

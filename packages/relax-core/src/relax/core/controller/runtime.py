@@ -17,8 +17,11 @@ log = logging.getLogger("relax")
 
 
 def init_ray(cfg: RelaxConfig) -> bool:
-    """Start the Ray ``cfg`` asks for (see :func:`ray_start.start_ray`); True if we started it."""
-    return ray_start.start_ray(ray_settings(cfg))
+    """Start the Ray ``cfg`` asks for (see :func:`ray_start.start_ray`); True if we started it.
+    A run whose roles all live in the driver (``rollout.host: driver``) starts none."""
+    from relax.core.controller.hosting import in_driver
+
+    return False if in_driver(cfg) else ray_start.start_ray(ray_settings(cfg))
 
 
 def ray_settings(cfg: RelaxConfig) -> ray_start.RaySettings:
@@ -141,8 +144,10 @@ def start_roles(cfg: RelaxConfig, model_path: str, placement_timeout_s: float | 
     The critic lives inside the trainer actor: it trains on the same batches right after the
     policy, so it saves a process (and a model copy in flight) and is checkpointed with the trainer.
     """
-    from relax.core.controller import capabilities, placement
+    from relax.core.controller import hosting, placement
 
+    if hosting.in_driver(cfg):
+        return start_local_roles(cfg, model_path)
     reserved = placement.reserve(
         placement.plan_for(cfg),
         timeout_s=placement.DEFAULT_TIMEOUT_S if placement_timeout_s is None else placement_timeout_s,
@@ -152,14 +157,40 @@ def start_roles(cfg: RelaxConfig, model_path: str, placement_timeout_s: float | 
     roles = Roles(None, None, [], None, placement=reserved)
     try:
         _start_actors(cfg, model_path, roles)
-        capabilities.check(cfg, {
-            "trainer": (cfg.trainer.backend, ray.get(roles.trainer.capabilities.remote())),
-            "rollout": (cfg.rollout.engine, ray.get(roles.engines[0].capabilities.remote())),
-        })
+        _check_capabilities(cfg, roles)
     except BaseException:
         roles.release()
         raise
     return roles
+
+
+def start_local_roles(cfg: RelaxConfig, model_path: str) -> Roles:
+    """``rollout.host: driver``: the trainer (serving rollout with its own module, as a hosted
+    actor would) and the built-in reward built in this process, behind ``controller.local`` handles.
+    No actor and no Ray: see :func:`relax.core.controller.hosting.in_driver`."""
+    from relax.core.controller import contexts, hosting
+    from relax.core.controller.driver_reward import start_reward
+    from relax.core.controller.local import LocalHandle
+
+    threads = hosting.host_threads(max(1, os.cpu_count() or 2), driver=True)
+    host = hosting.HostRole.__ray_actor_class__(
+        cfg, contexts.trainer_context(cfg, model_path), contexts.engine_context(cfg, model_path, 0), num_threads=threads
+    )
+    trainer = LocalHandle(host)
+    roles = Roles(trainer, None, [trainer], None, hosted=True)
+    roles.reward = start_reward(cfg, contexts.reward_context(cfg, model_path, roles.engines))
+    _check_capabilities(cfg, roles)
+    return roles
+
+
+def _check_capabilities(cfg: RelaxConfig, roles: Roles) -> None:
+    """The optional methods the config needs of trainer and engine (``controller.capabilities``)."""
+    from relax.core.controller import capabilities, local
+
+    capabilities.check(cfg, {
+        "trainer": (cfg.trainer.backend, local.get(roles.trainer.capabilities.remote())),
+        "rollout": (cfg.rollout.engine, local.get(roles.engines[0].capabilities.remote())),
+    })
 
 
 #: an engine's actor threads: generate calls of up to ``max_staleness + 1`` concurrent steps (two

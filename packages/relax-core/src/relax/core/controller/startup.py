@@ -143,11 +143,14 @@ class EarlyStart:
 
     @classmethod
     def before_config(cls, path: str | None, overrides: list[str]) -> EarlyStart | None:
-        """Start Ray from the file's ``ray:`` section; None where it cannot be read (the loader says why)."""
-        from relax.core.controller.ray_start import peek_settings
+        """Start Ray from the file's ``ray:`` section; None where it cannot be read (the loader says
+        why) or where the run may need no Ray (``ray_start.may_run_in_driver``: the loaded config
+        decides, and Ray starts after it if it does need one)."""
+        from relax.core.controller.ray_start import may_run_in_driver, peek_config, peek_settings
 
-        settings = peek_settings(path, overrides)
-        return None if settings is None else cls(ray_settings=settings)
+        data = peek_config(path, overrides)
+        settings = peek_settings(data)
+        return None if settings is None or may_run_in_driver(data) else cls(ray_settings=settings)
 
     def configure(self, cfg: Any) -> None:
         """The loaded config: the roles start (after a restart of Ray if it needs another one)."""

@@ -1,4 +1,4 @@
-"""Weight "sync" for a trainer-hosted engine (``rollout.host=trainer``): publish the version only.
+"""Weight "sync" for a trainer-hosted engine (``rollout.host=trainer|driver``): publish the version only.
 
 The engine decodes with the trainer's own module (``relax.core.engines.hosted``), so no bytes move;
 what remains is the version handshake every transport has: the engine records which weights the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from relax.core.controller.local import is_local
 from relax.core.weight_sync.base import (
     WeightSyncError,
     check_versions,
@@ -38,7 +39,7 @@ class HostedSync(Transport):
                 f"rollout.host=trainer: {', '.join(stray)} not hosted by the trainer, so the trainer-hosted "
                 "sync cannot reach it; use rollout.host=separate for engines in their own processes"
             )
-        if is_actor(trainer):
+        if is_actor(trainer) or is_local(trainer):
             pending = {names[0]: trainer.publish_version.remote(version).future()} if engines else {}
         else:
             pending = {n: run_local(_publish, e, version) for n, e in zip(names, engines, strict=True)}
@@ -47,6 +48,8 @@ class HostedSync(Transport):
 
 
 def _hosted_by(engine: Any, trainer: Any) -> bool:
+    if is_local(trainer):  # both roles in the driver (rollout.host=driver): one object behind both handles
+        return is_local(engine) and engine.local is trainer.local
     if is_actor(trainer):
         return is_actor(engine) and engine._actor_id == trainer._actor_id
     return not is_actor(engine) and getattr(engine, "model", None) is getattr(trainer, "model", object())
