@@ -28,9 +28,9 @@ Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GR
   [loss_type=dapo: normalised by the mini-batch's response tokens], no KL [beta=0], GRPO group
   advantages scaled by the group std [scale_rewards=group];
 - shuffling: both shuffle the prompts with the run seed (each its own sampler, so the order differs);
-- Relax runs the quick-start's own execution settings: colocate, the engine hosted in the trainer's
-  process (``rollout.host: auto``), the reward scored in the driver (``--relax-mode async`` tries
-  rollout and training overlapped, one step stale at most);
+- Relax runs the quick-start's own execution settings: colocate, trainer, engine and reward in one
+  process (``rollout.host: auto``, which is ``driver`` here: no Ray is started, as TRL starts none);
+  ``--relax-mode async`` tries rollout and training overlapped, one step stale at most (Ray actors);
 - no checkpoints during the run (TRL: save_strategy=no; Relax: checkpoint.save_every=0, no final HF
   save, no plot); Relax keeps its default console + metrics.jsonl + TensorBoard logging.
 
