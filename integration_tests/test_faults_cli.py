@@ -111,12 +111,21 @@ def _listeners(pids: set[int]) -> list[tuple[str, int]]:
     return found
 
 
+#: the quick-start's roles would all live in the driver (rollout.host auto -> driver), starting no Ray;
+#: runs that check what happens to a Ray keep the trainer in its actor
+WITH_RAY = "rollout.host=trainer"
+
+
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
-def test_ctrl_c_exits_with_a_message_saves_and_leaves_no_ray_process(relax_run):
-    r = relax_run()
+@pytest.mark.parametrize("host", ["trainer", "driver"])
+def test_ctrl_c_exits_with_a_message_saves_and_leaves_no_ray_process(relax_run, host):
+    r = relax_run(WITH_RAY if host == "trainer" else "rollout.host=driver")
     r.wait_for_steps(3)
     listening = _listeners(set(alive(r.ray)))
-    assert len({pid for _, pid in listening}) >= 3, listening  # GCS, raylet, workers... were found
+    if host == "driver":  # one process, no Ray: nothing listens at all
+        assert not r.ray and not _listeners({r.proc.pid}), (r.ray, _listeners({r.proc.pid}))
+    else:
+        assert len({pid for _, pid in listening}) >= 3, listening  # GCS, raylet, workers... were found
     exposed = [(addr, pid) for addr, pid in listening if not LOOPBACK.match(addr)]
     assert not exposed, f"Ray of this run listens beyond loopback: {exposed}"
 
@@ -134,7 +143,7 @@ def test_ctrl_c_exits_with_a_message_saves_and_leaves_no_ray_process(relax_run):
 
 
 def test_second_ctrl_c_skips_the_checkpoint_and_still_cleans_up(relax_run):
-    r = relax_run()
+    r = relax_run()  # every role in the driver: the shutdown has no Ray to stop
     r.wait_for_steps(2)
     r.interrupt(times=2)
     out = r.output
@@ -147,7 +156,7 @@ def test_second_ctrl_c_skips_the_checkpoint_and_still_cleans_up(relax_run):
 def test_an_invalid_config_is_reported_and_the_early_ray_shut_down(relax_run):
     """``relax run`` starts Ray before it loads the config (see ``EarlyStart.before_config``): a config
     that fails to load is reported as for any command, and that Ray goes away with the run."""
-    r = relax_run("total_steps=-3")
+    r = relax_run("total_steps=-3", WITH_RAY)
     deadline = time.monotonic() + 120
     while r.proc.poll() is None and time.monotonic() < deadline:
         r.ray.update(ray_processes(r.proc.pid))
