@@ -68,15 +68,18 @@ def cmd_run(ns: argparse.Namespace) -> int:
             early.abandon()
         raise
     try:
-        if early is None:
-            from relax.core.controller.hosting import in_driver
+        from relax.core.controller.hosting import in_driver
 
-            early = None if in_driver(cfg) else EarlyStart(cfg)  # every role in the driver: no Ray
+        local = in_driver(cfg)
+        if early is None:
+            early = None if local else EarlyStart(cfg)  # every role in the driver: no Ray
         else:
             early.configure(cfg)  # the roles start while the driver imports the rest
         from relax.core.controller.run import run
 
-        print(f"relax: running {cfg.name!r} in {cfg.mode} mode for {cfg.total_steps} steps -> {cfg.run_dir}", flush=True)
+        where = " (every role in this process: rollout.host=driver, no Ray)" if local else ""
+        print(f"relax: running {cfg.name!r} in {cfg.mode} mode{where} for {cfg.total_steps} steps -> {cfg.run_dir}",
+              flush=True)
         summary = run(cfg, early=early)
     except BaseException as exc:  # Ctrl-C too: one line and how to resume, the traceback to a file
         return _report_failure(exc, ns, cfg)

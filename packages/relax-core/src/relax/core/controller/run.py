@@ -59,7 +59,7 @@ class RunState:
         self.data_counts = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}  # logged with the first step
         if clock is not None:
             clock.add_overlapped("model, tokenizer, data", local.seconds)
-            clock.mark("setup beyond ray")
+            clock.mark("setup beyond ray" if ray.is_initialized() else "tokenizer, data")
         early_roles = early.take_roles() if early is not None else None  # started while the driver imported
         self.roles = early_roles or runtime.start_roles(cfg, self.model_path)
         if clock is not None:
@@ -216,7 +216,8 @@ def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None) -> dict[str, 
             started_ray = early.ray() if early is not None else runtime.init_ray(cfg)
             if early is not None:
                 clock.add_overlapped("ray", early.seconds.get("ray", 0.0))
-            clock.mark("waiting for ray" if early is not None else "ray")
+            if early is not None or ray.is_initialized():  # else every role is in the driver: no Ray phase
+                clock.mark("waiting for ray" if early is not None else "ray")
             if (guard := signals.current()) is not None:
                 guard.install()  # ray.init installs its own SIGTERM handler
             try:
