@@ -21,6 +21,7 @@ from relax.core.controller import faults, recovery, runtime, signals, startup, t
 from relax.core.controller.faults import FaultCounters
 from relax.core.controller.fleet import EngineFleet, with_engine_params
 from relax.core.controller.handle import RunControl, RunHandle
+from relax.core.controller.hosting import in_driver
 from relax.core.controller.prompts import PromptSource
 from relax.core.plugins import get_plugin_manager
 
@@ -59,7 +60,7 @@ class RunState:
         self.data_counts = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}  # logged with the first step
         if clock is not None:
             clock.add_overlapped("model, tokenizer, data", local.seconds)
-            clock.mark("setup beyond ray" if ray.is_initialized() else "tokenizer, data")
+            clock.mark("tokenizer, data" if in_driver(cfg) else "setup beyond ray")
         early_roles = early.take_roles() if early is not None else None  # started while the driver imported
         self.roles = early_roles or runtime.start_roles(cfg, self.model_path)
         if clock is not None:
@@ -216,7 +217,7 @@ def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None) -> dict[str, 
             started_ray = early.ray() if early is not None else runtime.init_ray(cfg)
             if early is not None:
                 clock.add_overlapped("ray", early.seconds.get("ray", 0.0))
-            if early is not None or ray.is_initialized():  # else every role is in the driver: no Ray phase
+            if not in_driver(cfg):  # every role in the driver: no Ray phase
                 clock.mark("waiting for ray" if early is not None else "ray")
             if (guard := signals.current()) is not None:
                 guard.install()  # ray.init installs its own SIGTERM handler
