@@ -3,9 +3,10 @@
 ``relax run`` starts Ray before it loads the config, because loading the config imports torch and
 every plugin (seconds on a small machine) and Ray's daemons take seconds to come up: the two
 overlap. Only the ``ray:`` section is needed to start, and :func:`peek_settings` reads it from
-the YAML and the overrides (:func:`peek_config`) without validating anything; the validated config later says what Ray
-it needs (:func:`relax.core.controller.runtime.ray_settings`), and a start that guessed wrong is
-restarted (:class:`relax.core.controller.startup.EarlyStart`).
+the YAML and the overrides (:func:`peek_config`) without validating anything; the validated config
+later says what Ray it needs (:func:`relax.core.controller.runtime.ray_settings`), and a start that
+guessed wrong is restarted (:class:`relax.core.controller.startup.EarlyStart`). A colocate config
+that may put every role in the driver (:func:`may_run_in_driver`) gets no early Ray: it may need none.
 """
 
 from __future__ import annotations
