@@ -1,7 +1,8 @@
 """Quick-start stage breakdown: seconds per step by stage (generate, reward, logprob, train, sync).
 
-Runs the bundled quick-start config for a fixed number of steps through real Ray and the real tiny
-model, then prints the per-stage mean seconds. Headline: whole step time vs the sum of the stage
+Runs the bundled quick-start config for a fixed number of steps with the real tiny model (every
+role in this process, as ``relax run`` places them; ``rollout.host=trainer`` for a trainer actor
+through real Ray), then prints the per-stage mean seconds. Headline: whole step time vs the sum of the stage
 times, i.e. how much the controller/Ray orchestration adds on top of the work itself.
 
     python bench/quickstart.py [steps] [key.path=value ...]
