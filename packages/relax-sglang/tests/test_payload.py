@@ -63,41 +63,82 @@ def test_stop_ids_cut_the_response_even_with_ignore_eos():
     assert cut_at_stop_ids(params, [7, 9], [-1.0] * 2, [0] * 2, "length")[3] == "length"
 
 
-def _image_inputs(seed: int) -> dict:
-    """A relax-omni processor's ``inputs`` for one image (Qwen-VL shapes: 4 patches of 2 floats, a 1x2x2 grid)."""
+@pytest.fixture(scope="module")
+def vl_prompt(tmp_path_factory):
+    """(relax-omni processed prompt for one image, image spec) on the tiny Qwen2.5-VL processor (no weights)."""
+    from relax.core.testing.multimodal import write_media
+    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
+    from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.sglang.media import ImageSpec
+
+    hf = build_processor("qwen2_5_vl", build_tokenizer("qwen2_5_vl"))
+    proc = QwenOmniProcessor(hf, FAMILIES["qwen2_5_vl"], OmniProcessorParams())
+    media = write_media(tmp_path_factory.mktemp("vl_media"))
+    content = [{"type": "image", "image": media["image"]}, {"type": "text", "text": "what?"}]
+    prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:1")
+    ip = hf.image_processor
+    spec = ImageSpec(hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"), ip.patch_size, ip.merge_size,
+                     ip.temporal_patch_size, tuple(ip.image_mean), tuple(ip.image_std))  # fmt: skip
+    return prompt, spec, hf
+
+
+def test_images_are_rebuilt_exactly_from_their_patches(vl_prompt):
+    """The rebuilt image, processed again by the same HF processor, gives the same patches (what SGLang's
+    processor does with it)."""
     import torch
+    from PIL import Image
 
-    gen = torch.Generator().manual_seed(seed)
-    return {"pixel_values": torch.randn(4, 2, generator=gen), "image_grid_thw": torch.tensor([[1, 2, 2]]),
-            "mm_token_type_ids": torch.tensor([[0, 1, 1, 0]])}  # fmt: skip
+    from relax.sglang.media import images_from_patches
 
-
-def test_media_payload_sends_one_processor_output_item_per_modality():
-    from relax.sglang.payload import media_payload
-
-    inputs = {**_image_inputs(0), "input_features": [[0.5, 0.25]], "feature_attention_mask": [[1]]}
-    fields = media_payload(inputs)
-    assert sorted(fields) == ["audio_data", "image_data"]
-    (image,) = fields["image_data"]
-    assert image["format"] == "processor_output" and image["modality"] == "image"
-    assert image["pixel_values"] == inputs["pixel_values"].tolist() and image["image_grid_thw"] == [[1, 2, 2]]
-    assert "mm_token_type_ids" not in image  # recomputed by SGLang from the ids
-    assert fields["audio_data"] == [{"format": "processor_output", "modality": "audio",
-                                     "input_features": [[0.5, 0.25]], "feature_attention_mask": [[1]]}]  # fmt: skip
-    req = GenerationRequest("m", [1, 2], SamplingParams(max_new_tokens=3))
-    body = generate_payload(req, "rid", [7], fields)
-    assert body["image_data"] is fields["image_data"] and body["input_ids"] == [1, 2, 7]
-    with pytest.raises(ValueError, match=r"media inputs \['pixel_attention_mask'\] have no SGLang /generate field"):
-        media_payload({"pixel_attention_mask": [1]})
+    prompt, spec, hf = vl_prompt
+    inputs = prompt["inputs"]
+    (image,) = images_from_patches(inputs["pixel_values"], inputs["image_grid_thw"], spec)
+    again = hf.image_processor(images=[Image.fromarray(image)], return_tensors="pt")
+    assert again["image_grid_thw"].tolist() == inputs["image_grid_thw"].tolist()
+    assert (again["pixel_values"] - inputs["pixel_values"]).abs().max().item() < 1e-6
+    with pytest.raises(ValueError, match=r"pixel_values has \d+ rows, image_grid_thw accounts for"):
+        images_from_patches(torch.cat([inputs["pixel_values"]] * 2), inputs["image_grid_thw"], spec)
 
 
-def test_a_groups_media_is_converted_once():
-    from relax.sglang.engine import _media_fields
+def test_media_request_collapses_placeholders_and_sends_the_image(vl_prompt):
+    from relax.sglang.media import media_request
 
-    shared, other = _image_inputs(1), _image_inputs(2)
-    fields = _media_fields([shared, None, shared, other])
-    assert fields[1] is None and fields[0] is fields[2] and fields[3] is not fields[0]
-    assert fields[3]["image_data"][0]["pixel_values"] == other["pixel_values"].tolist()
+    prompt, spec, _ = vl_prompt
+    ids, pad = prompt["prompt_ids"], spec.image_token_id
+    media = media_request(prompt["inputs"], ids, spec)
+    assert ids.count(pad) > 1 and media.prompt_ids.count(pad) == 1
+    assert media.prompt_ids == [t for i, t in enumerate(ids) if not (t == pad and ids[i - 1] == pad)]
+    (url,) = media.fields["image_data"]
+    assert url.startswith("data:image/png;base64,")
+    body = generate_payload(GenerationRequest("m", ids, SamplingParams(max_new_tokens=3)), "rid", [7], media)
+    assert body["input_ids"] == media.prompt_ids + [7] and body["image_data"] == [url]
+    assert body["sampling_params"]["max_new_tokens"] == 2
+
+
+def test_media_sglang_cannot_take_is_refused_by_name(vl_prompt):
+    from relax.sglang.media import check_prompt_tokens, media_request
+
+    prompt, spec, _ = vl_prompt
+    with pytest.raises(ValueError, match=r"\['pixel_values_videos', 'video_grid_thw'\]: the sglang engine sends images only"):
+        media_request({**prompt["inputs"], "pixel_values_videos": [0], "video_grid_thw": [[1, 1, 1]]}, [], spec)
+    with pytest.raises(ValueError, match="use_audio_in_video=False and takes no precomputed positions"):
+        media_request({**prompt["inputs"], "use_audio_in_video": [1]}, [], spec)
+    with pytest.raises(ValueError, match="prompt has 0 image placeholder runs for 1 images"):
+        media_request(prompt["inputs"], [1, 2, 3], spec)
+    check_prompt_tokens({"prompt_tokens": 27}, 27, "e")
+    with pytest.raises(ValueError, match="e: SGLang expanded the media prompt to 26 tokens, the relax processor to 27"):
+        check_prompt_tokens({"prompt_tokens": 26}, 27, "e")
+
+
+def test_a_groups_media_is_built_once(vl_prompt):
+    from relax.sglang.engine import _media_requests
+
+    prompt, spec, _ = vl_prompt
+    shared, other = prompt["inputs"], dict(prompt["inputs"])
+    ids = prompt["prompt_ids"]
+    built = _media_requests([shared, None, shared, other], [ids, [1], ids, ids], spec)
+    assert built[1] is None and built[0] is built[2] and built[3] is not built[0]
+    assert built[3].fields == built[0].fields
 
 
 def test_the_engine_declares_its_attach_field_for_scale_out_by_url():
@@ -110,61 +151,3 @@ def test_the_engine_declares_its_attach_field_for_scale_out_by_url():
     params = with_engine_params(cfg, {"urls": ["http://10.0.0.2:30000"]}).rollout.engine_params
     assert isinstance(params, SGLangEngineParams) and params.urls == ["http://10.0.0.2:30000"]
     assert params.python == "/env/bin/python" and cfg.rollout.engine_params.urls == []
-
-
-@pytest.fixture(scope="module")
-def omni_media(tmp_path_factory):
-    """A still image and a video with a soundtrack (``relax.omni.synthetic``; the soundtrack needs ffmpeg)."""
-    import shutil
-
-    if shutil.which("ffmpeg") is None:
-        pytest.skip("a video with a soundtrack needs ffmpeg")
-    from relax.omni import synthetic
-
-    d = tmp_path_factory.mktemp("omni_media")
-    synthetic.circles_image(d / "circles.png", 2)
-    synthetic.moving_dot_video(d / "dot_sound.mp4", right=False, tone_hz=330.0)
-    return d
-
-
-@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
-def test_omni_processor_outputs_reach_sglang_under_its_names(family, omni_media):
-    """Real relax-omni outputs (tiny processor built locally) for image + video-with-soundtrack: the
-    seconds per temporal grid go out as SGLang's ``second_per_grid_ts`` (also on the first item, where
-    SGLang's rope index reads it) and the per-video flags as the request's ``use_audio_in_video``."""
-    import json
-
-    import torch
-
-    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
-    from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
-    from relax.sglang.payload import media_payload
-
-    params = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28,
-                                 video_max_pixels=56 * 56, max_frames=4, use_audio_in_video=True)  # fmt: skip
-    proc = QwenOmniProcessor(build_processor(family, build_tokenizer(family)), FAMILIES[family], params)
-    content = [{"type": "image", "image": str(omni_media / "circles.png")},
-               {"type": "video", "video": str(omni_media / "dot_sound.mp4")}, {"type": "text", "text": "which way?"}]  # fmt: skip
-    inputs = proc.process([{"role": "user", "content": content}], [], "t.jsonl:1")["inputs"]
-    assert "video_second_per_grid" in inputs and inputs["use_audio_in_video"].tolist() == [1]
-
-    fields = media_payload(inputs)
-    assert sorted(fields) == ["audio_data", "image_data", "use_audio_in_video", "video_data"]
-    assert fields["use_audio_in_video"] is True
-    (image,), (video,), (audio,) = fields["image_data"], fields["video_data"], fields["audio_data"]
-    seconds = inputs["video_second_per_grid"].tolist()
-    assert video["second_per_grid_ts"] == seconds and "video_second_per_grid" not in video
-    assert image["second_per_grid_ts"] == seconds  # SGLang reads it from the first item only
-    assert video["video_grid_thw"] == inputs["video_grid_thw"].tolist()
-    assert audio["input_features"] == inputs["input_features"].tolist()
-    assert audio["feature_attention_mask"] == inputs["feature_attention_mask"].tolist()
-    body = json.loads(json.dumps(generate_payload(GenerationRequest("o", [1], SamplingParams()), "rid", [], fields)))
-    assert body["use_audio_in_video"] is True and body["video_data"][0]["modality"] == "video"
-
-    plain = {k: v for k, v in inputs.items() if k not in ("use_audio_in_video", "pixel_values", "image_grid_thw")}
-    fields = media_payload(plain)  # no flag: no request-level field; the video item comes first itself
-    assert "use_audio_in_video" not in fields and fields["video_data"][0]["second_per_grid_ts"] == seconds
-    mixed = {**inputs, "video_grid_thw": torch.cat([inputs["video_grid_thw"]] * 2),
-             "use_audio_in_video": torch.tensor([1, 0])}  # fmt: skip
-    with pytest.raises(ValueError, match=r"use_audio_in_video \[1, 0\] for 2 videos: SGLang takes one"):
-        media_payload(mixed)

@@ -115,5 +115,28 @@ def _register_murmur_hash32_cpu() -> None:
     _LIBRARIES.append(lib)  # the op lives as long as the Library object
 
 
+#: CPU ops that SGLang modules look up at import time (``torch.ops.sgl_kernel.<name>`` raises
+#: AttributeError for an undefined op): qwen3_5.py binds them when ``_is_cpu``, and the Qwen-VL multimodal
+#: processor imports qwen3_5, so without them no Qwen-VL/Omni model gets a processor ("No processor
+#: registered"). The Qwen2.5/3-VL models never call them; a call fails naming the op (the stub schema takes no arguments).
+_IMPORT_TIME_OPS = (
+    "fused_sigmoid_mul_cpu",
+    "fused_qk_gemma_rmsnorm_cpu",
+    "fused_qk_gemma_rmsnorm_with_gate_cpu",
+    "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+)
+
+
+def _register_import_time_ops() -> None:
+    import torch
+
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name in _IMPORT_TIME_OPS:
+        lib.define(f"{name}(...) -> ...")
+        lib.impl(name, _Missing(f"torch.ops.sgl_kernel.{name}"), "CompositeExplicitAutograd")
+    _LIBRARIES.append(lib)
+
+
 _LIBRARIES: list = []
 _register_murmur_hash32_cpu()
+_register_import_time_ops()

@@ -31,6 +31,7 @@ import torch
 
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.sglang.client import SGLangClient, SGLangHTTPError
+from relax.sglang.media import MediaRequest, check_prompt_tokens, load_image_spec, media_request
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.payload import cut_at_stop_ids, generate_payload, parse_output, parse_version, result
 from relax.sglang.server import ServerError, ServerProcess
@@ -51,18 +52,17 @@ def serialize_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _media_fields(refs: list[Any]) -> list[dict[str, Any] | None]:
-    """Each request's ``/generate`` media fields, resolved and converted once per distinct media object
-    (a group's requests share one: its tensors become JSON lists once, not once per sample)."""
+def _media_requests(refs: list[Any], prompts: list[list[int]], spec: Any) -> list[MediaRequest | None]:
+    """Each request's media in SGLang's HTTP form, built once per distinct media object (a group's requests
+    share one: its images are rebuilt and encoded once, not once per sample)."""
     from relax.core.data_multimodal import resolve_all
-    from relax.sglang.payload import media_payload
 
-    fields: dict[int, dict[str, Any]] = {}
-    out: list[dict[str, Any] | None] = []
-    for inputs in resolve_all(refs):
-        if inputs is not None and id(inputs) not in fields:
-            fields[id(inputs)] = media_payload(inputs)
-        out.append(None if inputs is None else fields[id(inputs)])
+    built: dict[int, MediaRequest] = {}
+    out: list[MediaRequest | None] = []
+    for inputs, prompt in zip(resolve_all(refs), prompts, strict=True):
+        if inputs is not None and id(inputs) not in built:
+            built[id(inputs)] = media_request(inputs, prompt, spec)
+        out.append(None if inputs is None else built[id(inputs)])
     return out
 
 
@@ -104,12 +104,15 @@ class SGLangEngine:
         self._abort_epoch = 0
         self._in_flight = 0
         self._count_lock = threading.Lock()
+        self._image_spec: Any = None  # read from the model directory at the first media request
 
     # ------------------------------------------------------------------ generation
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        media: list[dict[str, Any] | None] = [None] * len(requests)
+        media: list[MediaRequest | None] = [None] * len(requests)
         if any(r.media is not None for r in requests):
-            media = _media_fields([r.media for r in requests])
+            if self._image_spec is None:
+                self._image_spec = load_image_spec(self.model_path)
+            media = _media_requests([r.media for r in requests], [list(r.prompt_ids) for r in requests], self._image_spec)
         epoch = self._abort_epoch
         with self._count_lock:
             self._in_flight += 1
@@ -119,8 +122,8 @@ class SGLangEngine:
             with self._count_lock:
                 self._in_flight -= 1
 
-    async def _one(self, req: GenerationRequest, media: dict[str, Any] | None, epoch: int) -> GenerationResult:
-        """One request to its end; ``media``: its ``/generate`` media fields (sent with every continuation)."""
+    async def _one(self, req: GenerationRequest, media: MediaRequest | None, epoch: int) -> GenerationResult:
+        """One request to its end; ``media``: its HTTP media form (sent with every continuation)."""
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -136,6 +139,8 @@ class SGLangEngine:
                 break
             rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"
             out = await self.client.generate(generate_payload(req, rid, done, media))
+            if media is not None:
+                check_prompt_tokens(out["meta_info"], len(req.prompt_ids) + len(done), self.name)
             got, lps, vers, reason = parse_output(out, self._version)
             ids, logprobs, versions, reason = cut_at_stop_ids(req.params, ids + got, logprobs + lps, versions + vers, reason)
             # aborted by a pause (pause_mode "abort"), not by abort(): continue from the tokens so far

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax.core.multimodal_model import AUDIO_IN_VIDEO  # "use_audio_in_video": one flag per video
 from relax.core.protocols import GenerationRequest, GenerationResult, SamplingParams
+from relax.sglang.media import MediaRequest
 
 
 def sampling_params(params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
@@ -33,80 +33,20 @@ def sampling_params(params: SamplingParams, max_new_tokens: int) -> dict[str, An
 
 
 def generate_payload(
-    req: GenerationRequest, rid: str, response_ids: list[int], media: dict[str, Any] | None = None
+    req: GenerationRequest, rid: str, response_ids: list[int], media: MediaRequest | None = None
 ) -> dict[str, Any]:
     """The ``/generate`` body continuing ``req`` after ``response_ids`` (its prefix plus tokens so far);
-    ``media``: the request's media fields (``media_payload`` of its processed inputs)."""
+    ``media``: the request's media in SGLang's HTTP form (collapsed prompt ids + raw media fields)."""
     left = req.params.max_new_tokens - len(response_ids)
+    prompt = media.prompt_ids if media is not None else req.prompt_ids
     body = {
         "rid": rid,
-        "input_ids": list(req.prompt_ids) + list(response_ids),
+        "input_ids": list(prompt) + list(response_ids),
         "sampling_params": sampling_params(req.params, left),
         "return_logprob": True,
         "logprob_start_len": -1,  # no prompt logprobs: only the sampled tokens'
     }
-    return {**body, **media} if media else body
-
-
-#: processor outputs (``ProcessedPrompt["inputs"]`` keys) by the ``/generate`` field that carries them
-MEDIA_FIELDS: dict[str, tuple[str, ...]] = {
-    "image_data": ("pixel_values", "image_grid_thw"),
-    "video_data": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid"),
-    "audio_data": ("input_features", "feature_attention_mask", "audio_feature_lengths"),
-}
-_MODALITY = {"image_data": "image", "video_data": "video", "audio_data": "audio"}
-#: the Qwen-Omni processors' name for it; sent under SGLang's, the one its attribute->modality map knows
-_RENAMED = {"video_second_per_grid": "second_per_grid_ts"}
-#: read by SGLang's Qwen processor (for the M-RoPE index) from the FIRST processor_output item only --
-#: image, then video, then audio -- so an image item carries them too
-_ROPE_LEVEL = ("second_per_grid_ts",)
-_NOT_SENT = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
-
-
-def media_payload(inputs: dict[str, Any]) -> dict[str, Any]:
-    """``/generate`` fields for a prompt's processed media: per modality ONE ``processor_output`` item
-    (SGLang takes exactly one when inputs are already processed) holding that modality's tensors as
-    nested lists (JSON). The prompt ids already contain the expanded media placeholder tokens, as the
-    relax-omni processor produced them, so SGLang skips its own processor. Unknown keys are an error.
-
-    The per-video ``use_audio_in_video`` flags become SGLang's request-level ``use_audio_in_video``
-    (one per request, so a prompt mixing videos with and without their soundtrack is an error). SGLang
-    0.5.23's Qwen processor still builds its M-RoPE index with ``use_audio_in_video=False`` (qwen_vl.py),
-    so until it honours the flag such rows get un-interleaved positions on the server. Note: SGLang 0.5.23
-    takes these items as tensors (its Python ``Engine`` API); over HTTP the JSON lists fail its feature
-    hashing, so such a request fails on a server (see README, relax-sglang)."""
-    known = {key: field for field, keys in MEDIA_FIELDS.items() for key in keys}
-    unknown = sorted(set(inputs) - set(known) - set(_NOT_SENT) - {AUDIO_IN_VIDEO})
-    if unknown:
-        raise ValueError(f"media inputs {unknown} have no SGLang /generate field; known: {sorted(known)}")
-    out: dict[str, Any] = {}
-    for key, value in inputs.items():
-        if key in _NOT_SENT or key == AUDIO_IN_VIDEO:
-            continue
-        field = known[key]
-        item = out.setdefault(field, [{"format": "processor_output", "modality": _MODALITY[field]}])[0]
-        item[_RENAMED.get(key, key)] = value.tolist() if hasattr(value, "tolist") else value
-    video = out.get("video_data", [{}])[0]
-    for key in _ROPE_LEVEL:
-        if key in video:
-            next(out[f][0] for f in MEDIA_FIELDS if f in out)[key] = video[key]
-    if AUDIO_IN_VIDEO in inputs and _audio_in_video(inputs):
-        out[AUDIO_IN_VIDEO] = True
-    return out
-
-
-def _audio_in_video(inputs: dict[str, Any]) -> bool:
-    """The request's one ``use_audio_in_video`` from the per-video flags; videos that disagree are an error."""
-    flags = inputs[AUDIO_IN_VIDEO]
-    flags = [int(f) for f in (flags.tolist() if hasattr(flags, "tolist") else flags)]
-    grid = inputs.get("video_grid_thw")
-    videos = 0 if grid is None else len(grid)
-    if len(flags) != videos or len(set(flags)) > 1:
-        raise ValueError(
-            f"media inputs use_audio_in_video {flags} for {videos} videos: SGLang takes one use_audio_in_video "
-            "per request; process every video of a prompt with the same use_audio_in_video"
-        )
-    return bool(flags and flags[0])
+    return {**body, **media.fields} if media is not None else body
 
 
 def parse_version(value: Any, default: int) -> int:
