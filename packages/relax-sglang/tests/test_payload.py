@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from relax.core.protocols import GenerationRequest, SamplingParams
+from relax.sglang.media import ImageSpec
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.payload import finish_reason, generate_payload, parse_output, token_versions
 from relax.sglang.server import server_command
@@ -46,7 +49,12 @@ def test_server_command_passes_launch_settings_through():
     assert cmd[:3] == ["/env/bin/python", "-m", "sglang.launch_server"]
     assert cmd[cmd.index("--model-path") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "30001"
     assert cmd[cmd.index("--dtype") + 1] == "float32" and "--attention-backend" in cmd
-    assert cmd[-2:] == ["--chunked-prefill-size", "64"]
+    assert cmd[-2:] == ["--chunked-prefill-size", "64"] and "--mm-process-config" not in cmd
+    video = server_command(params, "/m", 30001, "float32", video=True)
+    config = json.loads(video[video.index("--mm-process-config") + 1])["video"]
+    assert config["fps"] == config["video_metadata"]["fps"] == params.video_fps and video[-2:] == cmd[-2:]
+    own = SGLangEngineParams(extra_args=["--mm-process-config", "{}"])
+    assert server_command(own, "/m", 1, "float32", video=True).count("--mm-process-config") == 1
 
 
 def test_params_validation_names_the_field():
@@ -69,7 +77,6 @@ def vl_prompt(tmp_path_factory):
     from relax.core.testing.multimodal import write_media
     from relax.core.testing.multimodal_models import build_processor, build_tokenizer
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
-    from relax.sglang.media import ImageSpec
 
     hf = build_processor("qwen2_5_vl", build_tokenizer("qwen2_5_vl"))
     proc = QwenOmniProcessor(hf, FAMILIES["qwen2_5_vl"], OmniProcessorParams())
@@ -119,8 +126,9 @@ def test_media_sglang_cannot_take_is_refused_by_name(vl_prompt):
     from relax.sglang.media import check_prompt_tokens, media_request
 
     prompt, spec, _ = vl_prompt
-    with pytest.raises(ValueError, match=r"\['pixel_values_videos', 'video_grid_thw'\]: the sglang engine sends images only"):
-        media_request({**prompt["inputs"], "pixel_values_videos": [0], "video_grid_thw": [[1, 1, 1]]}, [], spec)
+    with pytest.raises(ValueError, match=r"\['feature_attention_mask', 'input_features'\]: the sglang engine sends "
+                       "images and Qwen2.5-VL videos only"):
+        media_request({**prompt["inputs"], "input_features": [0], "feature_attention_mask": [1]}, [], spec)
     with pytest.raises(ValueError, match="use_audio_in_video=False and takes no precomputed positions"):
         media_request({**prompt["inputs"], "use_audio_in_video": [1]}, [], spec)
     with pytest.raises(ValueError, match="prompt has 0 image placeholder runs for 1 images"):
@@ -151,3 +159,66 @@ def test_the_engine_declares_its_attach_field_for_scale_out_by_url():
     params = with_engine_params(cfg, {"urls": ["http://10.0.0.2:30000"]}).rollout.engine_params
     assert isinstance(params, SGLangEngineParams) and params.urls == ["http://10.0.0.2:30000"]
     assert params.python == "/env/bin/python" and cfg.rollout.engine_params.urls == []
+
+
+@pytest.fixture(scope="module")
+def video_prompt(vl_prompt, tmp_path_factory):
+    """relax-omni's processed prompt for one 2 s synthetic video (4 frames sampled at 2 fps: 2 temporal grids)."""
+    from relax.omni import synthetic
+    from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+
+    _, spec, hf = vl_prompt
+    path = tmp_path_factory.mktemp("video") / "dot.mp4"
+    synthetic.moving_dot_video(path, right=True)
+    proc = QwenOmniProcessor(hf, FAMILIES["qwen2_5_vl"], OmniProcessorParams())
+    content = [{"type": "video", "video": str(path)}, {"type": "text", "text": "where?"}]
+    prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:2")
+    video_spec = ImageSpec(**{**spec.__dict__, "video_token_id": hf.tokenizer.convert_tokens_to_ids("<|video_pad|>")})
+    return prompt, video_spec, hf
+
+
+def test_video_frames_are_rebuilt_exactly_and_survive_the_container(video_prompt):
+    """The sampled frames come back from the patches (the same HF processor gives the same patches) and
+    through the FFV1 data URL unchanged, at the fps SGLang samples with (so it keeps every frame)."""
+    import base64
+    import io
+
+    import decord
+    import numpy as np
+
+    from relax.sglang.media import frames_from_patches, video_data_url
+
+    prompt, spec, hf = video_prompt
+    inputs = prompt["inputs"]
+    (frames,) = frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"], spec)
+    assert frames.shape[0] == 2 * int(inputs["video_grid_thw"][0, 0])
+    size = {"shortest_edge": 1, "longest_edge": frames.shape[1] * frames.shape[2]}
+    again = hf.video_processor(videos=[frames], size=size, do_sample_frames=False, return_tensors="pt")
+    assert (again["pixel_values_videos"] - inputs["pixel_values_videos"]).abs().max().item() < 1e-6
+    url = video_data_url(frames, 2.0)
+    reader = decord.VideoReader(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert reader.get_avg_fps() == 2.0 and np.array_equal(reader.get_batch(list(range(len(reader)))).asnumpy(), frames)
+
+
+def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
+    import torch
+
+    from relax.sglang.media import media_request
+
+    prompt, spec, _ = video_prompt
+    ids, inputs, pad = prompt["prompt_ids"], prompt["inputs"], spec.video_token_id
+    media = media_request(inputs, ids, spec, video_fps=2.0)
+    assert ids.count(pad) > 1 and media.prompt_ids.count(pad) == 1 and len(media.prompt_ids) < len(ids)
+    (url,) = media.fields["video_data"]
+    assert url.startswith("data:video/x-matroska;base64,") and "image_data" not in media.fields
+    with pytest.raises(ValueError, match=r"video sampled at 2 fps \(second_per_grid_ts 1\), the SGLang server "
+                                         "samples at engine_params.video_fps=1"):
+        media_request(inputs, ids, spec, video_fps=1.0)
+    two = {**inputs, "second_per_grid_ts": torch.tensor([1.0, 1.0])}
+    with pytest.raises(ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the Qwen2.5-VL processor one"):
+        media_request(two, ids, spec)
+    qwen3 = {k: v for k, v in inputs.items() if k != "second_per_grid_ts"}
+    with pytest.raises(ValueError, match="video inputs without second_per_grid_ts"):
+        media_request(qwen3, ids, spec)
+    with pytest.raises(ValueError, match="prompt has 0 video placeholder runs for 1 videos"):
+        media_request(inputs, [1, 2], spec)

@@ -52,16 +52,18 @@ def serialize_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _media_requests(refs: list[Any], prompts: list[list[int]], spec: Any) -> list[MediaRequest | None]:
+def _media_requests(
+    refs: list[Any], prompts: list[list[int]], spec: Any, video_fps: float = 2.0
+) -> list[MediaRequest | None]:
     """Each request's media in SGLang's HTTP form, built once per distinct media object (a group's requests
-    share one: its images are rebuilt and encoded once, not once per sample)."""
+    share one: its images and videos are rebuilt and encoded once, not once per sample)."""
     from relax.core.data_multimodal import resolve_all
 
     built: dict[int, MediaRequest] = {}
     out: list[MediaRequest | None] = []
     for inputs, prompt in zip(resolve_all(refs), prompts, strict=True):
         if inputs is not None and id(inputs) not in built:
-            built[id(inputs)] = media_request(inputs, prompt, spec)
+            built[id(inputs)] = media_request(inputs, prompt, spec, video_fps)
         out.append(None if inputs is None else built[id(inputs)])
     return out
 
@@ -112,7 +114,8 @@ class SGLangEngine:
         if any(r.media is not None for r in requests):
             if self._image_spec is None:
                 self._image_spec = load_image_spec(self.model_path)
-            media = _media_requests([r.media for r in requests], [list(r.prompt_ids) for r in requests], self._image_spec)
+            media = _media_requests([r.media for r in requests], [list(r.prompt_ids) for r in requests], self._image_spec,
+                                    self.params.video_fps)  # fmt: skip
         epoch = self._abort_epoch
         with self._count_lock:
             self._in_flight += 1

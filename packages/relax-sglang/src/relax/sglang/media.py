@@ -1,16 +1,24 @@
-"""Media requests for SGLang over HTTP: images rebuilt from the processed ``pixel_values``, placeholders collapsed.
+"""Media requests for SGLang over HTTP: images and videos rebuilt from the processed patches, placeholders
+collapsed.
 
 SGLang 0.5.23's ``/generate`` rejects processed tensors over HTTP (its ``image_data`` schema has no
 ``format``/``processor_output`` field: "unknown field `format`"), so a request carries raw media that
-SGLang's own (HF) processor re-processes. relax-omni already resized each image to its patch grid, so its
-``pixel_values`` are exactly ``(uint8 / 255 - mean) / std`` of that image: inverting them gives the image
-back losslessly (PNG), SGLang's processor then yields the same patches and expands each collapsed
-placeholder to the same run of tokens. The engine checks that SGLang's prompt length equals ours
-(``check_prompt_tokens``), since the trainer trains on OUR ids.
+SGLang's own (HF) processor re-processes. relax-omni already resized each image / sampled video frame to
+its patch grid, so its ``pixel_values`` / ``pixel_values_videos`` are exactly ``(uint8 / 255 - mean) / std``
+of those pixels: inverting them gives the image (PNG) or the sampled frames back losslessly, SGLang's
+processor then yields the same patches and expands each collapsed placeholder to the same run of tokens.
 
-Video and audio are refused with a clear error: their frames/features cannot be rebuilt exactly, and
-audio-in-video rows would get wrong M-RoPE positions (SGLang 0.5.23 builds the index with
-``use_audio_in_video=False`` and takes no precomputed positions over HTTP).
+Videos go as lossless FFV1/Matroska data URLs of exactly the sampled frames, encoded at the server's
+sampling fps (``engine_params.video_fps``) so that SGLang keeps every frame. SGLang 0.5.23 hands the
+Qwen2.5-VL HF processor no video metadata (so no fps, so ``second_per_grid_ts`` would be 2/24); the
+launched server therefore gets ``--mm-process-config`` (``video_server_args``) with that fps as a
+server-wide metadata, a pixel range that keeps the frames' size, and the same sampling fps. That holds one
+video per prompt, at ``video_fps``: anything else is refused by name. Qwen3-VL videos (timestamps in the
+text, re-derived by SGLang from the container) and audio (features cannot be inverted) are refused.
+
+The engine checks that SGLang's prompt length equals ours (``check_prompt_tokens``), since the trainer
+trains on OUR ids. Audio-in-video rows would get wrong M-RoPE positions (SGLang 0.5.23 builds the index
+with ``use_audio_in_video=False`` and takes no precomputed positions over HTTP): refused too.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ import numpy as np
 from relax.core.multimodal_model import AUDIO_IN_VIDEO
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 IGNORED = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
+MAX_VIDEO_PIXELS = 16384 * 28 * 28  # per frame: far above any relax-omni budget (frames keep their size)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class ImageSpec:
     temporal_patch_size: int
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
+    video_token_id: int | None = None  # None: the model takes no video
 
 
 def load_image_spec(model_dir: str) -> ImageSpec | None:
@@ -63,31 +74,55 @@ def load_image_spec(model_dir: str) -> ImageSpec | None:
         temporal_patch_size=int(proc.get("temporal_patch_size", 2)),
         image_mean=tuple(proc.get("image_mean", (0.48145466, 0.4578275, 0.40821073))),
         image_std=tuple(proc.get("image_std", (0.26862954, 0.26130258, 0.27577711))),
+        video_token_id=config.get("video_token_id"),
     )
 
 
-def images_from_patches(pixel_values: Any, grid_thw: Any, spec: ImageSpec) -> list[np.ndarray]:
-    """The (H, W, 3) uint8 images whose Qwen-VL patches are ``pixel_values`` (inverse of the HF image
-    processor's patchify + normalize; the first temporal copy of each image)."""
+def model_has_video(model_dir: str) -> bool:
+    """Whether the model's ``config.json`` names a video token (its server then gets ``video_server_args``)."""
+    path = Path(model_dir) / "config.json"
+    return path.exists() and json.loads(path.read_text()).get("video_token_id") is not None
+
+
+def video_server_args(video_fps: float) -> list[str]:
+    """``sglang.launch_server`` arguments under which SGLang re-processes our rebuilt video frames exactly:
+    sample at ``video_fps`` (the container's rate: every frame kept), keep each frame's size (in SGLang's
+    resize and the HF processor's), and give the HF processor ``video_fps`` as the metadata it otherwise
+    lacks (M-RoPE seconds per temporal grid)."""
+    pixels = {"min_pixels": 1, "max_pixels": MAX_VIDEO_PIXELS}
+    video = {"fps": video_fps, **pixels, "size": {"shortest_edge": 1, "longest_edge": MAX_VIDEO_PIXELS},
+             "video_metadata": {"fps": video_fps, "total_num_frames": 1}}  # fmt: skip
+    return ["--mm-process-config", json.dumps({"video": video})]
+
+
+def frames_from_patches(pixel_values: Any, grid_thw: Any, spec: ImageSpec, what: str = "pixel_values") -> list[np.ndarray]:
+    """Per item, the (T * temporal_patch_size, H, W, 3) uint8 frames whose Qwen-VL patches are
+    ``pixel_values`` (inverse of the HF processor's patchify + normalize); ``what`` names the inputs in errors."""
     x = np.asarray(pixel_values, dtype=np.float64)
     grids = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
     p, m, tp = spec.patch_size, spec.merge_size, spec.temporal_patch_size
     mean, std = np.asarray(spec.image_mean)[:, None, None], np.asarray(spec.image_std)[:, None, None]
-    images, start = [], 0
+    grid = "video_grid_thw" if what.endswith("videos") else "image_grid_thw"
+    items, start = [], 0
     for t, gh, gw in grids.tolist():
         n = t * gh * gw
         chunk = x[start:start + n]
         start += n
         if chunk.shape != (n, 3 * tp * p * p):
-            raise ValueError(f"pixel_values rows {chunk.shape} do not match image_grid_thw {(t, gh, gw)} and patch "
+            raise ValueError(f"{what} rows {chunk.shape} do not match {grid} {(t, gh, gw)} and patch "
                              f"size {p} x temporal {tp}")  # fmt: skip
         chunk = chunk.reshape(t, gh // m, gw // m, m, m, 3, tp, p, p).transpose(0, 6, 5, 1, 3, 7, 2, 4, 8)
-        frame = chunk.reshape(t * tp, 3, gh * p, gw * p)[0]
-        pixels = np.clip(np.rint((frame * std + mean) * 255.0), 0, 255).astype(np.uint8)
-        images.append(pixels.transpose(1, 2, 0))
+        frames = chunk.reshape(t * tp, 3, gh * p, gw * p)
+        pixels = np.clip(np.rint((frames * std + mean) * 255.0), 0, 255).astype(np.uint8)
+        items.append(pixels.transpose(0, 2, 3, 1))
     if start != len(x):
-        raise ValueError(f"pixel_values has {len(x)} rows, image_grid_thw accounts for {start}")
-    return images
+        raise ValueError(f"{what} has {len(x)} rows, {grid} accounts for {start}")
+    return items
+
+
+def images_from_patches(pixel_values: Any, grid_thw: Any, spec: ImageSpec) -> list[np.ndarray]:
+    """The (H, W, 3) uint8 images whose patches are ``pixel_values`` (the first temporal copy of each)."""
+    return [frames[0] for frames in frames_from_patches(pixel_values, grid_thw, spec)]
 
 
 def png_data_url(image: np.ndarray) -> str:
@@ -96,6 +131,25 @@ def png_data_url(image: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def video_data_url(frames: np.ndarray, fps: float) -> str:
+    """``frames`` (T, H, W, 3 uint8) as a lossless FFV1/Matroska data URL at ``fps`` (decoded back to the
+    same pixels by SGLang's decord/torchcodec reader)."""
+    from fractions import Fraction
+
+    try:
+        import av  # PyAV, with relax-omni (qwen-omni-utils)
+    except ImportError as exc:
+        raise ValueError("video requests to SGLang need PyAV (pip install av) to encode the frames") from exc
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as out:
+        stream = out.add_stream("ffv1", rate=Fraction(fps).limit_denominator(1000))
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "bgr0"
+        for frame in frames:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
+        out.mux(stream.encode())
+    return "data:video/x-matroska;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def collapse_runs(ids: list[int], token_id: int) -> list[int]:
@@ -115,10 +169,12 @@ class MediaRequest:
     fields: dict[str, Any]
 
 
-def media_request(inputs: dict[str, Any], prompt_ids: list[int], spec: ImageSpec | None) -> MediaRequest:
-    """The HTTP form of one prompt's processed media (see the module docstring); anything but images is an
-    error naming what SGLang cannot take."""
-    unsupported = sorted(set(inputs) - set(IMAGE_KEYS) - set(IGNORED))
+def media_request(
+    inputs: dict[str, Any], prompt_ids: list[int], spec: ImageSpec | None, video_fps: float = 2.0
+) -> MediaRequest:
+    """The HTTP form of one prompt's processed media (see the module docstring); what SGLang cannot take
+    exactly is an error naming it. ``video_fps``: the server's video sampling fps (``video_server_args``)."""
+    unsupported = sorted(set(inputs) - set(IMAGE_KEYS) - set(VIDEO_KEYS) - set(IGNORED))
     if AUDIO_IN_VIDEO in unsupported:
         raise ValueError(
             "media inputs use_audio_in_video: SGLang 0.5.23 builds M-RoPE positions with use_audio_in_video=False "
@@ -127,17 +183,53 @@ def media_request(inputs: dict[str, Any], prompt_ids: list[int], spec: ImageSpec
         )
     if unsupported:
         raise ValueError(
-            f"media inputs {unsupported}: the sglang engine sends images only (SGLang 0.5.23 takes no processed "
-            "tensors over HTTP and video/audio cannot be rebuilt exactly from them); use the hf engine for them"
+            f"media inputs {unsupported}: the sglang engine sends images and Qwen2.5-VL videos only (SGLang 0.5.23 "
+            "takes no processed tensors over HTTP and audio features cannot be inverted); use the hf engine for them"
         )
     if spec is None:
         raise ValueError("media inputs for a model without image_token_id in its config.json")
-    images = images_from_patches(inputs["pixel_values"], inputs["image_grid_thw"], spec)
-    collapsed = collapse_runs(list(prompt_ids), spec.image_token_id)
-    if collapsed.count(spec.image_token_id) != len(images):
-        raise ValueError(f"prompt has {collapsed.count(spec.image_token_id)} image placeholder runs for "
-                         f"{len(images)} images")  # fmt: skip
-    return MediaRequest(collapsed, {"image_data": [png_data_url(im) for im in images]})
+    ids, fields = list(prompt_ids), {}
+    if "pixel_values" in inputs:
+        images = images_from_patches(inputs["pixel_values"], inputs["image_grid_thw"], spec)
+        ids = _collapsed(ids, spec.image_token_id, len(images), "image")
+        fields["image_data"] = [png_data_url(im) for im in images]
+    if "pixel_values_videos" in inputs:
+        videos = _videos(inputs, spec, video_fps)
+        ids = _collapsed(ids, spec.video_token_id, len(videos), "video")
+        fields["video_data"] = [video_data_url(frames, video_fps) for frames in videos]
+    return MediaRequest(ids, fields)
+
+
+def _collapsed(ids: list[int], token_id: int, items: int, kind: str) -> list[int]:
+    collapsed = collapse_runs(ids, token_id)
+    if collapsed.count(token_id) != items:
+        raise ValueError(f"prompt has {collapsed.count(token_id)} {kind} placeholder runs for {items} {kind}s")
+    return collapsed
+
+
+def _videos(inputs: dict[str, Any], spec: ImageSpec, video_fps: float) -> list[np.ndarray]:
+    """The sampled frames of the prompt's one video, after checking SGLang can take it exactly."""
+    if spec.video_token_id is None:
+        raise ValueError("video inputs for a model without video_token_id in its config.json")
+    if "second_per_grid_ts" not in inputs:
+        raise ValueError(
+            "video inputs without second_per_grid_ts (Qwen3-VL: per-frame timestamps in the prompt text, which "
+            "SGLang 0.5.23 re-derives from the container it decodes); use the hf engine for these videos"
+        )
+    seconds = [float(s) for s in np.asarray(inputs["second_per_grid_ts"], dtype=np.float64).reshape(-1)]
+    if len(seconds) != 1:
+        raise ValueError(
+            f"{len(seconds)} videos in one prompt: SGLang 0.5.23 gives the Qwen2.5-VL processor one server-wide "
+            "fps (--mm-process-config), which holds one video per prompt; use the hf engine for these prompts"
+        )
+    expected = spec.temporal_patch_size / video_fps
+    if abs(seconds[0] - expected) > 1e-4 * expected:
+        raise ValueError(
+            f"video sampled at {spec.temporal_patch_size / seconds[0]:g} fps (second_per_grid_ts {seconds[0]:g}), "
+            f"the SGLang server samples at engine_params.video_fps={video_fps:g}: M-RoPE times would differ; set "
+            "data.processor_params.fps and engine_params.video_fps alike (a short video may get another fps)"
+        )
+    return frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos")
 
 
 def check_prompt_tokens(meta: dict[str, Any], expected: int, name: str) -> None:

@@ -31,6 +31,9 @@ class SGLangEngineParams:
     port: int | None = None  # None: a free port per engine
     deterministic: bool = True  # --enable-deterministic-inference: the only mode that honours request seeds
     extra_args: list[str] = field(default_factory=list)  # passed through to sglang.launch_server
+    # frames per second of video requests (= relax-omni's data.processor_params.fps); a launched video model's
+    # server samples at it (--mm-process-config, see relax.sglang.media), an attached one must too
+    video_fps: float = 2.0
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the server process
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0  # one /generate call
@@ -41,7 +44,7 @@ class SGLangEngineParams:
 
     def validate(self) -> list[str]:
         errors = []
-        for name in ("startup_timeout_s", "request_timeout_s", "control_timeout_s", "mem_fraction_static"):
+        for name in ("startup_timeout_s", "request_timeout_s", "control_timeout_s", "mem_fraction_static", "video_fps"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.max_concurrency < 1:

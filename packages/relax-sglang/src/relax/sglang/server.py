@@ -15,6 +15,7 @@ from pathlib import Path
 
 import requests
 
+from relax.sglang.media import model_has_video, video_server_args
 from relax.sglang.params import SGLangEngineParams
 
 HEALTH_POLL_S = 0.5
@@ -32,8 +33,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype: str) -> list[str]:
-    """The ``sglang.launch_server`` command line for ``params`` (pure: unit-tested)."""
+def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype: str, video: bool = False) -> list[str]:
+    """The ``sglang.launch_server`` command line for ``params`` (pure: unit-tested); ``video``: the model takes
+    video, so the server re-processes our rebuilt frames exactly (unless ``extra_args`` configure it)."""
     cmd = [
         params.python, "-m", "sglang.launch_server",
         "--model-path", model_path,
@@ -51,6 +53,8 @@ def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype
     if params.device == "cpu":  # what runs without sgl-kernel (see server/cpu_shims)
         cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph",
                 "--sleep-on-idle"]  # an idle CPU scheduler otherwise spins a whole core  # fmt: skip
+    if video and "--mm-process-config" not in params.extra_args:
+        cmd += video_server_args(params.video_fps)
     return cmd + list(params.extra_args)
 
 
@@ -86,7 +90,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = server_command(self.params, self.model_path, self.port, self.dtype)
+        cmd = server_command(self.params, self.model_path, self.port, self.dtype, model_has_video(self.model_path))
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(cmd)}\n".encode())
             log.flush()
