@@ -126,8 +126,9 @@ def test_media_sglang_cannot_take_is_refused_by_name(vl_prompt):
     from relax.sglang.media import check_prompt_tokens, media_request
 
     prompt, spec, _ = vl_prompt
-    with pytest.raises(ValueError, match=r"\['feature_attention_mask', 'input_features'\]: the sglang engine sends "
-                       "images and Qwen2.5-VL videos only"):
+    with pytest.raises(ValueError, match=r"\['image_embeds'\]: the sglang engine sends images, Qwen2.5-VL videos"):
+        media_request({**prompt["inputs"], "image_embeds": [0]}, [], spec)
+    with pytest.raises(ValueError, match="input_features: audio features cannot be inverted and the processed prompt"):
         media_request({**prompt["inputs"], "input_features": [0], "feature_attention_mask": [1]}, [], spec)
     with pytest.raises(ValueError, match="use_audio_in_video=False and takes no precomputed positions"):
         media_request({**prompt["inputs"], "use_audio_in_video": [1]}, [], spec)
@@ -222,3 +223,38 @@ def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
         media_request(qwen3, ids, spec)
     with pytest.raises(ValueError, match="prompt has 0 video placeholder runs for 1 videos"):
         media_request(inputs, [1, 2], spec)
+
+
+def test_audio_goes_as_the_lossless_waveform(tmp_path):
+    """The waveform comes back bit-exact from the data URL (PyAV, as SGLang decodes it), and an audio prompt
+    is sent with its placeholder runs collapsed, or refused without its waveform."""
+    import base64
+    import io
+
+    import av
+    import numpy as np
+
+    from relax.core.testing.multimodal import write_media
+    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
+    from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.sglang.media import audio_data_url, media_request
+
+    wave = (0.3 * np.sin(np.arange(8000) / 7.0)).astype(np.float32)
+    url = audio_data_url(wave)
+    with av.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as container:
+        stream = container.streams.audio[0]
+        back = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
+    assert stream.rate == 16000 and back.dtype == np.float32 and np.array_equal(back, wave)
+
+    hf = build_processor("qwen3_omni", build_tokenizer("qwen3_omni"))
+    proc = QwenOmniProcessor(hf, FAMILIES["qwen3_omni"], OmniProcessorParams())
+    content = [{"type": "audio", "audio": write_media(tmp_path)["audio"]}, {"type": "text", "text": "what?"}]
+    prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:3")
+    pad = hf.tokenizer.convert_tokens_to_ids("<|audio_pad|>")
+    spec = ImageSpec(hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"), 16, 2, 2, (0.5,) * 3, (0.5,) * 3,
+                     audio_token_id=pad)  # fmt: skip
+    ids = prompt["prompt_ids"]
+    media = media_request(prompt["inputs"], ids, spec, audios=[wave])
+    assert ids.count(pad) > 1 and media.prompt_ids.count(pad) == 1 and list(media.fields) == ["audio_data"]
+    with pytest.raises(ValueError, match="prompt has 1 audio placeholder runs for 2 audios"):
+        media_request(prompt["inputs"], ids, spec, audios=[wave, wave])

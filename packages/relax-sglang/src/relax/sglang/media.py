@@ -14,7 +14,11 @@ Qwen2.5-VL HF processor no video metadata (so no fps, so ``second_per_grid_ts`` 
 launched server therefore gets ``--mm-process-config`` (``video_server_args``) with that fps as a
 server-wide metadata, a pixel range that keeps the frames' size, and the same sampling fps. That holds one
 video per prompt, at ``video_fps``: anything else is refused by name. Qwen3-VL videos (timestamps in the
-text, re-derived by SGLang from the container) and audio (features cannot be inverted) are refused.
+text, re-derived by SGLang from the container) are refused.
+
+Audio features cannot be inverted: audio goes as the decoded 16 kHz waveform (float32 PCM in Matroska,
+lossless; SGLang decodes it with PyAV), which ``media_request`` takes as ``audios``. relax-omni's processed
+inputs carry only the features, so the engine refuses audio prompts until the waveform reaches it.
 
 The engine checks that SGLang's prompt length equals ours (``check_prompt_tokens``), since the trainer
 trains on OUR ids. Audio-in-video rows would get wrong M-RoPE positions (SGLang 0.5.23 builds the index
@@ -36,6 +40,8 @@ from relax.core.multimodal_model import AUDIO_IN_VIDEO
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+AUDIO_KEYS = ("input_features", "feature_attention_mask")
+AUDIO_RATE = 16000  # what relax-omni decodes to and SGLang resamples to
 IGNORED = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
 MAX_VIDEO_PIXELS = 16384 * 28 * 28  # per frame: far above any relax-omni budget (frames keep their size)
 
@@ -51,13 +57,14 @@ class ImageSpec:
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
     video_token_id: int | None = None  # None: the model takes no video
+    audio_token_id: int | None = None  # None: the model takes no audio
 
 
 def load_image_spec(model_dir: str) -> ImageSpec | None:
     """The spec from ``config.json`` + ``processor_config.json`` / ``preprocessor_config.json``; None for a
     model without an image token (text-only)."""
     root = Path(model_dir)
-    config = json.loads((root / "config.json").read_text())
+    config = _model_config(root)
     token = config.get("image_token_id", config.get("image_token_index"))
     if token is None:
         return None
@@ -75,13 +82,20 @@ def load_image_spec(model_dir: str) -> ImageSpec | None:
         image_mean=tuple(proc.get("image_mean", (0.48145466, 0.4578275, 0.40821073))),
         image_std=tuple(proc.get("image_std", (0.26862954, 0.26130258, 0.27577711))),
         video_token_id=config.get("video_token_id"),
+        audio_token_id=config.get("audio_token_id"),
     )
+
+
+def _model_config(root: Path) -> dict[str, Any]:
+    """``config.json``, or its ``thinker_config`` (a Qwen-Omni checkpoint: the thinker reads the media)."""
+    config = json.loads((root / "config.json").read_text())
+    return config.get("thinker_config", config)
 
 
 def model_has_video(model_dir: str) -> bool:
     """Whether the model's ``config.json`` names a video token (its server then gets ``video_server_args``)."""
-    path = Path(model_dir) / "config.json"
-    return path.exists() and json.loads(path.read_text()).get("video_token_id") is not None
+    root = Path(model_dir)
+    return (root / "config.json").exists() and _model_config(root).get("video_token_id") is not None
 
 
 def video_server_args(video_fps: float) -> list[str]:
@@ -152,6 +166,22 @@ def video_data_url(frames: np.ndarray, fps: float) -> str:
     return "data:video/x-matroska;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def audio_data_url(waveform: np.ndarray) -> str:
+    """A mono ``AUDIO_RATE`` waveform as float32 PCM in a Matroska data URL: lossless, and a container that
+    SGLang decodes with PyAV (its WAV path needs torchaudio, absent from the CPU server env)."""
+    import av
+
+    samples = np.ascontiguousarray(np.asarray(waveform, dtype=np.float32).reshape(1, -1))
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as out:
+        stream = out.add_stream("pcm_f32le", rate=AUDIO_RATE, layout="mono")
+        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+        frame.sample_rate = AUDIO_RATE
+        out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    return "data:audio/x-matroska;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 def collapse_runs(ids: list[int], token_id: int) -> list[int]:
     """``ids`` with every run of ``token_id`` shortened to one token (the unexpanded placeholder)."""
     out: list[int] = []
@@ -170,11 +200,13 @@ class MediaRequest:
 
 
 def media_request(
-    inputs: dict[str, Any], prompt_ids: list[int], spec: ImageSpec | None, video_fps: float = 2.0
+    inputs: dict[str, Any], prompt_ids: list[int], spec: ImageSpec | None, video_fps: float = 2.0,
+    audios: list[np.ndarray] | None = None,
 ) -> MediaRequest:
     """The HTTP form of one prompt's processed media (see the module docstring); what SGLang cannot take
-    exactly is an error naming it. ``video_fps``: the server's video sampling fps (``video_server_args``)."""
-    unsupported = sorted(set(inputs) - set(IMAGE_KEYS) - set(VIDEO_KEYS) - set(IGNORED))
+    exactly is an error naming it. ``video_fps``: the server's video sampling fps (``video_server_args``);
+    ``audios``: the prompt's decoded waveforms, in order (its ``input_features`` cannot be inverted)."""
+    unsupported = sorted(set(inputs) - set(IMAGE_KEYS) - set(VIDEO_KEYS) - set(AUDIO_KEYS) - set(IGNORED))
     if AUDIO_IN_VIDEO in unsupported:
         raise ValueError(
             "media inputs use_audio_in_video: SGLang 0.5.23 builds M-RoPE positions with use_audio_in_video=False "
@@ -183,8 +215,13 @@ def media_request(
         )
     if unsupported:
         raise ValueError(
-            f"media inputs {unsupported}: the sglang engine sends images and Qwen2.5-VL videos only (SGLang 0.5.23 "
-            "takes no processed tensors over HTTP and audio features cannot be inverted); use the hf engine for them"
+            f"media inputs {unsupported}: the sglang engine sends images, Qwen2.5-VL videos and audio waveforms "
+            "only (SGLang 0.5.23 takes no processed tensors over HTTP); use the hf engine for them"
+        )
+    if "input_features" in inputs and audios is None:
+        raise ValueError(
+            "media inputs input_features: audio features cannot be inverted and the processed prompt carries no "
+            "waveform, which SGLang needs; use the hf engine for audio prompts"
         )
     if spec is None:
         raise ValueError("media inputs for a model without image_token_id in its config.json")
@@ -197,6 +234,11 @@ def media_request(
         videos = _videos(inputs, spec, video_fps)
         ids = _collapsed(ids, spec.video_token_id, len(videos), "video")
         fields["video_data"] = [video_data_url(frames, video_fps) for frames in videos]
+    if "input_features" in inputs:
+        if spec.audio_token_id is None:
+            raise ValueError("audio inputs for a model without audio_token_id in its config.json")
+        ids = _collapsed(ids, spec.audio_token_id, len(audios), "audio")
+        fields["audio_data"] = [audio_data_url(w) for w in audios]
     return MediaRequest(ids, fields)
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import atexit
 import threading
+from pathlib import Path
 from typing import Any
 
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.server_env import ServerEnvError, server_python
 
-__all__ = ["ServerEnvError", "close_shared", "engine_params", "load_weights", "server_python", "shared_engine"]
+__all__ = [
+    "ServerEnvError", "close_shared", "engine_params", "load_weights", "server_python", "shared_engine",
+    "tiny_omni_dirs",
+]
 
 _lock = threading.Lock()
 _shared: dict[str, Any] = {}
@@ -45,6 +49,48 @@ def load_weights(engine: Any, model_dir: str, version: int) -> None:
     engine.begin_weight_update(version)
     engine.update_weights(list(load_hf_weights(model_dir).items()), version)
     engine.end_weight_update(version)
+
+
+def tiny_omni_dirs(root: str | Path, seed: int = 1) -> tuple[str, str]:
+    """(server dir, thinker dir): a seeded tiny Qwen3-Omni thinker as SGLang 0.5.23 serves it (a
+    ``Qwen3OmniMoeForConditionalGeneration`` checkpoint wrapping ``thinker.*``) and as HF loads it.
+
+    From the kit's tiny ``qwen3_omni``, with three deepstack vision indexes: SGLang's Qwen3-VL-MoE language
+    model adds exactly three deepstack slices (``range(3)``), and the kit's one index crashes its forward."""
+    import json
+    import shutil
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+
+    target = Path(root) / f"relax-tiny-sglang-qwen3_omni-seed{seed}"
+    thinker = target / "thinker"
+    if (target / "config.json").exists():
+        return str(target), str(thinker)
+    base = Path(tiny_multimodal_dir(root, "qwen3_omni", seed))
+    config = json.loads((base / "config.json").read_text())
+    config["vision_config"]["deepstack_visual_indexes"] = [0, 1, 1]
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "transformers_version")}
+    torch.manual_seed(seed)
+    model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(transformers.Qwen3OmniMoeThinkerConfig(**fields))
+    tmp = Path(f"{target}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp / "thinker")
+    wrapped = {"architectures": ["Qwen3OmniMoeForConditionalGeneration"], "model_type": "qwen3_omni_moe",
+               "thinker_config": json.loads((tmp / "thinker" / "config.json").read_text()),
+               "enable_audio_output": False}  # fmt: skip
+    (tmp / "config.json").write_text(json.dumps(wrapped, indent=1))
+    weights = load_file(tmp / "thinker" / "model.safetensors")
+    save_file({f"thinker.{k}": v for k, v in weights.items()}, tmp / "model.safetensors")
+    for name in ("chat_template.jinja", "generation_config.json", "processor_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):  # fmt: skip
+        shutil.copy(base / name, tmp / name)
+        shutil.copy(base / name, tmp / "thinker" / name)
+    tmp.rename(target)
+    return str(target), str(thinker)
 
 
 def close_shared() -> None:
