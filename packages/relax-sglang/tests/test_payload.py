@@ -174,7 +174,8 @@ def video_prompt(vl_prompt, tmp_path_factory):
     proc = QwenOmniProcessor(hf, FAMILIES["qwen2_5_vl"], OmniProcessorParams())
     content = [{"type": "video", "video": str(path)}, {"type": "text", "text": "where?"}]
     prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:2")
-    video_spec = ImageSpec(**{**spec.__dict__, "video_token_id": hf.tokenizer.convert_tokens_to_ids("<|video_pad|>")})
+    pad = hf.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    video_spec = ImageSpec(**{**spec.__dict__, "video_token_id": pad, "model_type": "qwen2_5_vl"})
     return prompt, video_spec, hf
 
 
@@ -218,9 +219,8 @@ def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
     two = {**inputs, "second_per_grid_ts": torch.tensor([1.0, 1.0])}
     with pytest.raises(ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the Qwen2.5-VL processor one"):
         media_request(two, ids, spec)
-    qwen3 = {k: v for k, v in inputs.items() if k != "second_per_grid_ts"}
-    with pytest.raises(ValueError, match="video inputs without second_per_grid_ts"):
-        media_request(qwen3, ids, spec)
+    with pytest.raises(ValueError, match=r"model_type 'qwen3_vl': the sglang engine sends \['qwen2_5_vl'\] videos"):
+        media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen3_vl"}))
     with pytest.raises(ValueError, match="prompt has 0 video placeholder runs for 1 videos"):
         media_request(inputs, [1, 2], spec)
 

@@ -14,7 +14,7 @@ Qwen2.5-VL HF processor no video metadata (so no fps, so ``second_per_grid_ts`` 
 launched server therefore gets ``--mm-process-config`` (``video_server_args``) with that fps as a
 server-wide metadata, a pixel range that keeps the frames' size, and the same sampling fps. That holds one
 video per prompt, at ``video_fps``: anything else is refused by name. Qwen3-VL videos (timestamps in the
-text, re-derived by SGLang from the container) are refused.
+text, re-derived by SGLang from the container) and other families' videos are refused.
 
 Audio features cannot be inverted: audio goes as the decoded 16 kHz waveform (float32 PCM in Matroska,
 lossless; SGLang decodes it with PyAV), which ``media_request`` takes as ``audios``. relax-omni's processed
@@ -44,6 +44,7 @@ AUDIO_KEYS = ("input_features", "feature_attention_mask")
 AUDIO_RATE = 16000  # what relax-omni decodes to and SGLang resamples to
 IGNORED = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
 MAX_VIDEO_PIXELS = 16384 * 28 * 28  # per frame: far above any relax-omni budget (frames keep their size)
+VIDEO_MODEL_TYPES = ("qwen2_5_vl",)  # whose video requests SGLang re-processes exactly (tested)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class ImageSpec:
     image_std: tuple[float, float, float]
     video_token_id: int | None = None  # None: the model takes no video
     audio_token_id: int | None = None  # None: the model takes no audio
+    model_type: str = ""
 
 
 def load_image_spec(model_dir: str) -> ImageSpec | None:
@@ -83,6 +85,7 @@ def load_image_spec(model_dir: str) -> ImageSpec | None:
         image_std=tuple(proc.get("image_std", (0.26862954, 0.26130258, 0.27577711))),
         video_token_id=config.get("video_token_id"),
         audio_token_id=config.get("audio_token_id"),
+        model_type=str(config.get("model_type", "")),
     )
 
 
@@ -92,10 +95,10 @@ def _model_config(root: Path) -> dict[str, Any]:
     return config.get("thinker_config", config)
 
 
-def model_has_video(model_dir: str) -> bool:
-    """Whether the model's ``config.json`` names a video token (its server then gets ``video_server_args``)."""
+def serves_video(model_dir: str) -> bool:
+    """Whether the engine sends the model video (``VIDEO_MODEL_TYPES``): its server gets ``video_server_args``."""
     root = Path(model_dir)
-    return (root / "config.json").exists() and _model_config(root).get("video_token_id") is not None
+    return (root / "config.json").exists() and _model_config(root).get("model_type") in VIDEO_MODEL_TYPES
 
 
 def video_server_args(video_fps: float) -> list[str]:
@@ -147,15 +150,20 @@ def png_data_url(image: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def _av() -> Any:
+    try:
+        import av  # PyAV: installed with relax-omni (qwen-omni-utils), which made the media
+    except ImportError as exc:
+        raise ValueError("video and audio requests to SGLang need PyAV (pip install av) to encode them") from exc
+    return av
+
+
 def video_data_url(frames: np.ndarray, fps: float) -> str:
     """``frames`` (T, H, W, 3 uint8) as a lossless FFV1/Matroska data URL at ``fps`` (decoded back to the
     same pixels by SGLang's decord/torchcodec reader)."""
     from fractions import Fraction
 
-    try:
-        import av  # PyAV, with relax-omni (qwen-omni-utils)
-    except ImportError as exc:
-        raise ValueError("video requests to SGLang need PyAV (pip install av) to encode the frames") from exc
+    av = _av()
     buf = io.BytesIO()
     with av.open(buf, "w", format="matroska") as out:
         stream = out.add_stream("ffv1", rate=Fraction(fps).limit_denominator(1000))
@@ -169,8 +177,7 @@ def video_data_url(frames: np.ndarray, fps: float) -> str:
 def audio_data_url(waveform: np.ndarray) -> str:
     """A mono ``AUDIO_RATE`` waveform as float32 PCM in a Matroska data URL: lossless, and a container that
     SGLang decodes with PyAV (its WAV path needs torchaudio, absent from the CPU server env)."""
-    import av
-
+    av = _av()
     samples = np.ascontiguousarray(np.asarray(waveform, dtype=np.float32).reshape(1, -1))
     buf = io.BytesIO()
     with av.open(buf, "w", format="matroska") as out:
@@ -251,14 +258,13 @@ def _collapsed(ids: list[int], token_id: int, items: int, kind: str) -> list[int
 
 def _videos(inputs: dict[str, Any], spec: ImageSpec, video_fps: float) -> list[np.ndarray]:
     """The sampled frames of the prompt's one video, after checking SGLang can take it exactly."""
-    if spec.video_token_id is None:
-        raise ValueError("video inputs for a model without video_token_id in its config.json")
-    if "second_per_grid_ts" not in inputs:
+    if spec.model_type not in VIDEO_MODEL_TYPES or spec.video_token_id is None:
         raise ValueError(
-            "video inputs without second_per_grid_ts (Qwen3-VL: per-frame timestamps in the prompt text, which "
-            "SGLang 0.5.23 re-derives from the container it decodes); use the hf engine for these videos"
+            f"video inputs for model_type {spec.model_type!r}: the sglang engine sends {list(VIDEO_MODEL_TYPES)} "
+            "videos only (Qwen3-VL puts per-frame timestamps in the prompt text, which SGLang 0.5.23 re-derives "
+            "from the container it decodes); use the hf engine for these videos"
         )
-    seconds = [float(s) for s in np.asarray(inputs["second_per_grid_ts"], dtype=np.float64).reshape(-1)]
+    seconds = [float(s) for s in np.asarray(inputs.get("second_per_grid_ts", []), dtype=np.float64).reshape(-1)]
     if len(seconds) != 1:
         raise ValueError(
             f"{len(seconds)} videos in one prompt: SGLang 0.5.23 gives the Qwen2.5-VL processor one server-wide "

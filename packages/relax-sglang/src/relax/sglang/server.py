@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from relax.sglang.media import model_has_video, video_server_args
+from relax.sglang.media import serves_video, video_server_args
 from relax.sglang.params import SGLangEngineParams
 
 HEALTH_POLL_S = 0.5
@@ -90,7 +90,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = server_command(self.params, self.model_path, self.port, self.dtype, model_has_video(self.model_path))
+        cmd = server_command(self.params, self.model_path, self.port, self.dtype, serves_video(self.model_path))
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(cmd)}\n".encode())
             log.flush()
