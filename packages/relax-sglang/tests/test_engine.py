@@ -123,10 +123,10 @@ def _hf_reference(model, ids, inputs, n):
 
 
 def test_video_generation(vl_engine, tmp_path, monkeypatch):
-    """A video request (relax-omni's processed prompt: 4 frames, 2 temporal grids) through SGLang over HTTP:
-    SGLang's prompt length is ours and its greedy tokens equal HF ``generate``. Its logprobs equal the HF
-    forward's once HF's vision attention spans the whole clip, as SGLang 0.5.23's Qwen2.5-VL does (HF attends
-    per temporal grid: the only difference, measured 0.061 on this tiny model, 6e-6 without it)."""
+    """Video requests (relax-omni's processed prompts) through SGLang over HTTP: SGLang's prompt lengths are
+    ours and its greedy tokens equal HF ``generate``. For a 2-frame video (one temporal grid) its logprobs
+    equal the HF forward's; for a 4-frame one (two grids) once HF's vision attention spans the whole clip,
+    as SGLang 0.5.23's Qwen2.5-VL does (HF attends per temporal grid: measured 0.061 apart, 7.4e-6 without)."""
     import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as qwen2_5_vl
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -134,23 +134,29 @@ def test_video_generation(vl_engine, tmp_path, monkeypatch):
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
 
     engine, model_dir = vl_engine
-    synthetic.moving_dot_video(tmp_path / "dot.mp4", right=True)
-    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen2_5_vl"], OmniProcessorParams())
-    content = [{"type": "video", "video": str(tmp_path / "dot.mp4")}, {"type": "text", "text": "where?"}]
-    prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:2")
-    ids, inputs = prompt["prompt_ids"], prompt["inputs"]
-    assert inputs["video_grid_thw"][0, 0].item() == 2
-    (result,) = _run(engine.generate([GenerationRequest("v0", ids, SamplingParams(temperature=0.0, max_new_tokens=8,
-                                                                                  ignore_eos=True), media=inputs)]))
+    prompts = []
+    for name, frames, max_frames in (("one_grid", 4, 2), ("two_grids", 8, 64)):  # 1 s / 2 s at 4 fps, sampled at 2
+        synthetic.moving_dot_video(tmp_path / f"{name}.mp4", right=True, frames=frames)
+        proc = QwenOmniProcessor(AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen2_5_vl"],
+                                 OmniProcessorParams(max_frames=max_frames))  # fmt: skip
+        content = [{"type": "video", "video": str(tmp_path / f"{name}.mp4")}, {"type": "text", "text": "where?"}]
+        prompt = proc.process([{"role": "user", "content": content}], [], f"t.jsonl:{name}")
+        prompts.append((prompt["prompt_ids"], prompt["inputs"]))
+    assert [inputs["video_grid_thw"][0, 0].item() for _, inputs in prompts] == [1, 2]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+    results = _run(engine.generate([GenerationRequest(f"v{i}", ids, params, media=inputs)
+                                    for i, (ids, inputs) in enumerate(prompts)]))  # fmt: skip
 
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    references = [_hf_reference(model, *prompts[0], 8)]
     clip_wide = qwen2_5_vl.get_vision_attention_seqlens
     monkeypatch.setattr(qwen2_5_vl, "get_vision_attention_seqlens",
                         lambda grid, config, merge_temporal=False, kwargs=None: clip_wide(grid, config, True, kwargs))
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out, hf_lps = _hf_reference(model, ids, inputs, 8)
-    assert result.response_ids == out, f"SGLang {result.response_ids} vs HF {out}"
-    gap = (torch.tensor(result.logprobs) - hf_lps).abs().max().item()
-    assert gap < 1e-4, f"SGLang vs HF forward logprobs differ by {gap}"  # measured 6e-6
+    references.append(_hf_reference(model, *prompts[1], 8))
+    for result, (out, hf_lps) in zip(results, references, strict=True):
+        assert result.response_ids == out, f"{result.request_id}: SGLang {result.response_ids} vs HF {out}"
+        gap = (torch.tensor(result.logprobs) - hf_lps).abs().max().item()
+        assert gap < 1e-4, f"{result.request_id}: SGLang vs HF forward logprobs differ by {gap}"  # measured 9.9e-6, 7.4e-6
 
 
 def test_health_reports_a_live_server(sglang_engine):
