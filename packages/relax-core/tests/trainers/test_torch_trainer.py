@@ -287,3 +287,30 @@ def test_fused_old_logprobs_give_the_separate_forwards_loss_and_gradients(model_
     assert seen and not any(seen)  # the old logprobs never carry the graph
     assert b["rollout_logprob_abs_diff"] > 0 and "rollout_logprob_abs_diff" not in a  # vs the fixture's rollout lp
     assert TorchTrainer.fuses_old_logprobs()
+
+
+def test_exact_rollout_logprobs_are_the_later_minibatches_old_logprobs(model_dir, batch):
+    """A batch marking every row ``rollout_logprobs_exact`` (an engine that sampled with this very
+    module) runs no forward for mini-batches after the first: their old logprobs are the rollout's.
+    With the rollout's equal to this model's, training equals the scored path; with other values the
+    second update's ratio moves (they were used); the mismatch metric covers the first mini-batch,
+    which the training forward still scores."""
+    kw = dict(micro_batch_size=4, num_minibatches=2)
+    scored, exact, wrong = make(model_dir, **kw), make(model_dir, **kw), make(model_dir, **kw)
+    own = scored.forward_logprobs(batch)
+    flags = torch.ones(batch["responses"].shape[0], dtype=torch.bool)
+    a = scored.train_step(dict(batch, rollout_logprobs=own))
+    b = exact.train_step(dict(batch, rollout_logprobs=own, rollout_logprobs_exact=flags))
+    for key in ("loss", "grad_norm", "entropy", "ratio_mean"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    assert_params_close(params(scored), params(exact), atol=1e-6)
+    assert b["rollout_logprob_abs_diff"] < 1e-6
+    c = wrong.train_step(dict(batch, rollout_logprobs=own - 0.5 * batch["response_mask"], rollout_logprobs_exact=flags))
+    assert c["ratio_mean"] > a["ratio_mean"] + 0.05  # exp(+0.5) on the second mini-batch's tokens
+    assert c["rollout_logprob_abs_diff"] == pytest.approx(0.5, abs=1e-4)  # scored on the first: 0.5 off
+    calls = []
+    exact._logprobs = lambda rows: calls.append(rows) or own  # a forward here would be recorded
+    exact.train_step(dict(batch, rollout_logprobs=own, rollout_logprobs_exact=flags))
+    assert not calls
+    exact.train_step(dict(batch, rollout_logprobs=own, rollout_logprobs_exact=flags & False))
+    assert len(calls) == 1

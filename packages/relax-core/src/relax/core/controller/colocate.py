@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import ray
+import torch
 from tqdm import tqdm
 
 from relax.core.controller import local, recovery, stages
@@ -98,6 +99,8 @@ def colocate_step(state) -> dict[str, float]:
     if train_samples:
         raw = collate(train_samples, state.pad_id)
         fused = _fuses_old_logprobs(state)
+        if fused and stages.engine_scored_old_logprobs(cfg, train_samples, state.version):
+            raw["rollout_logprobs_exact"] = torch.ones(len(train_samples), dtype=torch.bool)
         with stages.timed(metrics, "logprob"):
             extra = stages.forward_batch(roles, raw, cfg, old_logprobs=not fused)
         old_lp, ref_lp = extra.pop("old_logprobs", None), extra.pop("ref_logprobs", None)

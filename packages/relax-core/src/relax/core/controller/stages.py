@@ -151,6 +151,26 @@ def fuse_old_logprobs(cfg: RelaxConfig, roles: Any, trainer_fuses: bool) -> bool
     return not needs & {"old_logprobs", "sum_pi_squared"}
 
 
+def engine_scored_old_logprobs(cfg: RelaxConfig, samples: list[Sample], version: int) -> bool:
+    """Whether the engine's rollout logprobs of ``samples`` are the trainer's own old logprobs, so a
+    trainer that fuses old logprobs (:func:`fuse_old_logprobs`) needs no forward for its later
+    mini-batches either (column ``rollout_logprobs_exact``): the engine is hosted on the trainer's
+    own module (``rollout.host`` driver/trainer: same weights, dtype and device), every token was
+    sampled at the trainer's current ``version``, with no top-k / top-p truncation, so each logprob
+    is ``log_softmax(logits / temperature)`` of the model the trainer scores with at that
+    temperature; they differ by float noise (5e-7 mean absolute on the quick-start). Text only:
+    with media the engine's and trainer's position and feature paths differ."""
+    from relax.core.controller import hosting
+
+    r = cfg.rollout
+    return (
+        r.top_k <= 0
+        and r.top_p >= 1.0
+        and hosting.hosts_engine(cfg)
+        and all(s.mm_inputs is None and s.min_version == version == s.max_version for s in samples)
+    )
+
+
 def forward_batch(
     roles: Any, raw: dict[str, torch.Tensor], cfg: RelaxConfig, with_reference: bool = True, old_logprobs: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -248,7 +268,7 @@ def prepare_batch(
     tokens = mask.sum().clamp(min=1)
     metrics["adv/mean"] = float((advantages * mask).sum() / tokens)
     metrics["adv/abs_mean"] = float((advantages.abs() * mask).sum() / tokens)
-    if old_logprobs is not None:
+    if old_logprobs is not None and old_logprobs is not batch["rollout_logprobs"]:  # else nothing to compare
         mismatch = mismatch_metrics(old_logprobs, batch["rollout_logprobs"], mask)
         metrics["rollout/train_logprob_abs_diff"] = mismatch["mismatch_abs_logprob_diff"]
         metrics["rollout/train_k3_kl"] = mismatch["mismatch_k3_kl"]

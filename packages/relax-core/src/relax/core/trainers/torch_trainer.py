@@ -216,7 +216,8 @@ class TorchTrainer:
         Needs ``advantages`` (B, R). ``old_logprobs`` default to this model's logprobs before the
         first update, without a separate pass over the first mini-batch: its training forward
         provides them, detached (verl's on-policy shortcut; see :meth:`fuses_old_logprobs`), and
-        one no-grad forward scores the later mini-batches before any update. ``rollout_logprobs`` /
+        one no-grad forward scores the later mini-batches before any update (none where the batch
+        marks its ``rollout_logprobs_exact``: see :meth:`_old_logprobs_after_first`). ``rollout_logprobs`` /
         ``ref_logprobs`` / ``teacher_logprobs`` are passed through when present.
 
         Metrics, averaged over mini-batches: ``loss``, ``grad_norm`` (before clipping), ``entropy``
@@ -233,10 +234,11 @@ class TorchTrainer:
         batch = self._on_device(batch)
         size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
         computed = "old_logprobs" not in batch  # scored here: report how far the rollout's were
+        scored = None  # the mini-batches whose old logprobs this model scored (None: all)
         if self.dp is not None:
             minis = [self._rank_rows(mini) for mini in split_rows(batch, size)]
         elif computed:
-            minis = self._old_logprobs_after_first(batch, size)
+            minis, scored = self._old_logprobs_after_first(batch, size)
         else:
             minis = list(split_rows(batch, size))
         lr = self.current_lr()
@@ -253,7 +255,7 @@ class TorchTrainer:
         self.step += 1
         metrics = {k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records)) for k in records[0]}
         if computed and "rollout_logprobs" in batch and all("old_logprobs" in m for m in minis):
-            metrics.update(self._rollout_mismatch(minis))
+            metrics.update(self._rollout_mismatch(minis[:scored]))
         if self.critic is not None:
             metrics["actor_updated"] = float(train_actor)
         return {**metrics, "lr": lr}
@@ -266,16 +268,24 @@ class TorchTrainer:
         micro-batches, so the loss and gradients are those of the separate forward."""
         return True
 
-    def _old_logprobs_after_first(self, batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
-        """Mini-batches of ``size`` rows; every one after the first gets ``old_logprobs`` from one
-        no-grad forward now, before any update. The first has none: ``_optimizer_step`` fills them
-        in from its own forward (and stores them on the mini-batch)."""
+    def _old_logprobs_after_first(
+        self, batch: dict[str, torch.Tensor], size: int
+    ) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """Mini-batches of ``size`` rows, and how many of them this model scores. The first has no
+        ``old_logprobs``: ``_optimizer_step`` fills them in from its own forward (and stores them on
+        the mini-batch). The later ones get them from one no-grad forward now, before any update --
+        or, where every row is ``rollout_logprobs_exact`` (the engine sampled with this very module,
+        see ``controller.stages.engine_scored_old_logprobs``), from ``rollout_logprobs``: no forward."""
         minis = list(split_rows(batch, size))
+        if len(minis) > 1 and bool(batch.get("rollout_logprobs_exact", torch.zeros(1, dtype=torch.bool)).all()):
+            for mini in minis[1:]:
+                mini["old_logprobs"] = mini["rollout_logprobs"]
+            return minis, 1
         if len(minis) > 1:
             rest = self._logprobs(take_rows(batch, size, batch["responses"].shape[0])).to(self.device)
             for i, mini in enumerate(minis[1:]):
                 mini["old_logprobs"] = rest[i * size : (i + 1) * size]
-        return minis
+        return minis, len(minis)
 
     def _rollout_mismatch(self, minis: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         """Rollout vs trainer old logprobs over the whole batch (token means; summed over ranks)."""
