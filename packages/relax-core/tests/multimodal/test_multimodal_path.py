@@ -190,3 +190,28 @@ def test_weight_update_mid_group_reprefills_with_the_new_weights(media, tmp_path
         lps = torch.log_softmax(engine.model(**kwargs).logits[0, len(prompt) - 1:-1], -1)
     want = lps.gather(-1, torch.tensor(long.response_ids)[:, None]).squeeze(-1)[3:]
     assert (want - torch.tensor(long.logprobs[3:])).abs().max() <= 1e-5
+
+
+def test_source_entries_reach_no_model_nor_batch(media, tmp_path_factory):
+    """``source.*`` entries (original media kept for engines that re-process it, e.g. sglang's audio
+    waveforms) change nothing: the same tokens and logprobs from the engine, no ``mm.source.*`` key in the
+    training batch, the same trainer logprobs."""
+    from relax.core.data_multimodal import source_media
+    from relax.core.multimodal_model import media_forward_kwargs
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen3_omni")
+    plain = TinyMediaProcessor(model_dir).process(rows_for("qwen3_omni", media)[2], [], "rows.jsonl:3")  # audio row
+    waves = {f"source.audio.{i}": torch.full((5 + i,), float(i)) for i in (1, 0)}  # any shape: never fed anywhere
+    kept = {**plain, "inputs": {**plain["inputs"], **waves}}
+    assert [w[0].item() for w in source_media(kept["inputs"], "audio")] == [0.0, 1.0]  # item order, not key order
+    engine = HFRolloutEngine(model_dir)
+    want, got = (run_async(engine.generate(requests_for([p])), 60) for p in (plain, kept))
+    assert [(r.response_ids, r.logprobs) for r in got] == [(r.response_ids, r.logprobs) for r in want]
+    batches = [collate(samples_for([p], want), engine.pad_token_id) for p in (plain, kept)]
+    assert batches[0].keys() == batches[1].keys() and not any("source" in k for k in batches[1])
+    assert all(torch.equal(batches[0][k], batches[1][k]) for k in batches[0])
+    trainer = torch_trainer(model_dir)
+    assert torch.equal(trainer.forward_logprobs(batches[1]), trainer.forward_logprobs(batches[0]))
+    kwargs = media_forward_kwargs(
+        engine.model, torch.tensor([plain["prompt_ids"]]), torch.ones(1, len(plain["prompt_ids"])), kept["inputs"], 1)
+    assert not any(k.startswith("source.") for k in kwargs)

@@ -6,6 +6,11 @@ runs) and every sample / request of the group holds the same reference. ``collat
 inputs into padded per-row tensors (``pack_media``), so row slicing -- micro-batches, mini-batches,
 data-parallel shards -- keeps each row's media with it; ``unpack_media`` restores the exact tensors
 the processor returned, concatenated in row order as HF models expect.
+
+Entries named ``source.<kind>.<i>`` (``SOURCE``) are not model inputs: the original media that an engine
+re-processing them needs (relax-omni keeps each prompt's decoded 16 kHz audio waveforms as
+``source.audio.0``, ... for the sglang engine, since audio features cannot be inverted). Whatever feeds a
+model drops them (``model_inputs``), and ``collate`` never ships them into training batches.
 """
 
 from __future__ import annotations
@@ -21,6 +26,19 @@ from relax.core.processors import MediaError
 log = logging.getLogger(__name__)
 PREFIX = "mm."  # batch keys: "mm.<key>" (B, N, ...) zero-padded, "mm.<key>.shape" (B, ndim) true shapes
 TOKEN_LEVEL = ("mm_token_type_ids",)  # per-token processor outputs: recomputed from the ids, not carried
+SOURCE = "source."  # processed-input keys "source.<kind>.<i>": original media for engines, never model inputs
+
+
+def model_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``inputs`` without the ``SOURCE`` entries: what a model's forward takes."""
+    return {k: v for k, v in inputs.items() if not k.startswith(SOURCE)}
+
+
+def source_media(inputs: dict[str, Any], kind: str) -> list[Any]:
+    """The ``source.<kind>.<i>`` entries of ``inputs`` in item order (empty when the processor kept none)."""
+    head = f"{SOURCE}{kind}."
+    found = {int(k[len(head):]): v for k, v in inputs.items() if k.startswith(head) and k[len(head):].isdigit()}
+    return [found[i] for i in sorted(found)]
 
 
 def share(inputs: dict[str, torch.Tensor]) -> Any:
@@ -55,8 +73,9 @@ def resolve_all(refs: Sequence[Any]) -> list[dict[str, torch.Tensor] | None]:
 
 
 def pack_media(rows: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
-    """Per-row media as padded tensors: ``mm.<key>`` (B, *max shape) and ``mm.<key>.shape`` (B, ndim)."""
-    keys = sorted({k for r in rows if r for k in r if k not in TOKEN_LEVEL})
+    """Per-row media as padded tensors: ``mm.<key>`` (B, *max shape) and ``mm.<key>.shape`` (B, ndim); the
+    ``SOURCE`` entries stay out (no trainer memory for media no model reads)."""
+    keys = sorted({k for r in rows if r for k in r if k not in TOKEN_LEVEL and not k.startswith(SOURCE)})
     out: dict[str, torch.Tensor] = {}
     for key in keys:
         tensors = [None if r is None else r.get(key) for r in rows]

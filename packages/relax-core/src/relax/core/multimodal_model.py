@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from relax.core.data_multimodal import model_inputs
+
 #: weight-name prefixes of the media encoders (``trainer.freeze_media_towers`` keeps them fixed and unsynced)
 TOWER_PREFIXES = ("visual.", "audio_tower.", "model.visual.", "model.audio_tower.", "thinker.visual.",
                   "thinker.audio_tower.")
@@ -77,13 +79,14 @@ def media_forward_kwargs(
     from ``prompt_width`` on) are fed back as token 0: a response never adds media, and the model's
     placeholder counting and rope index must see only the prompt's. Engine and trainer both do this, so
     their logprobs still agree; the sampled ids themselves are kept as they are. The ``AUDIO_IN_VIDEO``
-    flags (one per video) become the model's ``use_audio_in_video``.
+    flags (one per video) become the model's ``use_audio_in_video``. ``source.*`` entries (original media
+    kept for other engines, ``relax.core.data_multimodal.SOURCE``) are dropped.
     """
     response = input_ids[:, prompt_width:]
     media_ids = torch.tensor(media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device)
     if response.numel() and torch.isin(response, media_ids).any():
         input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(torch.isin(response, media_ids), 0)], 1)
-    media = dict(media)
+    media = model_inputs(media)
     flags = media.pop(AUDIO_IN_VIDEO, None)
     kwargs: dict[str, Any] = {**media, "input_ids": input_ids, "position_ids": None,
                               "attention_mask": attention_mask.bool()}

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from relax.core.data_multimodal import resolve_all
+from relax.core.data_multimodal import model_inputs, resolve_all
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.multimodal_model import media_forward_kwargs, media_token_ids
 
@@ -47,7 +47,8 @@ async def generate_with_media(engine: Any, rows: list[Any], epoch: int) -> None:
     use_cache = getattr(engine, "media_kv_cache", True)
     for index in groups.values():
         group = [rows[i] for i in index if not rows[i].finish]
-        inputs = {k: v.to(engine.device) for k, v in (media[index[0]] or {}).items()}  # None: text-only row
+        # None: a text-only row; source.* entries (original media for other engines) never reach the model
+        inputs = {k: v.to(engine.device) for k, v in model_inputs(media[index[0]] or {}).items()}
         cached: _Cached | None = None
         while any(not r.finish for r in group):
             if engine._abort_epoch != epoch:
