@@ -21,3 +21,22 @@ def media(tmp_path_factory):
     (d / "noise.wav").write_bytes(bytes(range(256)) * 8)
     (d / "noise.mp4").write_bytes(bytes(range(256)) * 8)
     return d
+
+
+@pytest.fixture(scope="session")
+def assert_source_audio():
+    """Check a processed prompt's ``source.audio.<i>`` waveforms: ``n`` of them, and the HF feature extractor
+    (with the processor's own audio kwargs) turns them into exactly the prompt's ``input_features``."""
+    import torch
+
+    from relax.core.data_multimodal import source_media
+
+    def check(proc, inputs: dict, n: int) -> None:
+        waves = source_media(inputs, "audio")
+        assert len(waves) == n and all(w.dtype == torch.float32 and w.dim() == 1 for w in waves)
+        kwargs = {**type(proc.hf).audio_kwargs, "return_tensors": "pt"}
+        again = proc.hf.feature_extractor([w.numpy() for w in waves], **kwargs)
+        assert torch.equal(again["input_features"], inputs["input_features"])
+        assert torch.equal(again["attention_mask"], inputs["feature_attention_mask"])
+
+    return check

@@ -12,6 +12,7 @@ import torch
 
 from relax.core.context import PluginContext
 from relax.core.data import Sample, collate
+from relax.core.data_multimodal import model_inputs
 from relax.core.engines.hf import HFRolloutEngine
 from relax.core.multimodal_model import AUDIO_IN_VIDEO, media_forward_kwargs, media_token_ids
 from relax.core.protocols import GenerationRequest, SamplingParams
@@ -28,7 +29,7 @@ PARAMS = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min
 def direct_logprobs(model, ids: torch.Tensor, inputs: dict, prompt_len: int, flag: bool) -> torch.Tensor:
     """Response-token logprobs of a plain HF forward over prompt + response (temperature 1; media ids a
     response sampled are fed as token 0, as engine and trainer do)."""
-    media = {k: v for k, v in inputs.items() if k != AUDIO_IN_VIDEO}
+    media = {k: v for k, v in model_inputs(inputs).items() if k != AUDIO_IN_VIDEO}
     fed = ids.clone()
     fed[:, prompt_len:][torch.isin(ids[:, prompt_len:], torch.tensor(media_token_ids(model.config)))] = 0
     with torch.no_grad():
@@ -38,7 +39,8 @@ def direct_logprobs(model, ids: torch.Tensor, inputs: dict, prompt_len: int, fla
 
 
 @pytest.mark.parametrize("family", OMNI_FAMILIES)
-def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(family, media, tmp_path_factory):
+def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(family, media, tmp_path_factory,
+                                                                              assert_source_audio):
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family)
     proc = make_factory(family)(PARAMS, PluginContext(role="processor", model_path=model_dir))
     messages = [{"role": "user", "content": [{"type": "video", "video": str(media / "dot_sound.mp4")},
@@ -46,6 +48,7 @@ def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(f
     p = proc.process(messages, [], "t.jsonl:1")
     assert p["counts"] == {"image": 0, "video": 1, "audio": 1}
     assert p["inputs"][AUDIO_IN_VIDEO].tolist() == [1]
+    assert_source_audio(proc, p["inputs"], 1)  # the soundtrack's waveform is kept too
     ids, tok = p["prompt_ids"], proc.tokenizer
     video, audio = (tok.convert_tokens_to_ids(PLACEHOLDERS[family][k][1]) for k in ("video", "audio"))
     audio_start = tok.convert_tokens_to_ids(PLACEHOLDERS[family]["audio"][0])

@@ -61,6 +61,23 @@ def test_media_rows_become_prompt_ids_and_model_inputs(processors, media, family
     assert all(torch.equal(inputs[k], again["inputs"][k]) for k in inputs)
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+def test_audio_waveforms_are_kept_beside_the_features(processors, media, family, tmp_path, assert_source_audio):
+    """Each audio item's decoded 16 kHz waveform is kept as ``source.audio.<i>`` in prompt order (for engines
+    that re-process media): the HF feature extractor gives exactly the row's ``input_features`` from them."""
+    from relax.omni import synthetic
+
+    synthetic.two_tones(tmp_path / "long.wav", 330.0, 550.0, seconds=0.4)
+    content = [{"type": "audio", "audio": str(tmp_path / "long.wav")}, {"type": "text", "text": "and"},
+               {"type": "audio", "audio": str(media / "tones.wav")}, {"type": "text", "text": "same?"}]
+    inputs = processors[family].process([{"role": "user", "content": content}], [], "t.jsonl:1")["inputs"]
+    assert_source_audio(processors[family], inputs, 2)
+    assert [len(inputs[f"source.audio.{i}"]) for i in (0, 1)] == [2 * 6400, 2 * 4000]  # 2 tones of 0.4 s, 0.25 s
+    image_only = [{"type": "image", "image": str(media / "circles.png")}, {"type": "text", "text": "?"}]
+    out = processors[family].process([{"role": "user", "content": image_only}], [], "t.jsonl:2")
+    assert not any(k.startswith("source.") for k in out["inputs"])
+
+
 def test_vl_processors_refuse_audio_and_mismatched_model(processors, media, tmp_path_factory):
     with pytest.raises(MediaError, match=r"t:1: messages\[0\].content\[0\] audio .*wrong type: this model takes"):
         processors["qwen2_5_vl"].process([{"role": "user", "content": [

@@ -5,12 +5,19 @@ a ``Family`` says what differs: the vision patch size qwen-omni-utils resizes to
 model takes, and whether the HF processor takes audio. Core calls ``process`` once per drawn prompt and
 shares the result with the whole group (``relax.core.processors.MultimodalProcessor``); calling the
 processor on a text-only message list gives the plain prompt (core's ``Processor`` protocol).
+
+Besides the model inputs, a prompt's inputs keep each decoded 16 kHz audio waveform its feature extractor
+consumed (audio items and, with ``use_audio_in_video``, video soundtracks, in prompt order) as
+``source.audio.<i>`` (``relax.core.data_multimodal.SOURCE``): audio features cannot be inverted, and an
+engine that re-processes media (sglang) needs the waveform; models and training batches never see them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from relax.core.processors import ProcessedPrompt
 from relax.omni.media import MediaBudget, load_media
@@ -95,7 +102,17 @@ class QwenOmniProcessor:
             from relax.core.multimodal_model import AUDIO_IN_VIDEO
 
             inputs[AUDIO_IN_VIDEO] = torch.ones(len(loaded.videos), dtype=torch.long)
+        inputs.update(source_audio(loaded.audios))
         return ProcessedPrompt(prompt_text=text, prompt_ids=ids, inputs=inputs, counts=loaded.counts)
+
+
+def source_audio(audios: list[Any]) -> dict[str, Any]:
+    """``source.audio.<i>``: the waveforms as tensors sharing the decoded arrays (the very values extracted)."""
+    import torch
+
+    from relax.core.data_multimodal import SOURCE
+
+    return {f"{SOURCE}audio.{i}": torch.from_numpy(np.asarray(a)) for i, a in enumerate(audios)}
 
 
 def make_factory(family: str):
