@@ -227,24 +227,31 @@ def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
 
 def test_audio_goes_as_the_lossless_waveform(tmp_path):
     """The waveform comes back bit-exact from the data URL (PyAV, as SGLang decodes it), and an audio prompt
-    is sent with its placeholder runs collapsed, or refused without its waveform."""
+    processed by relax-omni is sent with its kept waveform (``source.audio.0``, the exact array its features
+    came from) and its placeholder runs collapsed -- through the engine's request builder too -- or refused
+    without a waveform."""
     import base64
     import io
 
     import av
     import numpy as np
 
+    from relax.core.data_multimodal import model_inputs
     from relax.core.testing.multimodal import write_media
     from relax.core.testing.multimodal_models import build_processor, build_tokenizer
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.sglang.engine import _media_requests
     from relax.sglang.media import audio_data_url, media_request
 
+    def decoded(url: str) -> np.ndarray:
+        with av.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as container:
+            stream = container.streams.audio[0]
+            assert stream.rate == 16000
+            return np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
+
     wave = (0.3 * np.sin(np.arange(8000) / 7.0)).astype(np.float32)
-    url = audio_data_url(wave)
-    with av.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as container:
-        stream = container.streams.audio[0]
-        back = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
-    assert stream.rate == 16000 and back.dtype == np.float32 and np.array_equal(back, wave)
+    back = decoded(audio_data_url(wave))
+    assert back.dtype == np.float32 and np.array_equal(back, wave)
 
     hf = build_processor("qwen3_omni", build_tokenizer("qwen3_omni"))
     proc = QwenOmniProcessor(hf, FAMILIES["qwen3_omni"], OmniProcessorParams())
@@ -253,8 +260,15 @@ def test_audio_goes_as_the_lossless_waveform(tmp_path):
     pad = hf.tokenizer.convert_tokens_to_ids("<|audio_pad|>")
     spec = ImageSpec(hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"), 16, 2, 2, (0.5,) * 3, (0.5,) * 3,
                      audio_token_id=pad)  # fmt: skip
-    ids = prompt["prompt_ids"]
-    media = media_request(prompt["inputs"], ids, spec, audios=[wave])
+    ids, inputs = prompt["prompt_ids"], prompt["inputs"]
+    media = media_request(inputs, ids, spec)
     assert ids.count(pad) > 1 and media.prompt_ids.count(pad) == 1 and list(media.fields) == ["audio_data"]
+    (sent,) = media.fields["audio_data"]
+    assert np.array_equal(decoded(sent), inputs["source.audio.0"].numpy())
+    (built,) = _media_requests([inputs], [ids], spec)  # the engine's path
+    assert built.prompt_ids == media.prompt_ids and np.array_equal(decoded(built.fields["audio_data"][0]), decoded(sent))
+    assert np.array_equal(decoded(media_request(inputs, ids, spec, audios=[wave]).fields["audio_data"][0]), wave)
     with pytest.raises(ValueError, match="prompt has 1 audio placeholder runs for 2 audios"):
-        media_request(prompt["inputs"], ids, spec, audios=[wave, wave])
+        media_request(inputs, ids, spec, audios=[wave, wave])
+    with pytest.raises(ValueError, match=r"carries no waveform \(source.audio.<i>, kept by relax-omni"):
+        media_request(model_inputs(inputs), ids, spec)

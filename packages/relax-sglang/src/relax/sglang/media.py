@@ -17,8 +17,9 @@ video per prompt, at ``video_fps``: anything else is refused by name. Qwen3-VL v
 text, re-derived by SGLang from the container) and other families' videos are refused.
 
 Audio features cannot be inverted: audio goes as the decoded 16 kHz waveform (float32 PCM in Matroska,
-lossless; SGLang decodes it with PyAV), which ``media_request`` takes as ``audios``. relax-omni's processed
-inputs carry only the features, so the engine refuses audio prompts until the waveform reaches it.
+lossless; SGLang decodes it with PyAV). relax-omni keeps each prompt's waveforms beside the features as
+``source.audio.<i>`` (``relax.core.data_multimodal.SOURCE``), which ``media_request`` sends; processed
+inputs without them (another processor) are refused by name.
 
 The engine checks that SGLang's prompt length equals ours (``check_prompt_tokens``), since the trainer
 trains on OUR ids. Audio-in-video rows would get wrong M-RoPE positions (SGLang 0.5.23 builds the index
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from relax.core.data_multimodal import model_inputs, source_media
 from relax.core.multimodal_model import AUDIO_IN_VIDEO
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
@@ -212,7 +214,11 @@ def media_request(
 ) -> MediaRequest:
     """The HTTP form of one prompt's processed media (see the module docstring); what SGLang cannot take
     exactly is an error naming it. ``video_fps``: the server's video sampling fps (``video_server_args``);
-    ``audios``: the prompt's decoded waveforms, in order (its ``input_features`` cannot be inverted)."""
+    ``audios``: the prompt's decoded waveforms, in order (its ``input_features`` cannot be inverted); by
+    default its ``source.audio.<i>`` entries."""
+    if audios is None:
+        audios = source_media(inputs, "audio") or None
+    inputs = model_inputs(inputs)
     unsupported = sorted(set(inputs) - set(IMAGE_KEYS) - set(VIDEO_KEYS) - set(AUDIO_KEYS) - set(IGNORED))
     if AUDIO_IN_VIDEO in unsupported:
         raise ValueError(
@@ -228,7 +234,8 @@ def media_request(
     if "input_features" in inputs and audios is None:
         raise ValueError(
             "media inputs input_features: audio features cannot be inverted and the processed prompt carries no "
-            "waveform, which SGLang needs; use the hf engine for audio prompts"
+            "waveform (source.audio.<i>, kept by relax-omni's processors), which SGLang needs; use the hf engine "
+            "for audio prompts processed otherwise"
         )
     if spec is None:
         raise ValueError("media inputs for a model without image_token_id in its config.json")
