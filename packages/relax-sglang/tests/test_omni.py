@@ -28,41 +28,58 @@ def omni_engine(sglang_python, tmp_path_factory):
     engine.close()
 
 
-def test_audio_waveform_request_equals_hf(omni_engine, tmp_path):
-    """The decoded waveform sent as float PCM: SGLang's features expand the prompt to our length, its greedy
-    tokens equal HF ``generate`` on relax-omni's processed inputs, and its logprobs the HF forward's."""
+def hf_greedy(model, ids: list[int], inputs: dict, n: int) -> tuple[list[int], torch.Tensor]:
+    """HF's greedy tokens for the prompt and its media (full forwards; EOS may be sampled, as SGLang's
+    ``ignore_eos`` does -- ``generate``'s ``min_new_tokens`` would ban it instead) and their logprobs."""
+    from relax.core.data_multimodal import model_inputs
+
+    media = model_inputs(inputs)  # without the source.audio.<i> waveforms (no model input)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(n + 1):
+            full = torch.tensor([ids + out])
+            logits = model(input_ids=full, attention_mask=torch.ones_like(full), **media).logits[0].float()
+            if len(out) == n:
+                break
+            out.append(int(logits[-1].argmax()))
+    return out, torch.log_softmax(logits[len(ids) - 1:-1], -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+
+
+def test_audio_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
+    """Audio prompts processed by relax-omni go through ``SGLangEngine.generate``: the kept waveforms
+    (``source.audio.<i>``) are sent as float PCM, SGLang's features expand each prompt to our length (the
+    engine checks), its greedy tokens equal HF ``generate`` on the processed inputs, and its logprobs the
+    HF forward's. One prompt of one audio (two requests sharing it) and one of two audios of other lengths
+    (waveforms kept in prompt order), in one call: SGLang encodes them in one batch, which needs the server
+    env's shim 4 (else it crashes on their different widths). Every audio is longer than the audio tower's
+    1 s chunk: Qwen3-Omni pads each chunk to the batch's longest, so a prompt whose audios are all shorter
+    encodes differently batched with others than alone (in HF too: up to 1.36 on the tiny model)."""
     from transformers import AutoProcessor, Qwen3OmniMoeThinkerForConditionalGeneration
 
     from relax.core.protocols import GenerationRequest, SamplingParams
-    from relax.core.testing.multimodal import write_media
-    from relax.omni.media import load_media
+    from relax.omni import synthetic
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
-    from relax.sglang.media import check_prompt_tokens, load_image_spec, media_request
-    from relax.sglang.payload import generate_payload, parse_output
 
     engine, thinker_dir = omni_engine
-    params = OmniProcessorParams()
-    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(thinker_dir), FAMILIES["qwen3_omni"], params)
-    media = write_media(tmp_path)
-    messages = [{"role": "user", "content": [{"type": "audio", "audio": media["audio"]}, {"type": "text", "text": "what?"}]}]
-    prompt = proc.process(messages, [], "t.jsonl:3")
-    ids, inputs = prompt["prompt_ids"], prompt["inputs"]
-    waveforms = load_media(messages, [], params, "t.jsonl:3", 16, ("audio",)).audios  # what relax-omni decoded
-    request = media_request(inputs, ids, load_image_spec(engine.model_path), audios=waveforms)
-    assert len(request.prompt_ids) < len(ids)
-    req = GenerationRequest("a0", ids, SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True))
-    out = asyncio.run(asyncio.wait_for(engine.client.generate(generate_payload(req, "a0", [], request)), 300))
-    check_prompt_tokens(out["meta_info"], len(ids), engine.name)
-    got, logprobs, _, _ = parse_output(out, 0)
+    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(thinker_dir), FAMILIES["qwen3_omni"], OmniProcessorParams())
+    synthetic.two_tones(tmp_path / "a.wav", 440.0, 220.0, seconds=0.6)  # 1.2 s
+    synthetic.two_tones(tmp_path / "b.wav", 330.0, 550.0, seconds=0.8)  # 1.6 s
+    audio, longer = str(tmp_path / "a.wav"), str(tmp_path / "b.wav")
+    rows = [[{"type": "audio", "audio": audio}, {"type": "text", "text": "what?"}],
+            [{"type": "audio", "audio": longer}, {"type": "text", "text": "then"},
+             {"type": "audio", "audio": audio}, {"type": "text", "text": "same?"}]]
+    prompts = [proc.process([{"role": "user", "content": c}], [], f"t.jsonl:{i + 1}") for i, c in enumerate(rows)]
+    assert [sum(k.startswith("source.audio.") for k in p["inputs"]) for p in prompts] == [1, 2]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+    requests = [GenerationRequest(f"a{j}", list(p["prompt_ids"]), greedy, media=p["inputs"])
+                for j, p in enumerate([prompts[0], prompts[0], prompts[1]])]
+    results = asyncio.run(asyncio.wait_for(engine.generate(requests), 300))
 
     model = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(thinker_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        mask = torch.ones(1, len(ids), dtype=torch.long)
-        hf = model.generate(input_ids=torch.tensor([ids]), attention_mask=mask, **inputs, max_new_tokens=8,
-                            do_sample=False, min_new_tokens=8)[0, len(ids):].tolist()  # fmt: skip
-        full = torch.tensor([ids + hf])
-        logits = model(input_ids=full, attention_mask=torch.ones_like(full), **inputs).logits[0].float()
-    hf_lps = torch.log_softmax(logits[len(ids) - 1:-1], -1).gather(-1, torch.tensor(hf)[:, None])[:, 0]
-    assert got == hf, f"SGLang {got} vs HF {hf}"
-    gap = (torch.tensor(logprobs) - hf_lps).abs().max().item()
-    assert gap < 1e-4, f"SGLang vs HF forward logprobs differ by {gap}"  # measured 2.4e-7
+    gaps = []
+    for req, res in zip(requests, results, strict=True):
+        want, want_lps = hf_greedy(model, req.prompt_ids, req.media, 8)
+        assert res.response_ids == want, f"{req.request_id}: SGLang {res.response_ids} vs HF {want}"
+        gaps.append((torch.tensor(res.logprobs) - want_lps).abs().max().item())
+    print(f"SGLang vs HF forward logprob gaps: {gaps}")
+    assert max(gaps) < 1e-4, f"SGLang vs HF forward logprobs differ by {gaps}"  # measured 2.4e-7
