@@ -71,15 +71,15 @@ def test_batched_groups_equal_one_at_a_time(engine, setting):
     # continuous batching: fewer steps than 5-row chunks decoded to their longest member
     chunks = [got[i : i + 5] for i in range(0, len(got), 5)]
     assert work["decode_steps"] < sum(max(len(r.response_ids) for r in c) for c in chunks)
-    # one prefill per group, although its members join at different steps (one-token prompt: none)
-    assert work["prefill_rows"] == len(PROMPTS) - 1
+    # one prefill per group, although its members join at different steps; it samples their first tokens
+    assert work["prefill_rows"] == len(PROMPTS)
 
 
 def test_a_group_is_prefilled_once(model_dir):
     engine = HFRolloutEngine(model_dir)
     requests = group_requests(temperature=1.0, max_new_tokens=6)
     got = asyncio.run(engine.generate(requests))
-    assert engine.stats["prefill_rows"] == len(PROMPTS) - 1  # the one-token prompt needs no prefill
+    assert engine.stats["prefill_rows"] == len(PROMPTS)  # one per group: it also gives the first tokens
     assert_same(got, one_at_a_time(engine, requests))
     assert len({tuple(r.response_ids) for r in got[:G]}) > 1, "the G samples of a group differ"
 

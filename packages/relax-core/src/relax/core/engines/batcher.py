@@ -1,9 +1,10 @@
 """Continuous-batching state of the HF engine: the rows decoding now and the cache they share.
 
-A row is one request. It joins with its context (prompt + any partial-rollout prefix) already in
-the KV cache except for the last token, which it feeds in its first decode step; so every decode
-step is one forward over all live rows, each yielding exactly one sampled token, and a row that
-finishes leaves the batch (and the cache) right away. Its slot goes to the next waiting request.
+A row is one request. It joins with its context (prompt + any partial-rollout prefix) in the KV
+cache and its first token already sampled from the prefill's logits, which it feeds in its first
+decode step; so every decode step is one forward over all live rows, each yielding exactly one
+sampled token, and a row that finishes leaves the batch (and the cache) right away. Its slot goes
+to the next waiting request.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ class DecodeBatch:
         return len(self.rows)
 
     def join(self, rows: list[Row], cache: Any | None) -> None:
-        """Append ``rows`` whose ``context[:-1]`` is in ``cache`` (row order), None if all are empty."""
+        """Append ``rows`` whose context is in ``cache`` (row order) and whose first token is sampled."""
         self.cache = kv_batch.concat_rows(self.cache, len(self.rows), cache, len(rows))
-        new_lengths = torch.tensor([len(r.context) - 1 for r in rows], dtype=torch.long, device=self.device)
-        new_ids = torch.tensor([r.context[-1] for r in rows], dtype=torch.long, device=self.device)
+        new_lengths = torch.tensor([len(r.context) for r in rows], dtype=torch.long, device=self.device)
+        new_ids = torch.tensor([r.ids[-1] for r in rows], dtype=torch.long, device=self.device)
         self.lengths = torch.cat([self.lengths, new_lengths])
         self.next_ids = torch.cat([self.next_ids, new_ids])
         self.rows += rows
@@ -85,12 +86,7 @@ class DecodeBatch:
     def sampling_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(temperature, top_k, top_p) per live row, rebuilt only when rows join or leave."""
         if self._params is None:
-            params = [r.request.params for r in self.rows]
-            self._params = (
-                torch.tensor([p.temperature for p in params], device=self.device),
-                torch.tensor([p.top_k for p in params], device=self.device),
-                torch.tensor([p.top_p for p in params], device=self.device),
-            )
+            self._params = row_sampling_params(self.rows, self.device)
         return self._params
 
     def drop_finished(self) -> None:
@@ -109,3 +105,13 @@ class DecodeBatch:
         if self.cache is not None:
             kv_batch.select_rows(self.cache, index)
             kv_batch.trim_left(self.cache, int(self.lengths.max()))
+
+
+def row_sampling_params(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(temperature, top_k, top_p) of ``rows``, one entry per row."""
+    params = [r.request.params for r in rows]
+    return (
+        torch.tensor([p.temperature for p in params], device=device),
+        torch.tensor([p.top_k for p in params], device=device),
+        torch.tensor([p.top_p for p in params], device=device),
+    )

@@ -5,8 +5,8 @@ distribution sampled from, computed the same way as the trainer's forward pass: 
 with no top-k/top-p they match ``TorchTrainer.forward_logprobs`` to float noise.
 
 Throughput (see ``bench/engine.py``): requests wait in a queue and join the running batch as soon
-as a slot is free; each distinct context is prefilled once and its KV cache shared by the G samples
-of a group; a finished row leaves the batch and the cache at once, so a long tail neither holds
+as a slot is free; each distinct context is prefilled once, its KV cache shared by the G samples
+of a group and its last logits giving each of them its first token (no decode step for it); a finished row leaves the batch and the cache at once, so a long tail neither holds
 idle slots nor costs work for rows that are done. Sampling uses per-request uniforms drawn from the
 request's seed, so a request's tokens do not depend on which others share its batch.
 
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from relax.core.engines import kv_batch, weight_names
-from relax.core.engines.batcher import DecodeBatch, Row
+from relax.core.engines.batcher import DecodeBatch, Row, row_sampling_params
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.protocols import GenerationRequest, GenerationResult
 
@@ -170,7 +170,7 @@ class HFRolloutEngine:
                 for r in rows:
                     if not r.finish:
                         self._waiting.append(r)
-                        self._waiting_contexts[tuple(r.context[:-1])] += 1
+                        self._waiting_contexts[tuple(r.context)] += 1
             while not all(r.finish for r in rows):
                 # a bounded wait: while another caller steps (for these rows too), notice they are done
                 if not self._step_lock.acquire(timeout=_PAUSE_POLL_S):
@@ -221,7 +221,7 @@ class HFRolloutEngine:
         """Drop finished (aborted) rows from the batch and the queue, with their kept prefills."""
         self._batch.drop_finished()
         self._waiting = deque(r for r in self._waiting if not r.finish)
-        self._waiting_contexts = Counter(tuple(r.context[:-1]) for r in self._waiting)
+        self._waiting_contexts = Counter(tuple(r.context) for r in self._waiting)
         for key in [k for k in self._prefixes if k not in self._waiting_contexts]:
             del self._prefixes[key]
 
@@ -253,7 +253,8 @@ class HFRolloutEngine:
         return drawn[len(request.prefix_response_ids) :].tolist()
 
     def _step(self) -> None:
-        """One token for every live row (the caller holds the step lock and checked for pause).
+        """One token for every live row; rows joining now also take their first from their
+        context's prefill (the caller holds the step lock and checked for pause).
 
         If the step fails, every row in it ends with the error (their callers raise it) and the
         batch starts afresh; requests still queued are unaffected.
@@ -278,7 +279,7 @@ class HFRolloutEngine:
         joining, done_with = [], []
         while free > len(joining) and self._waiting:
             row = self._waiting.popleft()
-            key = tuple(row.context[:-1])
+            key = tuple(row.context)
             self._waiting_contexts[key] -= 1
             if not self._waiting_contexts[key]:
                 del self._waiting_contexts[key]
@@ -290,38 +291,41 @@ class HFRolloutEngine:
     def _decode(self, joining: list[Row]) -> None:
         batch = self._batch
         if joining:
-            joining, cache = self._prefill(joining)
+            cache, logits = self._prefill(joining)
+            self._sample(joining, logits)
             batch.join(joining, cache)
+            batch.drop_finished()  # done after their first token
         if not len(batch):
             return
         with torch.no_grad():
             out = self.model(**batch.decode_inputs())
-        logits = out.logits[:, -1]
-        temperature, top_k, top_p = batch.sampling_params()
+        tokens = self._sample(batch.rows, out.logits[:, -1], batch.sampling_params())
+        batch.advance(out.cache, tokens)
+        batch.drop_finished()
+
+    def _sample(self, rows: list[Row], logits: torch.Tensor,
+                params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """One token per row from its next-token ``logits`` (row order), with its logprob, version
+        and finish reason; ``params``: the rows' (temperature, top_k, top_p) if already built."""
+        temperature, top_k, top_p = params or row_sampling_params(rows, logits.device)
         lps = sampling_logprobs(logits, temperature, top_k, top_p)
-        uniforms = torch.tensor([r.uniforms[len(r.ids)] for r in batch.rows], dtype=torch.float64)
+        uniforms = torch.tensor([r.uniforms[len(r.ids)] for r in rows], dtype=torch.float64)
         tokens = sample_tokens(lps, uniforms.to(logits.device), temperature <= 0, logits)
         token_lps = lps.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-        for row, tok, lp in zip(batch.rows, tokens.tolist(), token_lps, strict=True):
+        for row, tok, lp in zip(rows, tokens.tolist(), token_lps, strict=True):
             row.ids.append(tok)
             row.logprobs.append(lp)
             row.versions.append(self._version)
             row.finish = self._finish_reason(row, tok)
-        batch.advance(out.cache, tokens)
         self.stats["decode_steps"] += 1
-        self.stats["decode_rows"] += len(batch)
-        batch.drop_finished()
+        self.stats["decode_rows"] += len(rows)
+        return tokens
 
-    def _prefill(self, rows: list[Row]) -> tuple[list[Row], Any | None]:
-        """KV cache of each row's ``context[:-1]``: computed once per distinct context and kept while
-        requests with that context still wait, so the G samples of a group share one prefill even
-        when they join at different steps. Returns the rows reordered to match the cache: those
-        with nothing to prefill (one-token contexts) first, as zero-width rows."""
-        empty = [r for r in rows if len(r.context) == 1]
-        full = [r for r in rows if len(r.context) > 1]
-        if not full:
-            return empty, None
-        keys = [tuple(r.context[:-1]) for r in full]
+    def _prefill(self, rows: list[Row]) -> tuple[Any, torch.Tensor]:
+        """KV cache of each row's context (row order) and the logits after it: computed once per
+        distinct context and kept while requests with that context still wait, so the G samples of
+        a group share one prefill even when they join at different steps."""
+        keys = [tuple(r.context) for r in rows]
         fresh = {k: self._prefixes.get(k) for k in keys}
         missing = [k for k, kv in fresh.items() if kv is None]
         if missing:
@@ -329,11 +333,10 @@ class HFRolloutEngine:
         for k in missing:
             if self._waiting_contexts[k] > 0:
                 self._prefixes[k] = fresh[k]
-        cache = kv_batch.stack_rows([fresh[k] for k in keys])
-        return empty + full, kv_batch.concat_rows(None, len(empty), cache, len(full)) if empty else cache
+        return kv_batch.stack_rows([fresh[k][0] for k in keys]), torch.stack([fresh[k][1] for k in keys])
 
-    def _forward_prefixes(self, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], kv_batch.Layers]:
-        """One left-padded forward over ``prefixes``; each one's cache rows."""
+    def _forward_prefixes(self, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
+        """One left-padded forward over ``prefixes``; each one's cache rows and last logits."""
         width = max(len(p) for p in prefixes)
         input_ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(prefixes), width), dtype=torch.long)
@@ -351,7 +354,8 @@ class HFRolloutEngine:
             )
         kv_batch.check_layers(out.cache)
         self.stats["prefill_rows"] += len(prefixes)
-        return {p: kv_batch.row_layers(out.cache, i, len(p)) for i, p in enumerate(prefixes)}
+        last = out.logits[:, -1]
+        return {p: (kv_batch.row_layers(out.cache, i, len(p)), last[i]) for i, p in enumerate(prefixes)}
 
     def _finish_reason(self, row: Row, tok: int) -> str:
         if tok in row.stop_ids:

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from relax.core.data_multimodal import model_inputs, resolve_all
-from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.multimodal_model import media_forward_kwargs, media_token_ids
 
 
@@ -63,7 +62,7 @@ async def generate_with_media(engine: Any, rows: list[Any], epoch: int) -> None:
                     cached = _cached_step(engine, group, inputs, cached)
                 else:
                     live = [r for r in group if not r.finish]
-                    _sample(engine, live, _full_forward(engine, live, inputs, cache=False)[0])
+                    engine._sample(live, _full_forward(engine, live, inputs, cache=False)[0])
             await asyncio.sleep(0)
 
 
@@ -97,7 +96,7 @@ def _cached_step(engine: Any, group: list[Any], media: dict[str, torch.Tensor], 
                                use_cache=True)
         logits, cached.cache, cached.length = out.logits[:, -1], out.cache, cached.length + 1
     live = [i for i, r in enumerate(cached.rows) if not r.finish]
-    _sample(engine, [cached.rows[i] for i in live], logits[live])
+    engine._sample([cached.rows[i] for i in live], logits[live])
     return cached
 
 
@@ -117,19 +116,3 @@ def _rope_deltas(model: Any, rows: int) -> torch.Tensor:
     return torch.zeros((rows, 1), dtype=torch.long)
 
 
-def _sample(engine: Any, live: list[Any], logits: torch.Tensor) -> None:
-    params = [r.request.params for r in live]
-    temperature = torch.tensor([p.temperature for p in params], device=logits.device)
-    top_k = torch.tensor([p.top_k for p in params], device=logits.device)
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
-    lps = sampling_logprobs(logits, temperature, top_k, top_p)
-    uniforms = torch.tensor([r.uniforms[len(r.ids)] for r in live], dtype=torch.float64, device=logits.device)
-    tokens = sample_tokens(lps, uniforms, temperature <= 0, logits)
-    token_lps = lps.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-    for row, tok, lp in zip(live, tokens.tolist(), token_lps, strict=True):
-        row.ids.append(tok)
-        row.logprobs.append(lp)
-        row.versions.append(engine._version)
-        row.finish = engine._finish_reason(row, tok)
-    engine.stats["decode_steps"] += 1
-    engine.stats["decode_rows"] += len(live)
