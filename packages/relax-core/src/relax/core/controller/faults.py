@@ -14,7 +14,6 @@ import threading
 from typing import Any
 
 import ray
-import ray.exceptions
 
 from relax.core.controller import local
 

@@ -33,7 +33,6 @@ from dataclasses import replace
 from typing import Any
 
 import ray
-import ray.exceptions
 
 from relax.core.controller import local
 from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, describe

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
-
+from relax.core import lazy_ray
 from relax.core.controller.capabilities import capabilities
 from relax.core.controller.roles import RolloutRole, TrainerRole
 
@@ -140,4 +139,4 @@ class _Host(_Trainer):
         return getattr(target, method)(*args, **kwargs)
 
 
-HostRole = ray.remote(_Host)
+HostRole = lazy_ray.remote(_Host)

@@ -23,6 +23,7 @@ from typing import Any
 import ray
 import torch
 
+from relax.core import lazy_ray
 from relax.core.controller import faults, stages
 from relax.core.controller.prompts import PromptSource
 from relax.core.controller.router import stream_groups
@@ -49,7 +50,7 @@ def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
-@ray.remote(num_cpus=0)
+@lazy_ray.remote(num_cpus=0)
 def advantage_task(samples: list[Sample], pad_id: int, cfg: Any, ref_rows: list[list[float]] | None) -> list[list[float]]:
     """Advantage role (CPU, stateless): a whole step batch so global whitening sees every row."""
     from relax.core.controller.stages import prepare_batch

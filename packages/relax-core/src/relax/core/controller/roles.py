@@ -12,9 +12,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import ray
 import torch
 
+from relax.core import lazy_ray
 from relax.core.config import RelaxConfig
 from relax.core.context import PluginContext
 from relax.core.controller.capabilities import capabilities
@@ -31,7 +31,7 @@ def _limit_threads(num_threads: int | None) -> None:
         os.environ["OMP_NUM_THREADS"] = str(num_threads)
 
 
-@ray.remote
+@lazy_ray.remote
 class RolloutRole:
     """Hosts one rollout engine. Threaded so ``pause``/``health`` answer while ``generate`` runs."""
 
@@ -76,7 +76,7 @@ class RolloutRole:
         return getattr(self.engine, method)(*args, **kwargs)
 
 
-@ray.remote
+@lazy_ray.remote
 class TrainerRole:
     """Hosts the policy trainer (and its critic, if any), or with ``reference=True`` a frozen model:
     the KL reference, or a distillation teacher when ``model_path`` is the teacher's.
@@ -154,7 +154,7 @@ class TrainerRole:
         return getattr(self.trainer, method)(*args, **kwargs)
 
 
-@ray.remote
+@lazy_ray.remote
 class RewardRole:
     """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``),
     then applies config-driven reward shaping (DAPO overlong penalty), so every mode sees it.

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-import ray.exceptions
 
 from relax.core.controller import local
 from relax.core.controller.faults import NoEnginesLeft, RoleError, describe

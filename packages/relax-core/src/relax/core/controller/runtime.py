@@ -108,8 +108,10 @@ class Roles:
 
     def handles(self) -> list[Any]:
         """Every actor handle, for shutdown."""
+        from relax.core.weight_sync.base import is_actor
+
         return [h for h in (self.trainer, *self.trainer_peers, self.reference, self.teacher, self.reward,
-                            *self.engines) if isinstance(h, ray.actor.ActorHandle)]  # a DriverReward is none
+                            *self.engines) if is_actor(h)]  # a role in the driver is none
 
     def release(self) -> None:
         """Kill every actor and release the placement groups (idempotent; Ray may already be gone)."""

@@ -145,12 +145,17 @@ class EarlyStart:
     def before_config(cls, path: str | None, overrides: list[str]) -> EarlyStart | None:
         """Start Ray from the file's ``ray:`` section; None where it cannot be read (the loader says
         why) or where the run may need no Ray (``ray_start.may_run_in_driver``: the loaded config
-        decides, and Ray starts after it if it does need one)."""
+        decides, and Ray starts after it if it does need one; until then ``import ray`` is deferred,
+        see ``relax.core.lazy_ray``)."""
+        from relax.core import lazy_ray
         from relax.core.controller.ray_start import may_run_in_driver, peek_config, peek_settings
 
         data = peek_config(path, overrides)
         settings = peek_settings(data)
-        return None if settings is None or may_run_in_driver(data) else cls(ray_settings=settings)
+        if settings is not None and may_run_in_driver(data):
+            lazy_ray.defer_import()
+            return None
+        return None if settings is None else cls(ray_settings=settings)
 
     def configure(self, cfg: Any) -> None:
         """The loaded config: the roles start (after a restart of Ray if it needs another one)."""

@@ -23,6 +23,7 @@ import numpy as np
 import ray
 import torch
 
+from relax.core import lazy_ray
 from relax.core.queue.core import Batch, Key, TransferQueue, VersionSpec
 from relax.core.queue.packing import decode, encode, parts_for, split
 
@@ -70,7 +71,7 @@ class _Raised:
         self.error = error
 
 
-TransferQueueActor = ray.remote(num_cpus=0, max_concurrency=256)(PackedTransferQueue)
+TransferQueueActor = lazy_ray.remote(num_cpus=0, max_concurrency=256)(PackedTransferQueue)
 
 #: extra seconds a client waits for the actor beyond the queue-level timeout before giving up on it
 RPC_GRACE_S = 30.0

@@ -20,10 +20,12 @@ class WeightSyncError(RuntimeError):
 
 
 def is_actor(obj: Any) -> bool:
-    try:
-        from ray.actor import ActorHandle
-    except ImportError:  # pragma: no cover - ray is a core dependency
+    from relax.core import lazy_ray
+
+    if not lazy_ray.imported():  # no actor handle exists without Ray: do not import it to find out
         return False
+    from ray.actor import ActorHandle
+
     return isinstance(obj, ActorHandle)
 
 
