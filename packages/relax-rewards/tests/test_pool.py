@@ -24,3 +24,14 @@ def test_results_start_up_failures_and_close():
     with pytest.raises(TypeError, match="must be picklable"):
         ProcessPool({"x": lambda: None})
     good.close()
+
+
+def test_a_fresh_workers_first_call_does_not_pay_the_torch_import():
+    """A call's timeout covers the call: unpickling its Sample (whose module imports torch, 1.5 s
+    here) happens at worker start-up, so a 0.5 s limit holds on a fresh worker's first call."""
+    pool = ProcessPool({"f1": LocalReward(f1_score, SquadParams())}, size=1)
+    try:
+        assert pool.call("f1", make_sample("Paris", "Paris"), timeout_s=0.5)["f1"] == 1.0
+        assert pool.restarts == 0
+    finally:
+        pool.close()

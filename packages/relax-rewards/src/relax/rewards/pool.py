@@ -49,6 +49,9 @@ def _serve(conn: Any) -> None:
         paths, payload = pickle.loads(conn.recv_bytes())
         sys.path.extend(p for p in paths if p not in sys.path)  # after ours: never shadow what we import
         targets: dict[str, Any] = pickle.loads(payload)
+        # calls carry relax Samples, whose module imports torch (1.5 s or more): import it during start-up
+        # (start_timeout_s), not inside the first call's timeout_s, which it would eat on a fresh worker
+        import relax.core.data  # noqa: F401
         for target in targets.values():
             warm = getattr(target, "warm_up", None)
             if callable(warm):
