@@ -65,9 +65,14 @@ def resolve_data_path(cfg: RelaxConfig, run_dir: Path) -> str:
     from relax.core.tasks.arithmetic import write_arithmetic_jsonl
 
     path = run_dir / "data" / "arithmetic.jsonl"
-    if not path.exists():
+    if not path.exists():  # written aside and renamed: a concurrent reader never sees a partial file
+        import os
+        import threading
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_arithmetic_jsonl(path, n=cfg.data.task_size, seed=cfg.seed, max_operand=cfg.data.task_max_operand)
+        part = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+        write_arithmetic_jsonl(part, n=cfg.data.task_size, seed=cfg.seed, max_operand=cfg.data.task_max_operand)
+        os.replace(part, path)
     return str(path)
 
 
