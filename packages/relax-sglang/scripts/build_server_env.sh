@@ -4,17 +4,19 @@
 #   packages/relax-sglang/scripts/build_server_env.sh            -> /root/.cache/relax/sglang-server-<hash>/bin/python
 #   RELAX_SGLANG_ENV=/some/dir build_server_env.sh                -> builds there instead
 #
-# The venv is synced from ../server/uv.lock (sglang 0.5.23 on CPU torch 2.13, no CUDA stack), then the two
-# CPU shims from ../server/cpu_shims/ are copied into its site-packages (see relax_sglang_cpu_shims.py for
-# what each replaces and why). The directory name hashes the lock, the project file and the shims, so a
+# The venv is synced from ../server/uv.lock (sglang 0.5.23 on CPU torch 2.13, no CUDA stack), then the CPU
+# shims from ../server/cpu_shims/ are copied into its site-packages (see relax_sglang_cpu_shims.py for what
+# each replaces and why), with the patch loader they use (relax/sglang/server_site; launched servers also get
+# Relax's server patches from there through PYTHONPATH). The directory name hashes the lock, the project file and the shims, so a
 # change rebuilds; a finished build is marked by .relax-ready and reused as is. Builds go to a temp dir
 # renamed into place, so an interrupted build is never mistaken for a finished one.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 server="$(cd "$here/../server" && pwd)"
+patches="$(cd "$here/../src/relax/sglang/server_site" && pwd)/relax_sglang_server_patches.py"
 hash="$(cat "$server/uv.lock" "$server/pyproject.toml" "$server"/cpu_shims/*.py "$server"/cpu_shims/*.pth \
-  "$server"/cpu_shims/sgl_kernel/*.py | sha256sum | cut -c1-12)"
+  "$server"/cpu_shims/sgl_kernel/*.py "$patches" | sha256sum | cut -c1-12)"
 env_dir="${RELAX_SGLANG_ENV:-${HOME}/.cache/relax/sglang-server-${hash}}"
 
 if [[ -f "$env_dir/.relax-ready" ]]; then
@@ -31,7 +33,7 @@ echo "building the SGLang server venv in $env_dir (a few minutes, downloads from
 UV_PROJECT_ENVIRONMENT="$tmp" uv sync --frozen --no-install-project --project "$server" --python 3.11 >&2
 
 site="$("$tmp/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-cp "$server/cpu_shims/relax_sglang_cpu_shims.py" "$server/cpu_shims/relax_sglang_cpu_shims.pth" "$site/"
+cp "$server/cpu_shims/relax_sglang_cpu_shims.py" "$server/cpu_shims/relax_sglang_cpu_shims.pth" "$patches" "$site/"
 cp -r "$server/cpu_shims/sgl_kernel" "$site/"
 "$tmp/bin/python" -c 'import sglang.srt.entrypoints.http_server' >&2  # fails here, not at first launch
 

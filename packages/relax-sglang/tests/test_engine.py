@@ -162,3 +162,19 @@ def test_video_generation(vl_engine, tmp_path, monkeypatch):
 def test_health_reports_a_live_server(sglang_engine):
     health = sglang_engine.health()
     assert health["ok"] is True and health["url"] == sglang_engine.url, health
+
+
+def test_released_memory_comes_back_with_the_same_weights(sglang_engine):
+    """``rollout.release_memory``'s two calls on the real server: SGLang's release/resume path runs (on CPU it
+    frees nothing -- the memory saver is CUDA-only, see test_gpu.py) and the server then serves exactly
+    what it served before, at the same version."""
+    reqs = [GenerationRequest(f"m{i}", [4 + i, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))
+            for i in range(3)]
+    before = _run(sglang_engine.generate(reqs))
+    sglang_engine.release_memory()
+    sglang_engine.resume_memory()
+    after = _run(sglang_engine.generate(reqs))
+    assert [r.response_ids for r in after] == [r.response_ids for r in before]
+    gap = max((torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item() for a, b in zip(after, before))
+    assert gap < 1e-5, gap  # 2e-6: the release flushed the prefix cache, so the prompts are prefilled anew
+    assert sglang_engine.health()["ok"] and {v for r in after for v in r.versions} == {sglang_engine.weight_version()}

@@ -49,13 +49,14 @@ def test_audio_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
     """Audio prompts processed by relax-omni go through ``SGLangEngine.generate``: the kept waveforms
     (``source.audio.<i>``) are sent as float PCM, SGLang's features expand each prompt to our length (the
     engine checks), its greedy tokens equal HF ``generate`` on the processed inputs, and its logprobs the
-    HF forward's. One prompt of one audio (two requests sharing it) and one of two audios of other lengths
-    (waveforms kept in prompt order), in one call: SGLang encodes them in one batch, which needs the server
-    env's shim 4 (else it crashes on their different widths). Every audio is longer than the audio tower's
-    1 s chunk: Qwen3-Omni pads each chunk to the batch's longest, so a prompt whose audios are all shorter
-    encodes differently batched with others than alone (in HF too: up to 1.36 on the tiny model)."""
+    HF forward's. One prompt of one audio (two requests sharing it), one of two audios of other lengths
+    (waveforms kept in prompt order) and one of a 0.5 s clip, in one call: SGLang gets them in one prefill
+    batch, which crashed stock SGLang 0.5.23 (different widths) and would encode the sub-second clip padded
+    to the others' 1 s chunks. Relax's server patch encodes each audio alone, as Relax's HF models do
+    (``encode_audio_per_item``), so the short clip matches too."""
     from transformers import AutoProcessor, Qwen3OmniMoeThinkerForConditionalGeneration
 
+    from relax.core.multimodal_model import encode_audio_per_item
     from relax.core.protocols import GenerationRequest, SamplingParams
     from relax.omni import synthetic
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
@@ -64,18 +65,21 @@ def test_audio_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
     proc = QwenOmniProcessor(AutoProcessor.from_pretrained(thinker_dir), FAMILIES["qwen3_omni"], OmniProcessorParams())
     synthetic.two_tones(tmp_path / "a.wav", 440.0, 220.0, seconds=0.6)  # 1.2 s
     synthetic.two_tones(tmp_path / "b.wav", 330.0, 550.0, seconds=0.8)  # 1.6 s
-    audio, longer = str(tmp_path / "a.wav"), str(tmp_path / "b.wav")
+    synthetic.two_tones(tmp_path / "c.wav", 660.0, 330.0, seconds=0.25)  # 0.5 s: one short chunk
+    audio, longer, short = str(tmp_path / "a.wav"), str(tmp_path / "b.wav"), str(tmp_path / "c.wav")
     rows = [[{"type": "audio", "audio": audio}, {"type": "text", "text": "what?"}],
             [{"type": "audio", "audio": longer}, {"type": "text", "text": "then"},
-             {"type": "audio", "audio": audio}, {"type": "text", "text": "same?"}]]
+             {"type": "audio", "audio": audio}, {"type": "text", "text": "same?"}],
+            [{"type": "audio", "audio": short}, {"type": "text", "text": "short?"}]]
     prompts = [proc.process([{"role": "user", "content": c}], [], f"t.jsonl:{i + 1}") for i, c in enumerate(rows)]
-    assert [sum(k.startswith("source.audio.") for k in p["inputs"]) for p in prompts] == [1, 2]
+    assert [sum(k.startswith("source.audio.") for k in p["inputs"]) for p in prompts] == [1, 2, 1]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
     requests = [GenerationRequest(f"a{j}", list(p["prompt_ids"]), greedy, media=p["inputs"])
-                for j, p in enumerate([prompts[0], prompts[0], prompts[1]])]
+                for j, p in enumerate([prompts[0], *prompts])]
     results = asyncio.run(asyncio.wait_for(engine.generate(requests), 300))
 
     model = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(thinker_dir, dtype=torch.float32).eval()
+    assert encode_audio_per_item(model) == 1  # as relax.core.multimodal_model.load_model does
     gaps = []
     for req, res in zip(requests, results, strict=True):
         want, want_lps = hf_greedy(model, req.prompt_ids, req.media, 8)

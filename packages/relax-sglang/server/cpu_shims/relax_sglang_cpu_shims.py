@@ -21,12 +21,9 @@ backends outside a GPU list, so ``torch_native`` is added to it, and (b) registe
 kernels for CUDA/XPU/NPU only (it raises on CPU), so that step is skipped on a CPU model runner. The seeded
 sampler itself (murmur-hash Gumbel noise per request and position) is plain torch and runs unchanged.
 
-Shim 4 -- Qwen3-Omni audio batches (an SGLang 0.5.23 bug, not CPU-specific). Replaces: nothing on CPU; it
-pads before ``Qwen3OmniMoeThinkerForConditionalGeneration.get_audio_feature``. Why: that method concatenates
-the audio items of every request in one prefill batch, but each request's features are padded only to its
-own longest audio, so two concurrent audio prompts of different lengths crash the scheduler ("Sizes of
-tensors must match ... Expected size 50 but got size 80"). Zero-padding features and feature masks to the
-widest item is exact: the method keeps only the frames the masks select. GPU servers need the same fix.
+Shim 4 moved: the Qwen3-Omni audio fix is not CPU-specific, so it is one of Relax's server patches
+(``relax/sglang/server_site``), which every launched server gets; ``after_import`` below comes from there
+(build_server_env.sh copies that module in beside this one).
 """
 
 from __future__ import annotations
@@ -78,60 +75,10 @@ def _no_batch_invariant_kernels_on_cpu(model_runner) -> None:
     model_runner.ModelRunner.maybe_enable_batch_invariant_mode = maybe_enable_batch_invariant_mode
 
 
-def _pad_audio_batches(omni) -> None:
-    import copy
-
-    import torch.nn.functional as F
-
-    cls = omni.Qwen3OmniMoeThinkerForConditionalGeneration
-    original = cls.get_audio_feature
-
-    def get_audio_feature(self, items):
-        width = max(item.feature_attention_mask.shape[-1] for item in items)
-        padded = []
-        for item in items:
-            extra = width - item.feature_attention_mask.shape[-1]
-            if extra:
-                item = copy.copy(item)  # the cached item keeps its own tensors
-                item.feature = F.pad(item.feature, (0, extra))
-                item.feature_attention_mask = F.pad(item.feature_attention_mask, (0, extra))
-            padded.append(item)
-        return original(self, padded)
-
-    cls.get_audio_feature = get_audio_feature
-
-
-_AFTER_IMPORT = {
-    "sglang.srt.arg_groups.choices": _allow_torch_native,
-    "sglang.srt.model_executor.model_runner": _no_batch_invariant_kernels_on_cpu,
-    "sglang.srt.models.qwen3_omni_moe": _pad_audio_batches,
-}
-
-
-class _AfterImport(MetaPathFinder):
-    """Runs a patch right after one of the ``_AFTER_IMPORT`` modules has executed."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        patch = _AFTER_IMPORT.pop(fullname, None)  # once: the regular finders below must not come back here
-        if patch is None:
-            return None
-        from importlib.util import find_spec
-
-        spec = find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
+    from relax_sglang_server_patches import after_import
+
     if "torchvision" not in sys.modules:
         sys.meta_path.insert(0, _BeforeTorchvision())
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    after_import("sglang.srt.arg_groups.choices", _allow_torch_native)
+    after_import("sglang.srt.model_executor.model_runner", _no_batch_invariant_kernels_on_cpu)

@@ -97,6 +97,9 @@ class RolloutConfig:
     # the driver's own process (no actor, no Ray started; also no reference/teacher model, cluster or
     # control plane); "separate" = its own actor; "auto" = the first of driver, trainer, separate allowed
     host: Literal["auto", "driver", "trainer", "separate"] = "auto"
+    # colocate: engines free their accelerator memory (weights, KV cache) after generating and take it back
+    # before the weight sync, so the trainer gets the device to itself (the engine must implement it)
+    release_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -430,9 +433,10 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         )
     if cfg.mode != "colocate":
         for path, on in [("algorithm.dynamic_sampling.enable", cfg.algorithm.dynamic_sampling.enable),
-                         ("algorithm.greedy_baseline", cfg.algorithm.greedy_baseline)]:
+                         ("algorithm.greedy_baseline", cfg.algorithm.greedy_baseline),
+                         ("rollout.release_memory", cfg.rollout.release_memory)]:
             if on:
-                errors.append(f"{path}: supported in mode 'colocate' only (it re-generates within a step), got mode {cfg.mode!r}")
+                errors.append(f"{path}: supported in mode 'colocate' only (rollout and training take turns), got mode {cfg.mode!r}")
     if cfg.mode != "colocate" and cfg.weight_sync.every_n_steps > cfg.max_staleness + 1:
         errors.append(
             f"weight_sync.every_n_steps: {cfg.weight_sync.every_n_steps} would make rollout wait forever with "

@@ -109,6 +109,17 @@ class SupportsAbort(Protocol):
 
 
 @runtime_checkable
+class SupportsReleaseMemory(Protocol):
+    """Engines that can free their accelerator memory between rollouts (``rollout.release_memory``, colocate):
+    called after the step's rollout, with nothing in flight; ``resume_memory`` comes before the weight sync,
+    which then writes the new weights (an engine may drop its weights on release)."""
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+
+@runtime_checkable
 class SupportsWeightUpdateBracket(Protocol):
     """Engines that must prepare for and finish a weight update (e.g. SGLang); every transport calls
     ``begin_weight_update`` before its first bucket and ``end_weight_update`` after its last."""

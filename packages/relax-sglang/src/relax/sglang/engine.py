@@ -40,16 +40,25 @@ _GATE_POLL_S = 0.01
 
 
 def serialize_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
-    """SGLang's ``serialized_named_tensors`` entry: a ForkingPickler dump (storage shared through files in
-    /dev/shm, hence the ``file_system`` strategy -- the default fd passing crashes the server) in base64."""
+    """SGLang's ``serialized_named_tensors`` entry: a ForkingPickler dump in base64. CPU tensors share their
+    storage through files in /dev/shm (the ``file_system`` strategy -- the default fd passing crashes the
+    server); CUDA tensors travel as CUDA IPC handles (the server copies from this process's GPU memory, so
+    the caller keeps the tensors alive until the server has answered)."""
     import multiprocessing.reduction
 
     import torch.multiprocessing
 
     torch.multiprocessing.set_sharing_strategy("file_system")
     buf = io.BytesIO()
-    multiprocessing.reduction.ForkingPickler(buf).dump([(n, t.detach().cpu().contiguous()) for n, t in named])
+    multiprocessing.reduction.ForkingPickler(buf).dump(named)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def staged(named: list[tuple[str, torch.Tensor]], device: str) -> list[tuple[str, torch.Tensor]]:
+    """The bucket where the server reads it: on a CUDA server's GPU (CUDA IPC: no host round trip), else
+    in host memory."""
+    target = torch.device("cuda") if device.startswith("cuda") else torch.device("cpu")
+    return [(n, t.detach().to(target).contiguous()) for n, t in named]
 
 
 def _media_requests(
@@ -169,6 +178,17 @@ class SGLangEngine:
         self._abort_epoch += 1
         self.client.post("/abort_request", {"abort_all": True})
 
+    def release_memory(self) -> None:
+        """``rollout.release_memory``: the server frees its weights and KV cache (``/release_memory_occupation``;
+        on CUDA through ``memory_saver``; a CPU server goes through the same calls and frees nothing)."""
+        if self.server is not None and self.params.device.startswith("cuda") and not self.params.memory_saver:
+            raise ServerError(f"{self.name}: rollout.release_memory needs engine_params.memory_saver (the server "
+                              "was launched without --enable-memory-saver)")
+        self.client.post("/release_memory_occupation", {})
+
+    def resume_memory(self) -> None:
+        self.client.post("/resume_memory_occupation", {})
+
     def health(self) -> dict[str, Any]:
         info: dict[str, Any] = {
             "url": self.url,
@@ -220,7 +240,8 @@ class SGLangEngine:
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """One bucket through ``/update_weights_from_tensor`` (call between begin/end_weight_update)."""
-        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        items = staged(list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors),
+                       self.params.device)  # kept alive until the server has answered (CUDA IPC)
         body = {"serialized_named_tensors": [serialize_tensors(items)] * self.params.tp_size,
                 "weight_version": str(version), "flush_cache": self._may_flush()}  # fmt: skip
         self.client.post("/update_weights_from_tensor", body)

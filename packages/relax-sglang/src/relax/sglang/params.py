@@ -30,6 +30,9 @@ class SGLangEngineParams:
     host: str = "127.0.0.1"
     port: int | None = None  # None: a free port per engine
     deterministic: bool = True  # --enable-deterministic-inference: the only mode that honours request seeds
+    # on CUDA: --enable-memory-saver --enable-weights-cpu-backup, so rollout.release_memory can free the GPU
+    # (weights and KV cache) and resume_memory restores the weights even where a sync rewrites only some
+    memory_saver: bool = True
     extra_args: list[str] = field(default_factory=list)  # passed through to sglang.launch_server
     # frames per second of video requests (= relax-omni's data.processor_params.fps); a launched video model's
     # server samples at it (--mm-process-config, see relax.sglang.media), an attached one must too

@@ -1,7 +1,8 @@
 """One SGLang server as a child process: command line, start, health wait, log capture, clean stop.
 
 The server runs from its own environment (``python`` in the engine params), in its own session, so
-stopping it takes its scheduler/detokenizer children with it (no orphans) and frees its port.
+stopping it takes its scheduler/detokenizer children with it (no orphans) and frees its port, and with
+Relax's server patches (``relax.sglang.server_site``) on its ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import requests
 
 from relax.sglang.media import serves_video, video_server_args
 from relax.sglang.params import SGLangEngineParams
+from relax.sglang.server_site import SITE_DIR
 
 HEALTH_POLL_S = 0.5
 STOP_GRACE_S = 15.0
@@ -50,6 +52,8 @@ def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype
         cmd += ["--max-total-tokens", str(params.max_total_tokens)]
     if params.deterministic:
         cmd += ["--enable-deterministic-inference"]
+    if params.memory_saver and params.device.startswith("cuda"):
+        cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
     if params.device == "cpu":  # what runs without sgl-kernel (see server/cpu_shims)
         cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph",
                 "--sleep-on-idle"]  # an idle CPU scheduler otherwise spins a whole core  # fmt: skip
@@ -59,11 +63,14 @@ def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype
 
 
 def server_env(params: SGLangEngineParams) -> dict[str, str]:
+    """The server's environment: ours without Relax's ``PYTHONPATH`` (the server's venv must not see Relax's
+    site-packages), led instead by the server patches' directory (``relax.sglang.server_site``), then
+    ``params.env`` (a ``PYTHONPATH`` there goes after the patches)."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # the server's venv must not see Relax's site-packages
     if params.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
     env.update(params.env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), params.env.get("PYTHONPATH")) if p)
     return env
 
 

@@ -17,6 +17,8 @@ OPTIONAL = {
     "forward_logprobs_and_sum_pi_squared": "per-token sum of squared policy probabilities, with the logprobs",
     "save_hf": "export the final model in HF format (checkpoint.save_hf_final)",
     "score_group": "score a whole group of samples at once (rewards)",
+    "release_memory": "free the engine's accelerator memory while the trainer runs (colocate)",
+    "resume_memory": "take that memory back before the weight sync (colocate)",
 }
 
 
@@ -37,6 +39,8 @@ def required(cfg: Any) -> dict[str, dict[str, str]]:
             need["trainer"][method] = " and ".join(fields)
     if cfg.checkpoint.save_hf_final:
         need["trainer"]["save_hf"] = "checkpoint.save_hf_final"
+    if cfg.rollout.release_memory:
+        need["rollout"].update(release_memory="rollout.release_memory", resume_memory="rollout.release_memory")
     if cfg.mode != "colocate" and cfg.rollout.partial_rollout == "abort":
         need["rollout"]["abort"] = "rollout.partial_rollout=abort"
     return need

@@ -83,9 +83,30 @@ def _fuses_old_logprobs(state) -> bool:
     return state.fused_old_logprobs
 
 
-def colocate_step(state) -> dict[str, float]:
-    """One step: prompts -> generate -> reward -> filter -> logprobs -> advantages -> train -> sync."""
+def _train(state, step: int, train_samples: list[Sample], metrics: dict[str, float]) -> None:
+    """Old logprobs (unless fused into the update) -> advantages -> the trainer's update."""
     cfg, roles = state.cfg, state.roles
+    raw = collate(train_samples, state.pad_id)
+    fused = _fuses_old_logprobs(state)
+    if fused and stages.engine_scored_old_logprobs(cfg, train_samples, state.version):
+        raw["rollout_logprobs_exact"] = torch.ones(len(train_samples), dtype=torch.bool)
+    with stages.timed(metrics, "logprob"):
+        extra = stages.forward_batch(roles, raw, cfg, old_logprobs=not fused)
+    old_lp, ref_lp = extra.pop("old_logprobs", None), extra.pop("ref_logprobs", None)
+    batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra)
+    metrics.update(adv_metrics)
+    with stages.timed(metrics, "train"):
+        train_metrics = recovery.train(state, batch, step)
+    for key in ("logprob_abs_diff", "k3_kl"):  # the trainer scored the old logprobs: its mismatch
+        if f"rollout_{key}" in train_metrics:
+            metrics[f"rollout/train_{key}"] = float(train_metrics.pop(f"rollout_{key}"))
+    metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
+
+
+def colocate_step(state) -> dict[str, float]:
+    """One step: prompts -> generate -> reward -> filter -> logprobs -> advantages -> train -> sync (the
+    engines' memory released from after the rollout until the sync, with ``rollout.release_memory``)."""
+    cfg = state.cfg
     metrics: dict[str, float] = {}
     step = state.step + 1
     started = time.perf_counter()
@@ -96,24 +117,11 @@ def colocate_step(state) -> dict[str, float]:
     metrics.update(stages.sample_metrics(samples))
     train_samples = [s for g in kept for s in g]
 
-    if train_samples:
-        raw = collate(train_samples, state.pad_id)
-        fused = _fuses_old_logprobs(state)
-        if fused and stages.engine_scored_old_logprobs(cfg, train_samples, state.version):
-            raw["rollout_logprobs_exact"] = torch.ones(len(train_samples), dtype=torch.bool)
-        with stages.timed(metrics, "logprob"):
-            extra = stages.forward_batch(roles, raw, cfg, old_logprobs=not fused)
-        old_lp, ref_lp = extra.pop("old_logprobs", None), extra.pop("ref_logprobs", None)
-        batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra)
-        metrics.update(adv_metrics)
-        with stages.timed(metrics, "train"):
-            train_metrics = recovery.train(state, batch, step)
-        for key in ("logprob_abs_diff", "k3_kl"):  # the trainer scored the old logprobs: its mismatch
-            if f"rollout_{key}" in train_metrics:
-                metrics[f"rollout/train_{key}"] = float(train_metrics.pop(f"rollout_{key}"))
-        metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
-    else:
-        recovery.commit_step(state, step, trained=False)
+    with stages.engine_memory_released(state.fleet, cfg, metrics):  # rollout.release_memory
+        if train_samples:
+            _train(state, step, train_samples, metrics)
+        else:
+            recovery.commit_step(state, step, trained=False)
     if train_samples and state.version % cfg.weight_sync.every_n_steps == 0:
         with stages.timed(metrics, "sync"):
             metrics.update(state.sync_weights())

@@ -122,6 +122,8 @@ class _Host(_Trainer):
     pause = _Rollout.pause
     resume = _Rollout.resume
     abort = _Rollout.abort
+    release_memory = _Rollout.release_memory
+    resume_memory = _Rollout.resume_memory
     health = _Rollout.health
 
     def capabilities(self) -> list[str]:

@@ -67,6 +67,13 @@ class RolloutRole:
         """Optional capability, checked at start-up when the config needs it."""
         self.engine.abort()
 
+    def release_memory(self) -> None:
+        """Optional capability (``rollout.release_memory``), as ``abort``."""
+        self.engine.release_memory()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory()
+
     def health(self) -> dict[str, Any]:
         return {"engine_index": self.engine_index, **self.engine.health()}
 

@@ -39,6 +39,24 @@ def timed(metrics: dict[str, float], name: str):
     metrics[f"time/{name}_s"] = metrics.get(f"time/{name}_s", 0.0) + time.perf_counter() - start
 
 
+@contextmanager
+def engine_memory_released(fleet: Any, cfg: RelaxConfig, metrics: dict[str, float]):
+    """``rollout.release_memory`` (colocate): every serving engine frees its accelerator memory for the
+    block (the training) and takes it back after it, before the weight sync -- also when the block fails,
+    so a recovered run's next rollout finds its engines whole."""
+    if not cfg.rollout.release_memory:
+        yield
+        return
+    with timed(metrics, "release_memory"):
+        released = fleet.control("release_memory")
+    try:
+        yield
+    finally:
+        with timed(metrics, "resume_memory"):
+            live = fleet.router.live()
+            fleet.control("resume_memory", engines={i: live[i] for i in released if i in live})
+
+
 def generate(
     router: EngineRouter | list[Any],
     groups: list[list[Sample]],

@@ -64,6 +64,7 @@ class HFRolloutEngine:
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
+        self._owns_model = model is None  # a hosted engine's module is the trainer's: never moved from here
         if model is None:
             model = load_model(model_path, dtype)  # a VL / Omni checkpoint loads as image-text-to-text
             model.to(self.device).eval().requires_grad_(False)
@@ -111,6 +112,22 @@ class HFRolloutEngine:
         """End every in-flight ``generate`` at its next token boundary with finish reason ``"abort"``
         (tokens so far are returned, so a caller may resubmit from scratch or continue the prefix)."""
         self._abort_epoch += 1
+
+    def release_memory(self) -> None:
+        """``rollout.release_memory``: drop cached prefills and, on an accelerator, move the weights to host
+        memory until :meth:`resume_memory` (a hosted engine's module is the trainer's and stays)."""
+        with self._step_lock:
+            self._prefixes.clear()
+            if self._owns_model and self.device.type != "cpu":
+                self.model.to("cpu")
+                self._params = dict(self.model.state_dict())
+                getattr(torch, self.device.type).empty_cache()
+
+    def resume_memory(self) -> None:
+        with self._step_lock:
+            if self._owns_model and next(self.model.parameters()).device != self.device:
+                self.model.to(self.device)
+                self._params = dict(self.model.state_dict())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the served weights, by HF name (to verify a weight sync)."""
