@@ -34,9 +34,6 @@ ROWS, PROMPT, RESPONSE = 32, 48, 48
 WARMUP = 1
 PEAK_FLOPS, PEAK_NAME = 989e12, "H200/H100 bf16 dense 989 TFLOP/s"
 MFU_ROWS, MFU_PROMPT, MFU_RESPONSE = 16, 512, 512
-QWEN3_06B = {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True,
-             "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}  # fmt: skip
 MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
          "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
 
@@ -92,22 +89,6 @@ def worker(rank: int, world: int, port: int, model_dir: str, batch_file: str, st
         Path(out).write_text(json.dumps({"tokens_per_s": rate}))
 
 
-def build_qwen3_06b(directory: Path, tokenizer_dir: str) -> tuple[str, int]:
-    """A randomly initialised Qwen3-0.6B-shaped model saved (bf16) to ``directory``, with the tiny model's
-    tokenizer (only its pad id is used); (path, parameter count)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_06B)).to(torch.bfloat16)
-    params = sum(p.numel() for p in model.parameters())  # a tied embedding is one parameter
-    model.save_pretrained(directory)
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
-    return str(directory), params
-
-
 def mfu_worker(port: int, model_dir: str, batch_file: str, steps: int, out: str) -> None:
     """The megatron trainer on cuda:0 (NCCL world of one, bf16): train tokens/s."""
     import torch
@@ -126,7 +107,9 @@ def mfu(root: Path, tokenizer_dir: str, steps: int) -> str:
     """The MFU report line (the device run in its own process, as a rank)."""
     import torch
 
-    model_dir, params = build_qwen3_06b(root / "qwen3-0.6b", tokenizer_dir)
+    from relax.core.testing.models import build_qwen3_06b
+
+    model_dir, params = build_qwen3_06b(root / "qwen3-0.6b", tokenizer_dir, device="cuda")
     batch_file = str(root / "mfu-batch.pt")
     torch.save(make_batch(model_dir, MFU_ROWS, MFU_PROMPT, MFU_RESPONSE), batch_file)
     out = root / "mfu.json"

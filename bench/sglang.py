@@ -8,16 +8,24 @@ rounds of (SGLang tokens/s) / (HF tokens/s). The SGLang server is launched from 
 (``python: auto`` builds or reuses the cached CPU venv). Transport latency: the torch trainer (other
 weights) syncs into the server ``--repeats`` times per transport (median, seconds, begin..end incl.).
 
-    python bench/sglang.py [--requests 64] [--tokens 64] [--repeats 3] [--model DIR]
+On a device (``--device cuda``): both engines on the GPU in bf16, the server from ``$RELAX_SGLANG_PYTHON``
+(an environment with CUDA SGLang), CUDA IPC for ``sglang_tensor``; ``--qwen3-0.6b`` serves a locally built,
+randomly initialised Qwen3-0.6B-shaped model instead of the tiny one (no transports then: they need the
+trainer's model to match the server's). ``sglang_distributed`` over NCCL needs a second GPU.
+
+    python bench/sglang.py [--requests 64] [--tokens 64] [--repeats 3] [--model DIR] [--device cuda [--qwen3-0.6b]]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
+
+import torch
 
 from relax.core.engines.hf import HFRolloutEngine
 from relax.core.protocols import GenerationRequest, SamplingParams
@@ -44,12 +52,25 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default=None, help="HF model dir (default: the conformance kit's tiny Qwen3)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--qwen3-0.6b", dest="qwen3", action="store_true", help="a Qwen3-0.6B-shaped model (with --device cuda)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="relax-bench-sglang-")
-    model = args.model or tiny_model_dir(root, 1)
-    other = tiny_model_dir(root, 2)
-    hf = HFRolloutEngine(model)
-    sgl = SGLangEngine(SGLangEngineParams(python="auto", startup_timeout_s=1200), model, run_dir=root)
+    model, other = args.model or tiny_model_dir(root, 1), tiny_model_dir(root, 2)
+    params = SGLangEngineParams(python="auto", startup_timeout_s=1200)
+    dtype = "float32"
+    if args.device == "cuda":
+        if not os.environ.get("RELAX_SGLANG_PYTHON"):
+            raise SystemExit("--device cuda: set RELAX_SGLANG_PYTHON to an environment's python with CUDA SGLang")
+        dtype = "bfloat16"
+        params = SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", dtype=dtype,
+                                    mem_fraction_static=0.4, max_total_tokens=None, startup_timeout_s=1200)
+        if args.qwen3:
+            from relax.core.testing.models import build_qwen3_06b
+
+            model = build_qwen3_06b(os.path.join(root, "qwen3-0.6b"), model, device="cuda")[0]
+    hf = HFRolloutEngine(model, device=args.device, dtype=dtype)
+    sgl = SGLangEngine(params, model, dtype=dtype, run_dir=root)
     try:
         for engine in (hf, sgl):
             tokens_per_s(engine, args.requests, args.tokens, seed=0)  # warm-up
@@ -61,9 +82,14 @@ def main() -> None:
             sgl_rates.append(s)
             ratios.append(s / h)
             print(f"round {r}: HF {h:,.0f} tok/s, SGLang {s:,.0f} tok/s, ratio {s / h:.2f}")
-        if args.model is None:  # transports need the trainer's model to match the server's
-            trainers = {"other": torch_trainer(other), "same": torch_trainer(model)}
-            for make in (SGLangDiskSync, SGLangTensorSync, SGLangDistributedSync):
+        if args.model is None and not args.qwen3:  # transports need the trainer's model to match the server's
+            trainers = {"other": torch_trainer(other, device=args.device), "same": torch_trainer(model, device=args.device)}
+            makes = [SGLangDiskSync, SGLangTensorSync]
+            if args.device == "cpu":
+                makes.append(SGLangDistributedSync)
+            elif torch.cuda.device_count() > 1:  # NCCL: one rank per GPU
+                makes.append(lambda **kw: SGLangDistributedSync({"backend": "nccl"}, **kw))
+            for make in makes:
                 transport = make(timeout_s=300)
                 times = []
                 for _ in range(args.repeats):
@@ -76,7 +102,8 @@ def main() -> None:
                 print(f"{transport.name}: {statistics.median(times) * 1e3:.0f} ms per sync (median of {len(times)})")
         print(f"HF engine: {statistics.median(hf_rates):,.0f} tok/s; SGLang engine: {statistics.median(sgl_rates):,.0f} tok/s "
               f"({args.requests} requests x {args.tokens} tokens)")
-        print(f"sglang: {statistics.median(ratios):.2f}x tokens/s SGLang vs HF engine")
+        where = "" if args.device == "cpu" else f" on {torch.cuda.get_device_name(0)}, bf16" + (", Qwen3-0.6B-shaped" if args.qwen3 else "")
+        print(f"sglang: {statistics.median(ratios):.2f}x tokens/s SGLang vs HF engine{where}")
     finally:
         sgl.close()
 

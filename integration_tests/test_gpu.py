@@ -38,6 +38,20 @@ def test_engine_and_trainer_logprobs_agree_on_cuda(tmp_path):
         assert torch.allclose(torch.tensor(r.logprobs), trainer_lp[i, : len(r.logprobs)], atol=1e-3)
 
 
+def test_hf_engine_releases_its_gpu_memory_and_resumes_exactly(tmp_path):
+    """``rollout.release_memory`` on the HF engine: its weights leave the GPU and come back unchanged."""
+    engine = HFRolloutEngine(build_tiny_model(tmp_path / "m", seed=1, initializer_range=0.3), device="cuda")
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    requests = [GenerationRequest("r", [1, 4, 23], SamplingParams(max_new_tokens=8, seed=3, ignore_eos=True))]
+    before = asyncio.run(engine.generate(requests))[0]
+    held = torch.cuda.memory_allocated()
+    engine.release_memory()
+    assert held - torch.cuda.memory_allocated() >= weights
+    engine.resume_memory()
+    after = asyncio.run(engine.generate(requests))[0]
+    assert after.response_ids == before.response_ids and after.logprobs == before.logprobs
+
+
 def test_colocate_quickstart_learns_on_cuda(ray_session, tmp_path):
     from relax.core.config import load_config
     from relax.core.controller.run import run

@@ -175,6 +175,6 @@ def test_released_memory_comes_back_with_the_same_weights(sglang_engine):
     sglang_engine.resume_memory()
     after = _run(sglang_engine.generate(reqs))
     assert [r.response_ids for r in after] == [r.response_ids for r in before]
-    gap = max((torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item() for a, b in zip(after, before))
+    gap = max((torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item() for a, b in zip(after, before, strict=True))
     assert gap < 1e-5, gap  # 2e-6: the release flushed the prefix cache, so the prompts are prefilled anew
     assert sglang_engine.health()["ok"] and {v for r in after for v in r.versions} == {sglang_engine.weight_version()}

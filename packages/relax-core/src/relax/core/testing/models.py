@@ -26,6 +26,27 @@ MODEL_OVERRIDES: dict[str, Any] = {"initializer_range": 0.3}
 
 _build_lock = threading.Lock()
 
+#: the shape of Qwen3-0.6B (config only: benchmarks on a device build it randomly initialised, nothing downloaded)
+QWEN3_06B: dict[str, Any] = {
+    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True,
+    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+}  # fmt: skip
+
+
+def build_qwen3_06b(directory: str | os.PathLike[str], tokenizer_dir: str, device: str = "cpu") -> tuple[str, int]:
+    """A randomly initialised Qwen3-0.6B-shaped model saved (bf16) to ``directory`` with the tiny model's
+    tokenizer (ids past its vocabulary decode to nothing): (path, parameter count, a tied embedding once)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device(device):
+        model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_06B)).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
+    return str(directory), params
+
 
 def tiny_model_dir(root: str | os.PathLike[str], seed: int = MODEL_SEED) -> str:
     """Path of the tiny model for ``seed`` under ``root``, built on first use (safetensors + tokenizer)."""

@@ -1,0 +1,123 @@
+"""GPU-only features of the ``sglang`` engine: skipped with a reason on CPU machines, run where CUDA and a CUDA
+SGLang environment are present (``RELAX_SGLANG_PYTHON`` = its interpreter; the CPU server env cannot serve a
+GPU). One server on cuda:0 serves the kit's tiny model in float32 for the module.
+
+- memory release / resume (``--enable-memory-saver``): the GPU memory the server holds is freed and comes
+  back, and it then serves the same tokens;
+- ``sglang_tensor`` over CUDA IPC: a trainer on the GPU syncs other weights, served exactly;
+- ``sglang_distributed`` over NCCL and tensor parallelism: need a second GPU (one NCCL rank per device).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from relax.core.protocols import GenerationRequest, SamplingParams
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(not os.environ.get("RELAX_SGLANG_PYTHON"),
+                       reason="needs RELAX_SGLANG_PYTHON: the python of an environment with CUDA SGLang (README)"),
+]
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11], [12]]
+
+
+def _params(**kw):
+    from relax.sglang.params import SGLangEngineParams
+
+    return SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", mem_fraction_static=0.3,
+                              startup_timeout_s=900, **kw)
+
+
+def _greedy(engine) -> list[list[int]]:
+    reqs = [GenerationRequest(f"g{i}", p, GREEDY) for i, p in enumerate(PROMPTS)]
+    return [r.response_ids for r in asyncio.run(asyncio.wait_for(engine.generate(reqs), 300))]
+
+
+def _hf_greedy(model_dir: str) -> list[list[int]]:
+    from relax.core.engines.hf import HFRolloutEngine
+
+    return _greedy(HFRolloutEngine(model_dir, device="cuda"))
+
+
+@pytest.fixture(scope="module")
+def gpu_engine(tiny_dirs, tmp_path_factory):
+    from relax.sglang.engine import SGLangEngine
+
+    engine = SGLangEngine(_params(), tiny_dirs[0], run_dir=str(tmp_path_factory.mktemp("sglang-gpu")))
+    yield engine
+    engine.close()
+
+
+def _gpu_used_gib() -> float:
+    free, total = torch.cuda.mem_get_info(0)
+    return (total - free) / 2**30
+
+
+def test_greedy_on_cuda_equals_the_hf_engine(gpu_engine, tiny_dirs):
+    assert _greedy(gpu_engine) == _hf_greedy(tiny_dirs[0])
+
+
+def test_release_frees_the_servers_gpu_memory_and_resume_restores_it(gpu_engine):
+    before = _greedy(gpu_engine)
+    held = _gpu_used_gib()
+    gpu_engine.release_memory()
+    released = _gpu_used_gib()
+    gpu_engine.resume_memory()
+    resumed = _gpu_used_gib()
+    print(f"GPU memory in use: {held:.2f} GiB serving, {released:.2f} GiB released, {resumed:.2f} GiB resumed")
+    assert held - released > 0.5 * 0.3 * torch.cuda.mem_get_info(0)[1] / 2**30  # most of its 30% static pool
+    assert resumed - released > 0.5 * (held - released)
+    assert _greedy(gpu_engine) == before
+
+
+def test_sglang_tensor_over_cuda_ipc_serves_the_trainers_weights(gpu_engine, tiny_dirs):
+    from relax.core.testing import torch_trainer
+    from relax.sglang.transports import SGLangTensorSync
+
+    transport = SGLangTensorSync(timeout_s=300)
+    try:
+        for model_dir in (tiny_dirs[1], tiny_dirs[0]):  # other weights, then back (the module's engine is shared)
+            trainer = torch_trainer(model_dir, device="cuda")
+            transport.sync(trainer, [gpu_engine], gpu_engine.weight_version() + 1)
+            assert _greedy(gpu_engine) == _hf_greedy(model_dir)
+    finally:
+        transport.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the trainer and the server on different GPUs")
+def test_sglang_distributed_over_nccl(gpu_engine, tiny_dirs):
+    from relax.core.testing import torch_trainer
+    from relax.sglang.transports import SGLangDistributedSync
+
+    transport = SGLangDistributedSync(backend="nccl", timeout_s=300)
+    try:
+        with torch.cuda.device(1):  # the trainer's rank: the server holds cuda:0
+            for model_dir in (tiny_dirs[1], tiny_dirs[0]):
+                transport.sync(torch_trainer(model_dir, device="cuda:1"), [gpu_engine], gpu_engine.weight_version() + 1)
+                assert _greedy(gpu_engine) == _hf_greedy(model_dir)
+    finally:
+        transport.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism (tp_size 2) needs 2 GPUs")
+def test_tensor_parallel_server_serves_exactly_and_takes_tensor_updates(tiny_dirs, tmp_path):
+    from relax.core.testing import torch_trainer
+    from relax.sglang.engine import SGLangEngine
+    from relax.sglang.transports import SGLangTensorSync
+
+    engine = SGLangEngine(_params(tp_size=2), tiny_dirs[0], run_dir=str(tmp_path))
+    transport = SGLangTensorSync(timeout_s=300)
+    try:
+        assert _greedy(engine) == _hf_greedy(tiny_dirs[0])
+        transport.sync(torch_trainer(tiny_dirs[1], device="cuda"), [engine], 1)
+        assert _greedy(engine) == _hf_greedy(tiny_dirs[1]) and engine.weight_version() == 1
+    finally:
+        transport.close()
+        engine.close()
