@@ -50,11 +50,11 @@ def test_server_command_passes_launch_settings_through():
     assert cmd[cmd.index("--model-path") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "30001"
     assert cmd[cmd.index("--dtype") + 1] == "float32" and "--attention-backend" in cmd
     assert cmd[-2:] == ["--chunked-prefill-size", "64"] and "--mm-process-config" not in cmd
-    video = server_command(params, "/m", 30001, "float32", video=True)
+    video = server_command(params, "/m", 30001, "float32", video="qwen2_5_vl")
     config = json.loads(video[video.index("--mm-process-config") + 1])["video"]
     assert config["fps"] == config["video_metadata"]["fps"] == params.video_fps and video[-2:] == cmd[-2:]
     own = SGLangEngineParams(extra_args=["--mm-process-config", "{}"])
-    assert server_command(own, "/m", 1, "float32", video=True).count("--mm-process-config") == 1
+    assert server_command(own, "/m", 1, "float32", video="qwen2_5_vl").count("--mm-process-config") == 1
 
 
 def test_params_validation_names_the_field():
@@ -219,10 +219,63 @@ def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
     two = {**inputs, "second_per_grid_ts": torch.tensor([1.0, 1.0])}
     with pytest.raises(ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the Qwen2.5-VL processor one"):
         media_request(two, ids, spec)
-    with pytest.raises(ValueError, match=r"model_type 'qwen3_vl': the sglang engine sends \['qwen2_5_vl'\] videos"):
-        media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen3_vl"}))
+    with pytest.raises(ValueError, match=r"model_type 'qwen3_omni_moe': the sglang engine sends \['qwen2_5_vl', 'qwen3_vl'"):
+        media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen3_omni_moe"}))
     with pytest.raises(ValueError, match="prompt has 0 video placeholder runs for 1 videos"):
         media_request(inputs, [1, 2], spec)
+
+
+def test_qwen3_vl_video_blocks_collapse_and_their_times_go_in_the_container(tmp_path):
+    """A Qwen3-VL prompt of two videos: each ``<vs> (<t seconds><vs> pads <ve>)... <ve>`` block becomes the
+    template's ``<vs> pad <ve>``, and each video's container carries its frames (re-processed by the HF video
+    processor to the same patches) and the times its block wrote, in order."""
+    import base64
+    import io
+
+    import av
+    import numpy as np
+
+    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
+    from relax.omni import synthetic
+    from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.sglang.media import TIMESTAMPS_TAG, frames_from_patches, media_request
+
+    hf = build_processor("qwen3_vl", build_tokenizer("qwen3_vl"))
+    proc = QwenOmniProcessor(hf, FAMILIES["qwen3_vl"], OmniProcessorParams(max_frames=64))
+    synthetic.moving_dot_video(tmp_path / "a.mp4", right=True, frames=4)
+    synthetic.moving_dot_video(tmp_path / "b.mp4", right=False, frames=8)
+    content = [{"type": "video", "video": str(tmp_path / "a.mp4")}, {"type": "text", "text": "and"},
+               {"type": "video", "video": str(tmp_path / "b.mp4")}]
+    prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:4")
+    ids, inputs, tok = prompt["prompt_ids"], prompt["inputs"], hf.tokenizer
+    pad, start, end = (tok.convert_tokens_to_ids(t) for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>"))
+    vp = hf.video_processor
+    spec = ImageSpec(tok.convert_tokens_to_ids("<|image_pad|>"), 16, 2, 2, (0.5,) * 3, (0.5,) * 3, video_token_id=pad,
+                     model_type="qwen3_vl", video_mean=tuple(vp.image_mean), video_std=tuple(vp.image_std),
+                     vision_start_token_id=start, vision_end_token_id=end)  # fmt: skip
+    media = media_request(inputs, ids, spec, decode=tok.decode)
+    text = tok.decode(media.prompt_ids)
+    assert text.count("<|vision_start|><|video_pad|><|vision_end|>") == 2 and "seconds>" not in text
+    written = [t.split(" ")[0] for t in tok.decode(ids).split("<")[1:] if t.endswith("seconds>")]
+    assert len(written) == int(inputs["video_grid_thw"][:, 0].sum())
+
+    def container(url):
+        with av.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as c:
+            frames = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+            return frames, c.metadata[TIMESTAMPS_TAG].split(",")
+
+    sent = [container(url) for url in media.fields["video_data"]]
+    assert [t for _, stamps in sent for t in stamps] == written
+    for (frames, _), want in zip(sent, frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"],
+                                                           spec, "pixel_values_videos"), strict=True):  # fmt: skip
+        assert np.array_equal(frames, want)
+    again = vp(videos=[f for f, _ in sent], do_sample_frames=False, do_resize=False, return_tensors="pt")
+    assert (again["pixel_values_videos"] - inputs["pixel_values_videos"]).abs().max().item() < 1e-6
+    with pytest.raises(ValueError, match="need the tokenizer"):
+        media_request(inputs, ids, spec)
+    broken = [t if t != start else end for t in ids]  # no vision_start before the frames
+    with pytest.raises(ValueError, match=r"is not <t seconds><vision_start>pads<vision_end>"):
+        media_request(inputs, broken, spec, decode=tok.decode)
 
 
 def test_audio_goes_as_the_lossless_waveform(tmp_path):

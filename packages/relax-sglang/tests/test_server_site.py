@@ -12,13 +12,19 @@ import torch
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.server import server_env
 from relax.sglang.server_site import SITE_DIR
-from relax.sglang.server_site.relax_sglang_server_patches import per_audio_items
+from relax.sglang.server_site.relax_sglang_server_patches import (
+    metadata_with_timestamps,
+    per_audio_items,
+    tagged_timestamps,
+)
 
 PROBE = """
 import os, sys
 import sglang.srt.models.qwen3_omni_moe as omni
 from sglang.srt.arg_groups import choices
-print("patched", getattr(omni.Qwen3OmniMoeThinkerForConditionalGeneration.get_audio_feature, "relax_patched", False))
+import sglang.srt.multimodal.processors.qwen_vl as qwen_vl
+print("patched", getattr(omni.Qwen3OmniMoeThinkerForConditionalGeneration.get_audio_feature, "relax_patched", False)
+      and getattr(qwen_vl.preprocess_video, "relax_patched", False))
 print("cpu shim", "torch_native" in choices.DETERMINISTIC_ATTENTION_BACKEND_CHOICES)
 print("theirs", os.environ.get("THEIRS_RAN"))
 """
@@ -33,6 +39,31 @@ def test_each_audio_becomes_its_own_item_trimmed_to_its_frames():
     assert [(o.tag, tuple(o.feature.shape), o.feature_attention_mask.tolist()) for o in out] == [
         ("a", (1, 3, 3), [[1, 1, 1]]), ("a", (1, 3, 5), [[1] * 5]), ("b", (1, 3, 2), [[1, 1]])]
     assert torch.equal(out[0].feature, feature[:1, :, :3]) and items[0].feature is feature  # inputs untouched
+
+
+def test_tagged_frame_times_become_the_metadata_qwen3_vl_reads_them_from(tmp_path):
+    """The engine's container tag comes back on the server side, and the metadata built from it makes the HF
+    Qwen3-VL processor's timestamp rule (the mean of each temporal patch's indices / fps) give those times;
+    an untagged (or unreadable) video is left alone."""
+    import base64
+
+    import numpy as np
+    from transformers import Qwen3VLProcessor
+
+    from relax.sglang.media import video_data_url
+
+    frames = np.zeros((4, 32, 32, 3), dtype=np.uint8)
+    url = video_data_url(frames, 2.0, ["0.2", "1.5"])
+    data = base64.b64decode(url.split(",", 1)[1])
+    assert tagged_timestamps(data) == [0.2, 1.5]
+    assert tagged_timestamps(base64.b64decode(video_data_url(frames, 2.0).split(",", 1)[1])) is None
+    assert tagged_timestamps(b"not a video") is None
+    (tmp_path / "v.mkv").write_bytes(data)
+    assert tagged_timestamps(str(tmp_path / "v.mkv")) == [0.2, 1.5]
+    meta = metadata_with_timestamps({"fps": 2.0, "frames_indices": [0, 1, 2, 3], "total_num_frames": 4}, 4, [0.2, 1.5])
+    assert meta["total_num_frames"] == 4
+    times = Qwen3VLProcessor._calculate_timestamps(None, meta["frames_indices"], meta["fps"], 2)
+    assert [f"<{t:.1f} seconds>" for t in times] == ["<0.2 seconds>", "<1.5 seconds>"]
 
 
 def test_the_server_environment_loads_the_patches(sglang_python, tmp_path):

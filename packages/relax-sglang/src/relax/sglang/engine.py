@@ -62,7 +62,7 @@ def staged(named: list[tuple[str, torch.Tensor]], device: str) -> list[tuple[str
 
 
 def _media_requests(
-    refs: list[Any], prompts: list[list[int]], spec: Any, video_fps: float = 2.0
+    refs: list[Any], prompts: list[list[int]], spec: Any, video_fps: float = 2.0, decode: Any = None
 ) -> list[MediaRequest | None]:
     """Each request's media in SGLang's HTTP form, built once per distinct media object (a group's requests
     share one: its images and videos are rebuilt and encoded once, not once per sample)."""
@@ -72,7 +72,7 @@ def _media_requests(
     out: list[MediaRequest | None] = []
     for inputs, prompt in zip(resolve_all(refs), prompts, strict=True):
         if inputs is not None and id(inputs) not in built:
-            built[id(inputs)] = media_request(inputs, prompt, spec, video_fps)
+            built[id(inputs)] = media_request(inputs, prompt, spec, video_fps, decode=decode)
         out.append(None if inputs is None else built[id(inputs)])
     return out
 
@@ -124,7 +124,7 @@ class SGLangEngine:
             if self._image_spec is None:
                 self._image_spec = load_image_spec(self.model_path)
             media = _media_requests([r.media for r in requests], [list(r.prompt_ids) for r in requests], self._image_spec,
-                                    self.params.video_fps)  # fmt: skip
+                                    self.params.video_fps, self.tokenizer.decode)  # fmt: skip
         epoch = self._abort_epoch
         with self._count_lock:
             self._in_flight += 1

@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +49,11 @@ AUDIO_KEYS = ("input_features", "feature_attention_mask")
 AUDIO_RATE = 16000  # what relax-omni decodes to and SGLang resamples to
 IGNORED = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
 MAX_VIDEO_PIXELS = 16384 * 28 * 28  # per frame: far above any relax-omni budget (frames keep their size)
-VIDEO_MODEL_TYPES = ("qwen2_5_vl",)  # whose video requests SGLang re-processes exactly (tested)
+# whose video requests SGLang re-processes exactly (tested); the timestamped ones write per-frame times in the prompt
+TIMESTAMPED_VIDEO_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")
+VIDEO_MODEL_TYPES = ("qwen2_5_vl", *TIMESTAMPED_VIDEO_MODEL_TYPES)
+TIMESTAMPS_TAG = "RELAX_TIMESTAMPS"  # container tag read by relax_sglang_server_patches (same name there)
+TIMESTAMP = re.compile(r"<(\d+(?:\.\d+)?) seconds>")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,10 @@ class ImageSpec:
     video_token_id: int | None = None  # None: the model takes no video
     audio_token_id: int | None = None  # None: the model takes no audio
     model_type: str = ""
+    video_mean: tuple[float, float, float] | None = None  # the video processor's, where it has its own
+    video_std: tuple[float, float, float] | None = None
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
 
 
 def load_image_spec(model_dir: str) -> ImageSpec | None:
@@ -73,10 +84,11 @@ def load_image_spec(model_dir: str) -> ImageSpec | None:
     if token is None:
         return None
     proc: dict[str, Any] = {}
+    video: dict[str, Any] = {}
     for name in ("processor_config.json", "preprocessor_config.json"):
         if (root / name).exists():
             data = json.loads((root / name).read_text())
-            proc = data.get("image_processor", data)
+            proc, video = data.get("image_processor", data), data.get("video_processor", {})
             break
     return ImageSpec(
         image_token_id=int(token),
@@ -88,6 +100,10 @@ def load_image_spec(model_dir: str) -> ImageSpec | None:
         video_token_id=config.get("video_token_id"),
         audio_token_id=config.get("audio_token_id"),
         model_type=str(config.get("model_type", "")),
+        video_mean=tuple(video["image_mean"]) if "image_mean" in video else None,
+        video_std=tuple(video["image_std"]) if "image_std" in video else None,
+        vision_start_token_id=config.get("vision_start_token_id"),
+        vision_end_token_id=config.get("vision_end_token_id"),
     )
 
 
@@ -97,20 +113,24 @@ def _model_config(root: Path) -> dict[str, Any]:
     return config.get("thinker_config", config)
 
 
-def serves_video(model_dir: str) -> bool:
-    """Whether the engine sends the model video (``VIDEO_MODEL_TYPES``): its server gets ``video_server_args``."""
+def video_model_type(model_dir: str) -> str | None:
+    """The model type if the engine sends the model video (``VIDEO_MODEL_TYPES``; its server then gets
+    ``video_server_args``), else None."""
     root = Path(model_dir)
-    return (root / "config.json").exists() and _model_config(root).get("model_type") in VIDEO_MODEL_TYPES
+    kind = _model_config(root).get("model_type") if (root / "config.json").exists() else None
+    return kind if kind in VIDEO_MODEL_TYPES else None
 
 
-def video_server_args(video_fps: float) -> list[str]:
+def video_server_args(video_fps: float, model_type: str = "qwen2_5_vl") -> list[str]:
     """``sglang.launch_server`` arguments under which SGLang re-processes our rebuilt video frames exactly:
-    sample at ``video_fps`` (the container's rate: every frame kept), keep each frame's size (in SGLang's
-    resize and the HF processor's), and give the HF processor ``video_fps`` as the metadata it otherwise
-    lacks (M-RoPE seconds per temporal grid)."""
+    sample at ``video_fps`` (the container's rate: every frame kept) and keep each frame's size (in SGLang's
+    resize and the HF processor's). Qwen2.5-VL's HF processor also gets ``video_fps`` as the metadata SGLang
+    does not pass it (M-RoPE seconds per temporal grid); Qwen3-VL's gets SGLang's own, with our frame times
+    (``TIMESTAMPS_TAG``, see ``relax_sglang_server_patches``)."""
     pixels = {"min_pixels": 1, "max_pixels": MAX_VIDEO_PIXELS}
-    video = {"fps": video_fps, **pixels, "size": {"shortest_edge": 1, "longest_edge": MAX_VIDEO_PIXELS},
-             "video_metadata": {"fps": video_fps, "total_num_frames": 1}}  # fmt: skip
+    video = {"fps": video_fps, **pixels, "size": {"shortest_edge": 1, "longest_edge": MAX_VIDEO_PIXELS}}
+    if model_type not in TIMESTAMPED_VIDEO_MODEL_TYPES:
+        video["video_metadata"] = {"fps": video_fps, "total_num_frames": 1}
     return ["--mm-process-config", json.dumps({"video": video})]
 
 
@@ -120,8 +140,10 @@ def frames_from_patches(pixel_values: Any, grid_thw: Any, spec: ImageSpec, what:
     x = np.asarray(pixel_values, dtype=np.float64)
     grids = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
     p, m, tp = spec.patch_size, spec.merge_size, spec.temporal_patch_size
-    mean, std = np.asarray(spec.image_mean)[:, None, None], np.asarray(spec.image_std)[:, None, None]
-    grid = "video_grid_thw" if what.endswith("videos") else "image_grid_thw"
+    video = what.endswith("videos")
+    mean = np.asarray(spec.video_mean if video and spec.video_mean else spec.image_mean)[:, None, None]
+    std = np.asarray(spec.video_std if video and spec.video_std else spec.image_std)[:, None, None]
+    grid = "video_grid_thw" if video else "image_grid_thw"
     items, start = [], 0
     for t, gh, gw in grids.tolist():
         n = t * gh * gw
@@ -160,14 +182,17 @@ def _av() -> Any:
     return av
 
 
-def video_data_url(frames: np.ndarray, fps: float) -> str:
+def video_data_url(frames: np.ndarray, fps: float, timestamps: list[str] | None = None) -> str:
     """``frames`` (T, H, W, 3 uint8) as a lossless FFV1/Matroska data URL at ``fps`` (decoded back to the
-    same pixels by SGLang's decord/torchcodec reader)."""
+    same pixels by SGLang's decord/torchcodec reader); ``timestamps``: each temporal grid's time as the
+    prompt writes it, in the ``TIMESTAMPS_TAG`` tag."""
     from fractions import Fraction
 
     av = _av()
     buf = io.BytesIO()
     with av.open(buf, "w", format="matroska") as out:
+        if timestamps is not None:
+            out.metadata[TIMESTAMPS_TAG] = ",".join(timestamps)
         stream = out.add_stream("ffv1", rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "bgr0"
         for frame in frames:
@@ -210,12 +235,12 @@ class MediaRequest:
 
 def media_request(
     inputs: dict[str, Any], prompt_ids: list[int], spec: ImageSpec | None, video_fps: float = 2.0,
-    audios: list[np.ndarray] | None = None,
+    audios: list[np.ndarray] | None = None, decode: Callable[[list[int]], str] | None = None,
 ) -> MediaRequest:
     """The HTTP form of one prompt's processed media (see the module docstring); what SGLang cannot take
     exactly is an error naming it. ``video_fps``: the server's video sampling fps (``video_server_args``);
     ``audios``: the prompt's decoded waveforms, in order (its ``input_features`` cannot be inverted); by
-    default its ``source.audio.<i>`` entries."""
+    default its ``source.audio.<i>`` entries; ``decode``: the tokenizer's, to read Qwen3-VL frame times."""
     if audios is None:
         audios = source_media(inputs, "audio") or None
     inputs = model_inputs(inputs)
@@ -244,7 +269,9 @@ def media_request(
         images = images_from_patches(inputs["pixel_values"], inputs["image_grid_thw"], spec)
         ids = _collapsed(ids, spec.image_token_id, len(images), "image")
         fields["image_data"] = [png_data_url(im) for im in images]
-    if "pixel_values_videos" in inputs:
+    if "pixel_values_videos" in inputs and spec.model_type in TIMESTAMPED_VIDEO_MODEL_TYPES:
+        ids, fields["video_data"] = _timestamped_videos(ids, inputs, spec, video_fps, decode)
+    elif "pixel_values_videos" in inputs:
         videos = _videos(inputs, spec, video_fps)
         ids = _collapsed(ids, spec.video_token_id, len(videos), "video")
         fields["video_data"] = [video_data_url(frames, video_fps) for frames in videos]
@@ -268,8 +295,8 @@ def _videos(inputs: dict[str, Any], spec: ImageSpec, video_fps: float) -> list[n
     if spec.model_type not in VIDEO_MODEL_TYPES or spec.video_token_id is None:
         raise ValueError(
             f"video inputs for model_type {spec.model_type!r}: the sglang engine sends {list(VIDEO_MODEL_TYPES)} "
-            "videos only (Qwen3-VL puts per-frame timestamps in the prompt text, which SGLang 0.5.23 re-derives "
-            "from the container it decodes); use the hf engine for these videos"
+            "videos only (SGLang must re-process them to exactly our patches and prompt); use the hf engine for "
+            "these videos"
         )
     seconds = [float(s) for s in np.asarray(inputs.get("second_per_grid_ts", []), dtype=np.float64).reshape(-1)]
     if len(seconds) != 1:
@@ -285,6 +312,46 @@ def _videos(inputs: dict[str, Any], spec: ImageSpec, video_fps: float) -> list[n
             "data.processor_params.fps and engine_params.video_fps alike (a short video may get another fps)"
         )
     return frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos")
+
+
+def _timestamped_videos(
+    ids: list[int], inputs: dict[str, Any], spec: ImageSpec, video_fps: float, decode: Callable[[list[int]], str] | None
+) -> tuple[list[int], list[str]]:
+    """Qwen3-VL videos: the prompt writes each video as ``<vs> (<t seconds> <vs> pad.. <ve>) per temporal grid
+    <ve>``. Each such block becomes the template's single ``<vs> pad <ve>`` again, and its frames go in a
+    container tagged with the block's times, which the server patch gives SGLang's processor (SGLang 0.5.23
+    would re-derive them from the container with its own frame sampling, and the prompt text would differ).
+    Returns the collapsed ids and the video data URLs."""
+    pad, start, end = spec.video_token_id, spec.vision_start_token_id, spec.vision_end_token_id
+    if decode is None or start is None or end is None:
+        raise ValueError("Qwen3-VL video requests need the tokenizer and vision_start/end_token_id in config.json")
+    videos = frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos")
+    runs, pos = [], 0  # [first, last + 1) of every run of the video placeholder
+    for token, run in itertools.groupby(ids):
+        n = len(list(run))
+        if token == pad:
+            runs.append((pos, pos + n))
+        pos += n
+    grids = [int(t) for t in np.asarray(inputs["video_grid_thw"]).reshape(-1, 3)[:, 0]]
+    if len(runs) != sum(grids):
+        raise ValueError(f"prompt has {len(runs)} video frame runs for {len(grids)} videos of {sum(grids)} temporal grids")
+    out, urls, cursor = [], [], 0
+    for frames, group in zip(videos, np.split(np.asarray(runs), np.cumsum(grids)[:-1]), strict=True):
+        opening = max((k for k in range(cursor, group[0][0] - 1) if ids[k] == start), default=None)
+        stamps, prev = [], (opening or 0) + 1
+        for first, last in group.tolist():
+            text = decode(ids[prev:first - 1]).strip()
+            if opening is None or ids[first - 1] != start or last >= len(ids) or ids[last] != end or not TIMESTAMP.fullmatch(text):
+                raise ValueError(f"video block at prompt position {first} is not <t seconds><vision_start>pads<vision_end> "
+                                 f"(read {text!r}): not a Qwen3-VL processor's prompt")  # fmt: skip
+            stamps.append(TIMESTAMP.fullmatch(text).group(1))
+            prev = last + 1
+        if prev >= len(ids) or ids[prev] != end:
+            raise ValueError(f"video block ending at prompt position {prev} lacks its closing vision_end")
+        out += ids[cursor:opening + 1] + [pad]
+        cursor = prev
+        urls.append(video_data_url(frames, video_fps, stamps))
+    return out + ids[cursor:], urls
 
 
 def check_prompt_tokens(meta: dict[str, Any], expected: int, name: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from relax.sglang.media import serves_video, video_server_args
+from relax.sglang.media import video_model_type, video_server_args
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.server_site import SITE_DIR
 
@@ -35,9 +35,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype: str, video: bool = False) -> list[str]:
-    """The ``sglang.launch_server`` command line for ``params`` (pure: unit-tested); ``video``: the model takes
-    video, so the server re-processes our rebuilt frames exactly (unless ``extra_args`` configure it)."""
+def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype: str, video: str | None = None) -> list[str]:
+    """The ``sglang.launch_server`` command line for ``params`` (pure: unit-tested); ``video``: the model type
+    of a model the engine sends video, so the server re-processes our rebuilt frames exactly (unless
+    ``extra_args`` configure it)."""
     cmd = [
         params.python, "-m", "sglang.launch_server",
         "--model-path", model_path,
@@ -58,7 +59,7 @@ def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype
         cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph",
                 "--sleep-on-idle"]  # an idle CPU scheduler otherwise spins a whole core  # fmt: skip
     if video and "--mm-process-config" not in params.extra_args:
-        cmd += video_server_args(params.video_fps)
+        cmd += video_server_args(params.video_fps, video)
     return cmd + list(params.extra_args)
 
 
@@ -97,7 +98,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = server_command(self.params, self.model_path, self.port, self.dtype, serves_video(self.model_path))
+        cmd = server_command(self.params, self.model_path, self.port, self.dtype, video_model_type(self.model_path))
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(cmd)}\n".encode())
             log.flush()

@@ -1,5 +1,15 @@
 """Relax's patches to SGLang 0.5.23, applied in the server's processes (see ``sitecustomize`` beside this).
 
+Qwen3-VL video frame times. Replaces: the frame indices and fps that ``qwen_vl.preprocess_video`` reports
+for a video whose container carries Relax's ``RELAX_TIMESTAMPS`` tag (any other video is unchanged). Why:
+Qwen3-VL's processor writes each temporal grid's time into the prompt ("<1.5 seconds>"), computed from
+those indices / fps. Relax's processor wrote its times from the original video; the engine sends exactly
+the sampled frames, in a container tagged with those times, and the patch reports indices whose pair
+means are them at fps 1 -- so SGLang writes the prompt Relax trains on, not times re-derived from its own
+sampling of the container (which differ: SGLang truncates its frame indices where qwen-vl-utils rounds).
+Tagged frames also keep their size: SGLang 0.5.23 resizes every Qwen-VL video frame to a multiple of 28
+(Qwen2.5-VL's patch grid), which for Qwen3-VL (32) resamples the pixels twice (a 5e-3 logprob gap).
+
 Qwen3-Omni audio, one encoder call per audio. Replaces: ``Qwen3OmniMoeThinkerForConditionalGeneration.
 get_audio_feature``'s single call over every audio item of a prefill batch. Why, twice over:
 (1) it concatenates the items' features, each padded only to its own request's longest audio, so two
@@ -48,6 +58,47 @@ def encode_audio_per_item(omni) -> None:
     cls.get_audio_feature = get_audio_feature
 
 
+TIMESTAMPS_TAG = "RELAX_TIMESTAMPS"  # = relax.sglang.media.TIMESTAMPS_TAG
+
+
+def tagged_timestamps(source: Any) -> list[float] | None:
+    """The ``TIMESTAMPS_TAG`` of a video container (bytes or a path), or None."""
+    import io
+
+    import av
+
+    try:
+        with av.open(io.BytesIO(source) if isinstance(source, bytes) else source) as container:
+            tag = container.metadata.get(TIMESTAMPS_TAG)
+    except (OSError, ValueError, av.error.FFmpegError):
+        return None
+    return None if tag is None else [float(t) for t in tag.split(",")]
+
+
+def metadata_with_timestamps(metadata: dict, frames: int, stamps: list[float]) -> dict:
+    """Video metadata whose Qwen3-VL timestamps (means of each temporal patch's frame indices / fps) are
+    ``stamps``: every frame of a temporal patch gets its patch's time as index, at fps 1."""
+    per = max(1, frames // len(stamps))
+    return {**metadata, "fps": 1.0, "frames_indices": [s for s in stamps for _ in range(per)]}
+
+
+def video_timestamps_from_tags(qwen_vl) -> None:
+    original = qwen_vl.preprocess_video
+
+    async def preprocess_video(vr, *args, **kwargs):
+        source = getattr(vr, "_source_bytes", None) or getattr(vr, "_source_path", None)
+        stamps = None if source is None else tagged_timestamps(source)
+        if stamps is None:
+            return await original(vr, *args, **kwargs)
+        # Relax's frames are at the model's patch grid already: factor 1 keeps their size, where SGLang's
+        # default would snap a Qwen3-VL frame (a multiple of 32) to a multiple of Qwen2.5-VL's 28
+        video, metadata = await original(vr, *args, **{**kwargs, "image_factor": 1})
+        return video, metadata_with_timestamps(metadata, len(video), stamps)
+
+    preprocess_video.relax_patched = True
+    qwen_vl.preprocess_video = preprocess_video
+
+
 _pending: dict[str, list[Callable[[Any], None]]] = {}
 
 
@@ -85,3 +136,4 @@ def install() -> None:
     if not getattr(install, "done", False):
         install.done = True
         after_import("sglang.srt.models.qwen3_omni_moe", encode_audio_per_item)
+        after_import("sglang.srt.multimodal.processors.qwen_vl", video_timestamps_from_tags)
