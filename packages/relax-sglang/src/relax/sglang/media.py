@@ -13,8 +13,10 @@ sampling fps (``engine_params.video_fps``) so that SGLang keeps every frame. SGL
 Qwen2.5-VL HF processor no video metadata (so no fps, so ``second_per_grid_ts`` would be 2/24); the
 launched server therefore gets ``--mm-process-config`` (``video_server_args``) with that fps as a
 server-wide metadata, a pixel range that keeps the frames' size, and the same sampling fps. That holds one
-video per prompt, at ``video_fps``: anything else is refused by name. Qwen3-VL videos (timestamps in the
-text, re-derived by SGLang from the container) and other families' videos are refused.
+Qwen2.5-VL video per prompt, at ``video_fps``: anything else is refused by name. Qwen3-VL writes each
+temporal grid's time into the prompt; its video blocks are collapsed to the template's placeholder and the
+times travel in the container (``TIMESTAMPS_TAG``), which Relax's server patch hands to SGLang's processor
+(any number of videos per prompt). Other families' videos are refused.
 
 Audio features cannot be inverted: audio goes as the decoded 16 kHz waveform (float32 PCM in Matroska,
 lossless; SGLang decodes it with PyAV). relax-omni keeps each prompt's waveforms beside the features as
