@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.autograd.graph import increment_version
 
 from relax.core.algorithms import (
     PolicyLossInputs,
@@ -29,7 +28,7 @@ from relax.core.data_multimodal import has_media, unpack_media
 from relax.core.multimodal_model import freeze_towers, is_tower, media_forward_kwargs
 from relax.core.trainers.critic import Critic, split_rows
 from relax.core.trainers.data_parallel import DataParallel, shard_bounds, take_rows
-from relax.core.trainers.optim import LR_SCHEDULES, lr_factor
+from relax.core.trainers.optim import LR_SCHEDULES, adamw, apply_update, lr_factor
 from relax.core.trainers.shared_prefix import shared_prefix_logits
 
 Objective = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, Any]]]
@@ -43,11 +42,6 @@ class NonFiniteError(FloatingPointError):
 
 #: log p(token) from (..., V) logits, in fp32 (logsumexp form: no (..., V) log-softmax copy)
 token_logprobs = logprobs_from_logits
-
-
-def _bump_versions(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """Mark every parameter written, as an unfused step does (``engines.hosted.fingerprint``)."""
-    increment_version([p for group in optimizer.param_groups for p in group["params"]])
 
 
 class TorchTrainer:
@@ -116,16 +110,10 @@ class TorchTrainer:
         self.model.requires_grad_(trainable)
         # VL / Omni: the vision / audio towers (and their mergers) stay as loaded and are left out of weight syncs
         self.freeze_media_towers = freeze_media_towers and freeze_towers(self.model)
+        params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = (
-            torch.optim.AdamW(  # fused on CPU and CUDA, as HF Trainer's default (one kernel, not one per tensor)
-                [p for p in self.model.parameters() if p.requires_grad], lr=lr, betas=tuple(betas), eps=eps,
-                weight_decay=weight_decay, fused=self.device.type in ("cpu", "cuda"),
-            )
-            if trainable
-            else None
+            adamw(params, self.device, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay) if trainable else None
         )
-        if self.optimizer is not None:  # the fused kernel writes without bumping the version counters that
-            self.optimizer.register_step_post_hook(_bump_versions)  # the hosted engine's fingerprint reads
         self.critic, self.critic_warmup_steps = critic, critic_warmup_steps
         self.skip_nonfinite = skip_nonfinite  # False: a NaN/inf loss or gradient raises NonFiniteError
         if data_parallel is not None and critic is not None:
@@ -363,20 +351,10 @@ class TorchTrainer:
             keys = sorted(obj_sums)
             loss_sum, entropy_sum, *sums = self.dp.sum([loss_sum, entropy_sum, *(obj_sums[k] for k in keys)])
             obj_sums = dict(zip(keys, sums, strict=True))
-        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
-        if skipped:  # a NaN/inf update would destroy the weights: drop it, or stop the run
-            self._nonfinite(f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} "
-                            f"(loss {loss_sum}, grad_norm {grad_norm}); the update was not applied")
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.optimizer.step()
-            # float64 L2 norms are non-finite exactly when a weight is (no fp32 value overflows them); 4x
-            # faster than the inf-norm on CPU
-            if not torch.isfinite(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float64))).all():
-                lr = self.optimizer.param_groups[0]["lr"]  # the weights are gone: skipping cannot help
-                self._nonfinite(f"the update (lr {lr:g}) made the weights non-finite", skippable=False)
+        grad_norm, problem, stepped = apply_update(self.optimizer, params, self.grad_clip, loss_sum)
+        skipped = not stepped
+        if problem is not None:  # a NaN/inf update would destroy the weights: dropped, or the run stops
+            self._nonfinite(problem, skippable=skipped)  # weights already non-finite: skipping cannot help
         if fused:
             batch["old_logprobs"] = torch.cat(fused)
         denom = max(tokens, 1.0)
