@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -25,7 +26,8 @@ def server_python(log_path: str | os.PathLike[str] | None = None) -> str:
     global _python
     with _lock:
         if _python is None:
-            _python = os.environ.get("RELAX_SGLANG_PYTHON") or _build(Path(log_path or "sglang-server-env-build.log"))
+            default = Path(tempfile.gettempdir()) / "relax-sglang-server-env-build.log"  # not the caller's cwd
+            _python = os.environ.get("RELAX_SGLANG_PYTHON") or _build(Path(log_path or default))
         return _python
 
 
