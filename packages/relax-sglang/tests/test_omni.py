@@ -1,4 +1,4 @@
-"""Audio through SGLang over HTTP on a tiny Qwen3-Omni thinker (its own server launch, ~76-95 s on the 2-core
+"""Audio and video through SGLang over HTTP on a tiny Qwen3-Omni thinker (its own server launch, ~76-95 s on the 2-core
 machine: over the suite's budget, so it runs only with ``RELAX_SGLANG_OMNI=1``)."""
 
 from __future__ import annotations
@@ -45,15 +45,18 @@ def hf_greedy(model, ids: list[int], inputs: dict, n: int) -> tuple[list[int], t
     return out, torch.log_softmax(logits[len(ids) - 1:-1], -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
-def test_audio_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
-    """Audio prompts processed by relax-omni go through ``SGLangEngine.generate``: the kept waveforms
-    (``source.audio.<i>``) are sent as float PCM, SGLang's features expand each prompt to our length (the
-    engine checks), its greedy tokens equal HF ``generate`` on the processed inputs, and its logprobs the
-    HF forward's. One prompt of one audio (two requests sharing it), one of two audios of other lengths
-    (waveforms kept in prompt order) and one of a 0.5 s clip, in one call: SGLang gets them in one prefill
-    batch, which crashed stock SGLang 0.5.23 (different widths) and would encode the sub-second clip padded
-    to the others' 1 s chunks. Relax's server patch encodes each audio alone, as Relax's HF models do
-    (``encode_audio_per_item``), so the short clip matches too."""
+def test_audio_and_video_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
+    """Audio and video prompts processed by relax-omni go through ``SGLangEngine.generate`` in one call:
+    SGLang's features expand each prompt to our length (the engine checks), its greedy tokens equal HF's on
+    the processed inputs, and its logprobs the HF forward's.
+
+    Audio (the kept ``source.audio.<i>`` waveforms, sent as float PCM): one prompt of one audio (two requests
+    sharing it), one of two audios of other lengths (waveforms kept in prompt order), one of a 0.5 s clip.
+    SGLang gets them in one prefill batch, which crashed stock SGLang 0.5.23 (different widths) and would
+    encode the sub-second clip padded to the others' 1 s chunks; Relax's server patch encodes each audio
+    alone, as Relax's HF models do (``encode_audio_per_item``). Video (sent as for Qwen2.5-VL): one of one
+    temporal grid and one of two -- the second needs the server patch's ``fps`` (SGLang would give the
+    processor 1.0, doubling each grid's M-RoPE seconds: other greedy tokens) and its kept frame size."""
     from transformers import AutoProcessor, Qwen3OmniMoeThinkerForConditionalGeneration
 
     from relax.core.multimodal_model import encode_audio_per_item
@@ -62,17 +65,24 @@ def test_audio_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
 
     engine, thinker_dir = omni_engine
-    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(thinker_dir), FAMILIES["qwen3_omni"], OmniProcessorParams())
+    hf = AutoProcessor.from_pretrained(thinker_dir)
+    proc = QwenOmniProcessor(hf, FAMILIES["qwen3_omni"], OmniProcessorParams())
+    two_frames = QwenOmniProcessor(hf, FAMILIES["qwen3_omni"], OmniProcessorParams(max_frames=2))  # one grid
     synthetic.two_tones(tmp_path / "a.wav", 440.0, 220.0, seconds=0.6)  # 1.2 s
     synthetic.two_tones(tmp_path / "b.wav", 330.0, 550.0, seconds=0.8)  # 1.6 s
     synthetic.two_tones(tmp_path / "c.wav", 660.0, 330.0, seconds=0.25)  # 0.5 s: one short chunk
+    for name, frames in (("one", 4), ("two", 8)):  # 1 s / 2 s at 4 fps, sampled at 2 fps
+        synthetic.moving_dot_video(tmp_path / f"{name}.mp4", right=name == "one", frames=frames)
     audio, longer, short = str(tmp_path / "a.wav"), str(tmp_path / "b.wav"), str(tmp_path / "c.wav")
-    rows = [[{"type": "audio", "audio": audio}, {"type": "text", "text": "what?"}],
-            [{"type": "audio", "audio": longer}, {"type": "text", "text": "then"},
-             {"type": "audio", "audio": audio}, {"type": "text", "text": "same?"}],
-            [{"type": "audio", "audio": short}, {"type": "text", "text": "short?"}]]
-    prompts = [proc.process([{"role": "user", "content": c}], [], f"t.jsonl:{i + 1}") for i, c in enumerate(rows)]
-    assert [sum(k.startswith("source.audio.") for k in p["inputs"]) for p in prompts] == [1, 2, 1]
+    rows = [(proc, [{"type": "audio", "audio": audio}, {"type": "text", "text": "what?"}]),
+            (proc, [{"type": "audio", "audio": longer}, {"type": "text", "text": "then"},
+                    {"type": "audio", "audio": audio}, {"type": "text", "text": "same?"}]),
+            (proc, [{"type": "audio", "audio": short}, {"type": "text", "text": "short?"}]),
+            (two_frames, [{"type": "video", "video": str(tmp_path / "one.mp4")}, {"type": "text", "text": "where?"}]),
+            (proc, [{"type": "video", "video": str(tmp_path / "two.mp4")}, {"type": "text", "text": "where?"}])]
+    prompts = [p.process([{"role": "user", "content": c}], [], f"t.jsonl:{i + 1}") for i, (p, c) in enumerate(rows)]
+    assert [sum(k.startswith("source.audio.") for k in p["inputs"]) for p in prompts] == [1, 2, 1, 0, 0]
+    assert [p["inputs"]["video_grid_thw"][0, 0].item() for p in prompts[3:]] == [1, 2]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
     requests = [GenerationRequest(f"a{j}", list(p["prompt_ids"]), greedy, media=p["inputs"])
                 for j, p in enumerate([prompts[0], *prompts])]
@@ -86,4 +96,4 @@ def test_audio_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
         assert res.response_ids == want, f"{req.request_id}: SGLang {res.response_ids} vs HF {want}"
         gaps.append((torch.tensor(res.logprobs) - want_lps).abs().max().item())
     print(f"SGLang vs HF forward logprob gaps: {gaps}")
-    assert max(gaps) < 1e-4, f"SGLang vs HF forward logprobs differ by {gaps}"  # measured 2.4e-7
+    assert max(gaps) < 1e-4, f"SGLang vs HF forward logprobs differ by {gaps}"  # measured 2.4e-7 .. 4.8e-7

@@ -217,10 +217,10 @@ def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
                                          "samples at engine_params.video_fps=1"):
         media_request(inputs, ids, spec, video_fps=1.0)
     two = {**inputs, "second_per_grid_ts": torch.tensor([1.0, 1.0])}
-    with pytest.raises(ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the Qwen2.5-VL processor one"):
+    with pytest.raises(ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the qwen2_5_vl processor one"):
         media_request(two, ids, spec)
-    with pytest.raises(ValueError, match=r"model_type 'qwen3_omni_moe': the sglang engine sends \['qwen2_5_vl', 'qwen3_vl'"):
-        media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen3_omni_moe"}))
+    with pytest.raises(ValueError, match=r"model_type 'qwen2_5_omni_thinker': the sglang engine sends \['qwen2_5_vl', 'qwen3_omni_moe_thinker'"):
+        media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen2_5_omni_thinker"}))
     with pytest.raises(ValueError, match="prompt has 0 video placeholder runs for 1 videos"):
         media_request(inputs, [1, 2], spec)
 

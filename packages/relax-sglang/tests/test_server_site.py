@@ -15,7 +15,7 @@ from relax.sglang.server_site import SITE_DIR
 from relax.sglang.server_site.relax_sglang_server_patches import (
     metadata_with_timestamps,
     per_audio_items,
-    tagged_timestamps,
+    relax_tags,
 )
 
 PROBE = """
@@ -42,9 +42,9 @@ def test_each_audio_becomes_its_own_item_trimmed_to_its_frames():
 
 
 def test_tagged_frame_times_become_the_metadata_qwen3_vl_reads_them_from(tmp_path):
-    """The engine's container tag comes back on the server side, and the metadata built from it makes the HF
-    Qwen3-VL processor's timestamp rule (the mean of each temporal patch's indices / fps) give those times;
-    an untagged (or unreadable) video is left alone."""
+    """The engine's container tags come back on the server side, and the metadata built from the times makes
+    the HF Qwen3-VL processor's timestamp rule (the mean of each temporal patch's indices / fps) give them;
+    another client's (or an unreadable) video is not Relax's and is left alone."""
     import base64
 
     import numpy as np
@@ -55,11 +55,21 @@ def test_tagged_frame_times_become_the_metadata_qwen3_vl_reads_them_from(tmp_pat
     frames = np.zeros((4, 32, 32, 3), dtype=np.uint8)
     url = video_data_url(frames, 2.0, ["0.2", "1.5"])
     data = base64.b64decode(url.split(",", 1)[1])
-    assert tagged_timestamps(data) == [0.2, 1.5]
-    assert tagged_timestamps(base64.b64decode(video_data_url(frames, 2.0).split(",", 1)[1])) is None
-    assert tagged_timestamps(b"not a video") is None
+    assert relax_tags(data)["RELAX_TIMESTAMPS"] == "0.2,1.5"
+    assert "RELAX_TIMESTAMPS" not in relax_tags(base64.b64decode(video_data_url(frames, 2.0).split(",", 1)[1]))
+    assert relax_tags(b"not a video") is None
     (tmp_path / "v.mkv").write_bytes(data)
-    assert tagged_timestamps(str(tmp_path / "v.mkv")) == [0.2, 1.5]
+    assert relax_tags(str(tmp_path / "v.mkv"))["RELAX_TIMESTAMPS"] == "0.2,1.5"
+    untagged = tmp_path / "plain.mkv"  # another client's video: not Relax's, left alone
+    import av
+
+    with av.open(str(untagged), "w", format="matroska") as out:
+        stream = out.add_stream("ffv1", rate=2)
+        stream.width = stream.height = 32
+        for frame in frames:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        out.mux(stream.encode())
+    assert relax_tags(str(untagged)) is None
     meta = metadata_with_timestamps({"fps": 2.0, "frames_indices": [0, 1, 2, 3], "total_num_frames": 4}, 4, [0.2, 1.5])
     assert meta["total_num_frames"] == 4
     times = Qwen3VLProcessor._calculate_timestamps(None, meta["frames_indices"], meta["fps"], 2)

@@ -46,15 +46,16 @@ from relax.core.data_multimodal import model_inputs, source_media
 from relax.core.multimodal_model import AUDIO_IN_VIDEO
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
-VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")  # (Qwen-Omni's)
 AUDIO_KEYS = ("input_features", "feature_attention_mask")
 AUDIO_RATE = 16000  # what relax-omni decodes to and SGLang resamples to
 IGNORED = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
 MAX_VIDEO_PIXELS = 16384 * 28 * 28  # per frame: far above any relax-omni budget (frames keep their size)
 # whose video requests SGLang re-processes exactly (tested); the timestamped ones write per-frame times in the prompt
 TIMESTAMPED_VIDEO_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")
-VIDEO_MODEL_TYPES = ("qwen2_5_vl", *TIMESTAMPED_VIDEO_MODEL_TYPES)
-TIMESTAMPS_TAG = "RELAX_TIMESTAMPS"  # container tag read by relax_sglang_server_patches (same name there)
+VIDEO_MODEL_TYPES = ("qwen2_5_vl", "qwen3_omni_moe_thinker", *TIMESTAMPED_VIDEO_MODEL_TYPES)
+# container tags read by relax_sglang_server_patches (same names there): ours (keep the frames' size), and times
+VIDEO_TAG, TIMESTAMPS_TAG = "RELAX_VIDEO", "RELAX_TIMESTAMPS"
 TIMESTAMP = re.compile(r"<(\d+(?:\.\d+)?) seconds>")
 
 
@@ -186,13 +187,14 @@ def _av() -> Any:
 
 def video_data_url(frames: np.ndarray, fps: float, timestamps: list[str] | None = None) -> str:
     """``frames`` (T, H, W, 3 uint8) as a lossless FFV1/Matroska data URL at ``fps`` (decoded back to the
-    same pixels by SGLang's decord/torchcodec reader); ``timestamps``: each temporal grid's time as the
-    prompt writes it, in the ``TIMESTAMPS_TAG`` tag."""
+    same pixels by SGLang's decord/torchcodec reader), tagged as ours (``VIDEO_TAG``: the server patch keeps
+    the frames' size); ``timestamps``: each temporal grid's time as the prompt writes it (``TIMESTAMPS_TAG``)."""
     from fractions import Fraction
 
     av = _av()
     buf = io.BytesIO()
     with av.open(buf, "w", format="matroska") as out:
+        out.metadata[VIDEO_TAG] = "1"
         if timestamps is not None:
             out.metadata[TIMESTAMPS_TAG] = ",".join(timestamps)
         stream = out.add_stream("ffv1", rate=Fraction(fps).limit_denominator(1000))
@@ -300,11 +302,12 @@ def _videos(inputs: dict[str, Any], spec: ImageSpec, video_fps: float) -> list[n
             "videos only (SGLang must re-process them to exactly our patches and prompt); use the hf engine for "
             "these videos"
         )
-    seconds = [float(s) for s in np.asarray(inputs.get("second_per_grid_ts", []), dtype=np.float64).reshape(-1)]
+    per_grid = inputs.get("second_per_grid_ts", inputs.get("video_second_per_grid", []))
+    seconds = [float(s) for s in np.asarray(per_grid, dtype=np.float64).reshape(-1)]
     if len(seconds) != 1:
         raise ValueError(
-            f"{len(seconds)} videos in one prompt: SGLang 0.5.23 gives the Qwen2.5-VL processor one server-wide "
-            "fps (--mm-process-config), which holds one video per prompt; use the hf engine for these prompts"
+            f"{len(seconds)} videos in one prompt: SGLang 0.5.23 gives the {spec.model_type} processor one "
+            "server-wide fps (--mm-process-config), which holds one video per prompt; use the hf engine for these prompts"
         )
     expected = spec.temporal_patch_size / video_fps
     if abs(seconds[0] - expected) > 1e-4 * expected:

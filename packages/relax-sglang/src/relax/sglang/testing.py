@@ -55,8 +55,9 @@ def tiny_omni_dirs(root: str | Path, seed: int = 1) -> tuple[str, str]:
     """(server dir, thinker dir): a seeded tiny Qwen3-Omni thinker as SGLang 0.5.23 serves it (a
     ``Qwen3OmniMoeForConditionalGeneration`` checkpoint wrapping ``thinker.*``) and as HF loads it.
 
-    From the kit's tiny ``qwen3_omni``, with three deepstack vision indexes: SGLang's Qwen3-VL-MoE language
-    model adds exactly three deepstack slices (``range(3)``), and the kit's one index crashes its forward."""
+    From the kit's tiny ``qwen3_omni``, with three vision layers, each a deepstack index: SGLang's Qwen3-VL-MoE
+    language model adds exactly three deepstack slices (``range(3)``), and the kit's one index crashes its
+    forward (a repeated index gives video embeddings of the wrong width)."""
     import json
     import shutil
 
@@ -72,7 +73,7 @@ def tiny_omni_dirs(root: str | Path, seed: int = 1) -> tuple[str, str]:
         return str(target), str(thinker)
     base = Path(tiny_multimodal_dir(root, "qwen3_omni", seed))
     config = json.loads((base / "config.json").read_text())
-    config["vision_config"]["deepstack_visual_indexes"] = [0, 1, 1]
+    config["vision_config"].update(depth=3, deepstack_visual_indexes=[0, 1, 2])
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "transformers_version")}
     torch.manual_seed(seed)
     model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(transformers.Qwen3OmniMoeThinkerConfig(**fields))

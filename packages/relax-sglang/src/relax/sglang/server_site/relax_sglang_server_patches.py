@@ -1,14 +1,19 @@
 """Relax's patches to SGLang 0.5.23, applied in the server's processes (see ``sitecustomize`` beside this).
 
-Qwen3-VL video frame times. Replaces: the frame indices and fps that ``qwen_vl.preprocess_video`` reports
-for a video whose container carries Relax's ``RELAX_TIMESTAMPS`` tag (any other video is unchanged). Why:
+Videos as Relax sent them. Replaces, for a video whose container carries Relax's ``RELAX_VIDEO`` tag (any
+other video is unchanged): ``qwen_vl.preprocess_video``'s resize and, where the container also carries
+``RELAX_TIMESTAMPS``, the frame indices and fps it reports. Why the times:
 Qwen3-VL's processor writes each temporal grid's time into the prompt ("<1.5 seconds>"), computed from
 those indices / fps. Relax's processor wrote its times from the original video; the engine sends exactly
 the sampled frames, in a container tagged with those times, and the patch reports indices whose pair
 means are them at fps 1 -- so SGLang writes the prompt Relax trains on, not times re-derived from its own
 sampling of the container (which differ: SGLang truncates its frame indices where qwen-vl-utils rounds).
-Tagged frames also keep their size: SGLang 0.5.23 resizes every Qwen-VL video frame to a multiple of 28
-(Qwen2.5-VL's patch grid), which for Qwen3-VL (32) resamples the pixels twice (a 5e-3 logprob gap).
+Also: the processor's video kwargs keep the server's sampling ``fps`` (``--mm-process-config``), which
+SGLang drops once it sampled the frames itself; Qwen3-Omni's processor computes each temporal grid's M-RoPE
+seconds from it (default 1.0: a 2-grid video at 2 fps got other positions and other greedy tokens).
+Why the size: the frames are at the model's patch grid already, and SGLang 0.5.23 resizes every Qwen video
+frame to a multiple of 28 (Qwen2.5-VL's grid), which for Qwen3-VL / Qwen3-Omni (32) resamples the pixels
+twice (a 5e-3 logprob gap on the tiny Qwen3-VL).
 
 Qwen3-Omni audio, one encoder call per audio. Replaces: ``Qwen3OmniMoeThinkerForConditionalGeneration.
 get_audio_feature``'s single call over every audio item of a prefill batch. Why, twice over:
@@ -58,21 +63,21 @@ def encode_audio_per_item(omni) -> None:
     cls.get_audio_feature = get_audio_feature
 
 
-TIMESTAMPS_TAG = "RELAX_TIMESTAMPS"  # = relax.sglang.media.TIMESTAMPS_TAG
+VIDEO_TAG, TIMESTAMPS_TAG = "RELAX_VIDEO", "RELAX_TIMESTAMPS"  # = relax.sglang.media's
 
 
-def tagged_timestamps(source: Any) -> list[float] | None:
-    """The ``TIMESTAMPS_TAG`` of a video container (bytes or a path), or None."""
+def relax_tags(source: Any) -> dict[str, str] | None:
+    """The tags of a video container (bytes or a path) that the Relax engine made, or None for any other."""
     import io
 
     import av
 
     try:
         with av.open(io.BytesIO(source) if isinstance(source, bytes) else source) as container:
-            tag = container.metadata.get(TIMESTAMPS_TAG)
+            tags = dict(container.metadata)
     except (OSError, ValueError, av.error.FFmpegError):
         return None
-    return None if tag is None else [float(t) for t in tag.split(",")]
+    return tags if VIDEO_TAG in tags else None
 
 
 def metadata_with_timestamps(metadata: dict, frames: int, stamps: list[float]) -> dict:
@@ -82,21 +87,33 @@ def metadata_with_timestamps(metadata: dict, frames: int, stamps: list[float]) -
     return {**metadata, "fps": 1.0, "frames_indices": [s for s in stamps for _ in range(per)]}
 
 
-def video_timestamps_from_tags(qwen_vl) -> None:
+def relax_videos_as_sent(qwen_vl) -> None:
     original = qwen_vl.preprocess_video
 
     async def preprocess_video(vr, *args, **kwargs):
         source = getattr(vr, "_source_bytes", None) or getattr(vr, "_source_path", None)
-        stamps = None if source is None else tagged_timestamps(source)
-        if stamps is None:
+        tags = None if source is None else relax_tags(source)
+        if tags is None:
             return await original(vr, *args, **kwargs)
         # Relax's frames are at the model's patch grid already: factor 1 keeps their size, where SGLang's
-        # default would snap a Qwen3-VL frame (a multiple of 32) to a multiple of Qwen2.5-VL's 28
+        # default would snap a Qwen3 frame (a multiple of 32) to a multiple of Qwen2.5-VL's 28
         video, metadata = await original(vr, *args, **{**kwargs, "image_factor": 1})
-        return video, metadata_with_timestamps(metadata, len(video), stamps)
+        if not tags.get(TIMESTAMPS_TAG):
+            return video, metadata
+        return video, metadata_with_timestamps(metadata, len(video), [float(t) for t in tags[TIMESTAMPS_TAG].split(",")])
 
     preprocess_video.relax_patched = True
     qwen_vl.preprocess_video = preprocess_video
+
+    keep = qwen_vl._get_processor_video_config
+
+    def processor_video_config(video_config, video_metadata):
+        config = keep(video_config, video_metadata)
+        if config is not None and "fps" in video_config:
+            config = {**config, "fps": video_config["fps"]}  # the frames were sampled at it (see above)
+        return config
+
+    qwen_vl._get_processor_video_config = processor_video_config
 
 
 _pending: dict[str, list[Callable[[Any], None]]] = {}
@@ -136,4 +153,4 @@ def install() -> None:
     if not getattr(install, "done", False):
         install.done = True
         after_import("sglang.srt.models.qwen3_omni_moe", encode_audio_per_item)
-        after_import("sglang.srt.multimodal.processors.qwen_vl", video_timestamps_from_tags)
+        after_import("sglang.srt.multimodal.processors.qwen_vl", relax_videos_as_sent)
