@@ -7,8 +7,8 @@
 # The venv is synced from ../server/uv.lock (sglang 0.5.23 on CPU torch 2.13, no CUDA stack), then the CPU
 # shims from ../server/cpu_shims/ are copied into its site-packages (see relax_sglang_cpu_shims.py for what
 # each replaces and why), with the patch loader they use (relax/sglang/server_site; launched servers also get
-# Relax's server patches from there through PYTHONPATH). The directory name hashes the lock, the project file and the shims, so a
-# change rebuilds; a finished build is marked by .relax-ready and reused as is. Builds go to a temp dir
+# Relax's server patches from there through PYTHONPATH). The directory name hashes the lock, the project
+# file, the shims and that loader, so a change rebuilds; a finished build is marked by .relax-ready and reused as is. Builds go to a temp dir
 # renamed into place, so an interrupted build is never mistaken for a finished one.
 set -euo pipefail
 

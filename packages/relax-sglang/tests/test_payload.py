@@ -55,6 +55,14 @@ def test_server_command_passes_launch_settings_through():
     assert config["fps"] == config["video_metadata"]["fps"] == params.video_fps and video[-2:] == cmd[-2:]
     own = SGLangEngineParams(extra_args=["--mm-process-config", "{}"])
     assert server_command(own, "/m", 1, "float32", video="qwen2_5_vl").count("--mm-process-config") == 1
+    q3 = server_command(params, "/m", 1, "float32", video="qwen3_vl")
+    qwen3 = json.loads(q3[q3.index("--mm-process-config") + 1])["video"]
+    assert qwen3["fps"] == params.video_fps and "video_metadata" not in qwen3  # SGLang's own, with our times
+    # the memory saver (rollout.release_memory) on CUDA only: SGLang's is CUDA-only; off on request
+    saver = ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+    gpu = server_command(SGLangEngineParams(device="cuda"), "/m", 1, "bfloat16")
+    assert all(flag in gpu for flag in saver) and not any(flag in cmd for flag in saver)
+    assert not any(f in server_command(SGLangEngineParams(device="cuda", memory_saver=False), "/m", 1, "bf16") for f in saver)
 
 
 def test_params_validation_names_the_field():
