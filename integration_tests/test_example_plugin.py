@@ -44,7 +44,8 @@ def test_plugins_lists_what_the_package_registered(site):
     proc = relax(site, "plugins")
     assert proc.returncode == 0, proc.stderr
     block = proc.stdout.split("hello (relax-hello 0.1.0)\n", 1)[1].split("\n\n")[0]
-    for line in ["command: last-reward", "reward: length", "rollout_engine: counting", "weight_sync: checksummed"]:
+    for line in ["command: last-reward", "reward: length", "rollout_engine: counting", "trainer: sgd",
+                 "weight_sync: checksummed"]:
         assert line in block
 
 
@@ -98,6 +99,7 @@ def test_docs_plugins_quotes_the_package_verbatim():
     blocks = re.findall(r"```(?:python|toml)\n# file: (\S+)\n(.*?)```", text, flags=re.S)
     assert {path for path, _ in blocks} >= {"pyproject.toml", "src/relax_hello/reward.py", "src/relax_hello/engine.py",
                                             "src/relax_hello/transport.py", "src/relax_hello/command.py",
-                                            "src/relax_hello/hooks.py", "tests/test_conformance.py"}
+                                            "src/relax_hello/hooks.py", "src/relax_hello/trainer.py",
+                                            "tests/test_conformance.py"}
     for path, body in blocks:
         assert (PACKAGE / path).read_text() == body, f"docs/plugins.md is out of date for {path}"

@@ -64,6 +64,32 @@ def test_run_cli_rejects_before_starting_ray(tmp_path):
     assert "relax: running" not in proc.stdout and not (tmp_path / "run").exists()
 
 
+#: ``rollout.host`` values the loader alone accepts but no run can honour: (overrides, the one problem)
+IMPOSSIBLE_HOSTS = [
+    (["rollout.host=driver", "algorithm.kl.coef=0.01"],
+     "rollout.host: 'driver' is not possible here: the algorithm needs a reference model (its own actor) "
+     "(use 'auto' or 'trainer')"),
+    (["rollout.host=driver", "rollout.num_engines=2"],
+     "rollout.host: 'driver' is not possible here: rollout.num_engines is 2, not 1 (use 'auto' or 'separate')"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), IMPOSSIBLE_HOSTS, ids=["reference", "engines"])
+def test_validate_refuses_a_rollout_host_exactly_as_run_does(tmp_path, overrides, message):
+    """One check behind both commands: exit 2, the same message, and the run starts nothing."""
+    args = [*overrides, f"run_dir={tmp_path}/run", "logging.progress=false"]
+    load_config(None, args)  # the loader alone accepts it: the check is where the roles can live
+    validate, run = relax_cli("validate", *args), relax_cli("run", *args)
+
+    def problems(proc: subprocess.CompletedProcess) -> list[str]:
+        return [line for line in proc.stderr.splitlines() if line.startswith(("relax:", "  "))]
+
+    assert validate.returncode == 2 and run.returncode == 2, validate.stderr + run.stderr
+    assert problems(validate) == problems(run) == ["relax: invalid config:", f"  {message}"]
+    assert "config OK" not in validate.stdout and "relax: running" not in run.stdout
+    assert not (tmp_path / "run").exists()
+
+
 def test_unwritable_run_dir(readonly_dir):
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"run_dir={readonly_dir}"], check_paths=True)

@@ -97,6 +97,27 @@ def test_in_process_plugin_and_unknown_name_error(monkeypatch):
     assert "myplug ((in-process) -)\n  advantage: my_adv" in format_plugins(manager)
 
 
+def test_in_driver_is_declared_at_registration_by_builtins_and_plugins_alike():
+    def plugin(in_driver):
+        mod = types.ModuleType("ruleplug")
+
+        @hookimpl
+        def relax_register_rewards(register):
+            register("rule", lambda params, ctx: None, in_driver=in_driver)
+            register("judge", lambda params, ctx: None)
+
+        mod.relax_register_rewards = relax_register_rewards
+        return mod
+
+    manager = RelaxPluginManager(extra_plugins={"ruleplug": plugin(True)})
+    declared = {name: manager.registration("reward", name).in_driver for name in manager.names("reward")}
+    assert {k: declared[k] for k in ("numeric", "exact_match", "rule", "judge")} == {
+        "numeric": True, "exact_match": True, "rule": True, "judge": False}
+    assert manager.registration("rollout_engine", "hf").in_driver is False  # the default: an actor of its own
+    with pytest.raises(PluginError, match=r"plugin 'ruleplug': reward 'rule' in_driver= must be True or False, got 'yes'"):
+        RelaxPluginManager(extra_plugins={"ruleplug": plugin("yes")})
+
+
 def test_algorithm_registration_requires_kind(monkeypatch):
     monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "core")
     mod = types.ModuleType("badplug")

@@ -36,7 +36,7 @@ class TestCheckpoint(TinyModelFixtures):
         directory, batch, _, second, after = saved
         resumed = megatron_trainer(model_dir)
         resumed.load(str(directory))
-        assert resumed.step == 1
+        assert resumed.update.step == 1
         metrics = resumed.train_step(batch)
         assert metrics["loss"] == second["loss"] and metrics["grad_norm"] == second["grad_norm"]
         for name, tensor in exported(resumed).items():  # equal only with the restored AdamW moments

@@ -38,7 +38,7 @@ PP_TOKENS = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_see
 
 def dp_batch(batch: dict) -> dict:
     """The DP=2 checks' batch: the first 7 rows (3 + 4: the first replica gets a masked padding row)."""
-    from relax.core.trainers.data_parallel import take_rows
+    from relax.core.policy_update.batching import take_rows
 
     return take_rows(batch, 0, 7)
 
@@ -153,7 +153,7 @@ def test_tp2_checkpoint_loads_at_tp1(megatron_world, tiny_qwen3, tp2, tp2_checkp
     trainer = MegatronTrainer(tiny_qwen3[0], micro_batch_size=4)  # with an optimizer: its state reshards too
     before = trainer.forward_logprobs(batch)
     trainer.load(str(tp2_checkpoint))
-    assert trainer.step == 1
+    assert trainer.update.step == 1
     after = trainer.forward_logprobs(batch)
     assert float((after - before).abs().max()) > 1e-4  # the load changed the weights
     torch.testing.assert_close(after, tp2["train"]["logprobs_after"], atol=1e-5, rtol=0)
@@ -206,7 +206,7 @@ def test_pp2_and_dp2_checkpoints_resume_in_one_process(megatron_world, tiny_qwen
     objective = build_policy_objective(AlgorithmConfig())
     trainer = MegatronTrainer(tiny_qwen3[0], objective=objective, lr=1e-2, eps=1e-4, micro_batch_size=4)
     trainer.load(str(pp2[2]) + ("-dp" if saved_by == "dp" else ""))
-    assert trainer.step == 1
+    assert trainer.update.step == 1
     torch.testing.assert_close(trainer.forward_logprobs(batch), got["logprobs_after"], atol=1e-5, rtol=0)
     metrics = trainer.train_step(batch)
     for key in ("loss", "grad_norm"):

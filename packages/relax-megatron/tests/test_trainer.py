@@ -104,8 +104,9 @@ class TestFactory(TinyModelFixtures):
         from relax.megatron.plugin import MegatronParams, megatron_trainer
 
         trainer = megatron_trainer(MegatronParams(), self.context(model_dir))
-        assert (trainer.lr, trainer.micro_batch_size, trainer.num_minibatches) == (3e-3, 2, 2)
-        assert (trainer.temperature, trainer.total_steps, trainer.objective is not None) == (0.7, 5, True)
+        settings = trainer.settings
+        assert (settings.lr, settings.micro_batch_size, settings.num_minibatches) == (3e-3, 2, 2)
+        assert (settings.temperature, settings.total_steps, trainer.update.objective is not None) == (0.7, 5, True)
 
     def test_refuses_what_it_cannot_run(self, megatron_world, model_dir):
         from relax.megatron.plugin import MegatronParams, megatron_trainer
@@ -127,7 +128,7 @@ class TestFactory(TinyModelFixtures):
 
 class TestNonFinite(TinyModelFixtures):
     def test_a_nan_update_raises_or_is_skipped(self, megatron_world, model_dir, tokenizer):
-        from relax.core.trainers.torch_trainer import NonFiniteError
+        from relax.core.policy_update import NonFiniteError
 
         batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
         batch["advantages"] = torch.full_like(batch["advantages"], float("nan"))

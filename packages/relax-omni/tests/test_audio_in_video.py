@@ -14,11 +14,12 @@ from relax.core.context import PluginContext
 from relax.core.data import Sample, collate
 from relax.core.data_multimodal import model_inputs
 from relax.core.engines.hf import HFRolloutEngine
-from relax.core.multimodal_model import AUDIO_IN_VIDEO, media_forward_kwargs, media_token_ids
+from relax.core.multimodal_model import media_forward_kwargs, media_token_ids
 from relax.core.protocols import GenerationRequest, SamplingParams
 from relax.core.testing.models import run_async
 from relax.core.testing.multimodal_models import OMNI_FAMILIES, PLACEHOLDERS, tiny_multimodal_dir
 from relax.core.testing.trainer import torch_trainer
+from relax.omni.adapters import AUDIO_IN_VIDEO
 from relax.omni.processors import OmniProcessorParams, make_factory
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="use_audio_in_video needs ffmpeg")

@@ -1,4 +1,4 @@
-"""Each audio is encoded alone (``relax.core.multimodal_model.encode_audio_per_item``): a row's logprobs do not
+"""Each audio is encoded alone (``relax.omni.audio_per_item.encode_audio_per_item``): a row's logprobs do not
 depend on which other rows share its micro-batch. Qwen3-Omni's audio encoder pads every 1 s feature chunk of a
 call to the call's longest chunk without masking, so before this a sub-second clip batched with a longer one
 was encoded differently than alone -- rollout and training disagreed on the same row."""

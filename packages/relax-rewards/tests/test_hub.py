@@ -73,6 +73,18 @@ def test_validation_names_every_problem():
         Hub(HubParams(routes={"m": "f1"})).route_of(make_sample("a", metadata={"data_source": "x"}))
 
 
+def test_core_group_bound_is_derived_from_call_timeout_unless_set():
+    hub = {"name": "hub", "params": {"routes": {"m": "math", "two": ["f1", {"name": "gpqa", "timeout_s": 50}]},
+                                     "default": "m", "workers": 2, "call_timeout_s": 30, "start_timeout_s": 100}}
+    derived = config_from_dict({"reward": hub, "rollout": {"n_samples_per_prompt": 4}})
+    # 4 samples x 2 components of the longest route, 2 at a time, each up to 50 s; one worker start + margin
+    assert derived.reward.timeout_s == 4 * 50 + 100 + 10 == derived.reward.params.group_timeout_s(4)
+    explicit = config_from_dict({"reward": {**hub, "timeout_s": 120}, "rollout": {"n_samples_per_prompt": 4}})
+    assert explicit.reward.timeout_s == 120, "an explicit reward.timeout_s is kept"
+    plain = config_from_dict({"reward": {"name": "f1"}})
+    assert plain.reward.timeout_s == 30.0, "a reward whose params derive nothing keeps core's default"
+
+
 def test_no_default_route_is_a_counted_failure():
     hub = Hub(HubParams(routes={"squad": "f1"}))
     [out] = asyncio.run(hub.score_group([make_sample("a", "a", {"data_source": "other"})]))

@@ -59,9 +59,9 @@ def test_audio_and_video_prompts_through_the_engine_equal_hf(omni_engine, tmp_pa
     processor 1.0, doubling each grid's M-RoPE seconds: other greedy tokens) and its kept frame size."""
     from transformers import AutoProcessor, Qwen3OmniMoeThinkerForConditionalGeneration
 
-    from relax.core.multimodal_model import encode_audio_per_item
     from relax.core.protocols import GenerationRequest, SamplingParams
     from relax.omni import synthetic
+    from relax.omni.audio_per_item import encode_audio_per_item
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
 
     engine, thinker_dir = omni_engine
@@ -89,7 +89,7 @@ def test_audio_and_video_prompts_through_the_engine_equal_hf(omni_engine, tmp_pa
     results = asyncio.run(asyncio.wait_for(engine.generate(requests), 300))
 
     model = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(thinker_dir, dtype=torch.float32).eval()
-    assert encode_audio_per_item(model) == 1  # as relax.core.multimodal_model.load_model does
+    assert encode_audio_per_item(model) == 1  # as relax-omni's model adapter does on load
     gaps = []
     for req, res in zip(requests, results, strict=True):
         want, want_lps = hf_greedy(model, req.prompt_ids, req.media, 8)

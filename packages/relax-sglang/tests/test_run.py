@@ -62,15 +62,22 @@ def test_scale_out_by_url_attaches_a_synced_engine(ray_session, sglang_engine, t
     def start_engine(index, slot, engine_params=None):  # as RunState._start_engine does
         return runtime.start_engine(with_engine_params(cfg, engine_params), tiny_dirs[0], index, None, slot)
 
-    def sync_engines(handles):  # the run's sync, reduced to one tensor bucket of the new weights
-        weights = list(load_hf_weights(tiny_dirs[1]).items())
-        for h in handles:
-            ray.get(h.call.remote("begin_weight_update", version), timeout=120)
-            ray.get(h.update_weights.remote(weights, version), timeout=120)
-            ray.get(h.call.remote("end_weight_update", version), timeout=120)
-        return {}
+    class OneBucketSync:  # the run's WeightSync, reduced to one tensor bucket of the new weights
+        def sync(self, trainer, handles, version):
+            weights = list(load_hf_weights(tiny_dirs[1]).items())
+            for h in handles:
+                ray.get(h.call.remote("begin_weight_update", version), timeout=120)
+                ray.get(h.update_weights.remote(weights, version), timeout=120)
+                ray.get(h.call.remote("end_weight_update", version), timeout=120)
+            return {}
 
-    fleet = EngineFleet(cfg, [], start_engine, sync_engines, FaultCounters())
+        def check_engine(self, engine):
+            pass
+
+        def close(self):
+            pass
+
+    fleet = EngineFleet(cfg, [], start_engine, OneBucketSync(), None, FaultCounters(), version=version)
     try:
         (index,) = fleet.attach_engines([engine.url], on_phase=lambda phase, _: phases.append(phase))
         handle = fleet.live()[index]

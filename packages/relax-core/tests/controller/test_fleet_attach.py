@@ -100,19 +100,26 @@ def test_attached_engines_serve_from_their_urls_and_a_replacement_reattaches(ray
     (url_a, server_a), (url_b, server_b) = _server("A"), _server("B")
     cfg, started, synced = _Config(), [], []
 
-    def start_engine(index, slot, engine_params=None):  # as RunState._start_engine does
+    def start_engine(index, slot, engine_params=None):  # as runtime.engine_starter does
         params = with_engine_params(cfg, engine_params).rollout.engine_params if engine_params else UrlParams([url_a])
         handle = UrlEngine.remote(params)
         started.append((index, slot, engine_params, handle))
         return handle
 
-    def sync_engines(handles):
-        ray.get([h.update_weights.remote([], 5) for h in handles])
-        synced.append(list(handles))
-        return {}
+    class VersionSync:  # a WeightSync moving no bytes: each engine is told the version
+        def sync(self, trainer, engines, version):
+            ray.get([h.update_weights.remote([], version) for h in engines])
+            synced.append(list(engines))
+            return {}
+
+        def check_engine(self, engine):
+            pass
+
+        def close(self):
+            pass
 
     first = UrlEngine.remote(UrlParams([url_a]))
-    fleet = EngineFleet(cfg, [first], start_engine, sync_engines, FaultCounters())
+    fleet = EngineFleet(cfg, [first], start_engine, VersionSync(), None, FaultCounters(), version=5)
     field_name = attach_param("url", RelaxPluginManager(extra_plugins={"u": UrlEnginePlugin()}, load_entry_points=False))
     try:
         assert fleet.attach_engines([url_b], field=field_name) == [1]
@@ -131,7 +138,7 @@ def test_attached_engines_serve_from_their_urls_and_a_replacement_reattaches(ray
         assert (index, params) == (2, {"urls": [url_b]}), "the replacement must re-attach to the same server"
         assert ray.get(replacement.health.remote())["served_by"] == "B"
         with pytest.raises(ValueError, match="rollout engine 'hf' cannot attach external engines"):
-            EngineFleet(_Config(_Rollout(engine="hf")), [], start_engine, sync_engines).attach_engines([url_a])
+            EngineFleet(_Config(_Rollout(engine="hf")), [], start_engine, VersionSync(), None).attach_engines([url_a])
     finally:
         fleet.close()
         for handle in [first, *(h for *_, h in started)]:

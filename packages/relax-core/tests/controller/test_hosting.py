@@ -9,7 +9,8 @@ import torch
 
 from relax.core.config import load_config
 from relax.core.controller.contexts import engine_context, trainer_context
-from relax.core.controller.hosting import HostRole, host_problems, hosts_engine
+from relax.core.controller.hosting import host_problems, hosts_engine
+from relax.core.controller.roles import HostRole
 from relax.core.data import Sample, collate
 from relax.core.engines.hosted import StaleWeightsError
 from relax.core.protocols import GenerationRequest, SamplingParams

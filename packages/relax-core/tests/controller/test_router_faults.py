@@ -180,16 +180,30 @@ def test_losing_the_last_engine_names_it(engines):
         _consume(router, _groups(2))
 
 
+class VersionSync:
+    """A ``WeightSync`` that moves no bytes: each engine is told the version (what the fleet's
+    sequencing needs: which engines are synced, when, to which version)."""
+
+    def __init__(self) -> None:
+        self.synced: list[list] = []
+
+    def sync(self, trainer, engines, version):
+        ray.get([h.update_weights.remote([], version) for h in engines])
+        self.synced.append(list(engines))
+        return {"engines": float(len(engines))}
+
+    def check_engine(self, engine):
+        pass
+
+    def close(self):
+        pass
+
+
 def _fleet(handles, max_restarts=1, start=None, control_timeout_s=2.0, on_change=None):
     cfg = SimpleNamespace(rollout=SimpleNamespace(
         max_restarts=max_restarts, restart_backoff_s=0.05, timeout_s=30.0, control_timeout_s=control_timeout_s
     ))
-    synced = []
-
-    def sync_engines(hs):
-        ray.get([h.update_weights.remote([], 5) for h in hs])
-        synced.append([h for h in hs])
-        return {"engines": float(len(hs))}
+    transport = VersionSync()
 
     started = []
 
@@ -198,8 +212,8 @@ def _fleet(handles, max_restarts=1, start=None, control_timeout_s=2.0, on_change
         started.append((index, slot, handle))
         return handle
 
-    fleet = EngineFleet(cfg, list(handles), start or start_engine, sync_engines, FaultCounters(), on_change=on_change)
-    return fleet, synced, started
+    fleet = EngineFleet(cfg, list(handles), start or start_engine, transport, None, FaultCounters(), on_change=on_change, version=5)
+    return fleet, transport.synced, started
 
 
 def test_fleet_replaces_a_dead_engine_synced_before_it_serves(engines):
@@ -267,6 +281,27 @@ def test_fleet_control_api_adds_and_removes(engines):
         with pytest.raises(KeyError, match=r"engine\[0\] is not serving; serving: \[1\]"):
             fleet.remove_engine(0)
         assert fleet.metrics().get("fault/engine_evictions", 0) == 0  # removals by request are not faults
+    finally:
+        fleet.close()
+        for *_, h in started:
+            ray.kill(h)
+
+
+def test_fleet_syncs_the_version_it_is_given_and_labels_new_engines_with_the_trained_one(engines):
+    """One way down: ``sync(v)`` / ``publish(v)`` push ``v`` through the transport given at
+    construction; an engine added after ``trained(v)`` gets ``v``, though no sync ran since."""
+    (a, b, _), _ = engines
+    fleet, synced, started = _fleet([a, b])
+    try:
+        assert fleet.sync(6) == {"weight_sync/engines": 2.0}
+        assert ray.get([a.weight_version.remote(), b.weight_version.remote()]) == [6, 6]
+        fleet.trained(7)  # a step committed; the next publication is later
+        fleet.add_engine()
+        (_, _, new), = started
+        assert ray.get(new.weight_version.remote()) == 7 and synced[-1] == [new]
+        assert ray.get(a.weight_version.remote()) == 6  # the serving engines keep theirs until published
+        assert fleet.publish(8, abort=False) == {"weight_sync/engines": 3.0}
+        assert ray.get([h.weight_version.remote() for h in (a, b, new)]) == [8, 8, 8]
     finally:
         fleet.close()
         for *_, h in started:

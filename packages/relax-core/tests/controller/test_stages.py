@@ -68,6 +68,27 @@ def test_shape_rewards_adds_the_overlong_penalty():
     assert untouched[0].reward == 1.0 and "overlong_penalty" not in untouched[0].reward_info
 
 
+def test_score_shapes_what_the_reward_role_scored():
+    """The stage, not the role, applies the overlong penalty: the same for a reward scored in the
+    driver as in an actor, and the role itself returns the task score untouched."""
+    from relax.core.controller.contexts import reward_context
+    from relax.core.controller.driver_reward import start_reward
+    from relax.core.controller.local import get
+
+    cfg = load_config(None, [*BASE, "algorithm.overlong.buffer=2", "algorithm.overlong.penalty_factor=0.5"])
+    reward = start_reward(cfg, reward_context(cfg, None))  # numeric, declared in_driver: a local handle
+
+    def fresh() -> list[Sample]:  # two correct answers, 1 and 4 tokens long
+        return [Sample(prompt_ids=[5], group_id=0, index_in_group=i, response_ids=[9] * n, response_text="7", label="7")
+                for i, n in enumerate([1, 4])]
+
+    raw, _ = get(reward.score.remote(fresh()))
+    assert [s.reward for s in raw] == [1.0, 1.0] and all("overlong_penalty" not in s.reward_info for s in raw)
+    scored, stats = stages.score(reward, fresh(), cfg)
+    assert [s.reward for s in scored] == [1.0, 0.5]
+    assert [s.reward_info["overlong_penalty"] for s in scored] == [0.0, -0.5] and stats["failures"] == 0.0
+
+
 def _old_logprobs(samples, value=-1.25):
     r_len = max(len(s.response_ids) for s in samples)
     mask = torch.tensor(

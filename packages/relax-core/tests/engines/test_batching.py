@@ -189,6 +189,8 @@ def test_bad_prompt_is_a_clear_error(engine, prompt, error):
 def test_a_failed_step_fails_every_call_in_it(tmp_path):
     path = build_tiny_model(tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=0)
     engine = HFRolloutEngine(path)
+    assert not engine.continuous_batching  # a sliding-window cache decodes in static batches (test_model_families)
+    engine.continuous_batching = True  # forced: the shared batch's step then fails on the cache it cannot cut
 
     async def two_calls():
         engine.pause()  # both calls queue before the first step, so they share it

@@ -338,3 +338,31 @@ def test_a_plain_method_returning_a_coroutine_is_awaited():
     ss = samples(["x"])
     asyncio.run(score_samples(Wrapped(), ss))
     assert ss[0].reward_info == {"score": 1.0, "judge_tokens": 3.0}
+
+
+def test_the_bounded_call_is_public_for_rewards_that_call_rewards():
+    from relax.core.rewards.bounded import ScorerTimeout, as_result, bounded, call_scorer, score_bounded
+
+    release = threading.Event()
+
+    def hung(sample):  # a plain def that never returns in time: left behind in its daemon thread
+        release.wait(30)
+        return 1.0
+
+    async def fast(sample):
+        return {"score": 1, "acc": True}
+
+    async def main():
+        started = time.monotonic()
+        with pytest.raises(ScorerTimeout, match="within 0.2s"):
+            await bounded(call_scorer(hung, None), timeout_s=0.2)
+        assert time.monotonic() - started < 2
+        return await score_bounded(fast, None, timeout_s=5), await bounded(call_scorer(lambda s: 0.5, None), 5)
+
+    (score, info), plain = asyncio.run(main())
+    release.set()
+    assert (score, info, plain) == (1.0, {"score": 1.0, "acc": 1.0}, 0.5)
+    assert issubclass(ScorerTimeout, TimeoutError)
+    for bad, error in ((float("nan"), ValueError), ({"acc": 1}, ValueError), ("1", TypeError)):
+        with pytest.raises(error):
+            as_result(bad)

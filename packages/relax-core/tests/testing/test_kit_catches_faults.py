@@ -1,6 +1,7 @@
 """Every suite can fail: each seeded fault in a built-in makes the named conformance test fail.
 
 The suites' test methods are called directly with a faulty object in place of the fixture value.
+The queue suite's seeded faults live beside it, in ``test_queue_conformance.py``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import copy
 import dataclasses
 import math
 import random
+import tempfile
 import threading
 
 import pytest
@@ -20,12 +22,10 @@ from relax.core.algorithms.config import AlgorithmConfig
 from relax.core.data import Sample
 from relax.core.engines.hf import HFRolloutEngine
 from relax.core.processors import TextProcessor
-from relax.core.queue import TransferQueue
 from relax.core.rewards import ExactMatchReward
 from relax.core.testing.engine import PROMPT_TEXTS, RolloutEngineConformance
 from relax.core.testing.models import OTHER_MODEL_SEED, tiny_model_dir
 from relax.core.testing.processor import ProcessorConformance
-from relax.core.testing.queue import QueueConformance
 from relax.core.testing.reward import RewardConformance
 from relax.core.testing.trainer import (
     LogprobAgreementConformance,
@@ -33,7 +33,7 @@ from relax.core.testing.trainer import (
     make_batch,
     make_samples,
 )
-from relax.core.testing.transport import WeightSyncConformance
+from relax.core.testing.transport import WeightSyncConformance, scratch_tempdir
 from relax.core.trainers.torch_trainer import TorchTrainer
 from relax.core.weight_sync import WeightSyncError
 
@@ -85,6 +85,12 @@ class FaultyEngine(HFRolloutEngine):
                 p = dataclasses.replace(p, ignore_eos=False)
             if f == "one_token_too_many":
                 p = dataclasses.replace(p, max_new_tokens=p.max_new_tokens + 1)
+            if f == "ignores_temperature":
+                p = dataclasses.replace(p, temperature=1.0)
+            if f == "ignores_top_k":
+                p = dataclasses.replace(p, top_k=0)
+            if f == "ignores_top_p":
+                p = dataclasses.replace(p, top_p=1.0)
             prefix = (
                 {}
                 if f == "drops_prefix"
@@ -145,6 +151,9 @@ ENGINE_FAULTS = [
     ("test_generation_contract", "positive_logprobs"),
     ("test_max_new_tokens_is_exact_with_ignore_eos", "one_token_too_many"),
     ("test_same_seed_same_output_different_seed_differs", "ignores_seed"),
+    ("test_temperature_zero_is_greedy", "ignores_temperature"),
+    ("test_top_k_one_is_greedy", "ignores_top_k"),
+    ("test_tiny_top_p_is_greedy", "ignores_top_p"),
     ("test_stop_token_ids_end_the_response", "ignores_stop_ids"),
     ("test_stop_strings_end_the_response", "ignores_stop_strings"),
     ("test_eos_stops_unless_ignore_eos", "ignores_ignore_eos"),
@@ -162,6 +171,12 @@ def test_engine_suite_catches(env, test_name, fault):
     extra = {"budget": 3} if "max_new_tokens" in test_name else {}
     with pytest.raises(FAILED):
         call(HFSuite(), test_name, env, engine=engine, **extra)
+
+
+def test_an_engine_ignoring_temperature_is_named_as_such_by_the_weight_update_check(env):
+    engine = FaultyEngine(env["model_dir"], "ignores_temperature")
+    with pytest.raises(FAILED, match="temperature=0 is not greedy"):
+        call(HFSuite(), "test_update_weights_changes_outputs_and_version", env, engine=engine)
 
 
 def test_engine_suite_passes_the_healthy_engine_it_was_given(env):
@@ -319,56 +334,6 @@ def test_reward_suite_catches(env, test_name, fault):
         call(suite, test_name, env, reward=suite.make_reward())
 
 
-# ------------------------------------------------------------------ queues
-class FaultyQueue(TransferQueue):
-    fault = "none"
-
-    def __init__(self, capacity, consumers=(), lease_timeout_s=None):
-        super().__init__(1000 if self.fault == "no_backpressure" else capacity, consumers, lease_timeout_s)
-
-    def get(self, consumer, *args, **kw):
-        return super().get("shared" if self.fault == "shared_cursor" else consumer, *args, **kw)
-
-    def ack(self, consumer, keys):
-        if self.fault != "noop_ack":
-            super().ack("shared" if self.fault == "shared_cursor" else consumer, keys)
-
-    def release(self, consumer):
-        return 2 if self.fault == "noop_release" else super().release(consumer)
-
-    def load_state_dict(self, state):
-        if self.fault == "forgets_rows":
-            state = {**state, "rows": [r for r in state["rows"] if not r["acked"]][:1]}
-        super().load_state_dict(state)
-
-
-class QueueSuite(QueueConformance):
-    wait_s = 1.0  # a faulty queue often never delivers: fail fast
-    short_s = 0.1
-    fault = "none"
-
-    def make_queue(self, capacity, consumers=(), lease_timeout_s=None):
-        cls = type("Q", (FaultyQueue,), {"fault": self.fault})
-        return cls(capacity, consumers, lease_timeout_s)
-
-
-@pytest.mark.parametrize(
-    ("test_name", "fault"),
-    [
-        ("test_ack_is_final", "noop_ack"),
-        ("test_unacked_rows_are_redelivered_after_release", "noop_release"),
-        ("test_capacity_backpressure_until_every_consumer_acked", "no_backpressure"),
-        ("test_consumers_have_independent_cursors", "shared_cursor"),
-        ("test_state_dict_restores_unacked_rows", "forgets_rows"),
-    ],
-)
-def test_queue_suite_catches(env, test_name, fault):
-    suite = QueueSuite()
-    suite.fault = fault
-    with pytest.raises((*FAILED, TimeoutError)):
-        call(suite, test_name, env)
-
-
 # ------------------------------------------------------------------ processors
 class FaultyProcessor(TextProcessor):
     fault = "none"
@@ -412,17 +377,25 @@ class FaultyTransport:
         if self.fault == "corrupts":
             name, tensor = buckets[0][0]
             buckets[0][0] = (name, tensor + 1e-6)
-        for engine in engines:
-            worker = threading.Thread(
-                target=lambda e=engine: [
-                    e.update_weights(b, version - (self.fault == "wrong_version")) for b in buckets
-                ],
-                daemon=True,
-            )
+        if self.fault == "leaks_files":
+            tempfile.mkstemp(prefix="relax-weights-")  # one file per sync, never removed
+        for i, engine in enumerate(engines):
+            errors = []
+
+            def push(e=engine, errors=errors):
+                try:
+                    for b in buckets:
+                        e.update_weights(b, version - (self.fault == "wrong_version"))
+                except Exception as exc:  # noqa: BLE001  # handed to the caller below
+                    errors.append(exc)
+
+            worker = threading.Thread(target=push, daemon=True)
             worker.start()
             worker.join(timeout=1.0)
             if worker.is_alive():
                 raise WeightSyncError("a weight update timed out")  # names no engine
+            if errors and self.fault != "swallows_errors":
+                raise WeightSyncError(f"engine[{i}] failed: {errors[0]}")
         return {"buckets": float(len(buckets))}
 
 
@@ -437,19 +410,37 @@ class TransportSuite(WeightSyncConformance):
         ("test_sync_delivers_bit_identical_weights_and_serves_the_version", "corrupts"),
         ("test_sync_delivers_bit_identical_weights_and_serves_the_version", "wrong_version"),
         ("test_dead_engine_is_named_within_the_timeout", "none"),
+        ("test_repeated_syncs_leave_no_files_behind", "leaks_files"),
+        ("test_engine_error_is_raised_naming_it", "swallows_errors"),
     ],
 )
 def test_transport_suite_catches(env, test_name, fault):
     suite = TransportSuite()
     release = threading.Event()
-    fleet = {
-        "transport": FaultyTransport(fault),
-        "trainer": suite.make_sender_trainer(env["other_model_dir"]),
-        "engines": [suite.make_receiver_engine(env["model_dir"], i) for i in range(2)],
-        "release": release,
-    }
-    try:
-        with pytest.raises(FAILED):
-            call(suite, test_name, env, fleet=fleet)
-    finally:
-        release.set()
+    with scratch_tempdir() as scratch:
+        fleet = {
+            "transport": FaultyTransport(fault),
+            "trainer": suite.make_sender_trainer(env["other_model_dir"]),
+            "engines": [suite.make_receiver_engine(env["model_dir"], i) for i in range(2)],
+            "release": release,
+            "scratch": scratch,
+        }
+        try:
+            with pytest.raises(FAILED):
+                call(suite, test_name, env, fleet=fleet)
+        finally:
+            release.set()
+
+
+@pytest.mark.parametrize("test_name", ["test_repeated_syncs_leave_no_files_behind", "test_engine_error_is_raised_naming_it"])
+def test_transport_suite_passes_the_unfaulted_transport(env, test_name):
+    suite = TransportSuite()
+    with scratch_tempdir() as scratch:
+        fleet = {
+            "transport": FaultyTransport("none"),
+            "trainer": suite.make_sender_trainer(env["other_model_dir"]),
+            "engines": [suite.make_receiver_engine(env["model_dir"], i) for i in range(2)],
+            "release": threading.Event(),
+            "scratch": scratch,
+        }
+        call(suite, test_name, env, fleet=fleet)

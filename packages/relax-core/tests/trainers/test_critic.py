@@ -127,7 +127,7 @@ def test_from_config_builds_the_critic(model_dir, batch):
     )
     cfg = replace(RelaxConfig(), algorithm=algorithm)
     trainer = trainer_from_config(cfg, model_dir)
-    assert trainer.critic is not None and trainer.critic_warmup_steps == 2
+    assert trainer.critic is not None and trainer.settings.critic_warmup_steps == 2
     assert trainer.critic.optimizer.param_groups[0]["lr"] == 3e-3 and trainer.critic.value_clip == 0.2
     assert trainer_from_config(cfg, model_dir, reference=True).critic is None
     assert trainer_from_config(RelaxConfig(), model_dir).critic is None

@@ -16,8 +16,8 @@ from relax.core.controller.contexts import plugin_params, trainer_context
 from relax.core.controller.roles import TrainerRole
 from relax.core.controller.worker_group import spawn
 from relax.core.data import Sample, collate
+from relax.core.policy_update import shard_bounds
 from relax.core.quickstart_model import build_tiny_model
-from relax.core.trainers.data_parallel import shard_bounds
 from relax.core.trainers.torch_trainer import trainer_from_context
 
 

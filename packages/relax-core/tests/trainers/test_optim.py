@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from relax.core.trainers.optim import lr_factor
+from relax.core.policy_update import lr_factor
 
 
 def test_warmup_is_linear_and_starts_above_zero():

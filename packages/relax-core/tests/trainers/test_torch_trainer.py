@@ -8,14 +8,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax.core.algorithms.aggregation import aggregate_loss, masked_mean
 from relax.core.data import Sample, collate
+from relax.core.policy_update import NonFiniteError
 from relax.core.protocols import Trainer
 from relax.core.quickstart_model import build_tiny_model
-from relax.core.trainers.torch_trainer import (
-    NonFiniteError,
-    TorchTrainer,
-    token_logprobs,
-    trainer_from_config,
-)
+from relax.core.trainers.torch_trainer import TorchTrainer, token_logprobs, trainer_from_config
 
 
 def ppo_objective(inputs):
@@ -103,7 +99,7 @@ def test_micro_batches_accumulate_to_the_full_batch(model_dir, batch, mode):
             for n, p in small.model.named_parameters():
                 torch.testing.assert_close(p.grad, grads[n], atol=1e-7, rtol=1e-5)
     # Adam divides by sqrt(v): float noise on near-zero gradients moves a weight by a sliver of lr
-    assert_params_close(params(small), params(full), atol=1e-2 * small.lr)
+    assert_params_close(params(small), params(full), atol=1e-2 * small.settings.lr)
 
 
 def test_minibatches_are_sequential_optimizer_steps(model_dir, batch):
@@ -264,7 +260,7 @@ def test_from_config_passes_skip_nonfinite(model_dir):
     from relax.core.config import load_config
 
     cfg = load_config(None, ["trainer.skip_nonfinite=true"])
-    assert trainer_from_config(cfg, model_dir).skip_nonfinite is True
+    assert trainer_from_config(cfg, model_dir).settings.skip_nonfinite is True
 
 
 @pytest.mark.parametrize("minibatches", [1, 2])
@@ -276,7 +272,7 @@ def test_fused_old_logprobs_give_the_separate_forwards_loss_and_gradients(model_
     separate, fused = make(model_dir, **kw), make(model_dir, **kw)
     with_old = dict(batch, old_logprobs=separate.forward_logprobs(batch), rollout_logprobs=batch["rollout_logprobs"])
     seen = []
-    fused.objective = lambda inputs: (seen.append(inputs.old_logprobs.requires_grad), ppo_objective(inputs))[1]
+    fused.update.objective = lambda inputs: (seen.append(inputs.old_logprobs.requires_grad), ppo_objective(inputs))[1]
     for _ in range(2):
         a, b = separate.train_step(dict(with_old)), fused.train_step(dict(batch))
         for key in ("loss", "grad_norm", "entropy", "ratio_mean"):
@@ -309,7 +305,7 @@ def test_exact_rollout_logprobs_are_the_later_minibatches_old_logprobs(model_dir
     assert c["ratio_mean"] > a["ratio_mean"] + 0.05  # exp(+0.5) on the second mini-batch's tokens
     assert c["rollout_logprob_abs_diff"] == pytest.approx(0.5, abs=1e-4)  # scored on the first: 0.5 off
     calls = []
-    exact._logprobs = lambda rows: calls.append(rows) or own  # a forward here would be recorded
+    exact.score = lambda rows: calls.append(rows) or own  # a forward here would be recorded
     exact.train_step(dict(batch, rollout_logprobs=own, rollout_logprobs_exact=flags))
     assert not calls
     exact.train_step(dict(batch, rollout_logprobs=own, rollout_logprobs_exact=flags & False))

@@ -4,6 +4,7 @@ from relax_hello.command import relax_register_commands
 from relax_hello.engine import relax_register_rollout_engines
 from relax_hello.hooks import relax_on_run_end
 from relax_hello.reward import relax_register_rewards
+from relax_hello.trainer import relax_register_trainers
 from relax_hello.transport import relax_register_weight_syncs
 
 __all__ = [
@@ -11,5 +12,6 @@ __all__ = [
     "relax_register_commands",
     "relax_register_rewards",
     "relax_register_rollout_engines",
+    "relax_register_trainers",
     "relax_register_weight_syncs",
 ]

@@ -101,8 +101,9 @@ def relax_register_trainers(register):
 
 @hookimpl
 def relax_register_rewards(register):
-    register("numeric", _numeric_reward, config=NumericRewardParams)
-    register("exact_match", _exact_match_reward, config=ExactMatchRewardParams)
+    # pure-Python rule rewards: cheap enough to score in the driver (no reward actor, maybe no Ray)
+    register("numeric", _numeric_reward, config=NumericRewardParams, in_driver=True)
+    register("exact_match", _exact_match_reward, config=ExactMatchRewardParams, in_driver=True)
 
 
 @hookimpl

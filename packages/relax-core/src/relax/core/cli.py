@@ -29,9 +29,16 @@ def _config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def _load(ns: argparse.Namespace):
-    from relax.core.config import load_config  # imports torch and the plugins: seconds on a small machine
+    """The validated config of ``relax run`` and ``relax validate`` alike: the loader's checks plus
+    where the roles can live (``rollout.host``), so ``validate`` refuses exactly what ``run`` would."""
+    from relax.core.config import config_error, load_config  # imports torch and the plugins: seconds
 
-    return load_config(*_config_args(ns), check_paths=True)  # before Ray: data, model and run_dir usable
+    cfg = load_config(*_config_args(ns), check_paths=True)  # before Ray: data, model and run_dir usable
+    from relax.core.controller.hosting import placement_errors
+
+    if errors := placement_errors(cfg):
+        raise config_error(errors)
+    return cfg
 
 
 def _start_ray_early(argv: list[str]):

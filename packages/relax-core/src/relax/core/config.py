@@ -93,7 +93,7 @@ class RolloutConfig:
     engine_params: Any = field(default_factory=dict)  # typed by the engine's registered config
     # where the engine runs: "trainer" = inside the trainer's actor, sampling with the trainer's own
     # module (no second process, model copy or weight transfer; colocate, one hf engine, one torch
-    # trainer rank on the same device); "driver" = that, with the trainer and a built-in rule reward in
+    # trainer rank on the same device); "driver" = that, with the trainer and a reward declared in_driver in
     # the driver's own process (no actor, no Ray started; also no reference/teacher model, cluster or
     # control plane); "separate" = its own actor; "auto" = the first of driver, trainer, separate allowed
     host: Literal["auto", "driver", "trainer", "separate"] = "auto"
@@ -329,6 +329,7 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_pat
             errors.extend(_plugin_errors(cfg))
             if not errors:
                 cfg = _typed_plugin_sections(cfg, errors)
+                cfg = _derived_reward_timeout(cfg, data)
         errors.extend(launch_errors(cfg, check_paths=check_paths, known=errors))
     if errors:
         raise config_error(errors)
@@ -486,6 +487,16 @@ def _typed_plugin_sections(cfg: RelaxConfig, errors: list[str]) -> RelaxConfig:
         typed = build_section(reg.config, getattr(sec, params_field), f"{section}.{params_field}", errors)
         cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(sec, **{params_field: typed})})
     return cfg
+
+
+def _derived_reward_timeout(cfg: RelaxConfig, data: dict[str, Any]) -> RelaxConfig:
+    """``reward.timeout_s`` left out of the config: a reward's typed params may derive it from their
+    own per-call limits (``params.group_timeout_s(group_size)``: the hub's from ``call_timeout_s``)."""
+    derive = getattr(cfg.reward.params, "group_timeout_s", None)
+    if "timeout_s" in (data.get("reward") or {}) or not callable(derive):
+        return cfg
+    timeout_s = float(derive(cfg.rollout.n_samples_per_prompt))
+    return dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, timeout_s=timeout_s))
 
 
 def _plugin_errors(cfg: RelaxConfig) -> list[str]:

@@ -29,9 +29,10 @@ class Resources:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """Core's optimisation settings for a trainer backend. The backend applies ``optim`` (a
-    ``TrainerConfig``) and builds its loss with ``relax.core.algorithms.build_policy_objective
-    (algorithm)`` -- it never branches on algorithm names (prime-rl style)."""
+    """Core's optimisation settings for a trainer backend. The backend takes them as one typed object,
+    ``relax.core.policy_update.UpdateSettings.from_context(ctx)``, and builds its loss with
+    ``relax.core.algorithms.build_policy_objective(algorithm)`` -- it never branches on algorithm
+    names (prime-rl style)."""
 
     optim: Any  # relax.core.config.TrainerConfig
     algorithm: Any  # relax.core.algorithms.config.AlgorithmConfig
@@ -69,25 +70,3 @@ class PluginContext:
     fallback_score: float = 0.0
     resources: Resources = Resources()
 
-
-def train_kwargs(ctx: PluginContext) -> dict[str, Any]:
-    """Core's optimisation, schedule and loss settings (``ctx.train``) as the keyword arguments the
-    trainer backends share (the torch and megatron trainers take these names), so a backend maps
-    ``trainer.*`` and ``algorithm.loss_agg_mode`` the same way as every other one."""
-    spec, t = ctx.train, ctx.train.optim
-    return dict(
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        betas=tuple(t.betas),
-        eps=t.eps,
-        grad_clip=t.grad_clip,
-        warmup_steps=t.warmup_steps,
-        total_steps=spec.total_steps,
-        lr_schedule=t.lr_schedule,
-        min_lr_ratio=t.min_lr_ratio,
-        micro_batch_size=t.micro_batch_size,
-        num_minibatches=t.num_minibatches,
-        loss_agg_mode=spec.algorithm.loss_agg_mode,
-        temperature=spec.temperature,
-        seed=ctx.seed,
-    )

@@ -11,6 +11,10 @@ Entries named ``source.<kind>.<i>`` (``SOURCE``) are not model inputs: the origi
 re-processing them needs (relax-omni keeps each prompt's decoded 16 kHz audio waveforms as
 ``source.audio.0``, ... for the sglang engine, since audio features cannot be inverted). Whatever feeds a
 model drops them (``model_inputs``), and ``collate`` never ships them into training batches.
+
+A processor may also store per-prompt flags for the model's forward beside the media tensors; the model's
+adapter declares their keys (``ModelAdapter.media_flags``, all of them: ``multimodal_model.media_flag_keys``),
+so an engine that cannot honour one refuses the prompt naming it without knowing the plugin that set it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Hook specifications: the contract between Relax and its plugins.
 
 Hooks *register*; objects do the work (simonw/llm style). Every registration hook receives a
-``register(name, factory, *, config=None, resources=None, **options)`` callable (``options``: what one
+``register(name, factory, *, config=None, resources=None, in_driver=False, **options)`` callable (``options``: what one
 kind reads, e.g. a rollout engine's ``attach=``); config then selects implementations by name. Core's
 own built-ins are registered through these same hooks (``relax.core.builtin``).
 
@@ -11,6 +11,8 @@ own built-ins are registered through these same hooks (``relax.core.builtin``).
   naming the full dotted field, from ``relax validate`` too.
 - ``resources``: ``resources(params) -> relax.core.context.Resources`` (CPUs, GPUs, worker
   processes) that the runtime reserves with Ray placement groups.
+- ``in_driver``: the object may run inside the driver's own process instead of an actor of its own
+  (read for rewards today, see ``relax_register_rewards``); core's built-ins declare it the same way.
 - Factories are called ``factory(params, ctx)`` with the typed section and a
   :class:`relax.core.context.PluginContext` (model/tokenizer path, index/rank, world, run dir,
   timeouts) -- never the whole run config.
@@ -24,8 +26,8 @@ is an error naming the plugin.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import pluggy
 
@@ -35,12 +37,52 @@ hookimpl = pluggy.HookimplMarker("relax")
 Register = Callable[..., None]
 
 
+class RegisterPlugin(Protocol):
+    """``register`` of the queue, rollout-engine, trainer, weight-sync, reward and processor hooks
+    (each hook's docstring says which keywords its kind reads; ``options`` are kept on the
+    registration, e.g. a rollout engine's ``attach=``)."""
+
+    def __call__(
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        *,
+        config: type | None = None,
+        resources: Callable[[Any], Any] | None = None,
+        in_driver: bool = False,
+        **options: Any,
+    ) -> None: ...
+
+
+class RegisterAlgorithm(Protocol):
+    """``register`` of ``relax_register_algorithms``."""
+
+    def __call__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        kind: str,
+        *,
+        needs: Iterable[str] | None = None,
+        modes: Iterable[str] | None = None,
+    ) -> None: ...
+
+
+class RegisterCommand(Protocol):
+    """``register`` of ``relax_register_commands``."""
+
+    def __call__(
+        self, name: str, handler: Callable[[Any], int], *, help: str = "", arguments: Callable[[Any], None] | None = None
+    ) -> None: ...
+
+
 @hookspec
-def relax_register_queues(register: Register) -> None:
+def relax_register_queues(register: RegisterPlugin) -> None:
     """Register transfer-queue implementations (``queue.name`` selects one).
 
     When: plugin-manager construction, in the driver and in any worker that builds one.
-    Parameters: ``register(name, factory)`` where ``factory(capacity=..., consumers=[...]) -> TransferQueue``.
+    Parameters: ``register(name, factory)`` where ``factory(capacity=..., consumers=[...])`` returns a
+    ``relax.core.protocols.TransferQueueLike`` (checked by ``relax.core.testing.QueueConformance``).
     Returns: nothing.
 
     .. versionadded:: 0.1
@@ -48,7 +90,7 @@ def relax_register_queues(register: Register) -> None:
 
 
 @hookspec
-def relax_register_rollout_engines(register: Register) -> None:
+def relax_register_rollout_engines(register: RegisterPlugin) -> None:
     """Register rollout engines (``rollout.engine`` selects one).
 
     When: plugin-manager construction. The factory runs inside each rollout Ray actor.
@@ -57,7 +99,7 @@ def relax_register_rollout_engines(register: Register) -> None:
     ``config``; ``ctx.index`` / ``ctx.world_size`` are the engine's index and the fleet size.
     ``attach="<field>"`` declares that the engine can serve from already running servers listed in
     ``rollout.engine_params.<field>`` (a list of URLs): the control plane's scale-out by URL then starts
-    one engine per URL with that field set to ``[url]`` (``relax.core.controller.fleet.attach_param``);
+    one engine per URL with that field set to ``[url]`` (``relax.core.plugins.attach_param``);
     without it a scale-out by URL is refused, naming the engine.
     Returns: nothing.
 
@@ -67,7 +109,7 @@ def relax_register_rollout_engines(register: Register) -> None:
 
 
 @hookspec
-def relax_register_trainers(register: Register) -> None:
+def relax_register_trainers(register: RegisterPlugin) -> None:
     """Register trainer backends (``trainer.backend`` selects one).
 
     When: plugin-manager construction. The factory runs inside each trainer rank actor.
@@ -84,7 +126,7 @@ def relax_register_trainers(register: Register) -> None:
 
 
 @hookspec
-def relax_register_weight_syncs(register: Register) -> None:
+def relax_register_weight_syncs(register: RegisterPlugin) -> None:
     """Register weight-sync transports (``weight_sync.transport`` selects one).
 
     When: plugin-manager construction. The transport's sender runs in the trainer process and its
@@ -100,29 +142,35 @@ def relax_register_weight_syncs(register: Register) -> None:
 
 
 @hookspec
-def relax_register_rewards(register: Register) -> None:
+def relax_register_rewards(register: RegisterPlugin) -> None:
     """Register reward functions (``reward.name`` selects one).
 
-    When: plugin-manager construction. The factory runs inside the reward Ray actor.
-    Parameters: ``register(name, factory, config=ParamsDataclass)`` where
+    When: plugin-manager construction. The factory runs inside the reward Ray actor, or in the
+    driver's process when the reward declared ``in_driver=True``.
+    Parameters: ``register(name, factory, config=ParamsDataclass, in_driver=False)`` where
     ``factory(params, ctx) -> Reward``; ``params`` is ``reward.params`` parsed into ``config``;
-    ``ctx.engine_handle()`` gives a judge engine when the run has one.
+    ``ctx.engine_handle()`` gives a judge engine when the run has one. ``in_driver=True`` declares a
+    cheap, self-contained reward (pure Python, no model, no blocking I/O) that may be scored in the
+    driver: it then needs no actor, and the quick-start layout (``rollout.host: auto``) keeps every
+    role in the driver with no Ray at all, exactly as for core's ``numeric`` and ``exact_match``.
+    Undeclared rewards keep an actor of their own.
     Returns: nothing.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 factories take ``(params, ctx)``; ``config=``.
+    .. versionchanged:: 0.3 ``in_driver=``.
     """
 
 
 @hookspec
-def relax_register_algorithms(register: Register) -> None:
+def relax_register_algorithms(register: RegisterAlgorithm) -> None:
     """Register algorithm pieces: advantage estimators, policy losses, KL estimators.
 
     When: plugin-manager construction, in every process that computes advantages or losses.
     Parameters: ``register(name, fn, kind=..., needs={...}, modes={...})`` with ``kind`` one of
     ``"advantage"``, ``"policy_loss"``, ``"kl"``. ``fn`` is a pure function on tensors (see
     ``relax.core.algorithms``). ``needs`` (default: nothing) says what it consumes, from
-    ``relax.core.algorithms.needs.NEEDS`` (``values``, ``reference``, ``teacher``,
+    ``relax.core.algorithm_needs.NEEDS`` (``values``, ``reference``, ``teacher``,
     ``greedy_baseline``, ``old_logprobs``, ``groups``, ...): the controller starts the roles these
     need and config validation derives its errors from them. ``modes`` (default: all) limits the
     execution modes it supports.
@@ -134,7 +182,7 @@ def relax_register_algorithms(register: Register) -> None:
 
 
 @hookspec
-def relax_register_processors(register: Register) -> None:
+def relax_register_processors(register: RegisterPlugin) -> None:
     """Register prompt processors (``data.processor`` selects one; ``text`` is built in).
 
     When: plugin-manager construction. The factory runs in the driver, where the dataset turns rows
@@ -150,7 +198,23 @@ def relax_register_processors(register: Register) -> None:
 
 
 @hookspec
-def relax_register_commands(register: Register) -> None:
+def relax_register_model_adapters(register: Register) -> None:
+    """Register model adapters: how core loads and feeds one HF model family, keyed by its
+    ``config.model_type`` (not selected in config: the checkpoint's type picks its adapter).
+
+    When: plugin-manager construction, in every process that loads a model (the trainer ranks, the
+    rollout engines, the driver when roles run there).
+    Parameters: ``register(model_type, factory)`` where ``factory() -> ModelAdapter``
+    (``relax.core.protocols.ModelAdapter``), called once per process on first use. A model type with
+    no adapter loads with ``AutoModelForCausalLM`` (text only); media for it is an error naming the type.
+    Returns: nothing.
+
+    .. versionadded:: 0.3
+    """
+
+
+@hookspec
+def relax_register_commands(register: RegisterCommand) -> None:
     """Add ``relax <name>`` subcommands.
 
     When: when the ``relax`` CLI builds its argument parser, in the CLI process.

@@ -9,14 +9,20 @@ do not trigger the import; the standard library's ``LazyLoader`` loads on any at
 the driver's path therefore touch ``ray`` only inside functions (an ``except ray.exceptions...``
 clause is evaluated only when an exception reaches it), and declare their actors and remote
 functions with :func:`remote`, which calls ``ray.remote`` on first use instead of at import.
+
+A role that runs in the driver itself (``rollout.host: driver``) is called through a
+:class:`LocalHandle`, the stand-in for an actor handle: ``handle.method.remote(*args)`` runs the
+method now and returns a :class:`LocalRef` (resolved by ``relax.core.controller.local.get``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import importlib
 import importlib.util
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 
@@ -88,3 +94,61 @@ def remote(target: Any = None, **options: Any) -> Any:
     if target is None:
         return lambda t: LazyRemote(t, options)
     return LazyRemote(target, options)
+
+
+class LocalRef:
+    """The outcome of a call already made in this process: its value, or the exception it raised."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def future(self) -> cf.Future:
+        """A finished ``concurrent.futures.Future`` (as ``ObjectRef.future()`` gives for an actor call)."""
+        fut: cf.Future = cf.Future()
+        if self.error is not None:
+            fut.set_exception(self.error)
+        else:
+            fut.set_result(self.value)
+        return fut
+
+
+def call_now(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> LocalRef:
+    try:
+        return LocalRef(fn(*args, **kwargs))
+    except Exception as exc:  # delivered by get(), where an actor's error would surface
+        return LocalRef(error=exc)
+
+
+class _Method:
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any, **kwargs: Any) -> LocalRef:
+        return call_now(self.fn, *args, **kwargs)
+
+
+class LocalHandle:
+    """``obj``'s methods called like an actor handle's (``handle.m.remote(...)`` -> :class:`LocalRef`)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.local = obj
+        self.__ray_ready__ = _Method(lambda: True)
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Method(getattr(self.local, name))
+
+    def __repr__(self) -> str:
+        return f"LocalHandle({type(self.local).__name__})"
+
+
+def is_local(handle: Any) -> bool:
+    return isinstance(handle, LocalHandle)

@@ -21,6 +21,7 @@ from typing import Any
 import pluggy
 
 from relax.core import hookspecs
+from relax.core.algorithm_needs import declared
 
 ENTRY_POINT_GROUP = "relax"
 
@@ -36,6 +37,7 @@ REGISTRATION_HOOKS = {
     "kl": "relax_register_algorithms",
     "processor": "relax_register_processors",
     "command": "relax_register_commands",
+    "model_adapter": "relax_register_model_adapters",
 }
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
 
@@ -55,7 +57,9 @@ class UnknownNameError(KeyError):
 class Registration:
     """One registered name. ``config`` is the dataclass the plugin's config section is parsed into
     (None: the section stays a dict); ``resources(params) -> Resources`` says what one instance
-    needs; ``options`` keeps kind-specific keywords (e.g. a command's ``help``)."""
+    needs; ``in_driver``: the object may run inside the driver's own process (cheap, no Ray actor
+    needed: core's rule rewards declare it like any plugin's); ``options`` keeps kind-specific
+    keywords (e.g. a command's ``help``)."""
 
     kind: str
     name: str
@@ -63,6 +67,7 @@ class Registration:
     plugin: str
     config: type | None = None
     resources: Callable[[Any], Any] | None = None
+    in_driver: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,6 +100,9 @@ class Registry:
         config = extra.get("config")
         if config is not None and not dataclasses.is_dataclass(config):
             raise PluginError(f"plugin {plugin!r}: {kind} {name!r} config= must be a dataclass, got {config!r}")
+        if not isinstance(extra.get("in_driver", False), bool):
+            raise PluginError(f"plugin {plugin!r}: {kind} {name!r} in_driver= must be True or False, "
+                              f"got {extra['in_driver']!r}")
         self._entries[kind][name] = Registration(kind, name, factory, plugin, **extra)
 
     def get(self, kind: str, name: str) -> Callable[..., Any]:
@@ -202,7 +210,7 @@ class RelaxPluginManager:
 
         def register(name: str, factory: Callable[..., Any], kind: str | None = None, *,
                      config: type | None = None, resources: Callable[[Any], Any] | None = None,
-                     **options: Any) -> None:
+                     in_driver: bool = False, **options: Any) -> None:
             if is_algorithm and kind not in ALGORITHM_KINDS:
                 raise PluginError(
                     f"plugin {plugin!r}: relax_register_algorithms needs kind= one of {list(ALGORITHM_KINDS)}, got {kind!r}"
@@ -211,15 +219,14 @@ class RelaxPluginManager:
                 raise PluginError(f"plugin {plugin!r}: {hook_name} registers {default_kind!r}, not {kind!r}")
             resolved = kind or default_kind
             if is_algorithm:  # what it consumes and where it runs: roles and validation derive from these
-                from relax.core.algorithms.needs import declared
-
                 try:
                     options["needs"], options["modes"] = declared(
                         resolved, name, options.get("needs"), options.get("modes")
                     )
                 except ValueError as exc:
                     raise PluginError(f"plugin {plugin!r}: {exc}") from None
-            self.registry.add(resolved, name, factory, plugin, config=config, resources=resources, options=options)
+            self.registry.add(resolved, name, factory, plugin, config=config, resources=resources,
+                              in_driver=in_driver, options=options)
             self.infos[plugin].registered.append((resolved, name))
 
         return register
@@ -247,6 +254,13 @@ def get_plugin_manager(refresh: bool = False) -> RelaxPluginManager:
     if _MANAGER is None or refresh:
         _MANAGER = RelaxPluginManager()
     return _MANAGER
+
+
+def attach_param(engine: str, manager: RelaxPluginManager | None = None) -> str | None:
+    """The ``rollout.engine_params`` field (a list of URLs) through which rollout engine ``engine``
+    attaches to running servers, as declared at registration (``attach=...``); None: it cannot attach."""
+    manager = manager or get_plugin_manager()
+    return manager.registration("rollout_engine", engine).options.get("attach")
 
 
 def format_plugins(manager: RelaxPluginManager) -> str:

@@ -1,4 +1,12 @@
-"""Interfaces between roles (typing.Protocol; implementations never inherit from these).
+"""The plugin contract: every method core calls on every plugin kind, and nothing more.
+
+One section per kind (rollout engine, trainer and its backend, weight sync, reward, processor,
+transfer queue, model adapter), each a ``typing.Protocol``: implement the methods, inherit nothing
+(where a section says a base class *is* the contract, it says so). Optional capabilities are the
+``Supports*`` protocols, detected by method presence and checked at start-up
+(``relax.core.controller.capabilities``). What a factory receives is documented per kind on its
+``relax_register_*`` hook (``relax.core.hookspecs``); ``relax.core.testing`` holds one conformance
+suite per kind that checks this contract.
 
 Shapes follow one convention everywhere: a batch is prompts left-padded to P plus responses
 right-padded to R; per-token tensors (logprobs, masks, advantages) are (B, R) over response tokens.
@@ -6,7 +14,7 @@ right-padded to R; per-token tensors (logprobs, masks, advantages) are (B, R) ov
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -98,6 +106,16 @@ class Trainer(Protocol):
     def load(self, directory: str) -> None: ...
 
 
+# ---------------------------------------------------------------- trainer backend
+# A trainer backend supplies the model step only; core's loop supplies ``train_step``:
+# ``PolicyUpdate(backend, UpdateSettings, objective).train_step`` (``relax.core.policy_update``). The
+# backend protocol lives next to the loop that calls it and is re-exported here with the rest of the
+# contract; ``relax.core.testing.TrainerConformance`` checks both it and ``Trainer``.
+from relax.core.policy_update.backend import ModelStep  # noqa: E402
+
+TrainerBackend = ModelStep
+
+
 # ---------------------------------------------------------------- optional capabilities
 
 
@@ -164,6 +182,19 @@ class SupportsGroupScoring(Protocol):
 
 @runtime_checkable
 class WeightSync(Protocol):
+    """A weight-sync transport as the controller calls it (``weight_sync.transport``; built once per
+    run as ``factory(params, ctx)``): the fleet calls ``sync`` (engines joining, colocate, async
+    publication), start-up calls ``check_engine``, the end of the run (success or failure) ``close``.
+    An object with these three methods is a transport: it may move weights any way it likes.
+
+    Moving them *between processes* -- sending inside the trainer's process, receiving inside each
+    engine's -- goes through the role actors' ``weight_sender`` / ``weight_receiver`` endpoints, which
+    rebuild the transport there from its spec and call ``push`` / ``receiver``. For that side the base
+    classes ``relax.core.weight_sync.Transport`` (implement ``send``) and ``Receiver`` are the
+    contract: subclass them, as every built-in does; they add the begin/end bracket, a deadline on
+    every call, the version check, and closing the sides they built in other processes at the end.
+    """
+
     def sync(self, trainer: Any, engines: list[Any], version: int) -> dict[str, float]:
         """Move the trainer's weights to every engine as ``version``; return stats (seconds, bytes).
 
@@ -174,6 +205,11 @@ class WeightSync(Protocol):
     def check_engine(self, engine: str) -> None:
         """Start-up check: raise ``WeightSyncError`` naming both if this transport cannot serve the
         registered rollout engine ``engine``."""
+        ...
+
+    def close(self) -> None:
+        """The run ended (completed or failed): release what the transport holds (temporary
+        directories, shared-memory segments, process groups). Called once."""
         ...
 
 
@@ -188,4 +224,130 @@ class Reward(Protocol):
 class Processor(Protocol):
     def __call__(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """Turn a (multimodal) chat message list into model inputs."""
+        ...
+
+
+# ---------------------------------------------------------------- transfer queue
+
+Key = tuple[int, int]  # (partition = rollout step, index within partition)
+VersionSpec = int | tuple[int, int]  # one policy version, or the (min, max) a row's tokens came from
+
+
+@dataclass
+class Batch:
+    """Rows handed to one consumer: ``data[col][i]`` belongs to ``keys[i]``."""
+
+    keys: list[Key]
+    data: dict[str, list[Any]]
+    group_ids: list[Any] = field(default_factory=list)
+    versions: list[tuple[int, int]] = field(default_factory=list)  # (min, max) policy version per row
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def min_version(self) -> int:
+        return min(v[0] for v in self.versions)
+
+    @property
+    def max_version(self) -> int:
+        return max(v[1] for v in self.versions)
+
+
+@runtime_checkable
+class TransferQueueLike(Protocol):
+    """What the async/hybrid pipeline calls on a transfer queue (``queue.name``; ``QueueConformance``).
+
+    The factory is called as ``factory(capacity=rows, consumers=[role, ...])``: every consumer role
+    is declared up front, and a row is evicted once each of them acknowledged it. Rows are keyed
+    ``(partition, index)``: the pipeline's partition is the rollout step. Delivery rules: a consumer
+    gets a row once the row holds every requested column; each consumer has its own cursor; rows that
+    share a group id arrive together (a batch is whole groups, in arrival order); a row handed to a
+    consumer is not handed to it again. Core never checkpoints a queue: a resumed run draws the steps
+    it had not trained again. The concrete ``relax.core.queue.TransferQueue`` offers more
+    (``group_size`` for groups put over several calls, ``release``, leases, ``state_dict``), which core
+    does not call.
+    """
+
+    def put_rows(
+        self,
+        partition: int,
+        rows: Sequence[dict[str, Any]],
+        group_ids: Sequence[Any] | None = None,
+        version: VersionSpec | list[VersionSpec] = 0,
+        timeout: float | None = None,
+    ) -> list[Key]:
+        """Append rows (column name -> value) to ``partition``; one version per row or one for all.
+        Blocks while the queue holds ``capacity`` rows; ``TimeoutError`` after ``timeout`` seconds;
+        ``ValueError`` for more rows than ``capacity``. Returns the new rows' keys, indices counting
+        up per partition from 0."""
+        ...
+
+    def get(
+        self,
+        consumer: str,
+        columns: Sequence[str],
+        batch_size: int,
+        timeout: float | None,
+        partition: int | None = None,
+    ) -> Batch:
+        """``batch_size`` rows (whole groups) that hold every one of ``columns``, only those columns;
+        ``partition`` restricts them to one rollout step. ``TimeoutError`` after ``timeout`` seconds."""
+        ...
+
+    def add_columns(self, keys: Sequence[Key], columns: dict[str, Sequence[Any]]) -> None:
+        """Set columns (reward, reference logprobs, advantages) on rows already in the queue."""
+        ...
+
+    def ack(self, consumer: str, keys: Iterable[Key]) -> None:
+        """``consumer`` is done with these rows (idempotent); they count towards eviction."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numbers logged every step: at least ``queue/rows`` and ``queue/capacity``; counters
+        named ``queue/rows_produced`` and ``queue/rows_consumed/<consumer>`` also give per-second rates."""
+        ...
+
+    def close(self) -> None:
+        """Called once when the pipeline stops (end of run, failure, recovery): release what the queue
+        holds (an actor, a server); rows still held are dropped."""
+        ...
+
+
+# ---------------------------------------------------------------- model adapters
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """How core loads and feeds one HF model family, registered per ``config.model_type`` through
+    ``relax_register_model_adapters``. A plain causal LM needs none (core loads it with
+    ``AutoModelForCausalLM``); a model that takes media does, so that core stays free of family code.
+    The trainer and the HF engine call the same methods, so rollout and training see one model."""
+
+    #: weight-name prefixes of the media encoders: frozen by ``trainer.freeze_media_towers``, then left
+    #: out of weight syncs and exports
+    tower_prefixes: tuple[str, ...]
+    #: processed-input keys that are per-prompt flags for the forward (not media tensors); engines that
+    #: cannot honour them refuse the prompt naming the key
+    media_flags: tuple[str, ...]
+
+    def load(self, model_path: str, dtype: torch.dtype) -> Any:
+        """The model for training and rollout, with any patch it needs applied."""
+        ...
+
+    def media_token_ids(self, config: Any) -> list[int]:
+        """Placeholder and start/end token ids of every media kind (a response never adds media)."""
+        ...
+
+    def forward_kwargs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       media: dict[str, torch.Tensor], prompt_width: int) -> dict[str, Any]:
+        """Forward keywords (``input_ids`` included) that make ``model`` see ``media`` (one prompt's
+        processed inputs per row, ``source.*`` entries included) for prompt + response ``input_ids``."""
+        ...
+
+    def before_prefill(self, model: Any) -> None:
+        """Clear what an earlier forward left on ``model`` that the next prefill must compute afresh."""
+        ...
+
+    def decode_positions(self, model: Any, rows: int) -> Any:
+        """Called right after a media prefill of ``rows`` rows: ``positions(length) -> position_ids`` for
+        the decode step that feeds each row's token at cache position ``length``."""
         ...

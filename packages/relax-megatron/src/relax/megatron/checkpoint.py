@@ -41,13 +41,13 @@ def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
     )
 
     model = trainer.model.sharded_state_dict()
-    state: dict[str, Any] = {"model": model, "step": trainer.step, "layout": layout(trainer)}
+    state: dict[str, Any] = {"model": model, "step": trainer.update.step, "layout": layout(trainer)}
     rng = {"torch": torch.get_rng_state()}  # one per rank: data-parallel replicas keep their own
     state["rng"] = ShardedObject("rng_state", rng, (trainer.pp, trainer.tp, trainer.dp),
                                  (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank), replica_id=0)  # fmt: skip
     if getattr(trainer, "ddp", None) is not None:  # megatron's DistributedOptimizer (CUDA): its own sharding
         state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
-        state["adam_step"] = float(trainer.step)  # marks a trainable checkpoint (see load)
+        state["adam_step"] = float(trainer.update.step)  # marks a trainable checkpoint (see load)
     elif trainer.optimizer is not None:
         if loading:
             _ensure_adam_state(trainer.optimizer)
@@ -98,7 +98,7 @@ def load(trainer: Any, directory: str) -> None:
         for param_state in optim["state"].values():
             param_state["step"] = torch.tensor(float(loaded["adam_step"]))
         trainer.optimizer.load_state_dict(optim)
-    trainer.step = int(loaded["step"])
+    trainer.update.step = int(loaded["step"])
     if "rng" in loaded:
         torch.set_rng_state(loaded["rng"]["torch"])
 

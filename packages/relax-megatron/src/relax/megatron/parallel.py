@@ -94,7 +94,7 @@ def rank_rows(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str
     """This data-parallel rank's contiguous share of the batch's rows (core's ``shard_bounds``), padded
     with fully masked copies of row 0 to ``ceil(rows / dp)`` rows: every replica runs the same shapes
     (the MoE dispatcher gathers tokens across replicas) and joins every collective, padding contributing 0."""
-    from relax.core.trainers.data_parallel import shard_bounds, take_rows
+    from relax.core.policy_update.batching import shard_bounds, take_rows
 
     rows = batch["responses"].shape[0]
     start, end = shard_bounds(rows, dp_rank, dp)
@@ -109,7 +109,7 @@ def rank_rows(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str
 def gather_rows(local: torch.Tensor, total_rows: int, dp: int, group) -> torch.Tensor:
     """The batch's rows in order, on every rank, from every data-parallel rank's :func:`rank_rows` share
     (scored: the same padded shape on every rank)."""
-    from relax.core.trainers.data_parallel import shard_bounds
+    from relax.core.policy_update.batching import shard_bounds
 
     parts = [torch.empty_like(local) for _ in range(dp)]
     torch.distributed.all_gather(parts, local.contiguous(), group=group)

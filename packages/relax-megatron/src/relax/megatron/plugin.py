@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from relax.core.context import PluginContext, Resources, train_kwargs
+from relax.core.context import PluginContext, Resources
 from relax.core.hookspecs import hookimpl
 
 
@@ -62,6 +62,7 @@ def world_size(params: MegatronParams) -> int:
 def megatron_trainer(params: MegatronParams, ctx: PluginContext):
     """The factory: core's optimisation settings (``ctx.train``) and the algorithm's policy objective."""
     from relax.core.algorithms import build_policy_objective
+    from relax.core.policy_update import UpdateSettings
     from relax.megatron.trainer import MegatronTrainer
 
     errors = params.validate()
@@ -71,17 +72,11 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
     if spec.algorithm.critic.enable and spec.trainable:
         raise ValueError("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; "
                          "use trainer.backend: torch for PPO with a critic")  # fmt: skip
-    dtype = params.dtype or ctx.dtype
-    cuda = params.device.startswith("cuda")
-    if dtype not in ("float32", "bfloat16") or (dtype != "float32" and not cuda):
-        raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
-                         "with trainer.backend_params.device: cuda")  # fmt: skip
     return MegatronTrainer(
         ctx.model_path,
+        UpdateSettings.from_context(ctx),
         objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
-        **train_kwargs(ctx),
         trainable=spec.trainable,
-        skip_nonfinite=spec.optim.skip_nonfinite,
         # frozen roles (reference, teacher) are one process: the whole model at TP=1
         tensor_parallel=params.tensor_parallel if spec.trainable else 1,
         pipeline_parallel=params.pipeline_parallel if spec.trainable else 1,
@@ -92,7 +87,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         master_addr=ctx.master_addr,
         master_port=ctx.master_port,
         device=params.device,
-        dtype=dtype,
+        dtype=params.dtype or ctx.dtype,  # checked by the trainer, before it starts any process group
         distributed_optimizer=params.distributed_optimizer,
     )
 

@@ -9,25 +9,26 @@ bfloat16 with ``device="cuda"``: batches go to the device, results come back on 
 called with the whole batch, together (``export_weights`` gathers across TP, PP and EP, so it is
 collective too: ``collective_export``, core's worker group has every rank export in step and sends rank
 0's buckets). DP replicas take their share of the rows; token counts, loss sums and gradients are
-summed over them (step-global normalisation).
+summed over them (step-global normalisation). ``train_step`` is core's policy-update loop
+(:class:`~relax.core.policy_update.PolicyUpdate`); this class is its model step
+(:class:`~relax.core.policy_update.ModelStep`), with megatron's 1F1B schedule under PP.
 """
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
+from relax.core.policy_update.batching import split_rows
 from relax.megatron import convert
 from relax.megatron.logprobs import logprobs_and_entropy
 
-Objective = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
 NamedTensors = list[tuple[str, torch.Tensor]]
-_OPTIONAL_COLUMNS = ("rollout_logprobs", "ref_logprobs", "teacher_logprobs")
 
 
 def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
@@ -61,24 +62,10 @@ class MegatronTrainer:
     def __init__(
         self,
         model_path: str,
+        settings: UpdateSettings | None = None,
         *,
         objective: Objective | None = None,
-        lr: float = 1e-6,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        grad_clip: float = 1.0,
-        warmup_steps: int = 0,
-        total_steps: int = 0,
-        lr_schedule: str = "constant",
-        min_lr_ratio: float = 0.0,
-        micro_batch_size: int = 16,
-        num_minibatches: int = 1,
-        loss_agg_mode: str = "token-mean",
-        temperature: float = 1.0,
-        seed: int = 0,
         trainable: bool = True,
-        skip_nonfinite: bool = False,
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
         data_parallel: int = 1,
@@ -90,23 +77,23 @@ class MegatronTrainer:
         device: str = "cpu",
         dtype: str = "float32",
         distributed_optimizer: bool = False,
+        **overrides: Any,
     ) -> None:
         from transformers import AutoConfig
 
         from megatron.core import parallel_state
-        from relax.core.trainers.optim import LR_SCHEDULES
         from relax.megatron.parallel import ensure_process_group, initialize_model_parallel, rank_device
 
-        if lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
+        self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
         if world_size != tensor_parallel * pipeline_parallel * data_parallel:
             raise ValueError(f"world_size={world_size} != tensor_parallel={tensor_parallel} x pipeline_parallel="
                              f"{pipeline_parallel} x data_parallel={data_parallel}")  # fmt: skip
         if data_parallel % expert_parallel:
             raise ValueError(f"expert_parallel={expert_parallel} must divide data_parallel={data_parallel}: "
                              "expert-parallel ranks are carved from the data-parallel ones, as in megatron")  # fmt: skip
-        if dtype not in ("float32", "bfloat16") or (dtype != "float32" and device == "cpu"):
-            raise ValueError(f"dtype={dtype!r}: float32 on CPU; float32 or bfloat16 on device cuda")
+        if dtype not in ("float32", "bfloat16") or (dtype != "float32" and not device.startswith("cuda")):
+            raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
+                             "with trainer.backend_params.device: cuda")  # fmt: skip
         self.device = rank_device(device, rank)
         if self.device.type == "cuda":  # before megatron builds anything: it allocates on the current device
             torch.cuda.set_device(self.device)
@@ -116,12 +103,12 @@ class MegatronTrainer:
             from relax.megatron.distopt import CPU_REASON
 
             raise ValueError(CPU_REASON)
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
+        random.seed(s.seed)
+        np.random.seed(s.seed)
+        torch.manual_seed(s.seed)
         ensure_process_group(rank, world_size, master_addr, master_port,
                              backend="nccl" if self.device.type == "cuda" else "gloo")  # fmt: skip
-        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=seed, expert_parallel=expert_parallel)
+        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=s.seed, expert_parallel=expert_parallel)
         self.model_path = model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
@@ -153,26 +140,30 @@ class MegatronTrainer:
         self.model.to(self.device)  # a no-op where megatron already allocated on the current GPU
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
-        self.objective = objective
-        self.lr, self.grad_clip = lr, grad_clip
-        self.warmup_steps, self.total_steps = warmup_steps, total_steps
-        self.lr_schedule, self.min_lr_ratio = lr_schedule, min_lr_ratio
-        self.micro_batch_size, self.num_minibatches = micro_batch_size, num_minibatches
-        self.loss_agg_mode, self.temperature = loss_agg_mode, temperature
-        self.skip_nonfinite = skip_nonfinite  # False: a NaN/inf loss or gradient raises NonFiniteError
         self.ddp = None  # megatron's DDP wrapper: with the distributed optimizer only
         if self.distributed_optimizer:
             from relax.megatron import distopt
 
-            self.ddp, self.optimizer = distopt.wrap(self.model, lr=lr, min_lr=lr * min_lr_ratio, weight_decay=weight_decay,
-                                                    betas=tuple(betas), eps=eps, bf16=self.dtype == torch.bfloat16)  # fmt: skip
+            self.ddp, self.optimizer = distopt.wrap(self.model, lr=s.lr, min_lr=s.lr * s.min_lr_ratio,
+                                                    weight_decay=s.weight_decay, betas=s.betas, eps=s.eps,
+                                                    bf16=self.dtype == torch.bfloat16)  # fmt: skip
         else:
             self.optimizer = (
-                torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+                torch.optim.AdamW(self.model.parameters(), lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
                 if trainable
                 else None
             )
-        self.step = 0
+        # core's loop; its ``step`` (train_step calls) is what a checkpoint stores
+        self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=False)
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp
+
+    @staticmethod
+    def fuses_old_logprobs() -> bool:
+        """Old logprobs come from a separate forward (the controller's, or the loop's before any update)."""
+        return False
 
     # ------------------------------------------------------------------ forward
     def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -195,8 +186,8 @@ class MegatronTrainer:
         resp = batch["responses"]
         prompt_len = batch["input_ids"].shape[1] - resp.shape[1]
         logits = logits[:, prompt_len - 1 : prompt_len - 1 + resp.shape[1]]
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
+        if self.settings.temperature != 1.0:
+            logits = logits / self.settings.temperature
         vocab_start = self.tp_rank * logits.shape[-1]
         return score(logits, resp, vocab_start, self.tp_group if self.tp > 1 else None)
 
@@ -211,13 +202,11 @@ class MegatronTrainer:
         return [gather_rows(t, batch["responses"].shape[0], self.dp, self.dp_group) for t in local]
 
     def _replica_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
-        from relax.core.trainers.critic import split_rows
-
         def masked(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> list[torch.Tensor]:
             keep = sub["response_mask"] > 0
             return [torch.where(keep, t, torch.zeros_like(t)) for t in self._scores(sub, logits, score)[:count]]
 
-        micros = list(split_rows(batch, self.micro_batch_size))
+        micros = list(split_rows(batch, self.settings.micro_batch_size))
         with torch.no_grad():
             if self.pp == 1:
                 records = [masked(sub, self._forward(self.model, sub)) for sub in micros]
@@ -250,108 +239,66 @@ class MegatronTrainer:
 
     # ----------------------------------------------------------------- training
     def current_lr(self) -> float:
-        from relax.core.trainers.optim import lr_factor
-
-        return self.lr * lr_factor(self.step, self.warmup_steps, self.total_steps, self.lr_schedule, self.min_lr_ratio)
+        return self.update.current_lr()
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """``num_minibatches`` optimizer steps over consecutive slices of the batch; metrics averaged
-        over them (``loss``, ``grad_norm`` before clipping, token-mean ``entropy``, ``lr`` and the
-        objective's). ``old_logprobs`` are scored here, before any update, when the batch has none."""
-        from relax.core.trainers.critic import split_rows
-
-        if self.optimizer is None or self.objective is None:
+        """One update of core's loop (:meth:`PolicyUpdate.train_step`): ``num_minibatches`` optimizer
+        steps, metrics averaged over them; ``old_logprobs`` scored before any update when absent."""
+        if self.optimizer is None or self.update.objective is None:
             raise RuntimeError("train_step needs a trainable MegatronTrainer with an objective")
-        batch = self._on_device(batch)
-        if "old_logprobs" not in batch:
-            batch = {**batch, "old_logprobs": self._masked_scores(batch, logprobs_and_entropy, 1)[0]}
-        size = math.ceil(batch["responses"].shape[0] / self.num_minibatches)
-        lr = self.current_lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        if self.dp > 1:
-            from relax.megatron.parallel import rank_rows
+        return self.update.train_step(self._on_device(batch))
 
-            minis = [rank_rows(mini, self.dp, self.dp_rank) for mini in split_rows(batch, size)]
-        else:
-            minis = list(split_rows(batch, size))
-        records = [self._optimizer_step(mini) for mini in minis]
-        self.step += 1
-        metrics = {k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records)) for k in records[0]}
-        return {**metrics, "lr": lr}
+    # ------------------------------------------------------- ModelStep (the loop's calls)
+    def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This replica's rows, padded to the same count on every replica (``parallel.rank_rows``)."""
+        from relax.megatron.parallel import rank_rows
 
-    def _optimizer_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        from relax.core.algorithms import PolicyLossInputs
-        from relax.core.trainers.critic import split_rows
+        return rank_rows(batch, self.dp, self.dp_rank)
 
-        mask = batch["response_mask"]  # with DP: this replica's rows; counts and sums cover every replica's
-        tokens, seqs = self._dp_sum([float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())])
-        self._zero_grads()
+    def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._replica_scores(batch, logprobs_and_entropy, 1)[0]
 
-        def micro_loss(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            logprobs, entropy = self._scores(sub, logits)
-            inputs = PolicyLossInputs(
-                logprobs=logprobs,
-                old_logprobs=sub["old_logprobs"],
-                advantages=sub["advantages"],
-                response_mask=sub["response_mask"],
-                entropy=entropy,
-                loss_agg_mode=self.loss_agg_mode,
-                global_token_count=tokens,
-                global_seq_count=seqs,
-                **{k: sub[k] for k in _OPTIONAL_COLUMNS if k in sub},
-            )
-            loss, obj_metrics = self.objective(inputs)
-            sub_tokens = float(sub["response_mask"].sum())
-            # "*loss" terms use the global counts, so they add up; the others are token-weighted
-            record = {k: float(v) * (1.0 if k.endswith("loss") else sub_tokens) for k, v in obj_metrics.items()}
-            return loss, {**record, "\0loss": float(loss.detach()),
-                          "\0entropy": float((entropy.detach() * sub["response_mask"]).sum())}  # fmt: skip
+    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
+        """Per micro-batch: forward, vocab-parallel logprobs and entropy, ``loss_fn``, backward; under PP
+        megatron's 1F1B schedule runs them (the last stage calls ``loss_fn``; its records go to every stage)."""
 
-        micros = list(split_rows(batch, self.micro_batch_size))
+        def finish(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            return loss_fn(sub, *self._scores(sub, logits))
+
         if self.pp == 1:
             records = []
-            for sub in micros:
-                loss, record = micro_loss(sub, self._forward(self.model, sub))
+            for sub in micro_batches:
+                loss, record = finish(sub, self._forward(self.model, sub))
                 loss.backward()
                 records.append(record)
-        else:  # 1F1B: the last stage computes the loss; its sums go to every stage
-            from relax.megatron.pipeline import from_last_stage, run_schedule
+            return records
+        from relax.megatron.pipeline import from_last_stage, run_schedule
 
-            records = from_last_stage([], run_schedule(self.model, micros, self._forward, micro_loss, forward_only=False))[1]
-        keys = sorted(records[0])
-        sums = dict(zip(keys, self._dp_sum([sum(r[k] for r in records) for k in keys]), strict=True))
-        loss_sum, entropy_sum = sums.pop("\0loss"), sums.pop("\0entropy")
-        obj_sums = sums
-        if self.ddp is not None:  # megatron's DDP: its finalize_model_grads does the sums below
+        return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False))[1]
+
+    def finish_gradients(self, max_norm: float) -> float:
+        if self.ddp is not None:  # megatron's DDP: its finalize_model_grads does the sums below; clips in apply
             from relax.megatron import distopt
 
-            grad_norm = distopt.reduce_grads(self.ddp, self.optimizer)
-        else:
-            self._sum_qk_norm_grads()
-            self._sum_tied_embedding_grads()
-            self._sum_data_parallel_grads()
-            max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
-            grad_norm = self._clip_grad_norm(max_norm)
-        skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))  # the same on every TP rank
-        if skipped:  # a NaN/inf update would destroy the weights: drop it, or stop the run
-            self._nonfinite(f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} "
-                            f"(loss {loss_sum}, grad_norm {grad_norm}); the update was not applied")  # fmt: skip
-            self._zero_grads()
-        elif self.ddp is not None:
-            distopt.apply(self.optimizer, self.grad_clip)
+            return distopt.reduce_grads(self.ddp, self.optimizer)
+        self._sum_qk_norm_grads()
+        self._sum_tied_embedding_grads()
+        self._sum_data_parallel_grads()
+        return self._clip_grad_norm(max_norm)
+
+    def apply_gradients(self, lr: float) -> str | None:
+        """The optimizer step (the weights are not checked afterwards: None)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.ddp is not None:
+            from relax.megatron import distopt
+
+            distopt.apply(self.optimizer, self.settings.grad_clip)
         else:
             self.optimizer.step()
-        denom = max(tokens, 1.0)
-        return {
-            **{k: v if k.endswith("loss") else v / denom for k, v in obj_sums.items()},
-            "loss": loss_sum,
-            "grad_norm": grad_norm,
-            "entropy": entropy_sum / denom,
-            "skipped_nonfinite": float(skipped),
-        }
+        return None
 
-    def _zero_grads(self) -> None:
+    def zero_grad(self) -> None:
         if self.ddp is not None:
             from relax.megatron import distopt
 
@@ -359,20 +306,13 @@ class MegatronTrainer:
         else:
             self.optimizer.zero_grad(set_to_none=True)
 
-    def _dp_sum(self, values: list[float]) -> list[float]:
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
         """Element-wise sums over the data-parallel replicas (fp64, one collective); DP=1: ``values``."""
         if self.dp == 1:
             return values
         summed = torch.tensor(values, dtype=torch.float64, device=self.device)  # NCCL: on the GPU
         torch.distributed.all_reduce(summed, group=self.dp_group)
         return summed.tolist()
-
-    def _nonfinite(self, what: str) -> None:
-        from relax.core.trainers.torch_trainer import NonFiniteError
-
-        if not self.skip_nonfinite:
-            raise NonFiniteError(f"train step {self.step + 1}: {what}. Lower trainer.lr or check rewards and "
-                                 "advantages; trainer.skip_nonfinite=true skips such updates instead of stopping")  # fmt: skip
 
     def _sum_qk_norm_grads(self) -> None:
         """Qwen3's q/k norms are replicated but each TP rank applies them to its own heads: their gradient

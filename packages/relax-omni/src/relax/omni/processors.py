@@ -99,7 +99,7 @@ class QwenOmniProcessor:
         if in_video:  # one flag per video: the model's rope index must interleave the positions the same way
             import torch
 
-            from relax.core.multimodal_model import AUDIO_IN_VIDEO
+            from relax.omni.adapters import AUDIO_IN_VIDEO
 
             inputs[AUDIO_IN_VIDEO] = torch.ones(len(loaded.videos), dtype=torch.long)
         inputs.update(source_audio(loaded.audios))

@@ -8,7 +8,9 @@ its worker, a worker that dies (``os._exit``) is replaced. Inline components (``
 network-bound, holding sockets or actor handles) run on the hub's event loop, bounded the same way.
 A failed component scores ``fallback_score``, is logged naming the sample, and is counted in the
 sample's ``reward_info`` (``reward_failed`` / ``reward_timeout``, i.e. ``reward/failures`` and
-``reward/timeouts``), so the run continues in every mode.
+``reward/timeouts``), so the run continues in every mode. Core's bound on one group call
+(``reward.timeout_s``) is derived from these limits unless the config sets it
+(:meth:`HubParams.group_timeout_s`).
 
 ``reward_info`` of a sample: ``score``; ``route/<route>`` (the route's mean per step); for each
 component ``<name>/<key>`` of its components and ``<name>/failed`` (``<name>#<i>`` when a route
@@ -26,11 +28,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.core.rewards.bounded import ScorerTimeout, as_result, bounded, call_scorer
 from relax.core.rewards.runner import FAILED, TIMED_OUT
 
 log = logging.getLogger(__name__)
 
 HUB = "hub"
+POOL_MARGIN_S = 10.0  # on top of a pooled call's timeout and worker start: the kill and the pipe
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,20 @@ class HubParams:
     call_timeout_s: float = 30.0  # wall-clock limit per component call (a component may set timeout_s)
     fallback_score: float | None = None  # score of a failed or timed-out component; None: reward.fallback_score
     start_timeout_s: float = 120.0  # how long a call waits for a worker to start (imports included)
+
+    def group_timeout_s(self, group_size: int) -> float:
+        """Core's bound for one group call (``reward.timeout_s`` when the config leaves it out), so
+        nobody lines up two timeouts by hand: every component call of the longest route for each
+        sample, ``min(workers, max_concurrency)`` at a time, each within its timeout, plus one
+        worker start and the kill margin. The hub then always reports its own per-component failures
+        before core's bound would fail the whole group."""
+        specs = [spec if isinstance(spec, list) else [spec] for spec in self.routes.values()] or [[]]
+        timeouts = [item.get("timeout_s", self.call_timeout_s) if isinstance(item, dict) else self.call_timeout_s
+                     for items in specs for item in items]
+        longest = max([float(t) for t in timeouts if isinstance(t, int | float)] or [self.call_timeout_s])
+        calls = max(group_size, 1) * max(len(items) for items in specs)
+        waves = math.ceil(max(calls, 1) / max(min(self.workers, self.max_concurrency), 1))
+        return waves * longest + self.start_timeout_s + POOL_MARGIN_S
 
     def validate(self) -> list[str]:
         errors = parse_routes(self)[1]
@@ -218,23 +236,22 @@ class Hub:
             if comp.key in self.pooled:
                 results[i][comp.key] = await self._guard(comp, lambda: self.pool.acall(comp.key, s, comp.timeout_s))
             else:
-                from relax.core.rewards.runner import _call
-
-                results[i][comp.key] = await self._guard(comp, lambda: _call(reward.score, s))
+                results[i][comp.key] = await self._guard(comp, lambda: call_scorer(reward.score, s))
 
         await asyncio.gather(*(one(i, s) for i, s in zip(idx, samples, strict=True)))
 
     async def _guard(self, comp: Component, make_call: Any, expect: int | None = None) -> Any:
         """The call's value, or a _Failure: never raises. Inline calls are abandoned at ``timeout_s``;
         pool calls are killed there by the pool (plus a margin for the kill and the pipe)."""
-        from relax.core.rewards.runner import _bounded, _Timeout
         from relax.rewards.pool import CallTimeout
 
         async with self._sem():
             try:
-                bound = comp.timeout_s + (self.params.start_timeout_s + 10 if comp.key in self.pooled else 0)
-                value = await _bounded(make_call(), bound)
-            except (_Timeout, CallTimeout) as e:
+                bound = comp.timeout_s + (self.params.start_timeout_s + POOL_MARGIN_S if comp.key in self.pooled else 0)
+                value = await bounded(make_call(), bound)
+            except ScorerTimeout:
+                return _Failure("timeouts", f"timed out after {comp.timeout_s:g}s")
+            except CallTimeout as e:
                 return _Failure("timeouts", f"timed out after {comp.timeout_s:g}s" + (f" ({e})" if str(e) else ""))
             except Exception as e:  # noqa: BLE001  # a component bug must not stop the run
                 return _Failure("errors", f"{type(e).__name__}: {e}")
@@ -295,9 +312,7 @@ class Hub:
 
 def _as_parts(value: Any) -> dict[str, float]:
     """A component's result as ``{"score": .., ...}`` with finite floats only (else ValueError)."""
-    from relax.core.rewards.runner import _as_result
-
-    _, info = _as_result(value)
+    _, info = as_result(value)
     bad = [k for k, v in info.items() if not math.isfinite(v)]
     if bad:
         raise ValueError(f"returned non-finite values for {bad}")

@@ -202,7 +202,7 @@ class ProcessPool:
         return value
 
     async def acall(self, name: str, arg: Any, timeout_s: float, wait_s: float | None = None) -> Any:
-        from relax.core.rewards.runner import in_daemon_thread
+        from relax.core.rewards.bounded import in_daemon_thread
 
         return await in_daemon_thread(self.call, name, arg, timeout_s, wait_s)
 

@@ -120,7 +120,7 @@ class RemoteReward:
         return scores
 
     async def score_group(self, samples: list[Any]) -> list[Any]:
-        from relax.core.rewards.runner import in_daemon_thread
+        from relax.core.rewards.bounded import in_daemon_thread
 
         return await in_daemon_thread(self.post, list(samples))
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from relax.core.data_multimodal import model_inputs, source_media
-from relax.core.multimodal_model import AUDIO_IN_VIDEO
+from relax.core.multimodal_model import media_flag_keys
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")  # (Qwen-Omni's)
@@ -249,9 +249,10 @@ def media_request(
         audios = source_media(inputs, "audio") or None
     inputs = model_inputs(inputs)
     unsupported = sorted(set(inputs) - set(IMAGE_KEYS) - set(VIDEO_KEYS) - set(AUDIO_KEYS) - set(IGNORED))
-    if AUDIO_IN_VIDEO in unsupported:
+    flags = sorted(set(unsupported) & media_flag_keys())  # model adapters' per-prompt forward flags
+    if flags:
         raise ValueError(
-            "media inputs use_audio_in_video: SGLang 0.5.23 builds M-RoPE positions with use_audio_in_video=False "
+            f"media inputs {flags[0]}: SGLang 0.5.23 builds M-RoPE positions with {flags[0]}=False "
             "and takes no precomputed positions over HTTP, so these rows would get wrong positions; use the hf "
             "engine for audio-in-video prompts"
         )

@@ -12,6 +12,7 @@ Names resolve through the plugin registry (``get_*``), so plugins can add their 
 consumes is declared at registration (``needs``, ``modes``: ``algorithm_spec``, ``config_needs``).
 """
 
+from relax.core.algorithm_needs import MODES, NEEDS, TRAINER_CAPABILITIES, AlgorithmSpec
 from relax.core.algorithms.advantages import AdvantageInputs, last_token_rewards
 from relax.core.algorithms.aggregation import (
     AGG_MODES,
@@ -42,7 +43,6 @@ from relax.core.algorithms.kl import (
     logprobs_from_logits,
     update_kl_controller,
 )
-from relax.core.algorithms.needs import MODES, NEEDS, TRAINER_CAPABILITIES, AlgorithmSpec
 from relax.core.algorithms.objective import build_policy_objective, compute_advantages
 from relax.core.algorithms.policy_losses import PolicyLossInputs
 from relax.core.algorithms.registry import (

@@ -3,7 +3,7 @@
 Lookups go through ``relax.core.plugins.get_plugin_manager()`` so names registered by plugins
 (``relax_register_algorithms``) work everywhere; the built-in tables are the fallback only when
 the plugin manager cannot be imported. Built-ins declare ``needs`` / ``modes`` exactly as a
-plugin does (``relax.core.algorithms.needs``).
+plugin does (``relax.core.algorithm_needs``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from relax.core.algorithm_needs import MODES, AlgorithmSpec, run_needs
 from relax.core.algorithms import advantages as adv
 from relax.core.algorithms import (
     distillation,
@@ -20,7 +21,6 @@ from relax.core.algorithms import (
     trust_region_losses,
 )
 from relax.core.algorithms.kl import KL_ESTIMATORS
-from relax.core.algorithms.needs import MODES, AlgorithmSpec, run_needs
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
     "gae": adv.gae,

@@ -2,7 +2,7 @@
 
 Called from ``relax.core.config._semantic_errors`` before anything starts. What an estimator or
 loss needs comes from what it declared at registration (``needs`` / ``modes``, see
-``relax.core.algorithms.needs``), so a plugin's algorithm is checked exactly like a built-in one;
+``relax.core.algorithm_needs``), so a plugin's algorithm is checked exactly like a built-in one;
 no rule here names an algorithm. Unknown names are reported by the config loader and get only
 the generic range checks here.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relax.core.algorithm_needs import NEEDS, UNPROVIDED, AlgorithmSpec
 from relax.core.algorithms.config import POLICY_INIT
-from relax.core.algorithms.needs import NEEDS, UNPROVIDED, AlgorithmSpec
 from relax.core.algorithms.registry import algorithm_spec, algorithm_specs
 
 _FIELD = {"advantage": "algorithm.advantage_estimator", "policy_loss": "algorithm.policy_loss"}

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 
 from relax.core.control.autoscaler import Autoscaler, Decision, Observation, queue_fill
-from relax.core.controller.fleet import attach_param
+from relax.core.plugins import attach_param
 
 log = logging.getLogger("relax")
 

@@ -22,9 +22,28 @@ OPTIONAL = {
 }
 
 
+#: every flag a trainer backend may declare (a class attribute or a no-argument method returning a bool; absent:
+#: False), and what the controller does differently when it is True
+DECLARED = {
+    "fuses_old_logprobs": "train_step scores a batch's missing old_logprobs itself, the first mini-batch's from its "
+    "training forward: the controller skips its own old-logprob forward (core's loop: PolicyUpdate(fuse_old_logprobs))",
+    "collective_export": "export_weights gathers across the trainer's ranks: every rank of the worker group "
+    "iterates it in step with rank 0 (controller.collective)",
+}
+
+
+def declares(obj: Any, flag: str) -> bool:
+    """Whether ``obj`` declares ``flag`` (one of :data:`DECLARED`)."""
+    if flag not in DECLARED:
+        raise KeyError(f"unknown declared flag {flag!r}; known: {', '.join(DECLARED)}")
+    value = getattr(obj, flag, False)
+    return bool(value() if callable(value) else value)
+
+
 def capabilities(obj: Any) -> list[str]:
-    """The optional methods ``obj`` implements."""
-    return sorted(name for name in OPTIONAL if callable(getattr(obj, name, None)))
+    """The optional methods ``obj`` implements, and the :data:`DECLARED` flags it declares True."""
+    methods = [name for name in OPTIONAL if callable(getattr(obj, name, None))]
+    return sorted(methods + [flag for flag in DECLARED if declares(obj, flag)])
 
 
 def required(cfg: Any) -> dict[str, dict[str, str]]:

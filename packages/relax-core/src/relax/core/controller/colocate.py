@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -11,8 +12,11 @@ from tqdm import tqdm
 from relax.core.controller import local, recovery, stages
 from relax.core.data import Sample, collate
 
+if TYPE_CHECKING:
+    from relax.core.controller.step import StepContext
 
-def collect_groups(state, step: int, metrics: dict[str, float]) -> tuple[list[Sample], list[list[Sample]]]:
+
+def collect_groups(state: StepContext, step: int, metrics: dict[str, float]) -> tuple[list[Sample], list[list[Sample]]]:
     """Roll out, score and filter prompt batches until the step has ``rollout.prompts_per_step``
     groups to train on (DAPO dynamic sampling draws up to ``max_extra_rounds`` extra batches).
 
@@ -51,7 +55,7 @@ def collect_groups(state, step: int, metrics: dict[str, float]) -> tuple[list[Sa
     return scored_all, kept
 
 
-def _score_round(state, step: int, metrics: dict[str, float]) -> tuple[list[list[Sample]], dict[str, float]]:
+def _score_round(state: StepContext, step: int, metrics: dict[str, float]) -> tuple[list[list[Sample]], dict[str, float]]:
     """One prompt batch: generate, then score; the reward actor returns scored copies, regrouped here."""
     cfg, roles = state.cfg, state.roles
     groups = state.prompts.draw(step)
@@ -71,10 +75,10 @@ def _score_round(state, step: int, metrics: dict[str, float]) -> tuple[list[list
     return list(by_group.values()), counts
 
 
-def _fuses_old_logprobs(state) -> bool:
+def _fuses_old_logprobs(state: StepContext) -> bool:
     """:func:`stages.fuse_old_logprobs` for this run, asked of the trainer once (colocate is
     strictly on-policy: the engines sampled with the weights the trainer holds)."""
-    if not hasattr(state, "fused_old_logprobs"):
+    if state.fused_old_logprobs is None:
         try:
             fuses = bool(local.get(state.roles.trainer.call.remote("fuses_old_logprobs"), timeout=state.cfg.trainer.timeout_s))
         except (AttributeError, ray.exceptions.RayTaskError):
@@ -83,7 +87,7 @@ def _fuses_old_logprobs(state) -> bool:
     return state.fused_old_logprobs
 
 
-def _train(state, step: int, train_samples: list[Sample], metrics: dict[str, float]) -> None:
+def _train(state: StepContext, step: int, train_samples: list[Sample], metrics: dict[str, float]) -> None:
     """Old logprobs (unless fused into the update) -> advantages -> the trainer's update."""
     cfg, roles = state.cfg, state.roles
     raw = collate(train_samples, state.pad_id)
@@ -103,7 +107,7 @@ def _train(state, step: int, train_samples: list[Sample], metrics: dict[str, flo
     metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
 
 
-def colocate_step(state) -> dict[str, float]:
+def colocate_step(state: StepContext) -> dict[str, float]:
     """One step: prompts -> generate -> reward -> filter -> logprobs -> advantages -> train -> sync (the
     engines' memory released from after the rollout until the sync, with ``rollout.release_memory``)."""
     cfg = state.cfg
@@ -124,7 +128,7 @@ def colocate_step(state) -> dict[str, float]:
             recovery.commit_step(state, step, trained=False)
     if train_samples and state.version % cfg.weight_sync.every_n_steps == 0:
         with stages.timed(metrics, "sync"):
-            metrics.update(state.sync_weights())
+            metrics.update(state.fleet.sync(state.version))
     elapsed = time.perf_counter() - started
     metrics["time/step_s"] = elapsed
     metrics["perf/tokens_per_s"] = gen_tokens / max(elapsed, 1e-9)

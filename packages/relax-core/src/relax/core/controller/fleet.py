@@ -8,10 +8,15 @@ total, after ``rollout.restart_backoff_s`` (doubled after each replacement that 
 synced to the current weight version, and only then routed to. With no engine left and no
 replacement coming, waiting streams fail with :class:`NoEnginesLeft` naming the last loss.
 
-``weights_lock`` serialises everything that must see the trainer's weights equal to the run's
-weight version: the mode loops hold it from a train step until its version is committed (and
-through weight publication), and a replacement is synced under it, so a new engine gets exactly
-the version it is labelled with. ``add_engine(s)`` / ``remove_engine`` are the control API behind
+Weight sync flows one way: the controller asks the fleet to ``sync(version)`` (colocate, resume) or
+``publish(version, abort)`` (async modes); the fleet hands the transport (built for the run and given
+at construction, with the trainer) the serving engines and returns ``weight_sync/*`` metrics. Nothing
+calls back up. ``version`` is the version of the trainer's weights as the controller last told the
+fleet (``sync``, ``publish``, or ``trained`` when a step commits): a replacement engine is synced to
+it. ``weights_lock`` serialises everything that must see the trainer's weights equal to that
+version: the mode loops hold it from a train step until its version is committed (and through
+weight publication), and a replacement is synced under it, so a new engine gets exactly the
+version it is labelled with. ``add_engine(s)`` / ``remove_engine`` are the control API behind
 ``RunState.add_engine`` / ``remove_engine`` (called between steps by ``RunControl``) and behind the
 control plane's scale operations (called from its own thread, like a replacement). A scale-in
 drains: the engine gets no new requests while its in-flight ones finish, up to a timeout, and only
@@ -30,13 +35,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from relax.core.controller import local
 from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, describe
 from relax.core.controller.router import EngineRouter
+from relax.core.plugins import attach_param
+
+if TYPE_CHECKING:
+    from relax.core.protocols import WeightSync
 
 log = logging.getLogger("relax")
 
@@ -46,16 +55,6 @@ DRAIN_POLL_S = 0.1
 #: ``on_phase(phase, indices)``: engines being added reached ``phase`` -- "creating", "health-checking",
 #: "weight-syncing", then "active" once they serve
 PhaseFn = Callable[[str, list[int]], None]
-
-
-def attach_param(engine: str, manager: Any = None) -> str | None:
-    """The ``rollout.engine_params`` field (a list of URLs) through which rollout engine ``engine``
-    attaches to running servers, as declared at registration (``attach=...``); None: it cannot attach."""
-    if manager is None:
-        from relax.core.plugins import get_plugin_manager
-
-        manager = get_plugin_manager()
-    return manager.registration("rollout_engine", engine).options.get("attach")
 
 
 def with_engine_params(cfg: Any, overrides: dict[str, Any]) -> Any:
@@ -80,22 +79,26 @@ class EngineFleet:
         cfg: Any,
         engines: list[Any],
         start_engine: Callable[[int, int | None], Any],
-        sync_engines: Callable[[list[Any]], dict[str, float]],
+        transport: WeightSync,
+        trainer: Any,
         counters: FaultCounters | None = None,
         on_change: Callable[[list[Any]], None] | None = None,
+        version: int = 0,
     ) -> None:
         """``engines``: the run's engine list (``Roles.engines``), kept equal to the live set;
         ``start_engine(index, slot[, engine_params=overrides])`` creates an engine actor on the reservation
         of configured engine ``slot`` (None: outside the reservation), with ``rollout.engine_params``
-        fields overridden for that engine alone when given; ``sync_engines(handles)`` pushes the
-        current weights to just those engines (``RunState.sync_weights``); ``on_change(engines)`` is
-        told the serving engines whenever the set changes (e.g. the reward's judge handle)."""
+        fields overridden for that engine alone when given; ``transport.sync(trainer, handles, version)``
+        moves ``trainer``'s weights to engines (the run's ``weight_sync`` transport); ``on_change(engines)``
+        is told the serving engines whenever the set changes (e.g. the reward's judge handle);
+        ``version``: the version the trainer's weights carry now."""
         self.rollout = cfg.rollout
         self.engines = engines
         self.router = EngineRouter(dict(enumerate(engines)), on_failure=self.evict)
         self.weights_lock = threading.RLock()
         self.counters = counters or FaultCounters()
-        self._start_engine, self._sync_engines = start_engine, sync_engines
+        self._start_engine = start_engine
+        self.transport, self.trainer, self.version = transport, trainer, version
         self._on_change = on_change or (lambda engines: None)
         self._lock = threading.Lock()
         self._next_index = len(engines)
@@ -222,7 +225,7 @@ class EngineFleet:
                 if self._stop.is_set():
                     raise RuntimeError("the run is stopping")
                 phase("weight-syncing", indices)
-                self._sync_engines(handles)
+                self.transport.sync(self.trainer, handles, self.version)
                 for index, handle in zip(indices, handles, strict=True):
                     self.router.add_engine(handle, index)
                     self.engines.append(handle)
@@ -343,31 +346,40 @@ class EngineFleet:
                 raise RoleError(f"rollout engine[{i}] failed in {method}: {describe(exc)}", "rollout engine", i, method) from exc
         return answers
 
-    def sync(self) -> dict[str, float]:
-        """Push the current weights to every serving engine. A sync that fails because an engine
-        died or hangs evicts that engine and is retried on the rest; any other failure is raised."""
+    def trained(self, version: int) -> None:
+        """The trainer's weights are now ``version`` (a step committed, under ``weights_lock``): an
+        engine started from now on is synced to them as ``version``."""
         with self.weights_lock:
+            self.version = version
+
+    def sync(self, version: int) -> dict[str, float]:
+        """Push the trainer's weights, as ``version``, to every serving engine; returns ``weight_sync/*``
+        metrics. A sync that fails because an engine died or hangs evicts that engine and is retried
+        on the rest; any other failure is raised."""
+        with self.weights_lock:
+            self.version = version
             while True:
                 engines = self.router.live()
                 if not engines:  # replacements are synced when they start
                     return {}
                 try:
-                    return self._sync_engines(list(engines.values()))
+                    stats = self.transport.sync(self.trainer, list(engines.values()), version)
+                    return {f"weight_sync/{k}": float(v) for k, v in stats.items()}
                 except Exception as exc:
                     answered = self.control("weight_version", engines=engines)
                     if len(answered) == len(engines):
                         raise  # every engine is fine: the transport or the trainer failed
                     log.warning("relax: weight sync failed (%s); retrying on engines %s", describe(exc), sorted(answered))
 
-    def publish(self, abort: bool) -> dict[str, float]:
+    def publish(self, version: int, abort: bool) -> dict[str, float]:
         """Async modes: pause every engine (no decode step runs), optionally abort in-flight
-        requests (they come back as ``abort`` and are resubmitted), sync, resume."""
+        requests (they come back as ``abort`` and are resubmitted), ``sync(version)``, resume."""
         with self.weights_lock:
             paused = self.control("pause")
             try:
                 if abort:
                     self.control("abort", engines={i: h for i, h in self.router.live().items() if i in paused})
-                return self.sync()
+                return self.sync(version)
             finally:
                 live = self.router.live()
                 self.control("resume", engines={i: live[i] for i in paused if i in live})

@@ -1,25 +1,24 @@
-"""``rollout.host``: whether the rollout engine runs inside the trainer's actor.
+"""``rollout.host``: where the run's roles live, decided from the config alone (pure predicates).
 
-Hosted, one actor (:data:`HostRole`) is both the trainer and the run's only rollout engine: it
-answers the trainer's calls and the engine's (``generate``, ``pause``, ``health``, ...), so the
-router, the fleet and the weight sync reach it through the ordinary engine handle. The engine is
-:class:`relax.core.engines.hosted.HostedHFEngine` over the trainer's module; the weight sync is
-:class:`relax.core.weight_sync.hosted.HostedSync` (publish the version, move nothing).
+``driver``: the trainer, its hosted engine and the reward run in the driver's process (no Ray);
+``trainer``: one actor (``controller.roles.HostRole``) is both the trainer and the run's only
+rollout engine; ``separate``: every role in its own actor. ``auto`` takes the first the config
+allows. Nothing here starts a role: ``controller.runtime`` starts them where these predicates say,
+``relax validate`` and ``relax run`` refuse an impossible ``rollout.host`` with the same message
+(:func:`placement_errors`), and the step reads only :func:`hosts_engine` where it matters.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from relax.core import lazy_ray
-from relax.core.controller.capabilities import capabilities
-from relax.core.controller.roles import RolloutRole, TrainerRole
+from relax.core.algorithms import config_needs
+from relax.core.controller.contexts import plugin_params
+from relax.core.plugins import get_plugin_manager
 
 
 def host_problems(cfg: Any) -> list[str]:
     """Why this config cannot host its engine in the trainer (empty: it can)."""
-    from relax.core.controller.contexts import plugin_params
-
     r = cfg.rollout
     problems = []
     if cfg.mode != "colocate":
@@ -43,15 +42,26 @@ def host_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def driver_rewards(manager: Any = None) -> list[str]:
+    """The registered rewards declared able to run in the driver (``register(..., in_driver=True)``):
+    core's rule rewards and any plugin's, alike."""
+    manager = manager or get_plugin_manager()
+    return [n for n in manager.names("reward") if manager.registration("reward", n).in_driver]
+
+
+def reward_in_driver(cfg: Any) -> bool:
+    """Whether the configured reward declared it can be scored in the driver's process (an
+    unregistered name cannot: the config loader reports it)."""
+    return cfg.reward.name in driver_rewards()
+
+
 def driver_problems(cfg: Any) -> list[str]:
     """Why this config cannot run its roles in the driver (``rollout.host: driver``), beyond
     :func:`host_problems`: every role must be one the driver can hold, and nothing may need Ray."""
-    from relax.core.algorithms import config_needs
-    from relax.core.controller.driver_reward import DRIVER_REWARDS
-
     problems = []
-    if cfg.reward.name not in DRIVER_REWARDS:
-        problems.append(f"reward.name is {cfg.reward.name!r}, not a built-in rule reward ({', '.join(sorted(DRIVER_REWARDS))})")
+    if not reward_in_driver(cfg):
+        problems.append(f"reward.name is {cfg.reward.name!r}, not a reward declared in_driver=True "
+                        f"({', '.join(driver_rewards()) or 'none registered'})")
     if roles := sorted({"reference", "teacher"} & set(config_needs(cfg.algorithm))):
         problems.append(f"the algorithm needs a {' and a '.join(roles)} model (its own actor)")
     if cfg.ray.address:
@@ -61,25 +71,31 @@ def driver_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def placement_errors(cfg: Any) -> list[str]:
+    """Why ``rollout.host`` cannot be honoured (empty: it can). The one check behind both
+    ``relax validate`` and ``relax run`` (and :func:`placement_of_engine`, which raises it)."""
+    host = cfg.rollout.host
+    if host == "separate":
+        return []
+    problems = host_problems(cfg)
+    if host in ("trainer", "driver") and problems:
+        return [f"rollout.host: {host!r} is not possible here: " + "; ".join(problems) + " (use 'auto' or 'separate')"]
+    if host == "driver" and (in_driver := driver_problems(cfg)):
+        return ["rollout.host: 'driver' is not possible here: " + "; ".join(in_driver) + " (use 'auto' or 'trainer')"]
+    return []
+
+
 def placement_of_engine(cfg: Any) -> str:
     """``rollout.host`` resolved to ``driver`` | ``trainer`` | ``separate``: ``auto`` takes the first
     this config allows; ``driver`` or ``trainer`` where it is not allowed is an error naming why."""
+    if errors := placement_errors(cfg):
+        raise ValueError(errors[0])
     host = cfg.rollout.host
-    if host == "separate":
-        return host
-    problems = host_problems(cfg)
-    if host in ("trainer", "driver") and problems:
-        raise ValueError(f"rollout.host: {host!r} is not possible here: " + "; ".join(problems)
-                         + " (use 'auto' or 'separate')")
-    if problems:
+    if host == "separate" or (host == "auto" and host_problems(cfg)):
         return "separate"
     if host == "trainer":
         return host
-    in_driver = driver_problems(cfg)
-    if host == "driver" and in_driver:
-        raise ValueError("rollout.host: 'driver' is not possible here: " + "; ".join(in_driver)
-                         + " (use 'auto' or 'trainer')")
-    return "trainer" if in_driver else "driver"
+    return "driver" if host == "driver" or not driver_problems(cfg) else "trainer"
 
 
 def hosts_engine(cfg: Any) -> bool:
@@ -98,47 +114,3 @@ def host_threads(cores: int, driver: bool = False) -> int:
     quick-start's steps measured 0.20-0.23 s against 0.29-0.31 s with 2 threads contending with the
     driver. In the driver, whose own work runs between the trainer's calls: every core."""
     return cores if driver else max(1, cores - 1)
-
-
-_Trainer = TrainerRole.__ray_actor_class__
-_Rollout = RolloutRole.__ray_actor_class__
-
-
-class _Host(_Trainer):
-    """A ``TrainerRole`` that is also the run's rollout engine (engine methods as ``RolloutRole``'s)."""
-
-    def __init__(self, cfg: Any, ctx: Any, engine_ctx: Any, num_threads: int | None = None):
-        from relax.core.controller.contexts import plugin_params
-        from relax.core.engines.hosted import hosted_engine
-
-        super().__init__(cfg, ctx, num_threads=num_threads)
-        self.engine = hosted_engine(self.trainer, plugin_params(cfg, "rollout_engine"), engine_ctx)
-        self.engine_index = engine_ctx.index
-
-    generate = _Rollout.generate
-    update_weights = _Rollout.update_weights
-    weight_version = _Rollout.weight_version
-    weight_receiver = _Rollout.weight_receiver
-    pause = _Rollout.pause
-    resume = _Rollout.resume
-    abort = _Rollout.abort
-    release_memory = _Rollout.release_memory
-    resume_memory = _Rollout.resume_memory
-    health = _Rollout.health
-
-    def capabilities(self) -> list[str]:
-        """Both roles' optional methods (each start-up check looks for its own names)."""
-        return sorted({*capabilities(self.trainer), *capabilities(self.engine)})
-
-    def publish_version(self, version: int) -> int:
-        """``HostedSync``'s endpoint: the weights as they are now are ``version``."""
-        self.engine.end_weight_update(version)
-        return self.engine.weight_version()
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """A trainer method, else an engine method (inspection in tests and tools)."""
-        target = self.trainer if hasattr(self.trainer, method) else self.engine
-        return getattr(target, method)(*args, **kwargs)
-
-
-HostRole = lazy_ray.remote(_Host)

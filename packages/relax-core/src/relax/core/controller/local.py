@@ -1,10 +1,12 @@
-"""Roles in the driver's own process, called like Ray actors, and waits that take either kind.
+"""Waits that take a role in the driver's own process or a Ray actor alike.
 
-``rollout.host: driver`` runs the trainer, its hosted engine and a built-in rule reward inside the
+``rollout.host: driver`` runs the trainer, its hosted engine and its reward (declared ``in_driver``) inside the
 driver: a single-machine colocate run then needs no actor, so it starts no Ray at all (its daemons
 and the actor's own torch import were most of the seconds before the first step on a small
-machine). The modes keep one call shape: ``handle.method.remote(*args)`` on a :class:`LocalHandle`
-runs the method now and returns a :class:`LocalRef` holding its value or its exception, and
+machine). The modes keep one call shape: ``handle.method.remote(*args)`` on a
+:class:`~relax.core.lazy_ray.LocalHandle` runs the method now and returns a
+:class:`~relax.core.lazy_ray.LocalRef` holding its value or its exception (both defined below the
+controller, beside the other stand-ins for Ray, so a transport can tell them apart too), and
 :func:`get` / :func:`wait` resolve local refs directly and Ray's ``ObjectRef`` through Ray.
 
 A local call cannot be interrupted: the ``timeout_s`` of a wait bounds only actor calls (a local
@@ -13,67 +15,11 @@ role runs the run's own code in the driver, as a single-process trainer does).
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-from collections.abc import Callable
 from typing import Any
 
+from relax.core.lazy_ray import LocalHandle, LocalRef, call_now, is_local
 
-class LocalRef:
-    """The outcome of a call already made in this process: its value, or the exception it raised."""
-
-    __slots__ = ("value", "error")
-
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
-
-    def result(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-    def future(self) -> cf.Future:
-        """A finished ``concurrent.futures.Future`` (as ``ObjectRef.future()`` gives for an actor call)."""
-        fut: cf.Future = cf.Future()
-        if self.error is not None:
-            fut.set_exception(self.error)
-        else:
-            fut.set_result(self.value)
-        return fut
-
-
-def call_now(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> LocalRef:
-    try:
-        return LocalRef(fn(*args, **kwargs))
-    except Exception as exc:  # delivered by get(), where an actor's error would surface
-        return LocalRef(error=exc)
-
-
-class _Method:
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def remote(self, *args: Any, **kwargs: Any) -> LocalRef:
-        return call_now(self.fn, *args, **kwargs)
-
-
-class LocalHandle:
-    """``obj``'s methods called like an actor handle's (``handle.m.remote(...)`` -> :class:`LocalRef`)."""
-
-    def __init__(self, obj: Any) -> None:
-        self.local = obj
-        self.__ray_ready__ = _Method(lambda: True)
-
-    def __getattr__(self, name: str) -> _Method:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Method(getattr(self.local, name))
-
-    def __repr__(self) -> str:
-        return f"LocalHandle({type(self.local).__name__})"
-
-
-def is_local(handle: Any) -> bool:
-    return isinstance(handle, LocalHandle)
+__all__ = ["LocalHandle", "LocalRef", "call_now", "get", "is_local", "wait"]
 
 
 def get(refs: Any, timeout: float | None = None) -> Any:

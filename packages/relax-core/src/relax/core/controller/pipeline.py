@@ -18,9 +18,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-import ray
 import torch
 
 from relax.core import lazy_ray
@@ -215,15 +215,16 @@ class Pipeline:
         self._pump("advantage", columns, self.step_rows, work, by_step=True)
 
     # ------------------------------------------------------------------ trainer side
-    def take(self, step: int) -> tuple[Batch, float]:
-        """Block for ``step``'s batch (whole groups with every trainer column); returns it and the wait."""
+    def take(self, step: int) -> tuple[StepRows, float]:
+        """Block for ``step``'s rows (whole groups with every trainer column); returns them, in group
+        order with rewards merged into the samples, and the wait."""
         started = time.perf_counter()
         deadline = time.monotonic() + self.cfg.queue.timeout_s
         while True:
             self._check()
             try:
                 batch = self.queue.get("trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=step)
-                return batch, time.perf_counter() - started
+                return StepRows.of(batch), time.perf_counter() - started
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -231,14 +232,19 @@ class Pipeline:
                         f"{self.trainer_columns}; queue: {self.queue.metrics()}"
                     ) from None
 
+    def done(self, rows: StepRows) -> None:
+        """The trainer is finished with ``rows`` (trained or dropped): the queue may evict them."""
+        self.queue.ack("trainer", rows.keys)
+
     def publish_weights(self, version: int) -> dict[str, float]:
-        """Push the trainer's weights (``version``) to every engine; in-flight sequences pause (or
-        abort) meanwhile. A dead or silent engine is evicted (and replaced) instead of failing the step."""
-        stats = self.fleet.publish(abort=self.cfg.rollout.partial_rollout == "abort")
+        """Have the fleet push the trainer's weights to every engine as ``version`` (in-flight sequences
+        pause, or abort, meanwhile; a dead or silent engine is evicted and replaced instead of failing
+        the step), then open the staleness gate for ``version``. Returns ``weight_sync/*`` metrics."""
+        metrics = self.fleet.publish(version, abort=self.cfg.rollout.partial_rollout == "abort")
         with self.gate:
             self.engine_version = version
             self.gate.notify_all()
-        return {f"weight_sync/{k}": float(v) for k, v in stats.items()}
+        return metrics
 
     def rates(self, queue_metrics: dict[str, float]) -> dict[str, float]:
         """Rows produced / consumed per second (per role) since the previous call."""
@@ -256,9 +262,7 @@ class Pipeline:
         deadline = time.monotonic() + CLOSE_S  # threads are daemons: a stuck one cannot hold up shutdown
         for thread in self.threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        actor = getattr(self.queue, "actor", None)  # the Ray queue's actor; the local queue has none
-        if actor is not None:
-            ray.kill(actor)
+        self.queue.close()  # the Ray queue kills its actor (idempotent: emergency checkpoint, then shutdown)
 
 
 def merge_rewards(batch: Batch) -> list[Sample]:
@@ -266,3 +270,39 @@ def merge_rewards(batch: Batch) -> list[Sample]:
     for sample, (reward, info) in zip(samples, batch.data["reward"], strict=True):
         sample.reward, sample.reward_info = reward, info
     return samples
+
+
+@dataclass
+class StepRows:
+    """One step's rows as the trainer uses them: samples in group order (rewards merged) and the
+    per-token columns the queue roles computed (``advantages``, ``ref_logprobs``), row ``i`` of each
+    column belonging to ``samples[i]``. Filtering keeps whole groups, so rows stay aligned by position."""
+
+    keys: list[Any]  # every queue key of the step: acknowledged once the trainer is done with it
+    samples: list[Sample]
+    columns: dict[str, list[list[float]]]
+
+    @classmethod
+    def of(cls, batch: Batch) -> StepRows:
+        samples = merge_rewards(batch)
+        order = sorted(range(len(samples)), key=lambda i: (samples[i].group_id, samples[i].index_in_group))
+        columns = {c: [batch.data[c][i] for i in order] for c in ("advantages", "ref_logprobs") if c in batch.data}
+        return cls(list(batch.keys), [samples[i] for i in order], columns)
+
+    def groups(self) -> list[list[Sample]]:
+        """The samples as groups, ascending group id, each in index order."""
+        groups: dict[int, list[Sample]] = {}
+        for s in self.samples:
+            groups.setdefault(s.group_id, []).append(s)
+        return list(groups.values())
+
+    def keep(self, groups: list[list[Sample]]) -> StepRows:
+        """The rows of ``groups`` (a subset of :meth:`groups`, e.g. what the filters kept)."""
+        kept = {g[0].group_id for g in groups}
+        rows = [i for i, s in enumerate(self.samples) if s.group_id in kept]
+        columns = {c: [v[i] for i in rows] for c, v in self.columns.items()}
+        return StepRows(self.keys, [self.samples[i] for i in rows], columns)
+
+    def column(self, name: str, width: int) -> torch.Tensor:
+        """A queue role's per-token column as a (B, width) tensor, zero-padded."""
+        return pad_rows(self.columns[name], width)

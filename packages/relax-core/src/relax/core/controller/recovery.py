@@ -15,9 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax.core.controller import faults, signals
+
+if TYPE_CHECKING:
+    from relax.core.controller.step import StepContext
 
 log = logging.getLogger("relax")
 
@@ -25,14 +28,17 @@ log = logging.getLogger("relax")
 # ---------------------------------------------------------------------------- step commits
 
 
-def commit_step(state: Any, step: int, trained: bool) -> None:
+def commit_step(state: StepContext, step: int, trained: bool) -> None:
+    """``step`` is done: the run's step and weight version advance together, and the fleet is told
+    the trainer's new version (an engine started from now on gets it)."""
     state.step = step
     state.version += 1 if trained else 0
+    state.fleet.trained(state.version)
     state.train_inflight = None
     state.prompts.forget_before(step)
 
 
-def train(state: Any, batch: dict, step: int) -> dict[str, float]:
+def train(state: StepContext, batch: dict, step: int) -> dict[str, float]:
     """One bounded ``train_step`` for ``step``, committed as soon as it returns. Holds the fleet's
     ``weights_lock`` so no replacement engine is synced while weights and version disagree."""
     with state.fleet.weights_lock:
@@ -46,13 +52,13 @@ def train(state: Any, batch: dict, step: int) -> dict[str, float]:
 # ---------------------------------------------------------------------------- on failure
 
 
-def trainer_lost(state: Any) -> bool:
+def trainer_lost(state: StepContext) -> bool:
     """The trainer actor (or any rank of its worker group) is dead."""
     ranks = [state.roles.trainer, *getattr(state.roles, "trainer_peers", [])]
     return not all(faults.alive(h, state.cfg.rollout.control_timeout_s) for h in ranks)
 
 
-def emergency_checkpoint(state: Any, error: BaseException) -> Path | None:
+def emergency_checkpoint(state: StepContext, error: BaseException) -> Path | None:
     """Save the committed state if the trainer is alive; returns the checkpoint (None: nothing saved,
     with the reason logged). A second Ctrl-C skips it."""
     guard = signals.current()
@@ -70,7 +76,7 @@ def emergency_checkpoint(state: Any, error: BaseException) -> Path | None:
         return None
 
 
-def _emergency_checkpoint(state: Any, error: BaseException) -> Path | None:
+def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | None:
     cfg = state.cfg
     if trainer_lost(state):
         log.error("relax: no emergency checkpoint: the trainer is gone")

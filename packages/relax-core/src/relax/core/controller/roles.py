@@ -1,7 +1,9 @@
 """Ray actor wrappers around the plugin objects. Each role builds its object from config by name.
 
 The wrappers stay thin on purpose: the objects behind them (engine, trainer, reward) are plain
-Python implementing the Protocols, so they are unit-testable without Ray.
+Python implementing the Protocols, so they are unit-testable without Ray. What a step does with
+their answers (reward shaping, advantages) is the stages' business (``controller.stages``); where
+each role runs is decided by ``controller.hosting``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from relax.core import lazy_ray
 from relax.core.config import RelaxConfig
 from relax.core.context import PluginContext
 from relax.core.controller.capabilities import capabilities
+from relax.core.controller.closing import close_held
 from relax.core.controller.collective import CollectiveExport, drain, is_collective
-from relax.core.controller.contexts import build_plugin
+from relax.core.controller.contexts import build_plugin, plugin_params
 from relax.core.data import Sample
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.core.weight_sync import serve_receiver, serve_sender
@@ -81,6 +84,10 @@ class RolloutRole:
         """Any engine method, for inspection in tests and tools (e.g. ``state_dict``); the controller
         only calls the explicit methods above."""
         return getattr(self.engine, method)(*args, **kwargs)
+
+    def close(self) -> None:
+        """End of run: the engine's ``close()`` and this process's weight-sync sides (controller.closing)."""
+        close_held(self, self.engine)
 
 
 @lazy_ray.remote
@@ -160,19 +167,22 @@ class TrainerRole:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.trainer, method)(*args, **kwargs)
 
+    def close(self) -> None:
+        """End of run: the trainer's (and a hosted engine's) ``close()`` and this process's weight-sync sides."""
+        close_held(self, self.trainer, getattr(self, "engine", None))
+
 
 @lazy_ray.remote
 class RewardRole:
-    """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``),
-    then applies config-driven reward shaping (DAPO overlong penalty), so every mode sees it.
-    Scoring runs on a loop that is never closed, so an abandoned (timed-out) call never blocks."""
+    """Scores samples concurrently with a per-sample timeout (see ``relax.core.rewards.runner``).
+    Scoring runs on a loop that is never closed, so an abandoned (timed-out) call never blocks.
+    Reward shaping (DAPO overlong penalty) is applied by ``stages.score``, wherever this role runs."""
 
     def __init__(self, cfg: RelaxConfig, ctx: PluginContext):
         from relax.core.rewards.runner import ScoringLoop
 
         self.reward = build_plugin(cfg, "reward", ctx)
         self.cfg = cfg.reward
-        self.run_cfg = cfg
         self.name = cfg.reward.name
         self.engine_handle = ctx.engine_handle
         self.loop = ScoringLoop()
@@ -191,7 +201,55 @@ class RewardRole:
             self.reward, samples, timeout_s=c.timeout_s, max_concurrency=c.max_concurrency, on_error=c.on_error,
             reward_name=self.name, fallback_score=c.fallback_score,
         )
-        from relax.core.controller.stages import shape_rewards
-
-        shape_rewards(samples, self.run_cfg)
         return samples, {"failures": float(stats.failures), "timeouts": float(stats.timeouts), "seconds": stats.seconds}
+
+    def close(self) -> None:
+        """End of run: the reward's ``close()`` (pools, sessions; controller.closing)."""
+        close_held(self, self.reward)
+
+
+_Trainer = TrainerRole.__ray_actor_class__
+_Rollout = RolloutRole.__ray_actor_class__
+
+
+class _Host(_Trainer):
+    """A ``TrainerRole`` that is also the run's rollout engine (engine methods as ``RolloutRole``'s):
+    ``rollout.host`` trainer or driver (``controller.hosting``). The engine is
+    :class:`relax.core.engines.hosted.HostedHFEngine` over the trainer's module, so the router, the
+    fleet and the weight sync (:class:`relax.core.weight_sync.hosted.HostedSync`: publish the
+    version, move nothing) reach it through the ordinary engine handle."""
+
+    def __init__(self, cfg: RelaxConfig, ctx: PluginContext, engine_ctx: PluginContext, num_threads: int | None = None):
+        from relax.core.engines.hosted import hosted_engine
+
+        super().__init__(cfg, ctx, num_threads=num_threads)
+        self.engine = hosted_engine(self.trainer, plugin_params(cfg, "rollout_engine"), engine_ctx)
+        self.engine_index = engine_ctx.index
+
+    generate = _Rollout.generate
+    update_weights = _Rollout.update_weights
+    weight_version = _Rollout.weight_version
+    weight_receiver = _Rollout.weight_receiver
+    pause = _Rollout.pause
+    resume = _Rollout.resume
+    abort = _Rollout.abort
+    release_memory = _Rollout.release_memory
+    resume_memory = _Rollout.resume_memory
+    health = _Rollout.health
+
+    def capabilities(self) -> list[str]:
+        """Both roles' optional methods (each start-up check looks for its own names)."""
+        return sorted({*capabilities(self.trainer), *capabilities(self.engine)})
+
+    def publish_version(self, version: int) -> int:
+        """``HostedSync``'s endpoint: the weights as they are now are ``version``."""
+        self.engine.end_weight_update(version)
+        return self.engine.weight_version()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A trainer method, else an engine method (inspection in tests and tools)."""
+        target = self.trainer if hasattr(self.trainer, method) else self.engine
+        return getattr(target, method)(*args, **kwargs)
+
+
+HostRole = lazy_ray.remote(_Host)

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -17,13 +17,17 @@ from tqdm import tqdm
 
 from relax.core.checkpoint import CheckpointManager, read_controller_state, resolve_resume
 from relax.core.config import RelaxConfig
-from relax.core.controller import faults, recovery, runtime, signals, startup, teardown
+from relax.core.controller import closing, faults, recovery, runtime, signals, startup, teardown
 from relax.core.controller.faults import FaultCounters
-from relax.core.controller.fleet import EngineFleet, with_engine_params
+from relax.core.controller.fleet import EngineFleet
 from relax.core.controller.handle import RunControl, RunHandle
 from relax.core.controller.hosting import in_driver
 from relax.core.controller.prompts import PromptSource
 from relax.core.plugins import get_plugin_manager
+
+if TYPE_CHECKING:
+    from relax.core.controller.pipeline import Pipeline
+    from relax.core.protocols import WeightSync
 
 log = logging.getLogger("relax")
 
@@ -33,7 +37,30 @@ PLOT_KEYS = ("reward/mean", "response/length_mean")
 
 
 class RunState:
-    """Everything a mode loop needs, plus logging and checkpointing around each step."""
+    """Everything a mode step needs (``controller.step.StepContext``), plus logging and checkpointing
+    around each step. Every attribute is declared here; none is added later."""
+
+    cfg: RelaxConfig
+    run_dir: Path
+    started_ray: bool
+    model_path: str
+    tokenizer: Any
+    pad_id: int
+    stop_token_ids: list[int]
+    dataset: Any  # relax.core.dataset.PromptDataset
+    first_metrics: dict[str, float]  # logged with the first step, then emptied (data counts)
+    roles: runtime.Roles
+    weight_sync: WeightSync  # the run's transport; the fleet drives it
+    checkpoints: CheckpointManager
+    fleet: EngineFleet
+    train_inflight: tuple[Any, int] | None  # (ref, step) while a train step runs: see controller.recovery
+    step: int
+    version: int  # the trainer's weight version: the one source, told to the fleet as it changes
+    last_metrics: dict[str, float]
+    prompts: PromptSource
+    pipeline: Pipeline | None  # async/hybrid modes create it on their first step
+    fused_old_logprobs: bool | None  # colocate asks the trainer once (controller.colocate)
+    metrics: Any  # relax.core.metrics.MetricsLogger
 
     def __init__(
         self,
@@ -57,7 +84,7 @@ class RunState:
         local = setup.take(cfg) if setup is not None else startup.prepare_local(cfg)
         self.model_path, self.tokenizer, self.pad_id = local.model_path, local.tokenizer, local.pad_id
         self.stop_token_ids, self.dataset = local.stop_token_ids, local.dataset
-        self.data_counts = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}  # logged with the first step
+        self.first_metrics = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}
         if clock is not None:
             clock.add_overlapped("model, tokenizer, data", local.seconds)
             clock.mark("tokenizer, data" if in_driver(cfg) else "setup beyond ray")
@@ -67,36 +94,46 @@ class RunState:
             if early_roles is not None:
                 clock.add_overlapped("roles", early.seconds.get("roles", 0.0))
             clock.mark("waiting for roles" if early_roles is not None else "roles")
-        self.weight_sync = runtime.build_weight_sync(cfg, self.model_path, self.roles.hosted)
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
-        # engines by stable index; the reward's judge handle follows the live set. A trainer-hosted
-        # engine is never replaced: it fails with its trainer (controller.recovery restarts both)
-        fleet_cfg = replace(cfg, rollout=replace(cfg.rollout, max_restarts=0)) if self.roles.hosted else cfg
-        self.fleet = EngineFleet(
-            fleet_cfg, self.roles.engines, self._start_engine, self.sync_weights, counters,
-            on_change=lambda engines: self.roles.reward.set_engines.remote(engines),
-        )
-        self.train_inflight = None  # (ref, step) while a train step runs: see controller.recovery
-        self.step = 0
-        self.last_metrics: dict[str, float] = {}
-        self.version = 0
-        self.prompts = PromptSource(self.dataset, cfg)
-        self.pipeline = None  # async/hybrid modes create it on their first step
-        resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpoints.root)
-        if resume_from is not None:
-            self._resume(resume_from)
-        lc = cfg.logging
-        backends = [name for name, on in [("console", lc.console), ("tensorboard", lc.tensorboard),
-                                          ("wandb", lc.wandb), ("clearml", lc.clearml)] if on]
-        self.metrics = MetricsLogger(
-            self.run_dir,
-            backends=backends,
-            console_keys=CONSOLE_KEYS,
-            project=lc.wandb_project,
-            run_name=cfg.name,
-            config=cfg.to_dict(),
-            resume_step=self.step,
-        )
+        try:
+            self.weight_sync = runtime.build_weight_sync(cfg, self.model_path, self.roles.hosted)
+        except BaseException:
+            closing.run_all([("role actors", self.roles.release)])
+            raise
+        try:
+            self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+            # engines by stable index; the reward's judge handle follows the live set. A trainer-hosted
+            # engine is never replaced: it fails with its trainer (controller.recovery restarts both)
+            fleet_cfg = replace(cfg, rollout=replace(cfg.rollout, max_restarts=0)) if self.roles.hosted else cfg
+            self.fleet = EngineFleet(
+                fleet_cfg, self.roles.engines, runtime.engine_starter(cfg, self.model_path, self.roles),
+                self.weight_sync, self.roles.trainer, counters,
+                on_change=lambda engines: self.roles.reward.set_engines.remote(engines),
+            )
+            self.train_inflight = None
+            self.step = 0
+            self.last_metrics = {}
+            self.version = 0
+            self.prompts = PromptSource(self.dataset, cfg)
+            self.pipeline = None
+            self.fused_old_logprobs = None
+            resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpoints.root)
+            if resume_from is not None:
+                self._resume(resume_from)
+            lc = cfg.logging
+            backends = [name for name, on in [("console", lc.console), ("tensorboard", lc.tensorboard),
+                                              ("wandb", lc.wandb), ("clearml", lc.clearml)] if on]
+            self.metrics = MetricsLogger(
+                self.run_dir,
+                backends=backends,
+                console_keys=CONSOLE_KEYS,
+                project=lc.wandb_project,
+                run_name=cfg.name,
+                config=cfg.to_dict(),
+                resume_step=self.step,
+            )
+        except BaseException:  # e.g. a resume that fails: nothing started may outlive the attempt
+            self._release_roles()
+            raise
 
     # ------------------------------------------------------------------ checkpointing
 
@@ -107,7 +144,7 @@ class RunState:
         self.prompts.restore(self.step, (state["dataset"], state["next_group_id"]))
         random.setstate(_tuplify(state["py_random"]))
         np.random.set_state(tuple(state["np_random"]))
-        self.sync_weights()
+        self.fleet.sync(self.version)
         log.info("resumed from %s at step %d (weight version %d)", path, self.step, self.version)
 
     def save_checkpoint(self) -> Path:
@@ -126,24 +163,7 @@ class RunState:
             self.roles.trainer.save.remote(str(tmp / "trainer")), self.cfg.trainer.timeout_s, "trainer", "save"
         ), state)
 
-    # ------------------------------------------------------------------ shared step helpers
-
-    def sync_weights(self, engines: list[Any] | None = None) -> dict[str, float]:
-        """Push the trainer's weights (version ``self.version``) to every serving engine -- a dead or
-        stuck one is evicted and the rest synced -- and return ``weight_sync/*`` metrics; with
-        ``engines``, to just those handles (a new engine before it serves), returning raw stats."""
-        if engines is not None:
-            return self.weight_sync.sync(self.roles.trainer, engines, self.version)
-        return {f"weight_sync/{k}": float(v) for k, v in self.fleet.sync().items()}
-
     # ------------------------------------------------------------------ engine set (control API)
-
-    def _start_engine(self, index: int, slot: int | None = None, engine_params: dict[str, Any] | None = None) -> Any:
-        if self.roles.hosted:
-            raise RuntimeError("rollout.host: the run's engine lives in the trainer's process; more engines (or a "
-                               "replacement) need rollout.host=separate")
-        cfg = with_engine_params(self.cfg, engine_params) if engine_params else self.cfg  # e.g. attached by URL
-        return runtime.start_engine(cfg, self.model_path, index, self.roles.placement, slot)
 
     def add_engine(self) -> int:
         """Start a rollout engine, synced to the current weight version before it serves; returns
@@ -157,7 +177,8 @@ class RunState:
     def end_step(self, metrics: dict[str, float]) -> None:
         metrics["step"] = float(self.step)
         metrics["policy_version"] = float(self.version)
-        metrics.update(self.__dict__.pop("data_counts", {}))
+        metrics.update(self.first_metrics)
+        self.first_metrics = {}
         from relax.core.data_multimodal import draw_counts
 
         metrics.update(draw_counts(self.dataset))  # media prompts are skipped / filtered as they are drawn
@@ -185,13 +206,26 @@ class RunState:
         return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step}
 
     def shutdown(self) -> None:
-        self.fleet.close()  # no more replacements; streams waiting for an engine stop
-        if self.pipeline is not None:
-            self.pipeline.close()
-        self.roles.release()  # kills every actor and removes the run's placement groups
-        self.weight_sync.close()  # what the killed trainer's sender left (e.g. a shared-memory segment)
+        """End of the run, completed or failed: stop the fleet and the pipeline, have every role close
+        its plugin objects and weight-sync sides, kill the actors, close the driver's transport. Each
+        part runs even when one before it failed (``controller.closing``)."""
+        closing.run_all([
+            ("the engine fleet", self.fleet.close),  # no more replacements; streams waiting for an engine stop
+            ("the async pipeline", self.pipeline.close if self.pipeline is not None else None),
+        ])
+        self._release_roles()
         if self.started_ray:
             ray.shutdown()
+
+    def _release_roles(self) -> None:
+        r = self.roles
+        closing.run_all([
+            ("plugin objects", lambda: closing.close_roles(
+                [r.trainer, *r.trainer_peers, r.reference, r.teacher, r.reward, *r.engines], self.cfg.rollout.control_timeout_s
+            )),
+            ("role actors", r.release),  # kills every actor and removes the run's placement groups
+            ("weight_sync transport", self.weight_sync.close),  # after the kill: what the trainer's sender left
+        ])
 
 
 def _tuplify(x: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -178,9 +179,10 @@ def start_local_roles(cfg: RelaxConfig, model_path: str) -> Roles:
     from relax.core.controller import contexts, hosting
     from relax.core.controller.driver_reward import start_reward
     from relax.core.controller.local import LocalHandle
+    from relax.core.controller.roles import HostRole
 
     threads = hosting.host_threads(max(1, os.cpu_count() or 2), driver=True)
-    host = hosting.HostRole.__ray_actor_class__(
+    host = HostRole.__ray_actor_class__(
         cfg, contexts.trainer_context(cfg, model_path), contexts.engine_context(cfg, model_path, 0), num_threads=threads
     )
     trainer = LocalHandle(host)
@@ -205,6 +207,21 @@ def _check_capabilities(cfg: RelaxConfig, roles: Roles) -> None:
 ENGINE_CONCURRENCY = 32
 
 
+def engine_starter(cfg: RelaxConfig, model_path: str, roles: Roles) -> Callable[..., Any]:
+    """``start(index, slot, engine_params=None)``: how the fleet creates an engine for this run (a new
+    one, a replacement, one attached by URL with its own ``rollout.engine_params`` fields)."""
+    from relax.core.controller.fleet import with_engine_params
+
+    def start(index: int, slot: int | None = None, engine_params: dict[str, Any] | None = None) -> Any:
+        if roles.hosted:
+            raise RuntimeError("rollout.host: the run's engine lives in the trainer's process; more engines (or a "
+                               "replacement) need rollout.host=separate")
+        run_cfg = with_engine_params(cfg, engine_params) if engine_params else cfg  # e.g. attached by URL
+        return start_engine(run_cfg, model_path, index, roles.placement, slot)
+
+    return start
+
+
 def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any | None, slot: int | None) -> Any:
     """Create rollout engine ``index`` (returns at once; the actor loads in the background).
 
@@ -225,16 +242,26 @@ def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any |
 
 
 def build_weight_sync(cfg: RelaxConfig, model_path: str, hosted: bool) -> Any:
-    """The run's transport: ``weight_sync.transport`` (checked against the engine), or for a
-    trainer-hosted engine the version-only ``HostedSync`` (nothing to move)."""
+    """The run's transport: ``weight_sync.transport`` (checked against the engine and against the
+    ``WeightSync`` protocol), or for a trainer-hosted engine the version-only ``HostedSync`` (nothing
+    to move), which bypasses the configured transport: said once here."""
     from relax.core.controller.contexts import base_context, build_plugin
+    from relax.core.protocols import WeightSync
 
     ctx = base_context(cfg, "weight_sync", model_path)
     if hosted:
         from relax.core.weight_sync.hosted import HostedSync
 
+        chosen = cfg.weight_sync.transport
+        log.info("relax: weight_sync.transport %r is not used: rollout.host=%s runs the engine on the trainer's own "
+                 "module, so a weight sync only publishes the version (0 bytes move); use rollout.host=separate to "
+                 "send weights through %r", chosen, cfg.rollout.host, chosen)
         return HostedSync(ctx=ctx)
     transport = build_plugin(cfg, "weight_sync", ctx)
+    if not isinstance(transport, WeightSync):
+        missing = [m for m in ("sync", "check_engine", "close") if not callable(getattr(transport, m, None))]
+        raise TypeError(f"weight_sync.transport {cfg.weight_sync.transport!r}: {type(transport).__name__} is not a "
+                        f"WeightSync (relax.core.protocols); it lacks {', '.join(missing)}")
     transport.check_engine(cfg.rollout.engine)  # the transport serves this engine?
     return transport
 
@@ -244,7 +271,7 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     from relax.core.algorithms import config_needs
     from relax.core.controller import contexts, hosting
     from relax.core.controller.driver_reward import start_reward
-    from relax.core.controller.roles import TrainerRole
+    from relax.core.controller.roles import HostRole, TrainerRole
     from relax.core.controller.worker_group import spawn
 
     cores = max(1, os.cpu_count() or 2)
@@ -259,7 +286,7 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     trainer_opts = reserved.trainer_options()
     ctx = contexts.trainer_context(cfg, model_path)
     if roles.hosted:  # one process: the trainer serves rollout with its own module
-        roles.trainer = hosting.HostRole.options(**trainer_opts[0], max_concurrency=ENGINE_CONCURRENCY).remote(
+        roles.trainer = HostRole.options(**trainer_opts[0], max_concurrency=ENGINE_CONCURRENCY).remote(
             cfg, ctx, contexts.engine_context(cfg, model_path, 0), num_threads=hosting.host_threads(cores)
         )
         roles.engines = [roles.trainer]

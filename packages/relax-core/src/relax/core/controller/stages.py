@@ -25,6 +25,7 @@ from relax.core.algorithms import (
 )
 from relax.core.config import RelaxConfig
 from relax.core.controller import faults
+from relax.core.controller.hosting import hosts_engine
 from relax.core.controller.router import EngineRouter, stream_groups
 from relax.core.controller.samples import sampling_params
 from relax.core.data import Sample, collate
@@ -80,8 +81,12 @@ def generate(
 
 
 def score(reward: Any, samples: list[Sample], cfg: RelaxConfig) -> tuple[list[Sample], dict[str, float]]:
-    """Score through the reward role, bounded by :func:`relax.core.controller.faults.reward_timeout`."""
-    return faults.wait(reward.score.remote(samples), faults.reward_timeout(cfg, len(samples)), "reward", "score")
+    """Score through the reward role, bounded by :func:`relax.core.controller.faults.reward_timeout`,
+    then shape the rewards (:func:`shape_rewards`): every mode scores through here, wherever the
+    reward role runs (its own actor, or the driver)."""
+    scored, stats = faults.wait(reward.score.remote(samples), faults.reward_timeout(cfg, len(samples)), "reward", "score")
+    shape_rewards(scored, cfg)
+    return scored, stats
 
 
 def filter_groups(groups: list[list[Sample]], cfg: RelaxConfig | None = None) -> tuple[list[list[Sample]], int]:
@@ -178,13 +183,11 @@ def engine_scored_old_logprobs(cfg: RelaxConfig, samples: list[Sample], version:
     is ``log_softmax(logits / temperature)`` of the model the trainer scores with at that
     temperature; they differ by float noise (5e-7 mean absolute on the quick-start). Text only:
     with media the engine's and trainer's position and feature paths differ."""
-    from relax.core.controller import hosting
-
     r = cfg.rollout
     return (
         r.top_k <= 0
         and r.top_p >= 1.0
-        and hosting.hosts_engine(cfg)
+        and hosts_engine(cfg)
         and all(s.mm_inputs is None and s.min_version == version == s.max_version for s in samples)
     )
 

@@ -10,6 +10,10 @@ of a group and its last logits giving each of them its first token (no decode st
 idle slots nor costs work for rows that are done. Sampling uses per-request uniforms drawn from the
 request's seed, so a request's tokens do not depend on which others share its batch.
 
+A model whose KV cache cannot be cut row by row (sliding-window or linear-attention layers) decodes
+each call's requests in static batches instead (``engines.static``), said once in the log; requests
+with media decode group by group through the model's adapter (``engines.multimodal``).
+
 Concurrency model: ``generate`` is ``async`` but computes synchronously, one decode step at a time,
 yielding to the event loop between steps. Other calls on the same loop (``pause``, ``health``,
 ``update_weights``, another ``generate``) therefore run at token boundaries. A lock around each step
@@ -19,6 +23,7 @@ makes the same true for calls from other threads.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
@@ -32,10 +37,12 @@ from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.protocols import GenerationRequest, GenerationResult
 
 _PAUSE_POLL_S = 0.005
+log = logging.getLogger(__name__)
 
 
 class HFRolloutEngine:
-    """``RolloutEngine`` over ``AutoModelForCausalLM``.
+    """``RolloutEngine`` over ``AutoModelForCausalLM`` (or a media model's registered adapter,
+    ``relax.core.multimodal_model``).
 
     ``max_batch_size`` caps how many requests decode together (the others wait for a free slot).
     Requests without a seed draw one from the engine's generator (seeded by ``seed``).
@@ -63,12 +70,18 @@ class HFRolloutEngine:
         self.model_path = model_path
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
+        self.media_kv_cache = True  # False: media requests take a full forward per token (the reference path)
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
         self._owns_model = model is None  # a hosted engine's module is the trainer's: never moved from here
         if model is None:
-            model = load_model(model_path, dtype)  # a VL / Omni checkpoint loads as image-text-to-text
+            model = load_model(model_path, dtype)  # a media model loads through its registered adapter
             model.to(self.device).eval().requires_grad_(False)
         self.model = model
+        # sliding-window / linear-attention caches cannot be cut row by row: such a model decodes in static batches
+        self.continuous_batching = kv_batch.movable(self.model.config)
+        if not self.continuous_batching:
+            log.info("HF engine: %s (%s) keeps a sliding-window or linear-attention KV cache; decoding in static "
+                     "batches instead of continuous batching", model_path, getattr(self.model.config, "model_type", "?"))
         self._params = dict(self.model.state_dict())  # views sharing storage with the live model
         self._expert_rules: list[weight_names.ExpertRule] | None = None  # read on a first unknown name
         eos = self.model.generation_config.eos_token_id
@@ -179,7 +192,14 @@ class HFRolloutEngine:
         epoch = self._abort_epoch  # an abort ends this whole call, queued requests included
         rows = [self._row(r, epoch) for r in requests]
         if any(r.media is not None for r in requests):
-            return await self._generate_with_media(rows, epoch)
+            from relax.core.engines.multimodal import media_groups
+
+            return await self._generate_apart(rows, epoch, media_groups(rows, self.device, self.media_kv_cache))
+        if not self.continuous_batching:
+            from relax.core.engines.static import static_batches
+
+            batches = static_batches(rows, self.max_batch_size, self.pad_token_id, self.device)
+            return await self._generate_apart(rows, epoch, batches)
         with self._count_lock:
             self._in_flight += 1
         try:
@@ -219,14 +239,22 @@ class HFRolloutEngine:
             raise RuntimeError(message) from failed
         return [self._result(r) for r in rows]
 
-    async def _generate_with_media(self, rows: list[Row], epoch: int) -> list[GenerationResult]:
-        """Requests carrying processed media decode on their own path (``engines.multimodal``)."""
-        from relax.core.engines.multimodal import generate_with_media
-
+    async def _generate_apart(self, rows: list[Row], epoch: int, groups: list[Any]) -> list[GenerationResult]:
+        """Decode ``rows`` outside the shared batch, group by group: requests carrying processed media
+        (``engines.multimodal``) and every request of a model whose cache cannot be cut row by row
+        (``engines.static``). Each group's ``step(model, version, sample)`` runs under the step lock, at
+        token boundaries like the shared batch's, honouring pause and abort."""
         with self._count_lock:
             self._in_flight += 1
         try:
-            await generate_with_media(self, rows, epoch)
+            for group in groups:
+                while not group.done() and self._abort_epoch == epoch:  # an abort: finally marks the rest
+                    if not self._running.is_set():
+                        await asyncio.sleep(_PAUSE_POLL_S)
+                        continue
+                    with self._step_lock:
+                        group.step(self.model, self._version, self._sample)
+                    await asyncio.sleep(0)
         finally:
             for r in rows:
                 r.finish = r.finish or "abort"
@@ -354,13 +382,7 @@ class HFRolloutEngine:
 
     def _forward_prefixes(self, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
         """One left-padded forward over ``prefixes``; each one's cache rows and last logits."""
-        width = max(len(p) for p in prefixes)
-        input_ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(prefixes), width), dtype=torch.long)
-        for i, p in enumerate(prefixes):
-            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attention[i, width - len(p) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention, positions = kv_batch.left_padded(prefixes, self.pad_token_id)
         with torch.no_grad():
             out = self.model(
                 input_ids=input_ids.to(self.device),

@@ -9,8 +9,9 @@ stored already rotated by each row's own position ids, so moving columns changes
 A prompt's cache can also be cut out as one row (:func:`row_layers`), kept, and stacked with
 others into the cache of new rows (:func:`stack_rows`): a group's samples reuse one prefill.
 
-Only plain full-attention layers (``DynamicLayer``) can be moved this way; a sliding-window or
-linear-attention cache is refused with an error naming the layer type.
+Only plain full-attention layers (``DynamicLayer``) can be moved this way: the engine asks
+:func:`movable` once and decodes any other model with static batches (``engines.static``);
+a cache that still turns out otherwise is refused with an error naming the layer type.
 """
 
 from __future__ import annotations
@@ -18,6 +19,31 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+
+def movable(config: Any) -> bool:
+    """Whether the cache transformers builds for ``config`` has only full-attention ``DynamicLayer``s
+    (a sliding-window or linear-attention layer keeps state that row surgery would corrupt)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # a config transformers builds no cache from: its first prefill is checked instead
+        return True
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
+def left_padded(contexts: list[list[int]] | list[tuple[int, ...]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, position ids) of ``contexts`` left-padded to the longest, on CPU:
+    positions count from 0 at each row's first real token, so padding changes no logit."""
+    width = max(len(c) for c in contexts)
+    ids = torch.full((len(contexts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(contexts), width), dtype=torch.long)
+    for i, c in enumerate(contexts):
+        ids[i, width - len(c) :] = torch.tensor(c, dtype=torch.long)
+        mask[i, width - len(c) :] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def check_layers(cache: Any) -> None:

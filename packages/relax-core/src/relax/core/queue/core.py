@@ -8,6 +8,11 @@ Delivery rules, per consumer role: a row is handed out once it has every request
 neither leased to nor acknowledged by that role; a handed-out row is leased until ``ack`` (never
 handed to that role again) or until the lease is dropped by ``release`` / lease expiry (handed out
 again). A row is evicted once every registered consumer acknowledged it.
+
+The run uses only the contract (``relax.core.protocols.TransferQueueLike``: ``put_rows``, ``get``,
+``add_columns``, ``ack``, ``metrics``, ``close``); ``group_size``, ``group_aware=False``,
+``register_consumer``, ``release``, leases, ``clear_partition`` and ``state_dict`` are features of
+this class for other callers (tools, tests), not part of what a queue plugin must offer.
 """
 
 from __future__ import annotations
@@ -19,29 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-Key = tuple[int, int]  # (partition = rollout step, index within partition)
-VersionSpec = int | tuple[int, int]
+from relax.core.protocols import Batch, Key, VersionSpec
 
-
-@dataclass
-class Batch:
-    """Rows handed to one consumer: ``data[col][i]`` belongs to ``keys[i]``."""
-
-    keys: list[Key]
-    data: dict[str, list[Any]]
-    group_ids: list[Any] = field(default_factory=list)
-    versions: list[tuple[int, int]] = field(default_factory=list)  # (min, max) policy version per row
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @property
-    def min_version(self) -> int:
-        return min(v[0] for v in self.versions)
-
-    @property
-    def max_version(self) -> int:
-        return max(v[1] for v in self.versions)
+__all__ = ["Batch", "Key", "TransferQueue", "VersionSpec"]
 
 
 @dataclass
@@ -355,6 +340,9 @@ class TransferQueue:
                 out[f"queue/leased/{consumer}"] = sum(consumer in r.leases for r in self._rows.values())
             out.update({f"queue/{name}": value for name, value in self._counters.items()})
             return out
+
+    def close(self) -> None:
+        """Nothing to release: the rows go with the object."""
 
     # ----------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:

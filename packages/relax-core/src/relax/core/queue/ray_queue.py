@@ -240,6 +240,12 @@ class TransferQueueClient:
     def metrics(self) -> dict[str, float]:
         return self._call("metrics")
 
+    def close(self) -> None:
+        """Kill the queue actor (its rows go with it); a second call does nothing."""
+        actor, self.actor = self.actor, None
+        if actor is not None:
+            ray.kill(actor)
+
     def state_dict(self) -> dict[str, Any]:
         """Like :meth:`TransferQueue.state_dict`, with payloads fetched so the result can be saved anywhere."""
         state = self._call("state_dict")

@@ -1,4 +1,5 @@
-"""Built-in rewards (``exact_match``, ``numeric``) and the concurrent, time-limited scoring runner."""
+"""Built-in rewards (``exact_match``, ``numeric``), the concurrent, time-limited scoring runner, and
+its bounded call of one scorer (``relax.core.rewards.bounded``, public for rewards that call rewards)."""
 
 from relax.core.rewards.exact_match import ExactMatchReward
 from relax.core.rewards.numeric import NumericReward

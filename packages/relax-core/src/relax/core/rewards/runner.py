@@ -12,23 +12,24 @@ A reward with ``score_group(samples)`` is called once per group (the samples sha
 Results are a float or a dict with ``"score"``; the dict's other numeric keys are kept in
 ``sample.reward_info`` (logged as ``reward/<key>_mean``). Failed samples carry
 ``reward_failed`` (and ``reward_timeout``) = 1.0 in ``reward_info``, so their counts travel with the
-samples in every mode.
+samples in every mode. The bounded call itself is public (``relax.core.rewards.bounded``), for
+rewards that call other rewards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import math
 import numbers
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from relax.core.config import RewardConfig
+from relax.core.rewards.bounded import ScorerTimeout, as_result, bounded, call_scorer
 
 log = logging.getLogger(__name__)
 
@@ -51,72 +52,6 @@ class ScoreStats:
     @property
     def failures(self) -> int:
         return self.errors + self.timeouts
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _as_result(value: Any) -> tuple[float, dict[str, float]]:
-    """(score, reward_info) from a float or a dict with "score"; raises TypeError/ValueError."""
-    if isinstance(value, dict):
-        if "score" not in value:
-            raise ValueError(f"returned a dict without 'score': {sorted(value)}")
-        info = {k: float(v) for k, v in value.items()}
-    elif isinstance(value, numbers.Real):
-        info = {"score": float(value)}
-    else:
-        raise TypeError(f"returned {type(value).__name__}; expected a float or a dict with 'score'")
-    if not math.isfinite(info["score"]):
-        raise ValueError(f"returned a non-finite score {info['score']}")
-    return info["score"], info
-
-
-def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """Run ``fn(*args)`` in a new daemon thread; the future resolves on this loop. Nothing joins the
-    thread, so a call that never returns is simply left behind when its future is abandoned."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if not future.done():
-            future.set_exception(error) if error is not None else future.set_result(result)
-
-    def target() -> None:
-        try:
-            result, error = fn(*args), None
-        except BaseException as e:  # noqa: BLE001  # handed to the awaiting coroutine
-            result, error = None, e
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
-
-    threading.Thread(target=target, name=f"relax-reward-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return future
-
-
-async def _call(fn: Callable[..., Any], arg: Any) -> Any:
-    """``fn(arg)``: awaited if a coroutine function, else in a daemon thread (and its result awaited
-    if it is awaitable, e.g. a plain method that returns a coroutine)."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(arg)
-    value = await in_daemon_thread(fn, arg)
-    return await value if inspect.isawaitable(value) else value
-
-
-async def _bounded(call: Awaitable[Any], timeout_s: float) -> Any:
-    """Await ``call`` for at most ``timeout_s``; on timeout (or our cancellation) cancel it and leave."""
-    task = asyncio.ensure_future(call)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    finally:
-        if not task.done():
-            task.cancel()  # never awaited: a call that ignores cancellation cannot hold us
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # silence "never retrieved"
-    if not done:
-        raise _Timeout
-    return task.result()
 
 
 def _units(reward: Any, samples: Sequence[Any]) -> list[list[Any]]:
@@ -162,12 +97,12 @@ async def score_samples(
 
     async def call(unit: list[Any]) -> list[tuple[float, dict[str, float]]]:
         if not by_group:
-            return [_as_result(await _bounded(_call(reward.score, unit[0]), timeout_s))]
-        values = await _bounded(_call(reward.score_group, unit), timeout_s)
+            return [as_result(await bounded(call_scorer(reward.score, unit[0]), timeout_s))]
+        values = await bounded(call_scorer(reward.score_group, unit), timeout_s)
         if not isinstance(values, list | tuple) or len(values) != len(unit):
             got = f"{len(values)} results" if isinstance(values, list | tuple) else type(values).__name__
             raise ValueError(f"score_group returned {got} for {len(unit)} samples")
-        return [_as_result(v) for v in values]
+        return [as_result(v) for v in values]
 
     async def run(unit: list[Any]) -> None:
         head = unit[0]
@@ -176,7 +111,7 @@ async def score_samples(
         async with sem:
             try:
                 results = await call(unit)
-            except _Timeout:
+            except ScorerTimeout:
                 kind, msg, cause = "timeouts", f"{where}: timed out after {timeout_s:g}s", None
             except Exception as e:  # noqa: BLE001  # any reward bug becomes a RewardError
                 kind, msg, cause = "errors", f"{where}: {type(e).__name__}: {e}", e

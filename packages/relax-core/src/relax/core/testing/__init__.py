@@ -13,9 +13,10 @@ RolloutEngineConformance        ``make_engine(model_dir)`` [``close_engine(engin
 TrainerConformance              ``make_trainer(model_dir)`` [``close_trainer(trainer)``]
 LogprobAgreementConformance     ``make_engine(model_dir)`` and ``make_trainer(model_dir)``
 WeightSyncConformance           ``make_transport(timeout_s, bucket_bytes)`` [``make_receiver_engine``,
-                                ``make_sender_trainer``, ``served_weights``, ``break_engine``]
+                                ``make_sender_trainer``, ``served_weights``, ``break_engine``,
+                                ``fail_engine`` / ``heal_engine``, ``scratch_dirs``]
 RewardConformance               ``make_reward()`` [``samples``, ``expected_scores``, ``slow_sample``]
-QueueConformance                ``make_queue(capacity, consumers, lease_timeout_s)`` [``close_queue``]
+QueueConformance                ``make_queue(capacity, consumers)`` [``close_queue``]
 ProcessorConformance            ``make_processor(model_dir)`` [``conversations``, ``expected_prompt``]
 MultimodalProcessorConformance  ``family`` and ``make_processor(model_dir)`` [``audio_ref``]; tiny VL / Omni
                                 models from ``multimodal_models.tiny_multimodal_dir(root, family)``
@@ -40,7 +41,19 @@ Example (a third-party engine package's ``tests/test_conformance.py``)::
 
 Optional capabilities (``abort``, ``save_hf``) are skipped with a reason when absent. Factories
 that start Ray actors need Ray initialised first (a session fixture in your ``conftest.py``).
+
+Under pytest, importing this package registers it for assertion rewriting before any suite module
+loads, so a failing kit check shows the values it compared, as your own test files do.
 """
+
+import pkgutil
+import sys
+
+if "pytest" in sys.modules:  # only under pytest: importing the kit never imports pytest by itself
+    import pytest
+
+    # every module of relax.core.testing (by name: the package itself is already being imported)
+    pytest.register_assert_rewrite(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)))
 
 from relax.core.testing.engine import EngineFixtures, RolloutEngineConformance, check_result
 from relax.core.testing.models import TinyModelFixtures, eos_token_ids, load_hf_weights, tiny_model_dir

@@ -1,8 +1,9 @@
 """``RolloutEngineConformance``: the generation contract every rollout engine keeps.
 
 Checks what the controller relies on: per-token logprobs/versions aligned with the response,
-finish reasons, ``max_new_tokens``, seeds, stop ids/strings, ``ignore_eos``, partial-rollout
-prefixes, pause/resume, the optional ``abort``, and ``update_weights`` switching what is served.
+finish reasons, ``max_new_tokens``, seeds, ``temperature`` / ``top_k`` / ``top_p``, stop ids/strings,
+``ignore_eos``, partial-rollout prefixes, pause/resume, the optional ``abort``, and
+``update_weights`` switching what is served.
 """
 
 from __future__ import annotations
@@ -157,6 +158,31 @@ class RolloutEngineConformance(EngineFixtures):
         assert [r.response_ids for r in c] != [r.response_ids for r in a], (
             "seeds 7 and 8 gave identical samples"
         )
+
+    def _one_candidate(self, engine, prompts, setting: str, **params: Any) -> None:
+        """``params`` leave a single candidate token per step, so every seed must give the greedy
+        tokens; an engine that ignores the setting samples and the seeds disagree."""
+        kw = dict(max_new_tokens=self.max_new_tokens, ignore_eos=True)
+        many, seeds = [prompts[0]] * 3, [11, 12, 13]
+        free = [r.response_ids for r in self.generate(engine, many, seeds=seeds, temperature=1.0, **kw)]
+        assert len({tuple(ids) for ids in free}) > 1, f"precondition: seeds {seeds} at temperature 1 gave {free}"
+        got = [r.response_ids for r in self.generate(engine, many, seeds=seeds, **params, **kw)]
+        for r in got:
+            assert r == got[0], f"{setting} must sample the greedy tokens whatever the seed: seeds {seeds} gave {got}"
+        if "temperature" not in params or params["temperature"] > 0:
+            (greedy,) = self.generate(engine, [prompts[0]], temperature=0.0, **kw)
+            assert got[0] == greedy.response_ids, (
+                f"{setting} must sample the greedy tokens {greedy.response_ids}, got {got[0]}"
+            )
+
+    def test_temperature_zero_is_greedy(self, engine, prompts):
+        self._one_candidate(engine, prompts, "temperature=0", temperature=0.0)
+
+    def test_top_k_one_is_greedy(self, engine, prompts):
+        self._one_candidate(engine, prompts, "top_k=1", temperature=1.0, top_k=1)
+
+    def test_tiny_top_p_is_greedy(self, engine, prompts):
+        self._one_candidate(engine, prompts, "top_p=1e-6", temperature=1.0, top_p=1e-6)
 
     def _free_sample(self, engine, prompt, seed, n=12) -> list[int]:
         return self.generate(engine, [prompt], seeds=[seed], max_new_tokens=n, ignore_eos=True)[
@@ -313,7 +339,11 @@ class RolloutEngineConformance(EngineFixtures):
     def test_update_weights_changes_outputs_and_version(self, engine, prompts, model_dir, other_model_dir):
         kw = dict(temperature=0.0, max_new_tokens=6, ignore_eos=True)
         version = engine.weight_version()
-        before = self.generate(engine, prompts, **kw)
+        before = self.generate(engine, prompts, seeds=[1] * len(prompts), **kw)
+        reseeded = self.generate(engine, prompts, seeds=[2] * len(prompts), **kw)
+        if [r.response_ids for r in reseeded] != [r.response_ids for r in before]:
+            pytest.fail("precondition: temperature=0 is not greedy (two seeds gave different tokens), so this "
+                        "test cannot compare engines; see test_temperature_zero_is_greedy")
         reference = self.make_engine(other_model_dir)
         try:
             expected = self.generate(reference, prompts, **kw)

@@ -2,7 +2,10 @@
 
 Forward logprobs in the batch convention ((B, R), masked, padding-independent), a train step that
 moves the weights in the direction of the advantages, HF-named weight export in bounded buckets,
-an exact save/load round trip and, when offered, ``save_hf``.
+an exact save/load round trip and, when offered, ``save_hf``. And the backend side that core's
+policy-update loop calls (``relax.core.policy_update.ModelStep``): micro-batch logprobs / entropy
+into a loss callback, gradients that accumulate to the full batch's, an optimizer step, sums over
+the data-parallel group -- so a new backend is that protocol plus the ``Trainer`` methods above.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 import torch
 
 from relax.core.data import Sample, collate
+from relax.core.policy_update import ModelStep, split_rows
 from relax.core.protocols import Trainer
 from relax.core.testing.engine import EngineFixtures
 from relax.core.testing.models import TinyModelFixtures, load_hf_weights
@@ -238,6 +242,71 @@ class TrainerConformance(TrainerFixtures):
         for name, tensor in exported(trainer).items():
             torch.testing.assert_close(state[name].float(), tensor.float(), atol=self.export_atol, rtol=0)
         assert any(Path(tmp_path / "hf").glob("*.safetensors")), "save_hf should write safetensors"
+
+
+    # ------------------------------------------------------------ the backend protocol (ModelStep)
+    @staticmethod
+    def _policy_gradient(trainer: Any, batch: dict[str, torch.Tensor], micro_rows: int) -> tuple[float, Any]:
+        """Zero, forward-backward ``-sum(advantage * logprob) / tokens`` in micro-batches of ``micro_rows``
+        and finish the gradients (no clip): (grad norm, what the loss callback saw)."""
+        tokens = float(batch["response_mask"].sum())
+        seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+        def loss_fn(micro, logprobs, entropy):
+            mask = micro["response_mask"]
+            seen.append((micro["responses"].shape[0], torch.where(mask > 0, logprobs.detach(), 0.0).cpu(), entropy.detach().cpu()))
+            loss = -(logprobs * micro["advantages"] * mask).sum() / tokens
+            return loss, {"index": float(len(seen) - 1)}
+
+        trainer.zero_grad()
+        records = trainer.forward_backward(list(split_rows(batch, micro_rows)), loss_fn)
+        return trainer.finish_gradients(float("inf")), (records, seen)
+
+    def test_is_a_backend_of_the_policy_update_loop(self, trainer):
+        assert isinstance(trainer, ModelStep), f"{type(trainer).__name__} lacks ModelStep methods or dp_rank/dp_size"
+        assert 0 <= trainer.dp_rank < trainer.dp_size
+        assert trainer.all_reduce_sum([1.0, 2.5]) == [1.0 * trainer.dp_size, 2.5 * trainer.dp_size]
+
+    def test_backend_micro_batches_accumulate_to_the_full_batch_gradient(self, trainer, batch):
+        whole, _ = self._policy_gradient(trainer, batch, batch["responses"].shape[0])
+        split, (records, seen) = self._policy_gradient(trainer, batch, 3)
+        assert whole > 0 and math.isfinite(whole), f"grad norm {whole}: no gradient reached the weights"
+        assert split == pytest.approx(whole, rel=1e-4), (
+            f"grad norm {split} over micro-batches of 3 rows != {whole} in one: gradients do not accumulate, "
+            "or zero_grad does not drop them"
+        )
+        assert [r["index"] for r in records] == [0.0, 1.0, 2.0], f"records {records}: not one per micro-batch, in order"
+        assert [n for n, _, _ in seen] == [3, 3, 2], "loss_fn must see each micro-batch's rows"
+        logprobs, entropy = torch.cat([lp for _, lp, _ in seen]), torch.cat([e for _, _, e in seen])
+        torch.testing.assert_close(logprobs.float(), trainer.score(batch).cpu().float(), atol=self.forward_atol, rtol=0)
+        mask = batch["response_mask"] > 0
+        assert torch.isfinite(entropy[mask]).all() and (entropy[mask] >= -1e-5).all() and entropy[mask].max() > 0.1, (
+            "entropy must be finite, >= 0 and not all ~0"
+        )
+        trainer.zero_grad()
+
+    def test_backend_step_follows_the_finished_gradient(self, trainer, batch):
+        before = exported(trainer)
+        old = trainer.score(batch).cpu()
+        self._policy_gradient(trainer, batch, 4)
+        problem = trainer.apply_gradients(1e-2)
+        assert problem is None, f"apply_gradients reported {problem!r} on a finite update"
+        assert any(not torch.equal(t, before[n]) for n, t in exported(trainer).items()), "apply_gradients moved no weight"
+        gain = ((trainer.score(batch).cpu() - old) * batch["advantages"]).sum()
+        assert gain > 0, f"the step lowered sum(advantage * logprob) by {-float(gain):.3g}: wrong sign?"
+
+    def test_loop_scores_missing_old_logprobs_as_forward_logprobs_does(self, trainer, batch, model_dir):
+        """A batch without ``old_logprobs`` trains as one carrying ``forward_logprobs`` (the loop
+        scores them, or fuses them into the first update where the backend declares it)."""
+        separate = self.make_trainer(model_dir)
+        try:
+            m_scored = trainer.train_step(dict(batch))
+            m_given = separate.train_step(self.with_old_logprobs(separate, batch))
+            for key in ("loss", "grad_norm"):
+                assert m_scored[key] == pytest.approx(m_given[key], rel=1e-4, abs=1e-6), key
+            _assert_same_weights(exported(trainer), exported(separate), 1e-5, "weights, old logprobs scored vs given")
+        finally:
+            self.close_trainer(separate)
 
 
 class LogprobAgreementConformance(EngineFixtures, TrainerFixtures):

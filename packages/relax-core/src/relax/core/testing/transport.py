@@ -6,14 +6,20 @@ built on ``model_dir``, so a sync visibly changes what the engines hold. By defa
 objects (core's torch trainer and HF engine); override ``make_receiver_engine`` /
 ``make_sender_trainer`` to use Ray actors (e.g. core's ``RolloutRole`` / ``TrainerRole``) or your
 own engine. Engines are named in errors as ``engine[i]`` (``relax.core.weight_sync.base.engine_names``).
+The fleet runs with Python's temporary directory pointed at a fresh one, so files a sync leaves
+behind are counted without other processes' noise.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -28,6 +34,27 @@ def _is_actor(obj: Any) -> bool:
     from ray.actor import ActorHandle
 
     return isinstance(obj, ActorHandle)
+
+
+@contextmanager
+def scratch_tempdir() -> Iterator[str]:
+    """A fresh directory as ``tempfile``'s default while the block runs (removed afterwards)."""
+    scratch, saved = tempfile.mkdtemp(prefix="relax-kit-"), tempfile.tempdir
+    tempfile.tempdir = scratch
+    try:
+        yield scratch
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def count_entries(directories: list[str]) -> dict[str, int]:
+    """Files and directories under each of ``directories`` (recursively), by directory."""
+    return {d: sum(len(dirs) + len(files) for _, dirs, files in os.walk(d)) for d in directories}
+
+
+class EngineRefused(RuntimeError):
+    """What a deliberately failing engine raises from ``update_weights``."""
 
 
 class WeightSyncConformance(TinyModelFixtures):
@@ -104,22 +131,52 @@ class WeightSyncConformance(TinyModelFixtures):
 
         engine.update_weights = stuck
 
+    def fail_engine(self, engine: Any) -> str | None:
+        """Make ``engine`` raise when it is given weights, until :meth:`heal_engine`; return a piece of
+        text the sync's error must then carry (None: only the engine's name is checked). Default, for
+        a local engine: each of its ``update_weights*`` methods raises ``EngineRefused`` (override for
+        actors, else the test is skipped)."""
+        if _is_actor(engine):
+            pytest.skip("override fail_engine/heal_engine to make an actor's weight update raise")
+        message = "conformance: engine refuses this update"
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise EngineRefused(message)
+
+        for name in dir(engine):
+            if name.startswith("update_weights") and callable(getattr(engine, name, None)):
+                setattr(engine, name, refuse)
+        return message
+
+    def heal_engine(self, engine: Any) -> None:
+        """Undo :meth:`fail_engine`."""
+        for name in [n for n in vars(engine) if n.startswith("update_weights")]:
+            delattr(engine, name)
+
+    def scratch_dirs(self, fleet: dict[str, Any]) -> list[str]:
+        """Where the transport may leave files: the fleet's temporary directory, plus the directory
+        its params name (``params.directory``, e.g. disk or shared memory), if any."""
+        configured = getattr(getattr(fleet["transport"], "params", None), "directory", None)
+        return [fleet["scratch"], *([configured] if isinstance(configured, str) and os.path.isdir(configured) else [])]
+
     # ------------------------------------------------------------------ fixtures
     @pytest.fixture(scope="class")
     @classmethod
     def fleet(cls, model_dir: str, other_model_dir: str) -> Iterator[dict[str, Any]]:
         suite = cls()
         release = threading.Event()
-        trainer = suite.make_sender_trainer(other_model_dir)
-        engines = [suite.make_receiver_engine(model_dir, i) for i in range(suite.num_engines)]
-        transport = suite.make_transport(suite.timeout_s, suite.bucket_bytes)
-        yield {"transport": transport, "trainer": trainer, "engines": engines, "release": release}
-        release.set()
-        for obj in [*engines, trainer]:
-            suite.close(obj)
-        close = getattr(transport, "close", None)
-        if callable(close):
-            close()
+        with scratch_tempdir() as scratch:
+            trainer = suite.make_sender_trainer(other_model_dir)
+            engines = [suite.make_receiver_engine(model_dir, i) for i in range(suite.num_engines)]
+            transport = suite.make_transport(suite.timeout_s, suite.bucket_bytes)
+            yield {"transport": transport, "trainer": trainer, "engines": engines, "release": release,
+                   "scratch": scratch}
+            release.set()
+            for obj in [*engines, trainer]:
+                suite.close(obj)
+            close = getattr(transport, "close", None)
+            if callable(close):
+                close()
 
     def _next_version(self, engines: list[Any]) -> int:
         return max(self.weight_version(e) for e in engines) + 1
@@ -164,6 +221,39 @@ class WeightSyncConformance(TinyModelFixtures):
         served = self.served_weights(engines[-1])
         for name, tensor in load_hf_weights(other_model_dir).items():
             assert torch.equal(served[name].cpu(), tensor), f"{name} changed on a sync of unchanged weights"
+
+    def test_repeated_syncs_leave_no_files_behind(self, fleet):
+        """What a sync writes (version directories, segments) is reused or removed: the number of
+        files does not grow with the number of syncs (two first, so a keep-N scheme fills up)."""
+        transport, trainer, engines = fleet["transport"], fleet["trainer"], fleet["engines"]
+        for _ in range(2):
+            transport.sync(trainer, engines, self._next_version(engines))
+        dirs = self.scratch_dirs(fleet)
+        before = count_entries(dirs)
+        for _ in range(3):
+            transport.sync(trainer, engines, self._next_version(engines))
+        after = count_entries(dirs)
+        grown = {d: after[d] - before[d] for d in dirs if after[d] > before[d]}
+        assert not grown, f"3 more syncs left more files behind (new entries per directory: {grown})"
+
+    def test_engine_error_is_raised_naming_it(self, fleet):
+        """An engine whose update raises fails the sync within the deadline, with that engine's name
+        and error: a transport that swallows it would fail only later (a version check) or never."""
+        transport, trainer, engines = fleet["transport"], fleet["trainer"], fleet["engines"]
+        version = self._next_version(engines)
+        expected = self.fail_engine(engines[0])
+        start = time.monotonic()
+        try:
+            with pytest.raises(WeightSyncError) as err:
+                transport.sync(trainer, engines, version)
+        finally:
+            self.heal_engine(engines[0])
+        elapsed, text = time.monotonic() - start, str(err.value)
+        assert "engine[0]" in text, f"the error must name engine[0]: {text}"
+        assert expected is None or expected in text, f"the error must carry the engine's own error {expected!r}: {text}"
+        assert elapsed < self.timeout_s + 5.0, (
+            f"the engine failed at once, the sync only after {elapsed:.1f}s (timeout_s={self.timeout_s:g})"
+        )
 
     def test_dead_engine_is_named_within_the_timeout(self, fleet):
         """Runs last in the class: it breaks ``engine[-1]`` for good."""

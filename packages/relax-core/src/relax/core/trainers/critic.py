@@ -8,13 +8,13 @@ when ``algorithm.critic.enable`` is set; its state travels in the trainer's chec
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from relax.core.algorithms import clipped_value_loss
+from relax.core.policy_update.batching import split_rows
 
 
 class ValueModel(nn.Module):
@@ -128,14 +128,3 @@ class Critic:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
-
-def split_rows(batch: dict[str, Any], size: int) -> Iterator[dict[str, Any]]:
-    """Consecutive row slices of every per-row tensor in ``batch`` (others passed as they are)."""
-    rows = batch["responses"].shape[0]
-    for start in range(0, rows, size):
-        yield {
-            k: v[start : start + size]
-            if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows
-            else v
-            for k, v in batch.items()
-        }

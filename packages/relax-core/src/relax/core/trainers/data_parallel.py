@@ -13,23 +13,11 @@ from __future__ import annotations
 
 import datetime
 import socket
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-
-def shard_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Rank ``rank``'s contiguous rows ``[start, end)`` of ``rows`` (sizes differ by at most one)."""
-    return rows * rank // world_size, rows * (rank + 1) // world_size
-
-
-def take_rows(batch: dict[str, Any], start: int, end: int) -> dict[str, Any]:
-    rows = batch["responses"].shape[0]
-    return {
-        k: v[start:end] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows else v
-        for k, v in batch.items()
-    }
+from relax.core.policy_update.batching import shard_bounds
 
 
 def _local_address(master_addr: str) -> str:

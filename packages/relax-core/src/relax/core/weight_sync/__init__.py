@@ -10,8 +10,11 @@ Built-in transports (``weight_sync.transport``, typed ``weight_sync.params``):
 - ``shared_memory`` — :class:`SharedMemorySync`, one reused ``/dev/shm`` segment mapped by the
   trainer and every colocated engine, one call per engine per sync (``directory``).
 
-A third-party transport subclasses :class:`Transport` (``name``, ``config``, ``send``, a
-:class:`Receiver` subclass) and registers it in ``relax_register_weight_syncs`` as
+The controller calls what ``relax.core.protocols.WeightSync`` lists (``sync``, ``check_engine``,
+``close``); the run's fleet drives it (``controller.fleet``: ``sync(version)`` / ``publish(version)``).
+A third-party transport that moves bytes between processes subclasses :class:`Transport` (``name``,
+``config``, ``send``, a :class:`Receiver` subclass) -- these base classes are the contract for that
+side -- and registers it in ``relax_register_weight_syncs`` as
 ``register(name, TransportClass, config=ParamsDataclass)``. Every call has a deadline; a dead or
 stuck engine raises :class:`WeightSyncError` naming it, and after the update every engine must
 report the new ``weight_version()``.

@@ -98,3 +98,10 @@ class DiskSync(Transport):
         versions = sorted(p for p in root.glob("v[0-9]*") if p.is_dir())
         for old in versions[: -self.params.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+    def close(self) -> None:
+        """Remove the temporary directory this sender made (a configured ``directory`` is kept)."""
+        super().close()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from relax.core.controller.local import is_local
+from relax.core.lazy_ray import is_local
 from relax.core.weight_sync.base import (
     WeightSyncError,
     check_versions,

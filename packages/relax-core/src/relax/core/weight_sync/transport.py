@@ -10,7 +10,10 @@ runs in the caller's process.
 
 Each side rebuilds the transport in its own process from a :class:`TransportSpec` through the plugin
 registry (:func:`serve_sender` / :func:`serve_receiver`, hosted by one method on the trainer and
-engine actors), so a third-party transport plugs in by registering a :class:`Transport` subclass.
+engine actors), so a third-party transport plugs in by registering a :class:`Transport` subclass:
+these base classes are the contract for moving weights between processes (the controller itself
+calls only ``relax.core.protocols.WeightSync``: ``sync``, ``check_engine``, ``close``). At the end of a
+run each role closes the sides kept in its process (:func:`release_sides`), the driver its instance.
 """
 
 from __future__ import annotations
@@ -224,7 +227,11 @@ class Transport:
         return held[1]
 
     def close(self) -> None:
-        """Release sender-side resources; called when a newer transport replaces this one."""
+        """Release what this instance holds: the driver's at the end of the run, a sender side's when a
+        newer transport replaces it or the run ends (its receivers in this process too)."""
+        for _, receiver in self._local.values():
+            receiver.close()
+        self._local.clear()
 
 
 def build(spec: TransportSpec) -> Transport:
@@ -249,6 +256,21 @@ def _side(host: Any, spec: TransportSpec, make: Any) -> Any:
                 held[1].close()
             held = sides[spec.name] = (spec.uid, make(build(spec)))
         return held[1]
+
+
+def release_sides(host: Any) -> None:
+    """End of run, in a role's process: close and forget every side kept on ``host`` (a sender's
+    temporary files or group, a receiver's buffers), whichever transport built them."""
+    with _LOCK:
+        held = host.__dict__.pop("_relax_weight_sync", {})
+    errors = []
+    for _, side in held.values():
+        try:
+            side.close()
+        except Exception as exc:  # close the others, then report
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def serve_sender(host: Any, trainer: Any, spec: TransportSpec, method: str, *args: Any) -> Iterator[Any]:

@@ -3,7 +3,9 @@
 ``register(name, fn, kind=..., needs={...}, modes={...})``: the controller starts the roles a
 run's algorithms need from these declarations and ``validate`` derives its errors from them, so a
 plugin's algorithm gets exactly the wiring and checks of a built-in one and no algorithm name
-appears in the controller. Pure metadata: this module imports neither torch nor the registry.
+appears in the controller. Pure metadata: this module imports neither torch nor the registry, and
+it sits below both the plugin registry (which checks each registration's declarations with
+:func:`declared`) and ``relax.core.algorithms`` (which reads them back).
 """
 
 from __future__ import annotations

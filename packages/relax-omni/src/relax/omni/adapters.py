@@ -1,0 +1,123 @@
+"""Model adapters for the Qwen VL / Omni (thinker) families (``relax_register_model_adapters``).
+
+Core's trainer and HF engine run these models only through this adapter (``relax.core.protocols.
+ModelAdapter``): load (image-text-to-text, each audio encoded alone), forward kwargs for media, the
+M-RoPE decode positions, the media towers' weight prefixes and token ids, and the audio-in-video flag.
+
+Both sides pass the processor's media inputs and the token-type ids and leave ``position_ids`` to the
+model, which computes the 3-D M-RoPE positions with its own rope-index function from the ids, the
+attention mask (left padding) and the grids: the trainer's positions are by construction those the
+rollout forward used. The prefill leaves the model's rope delta (M-RoPE position minus token index,
+per row); each decode step then feeds one token per row at ``cache length + delta`` on all three axes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relax.core.data_multimodal import model_inputs
+
+#: media-input key of a prompt whose videos carry their soundtracks interleaved (Omni ``use_audio_in_video``):
+#: one entry per video; the model's rope index must be told, or audio and video positions come out wrong
+AUDIO_IN_VIDEO = "use_audio_in_video"
+
+#: the HF ``config.model_type`` of every checkpoint this adapter runs
+MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
+
+MEDIA_TOKEN_KINDS = ("image", "video", "audio", "vision_start", "vision_end", "audio_start", "audio_end")
+
+
+def _token_id(config: Any, kind: str) -> int | None:
+    for key in (f"{kind}_token_id", f"{kind}_token_index"):
+        value = getattr(config, key, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+@dataclass(frozen=True)
+class QwenMediaAdapter:
+    """``ModelAdapter`` of the Qwen2.5-VL / Qwen3-VL / Qwen2.5-Omni / Qwen3-Omni thinkers."""
+
+    tower_prefixes: tuple[str, ...] = ("visual.", "audio_tower.", "model.visual.", "model.audio_tower.",
+                                       "thinker.visual.", "thinker.audio_tower.")
+    media_flags: tuple[str, ...] = (AUDIO_IN_VIDEO,)
+
+    def load(self, model_path: str, dtype: torch.dtype) -> Any:
+        """``AutoModelForImageTextToText``, each audio encoded alone (``encode_audio_per_item``)."""
+        from transformers import AutoModelForImageTextToText
+
+        from relax.omni.audio_per_item import encode_audio_per_item
+
+        model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
+        encode_audio_per_item(model)
+        return model
+
+    def media_token_ids(self, config: Any) -> list[int]:
+        return [i for i in (_token_id(config, k) for k in MEDIA_TOKEN_KINDS) if i is not None]
+
+    def forward_kwargs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       media: dict[str, torch.Tensor], prompt_width: int) -> dict[str, Any]:
+        """The media tensors; token types (text 0, image 1, video 2) where the model's rope index needs them;
+        ``position_ids=None``, so the model's own rope-index function computes the 3-D positions; the mask as
+        bool (the Omni rope index selects tokens with ``ids[mask]``). Media ids a response sampled (columns
+        from ``prompt_width`` on) are fed back as token 0: a response never adds media, and the model's
+        placeholder counting and rope index must see only the prompt's. Engine and trainer both do this, so
+        their logprobs still agree; the sampled ids themselves are kept as they are. The ``AUDIO_IN_VIDEO``
+        flags (one per video) become the model's ``use_audio_in_video``. ``source.*`` entries (original media
+        kept for other engines, ``relax.core.data_multimodal.SOURCE``) are dropped.
+        """
+        response = input_ids[:, prompt_width:]
+        media_ids = torch.tensor(self.media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device)
+        if response.numel() and torch.isin(response, media_ids).any():
+            input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(torch.isin(response, media_ids), 0)], 1)
+        media = model_inputs(media)
+        flags = media.pop(AUDIO_IN_VIDEO, None)
+        kwargs: dict[str, Any] = {**media, "input_ids": input_ids, "position_ids": None,
+                                  "attention_mask": attention_mask.bool()}
+        if flags is not None:  # one bool for the whole batch in HF's rope index: every video must agree
+            videos = media.get("video_grid_thw")
+            if videos is None or flags.numel() != videos.shape[0]:
+                raise ValueError(
+                    f"a batch mixes videos with and without their soundtrack ({flags.numel()} of "
+                    f"{0 if videos is None else videos.shape[0]} videos use_audio_in_video): the model's rope index "
+                    "takes one flag per forward; process every video of a run with the same use_audio_in_video"
+                )
+            kwargs["use_audio_in_video"] = True
+        if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+            types = torch.zeros_like(input_ids, dtype=torch.int32)
+            for code, kind in ((1, "image"), (2, "video")):
+                tok = _token_id(model.config, kind)
+                if tok is not None:
+                    types[input_ids == tok] = code
+            kwargs["mm_token_type_ids"] = types
+        return kwargs
+
+    def before_prefill(self, model: Any) -> None:
+        """Clear the rope deltas an earlier forward kept, so the ones read after the prefill are its own."""
+        for module in _rope_holders(model):
+            module.rope_deltas = None
+
+    def decode_positions(self, model: Any, rows: int) -> Callable[[int], torch.Tensor]:
+        """``cache length + delta`` on all three M-RoPE axes; delta 0 when the prefill computed none."""
+        delta = torch.zeros((rows, 1), dtype=torch.long)
+        for module in _rope_holders(model):
+            if isinstance(module.rope_deltas, torch.Tensor):
+                delta = module.rope_deltas.reshape(-1, 1).expand(rows, 1).to(torch.long)
+                break
+        return lambda length: (delta + length).view(1, rows, 1).expand(3, -1, -1)
+
+
+def _rope_holders(model: Any) -> list[Any]:
+    """The modules that keep M-RoPE deltas between forwards."""
+    return [m for m in model.modules() if hasattr(m, "rope_deltas")]
+
+
+def register_adapters(register: Callable[..., None]) -> None:
+    for model_type in MODEL_TYPES:
+        register(model_type, QwenMediaAdapter)
