@@ -1,9 +1,13 @@
 """A real run through Ray (trainer and engine in their own actors, the disk transport without a
 directory, so the trainer's sender makes a temporary one) leaves no weight directory behind: not
-when it completes, not when it fails mid-way (here a plugin's ``relax_on_step_end`` raises at step 1)."""
+when it completes, not when it fails mid-way (here a plugin's ``relax_on_step_end`` raises at step 1).
+
+The run may start its own Ray (the actors then get this test's ``TMPDIR``) or join the suite's (the
+actors keep the temp dir they started with): the probe looks in both and counts only what is new."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import textwrap
@@ -28,8 +32,13 @@ import os
 SEEN = []
 
 
+def weight_versions():
+    roots = os.environ["CLOSE_TEST_ROOTS"].split(os.pathsep)
+    return {path for root in roots for path in glob.glob(os.path.join(root, "relax-weights-*", "v*"))}
+
+
 def relax_on_step_end(step, metrics):
-    SEEN.append(glob.glob(os.path.join(os.environ["TMPDIR"], "relax-weights-*", "v*")))
+    SEEN.append(weight_versions())
     if os.environ.get("CLOSE_TEST_FAIL_AT") == str(step):
         raise RuntimeError(f"failing on purpose at step {step}")
 """
@@ -39,12 +48,14 @@ def relax_on_step_end(step, metrics):
 def run_env(tmp_path, monkeypatch):
     """A short TMPDIR of its own for the run's Ray and actors (Ray's socket paths must stay short),
     and the step-end probe loaded as a plugin in the driver (and importable by the actors)."""
+    suite_tmp = tempfile.gettempdir()
     tmp = Path(tempfile.mkdtemp(prefix="rxc", dir="/tmp"))
     (tmp_path / "close_probe.py").write_text(textwrap.dedent(PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("RELAX_PLUGINS", "close_probe")
     monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("CLOSE_TEST_ROOTS", os.pathsep.join([str(tmp), suite_tmp]))
     get_plugin_manager(refresh=True)
     import close_probe
 
@@ -54,21 +65,23 @@ def run_env(tmp_path, monkeypatch):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _weight_dirs(tmp: Path) -> list[Path]:
-    return sorted(tmp.glob("relax-weights-*"))
+def _weight_dirs() -> set[str]:
+    return {str(p) for root in os.environ["CLOSE_TEST_ROOTS"].split(os.pathsep) for p in Path(root).glob("relax-weights-*")}
 
 
 def test_the_transport_is_closed_when_the_run_completes_and_when_it_fails(run_env, tmp_path, monkeypatch):
     from relax.core.controller.run import run
 
-    tmp, probe = run_env
+    _, probe = run_env
+    before_dirs, before_versions = _weight_dirs(), probe.weight_versions()
     run(load_config(None, [*SMALL, f"run_dir={tmp_path / 'ok'}"]))
-    assert [len(seen) for seen in probe.SEEN] == [1, 2]  # the trainer's sender wrote a version dir each step
-    assert _weight_dirs(tmp) == []  # ... and its close() removed the temporary directory
+    # the trainer's sender wrote a version dir each step ...
+    assert [len(seen - before_versions) for seen in probe.SEEN] == [1, 2]
+    assert _weight_dirs() == before_dirs  # ... and its close() removed the temporary directory
 
     probe.SEEN.clear()
     monkeypatch.setenv("CLOSE_TEST_FAIL_AT", "1")
     with pytest.raises(RuntimeError, match="failing on purpose at step 1"):
         run(load_config(None, [*SMALL, f"run_dir={tmp_path / 'failed'}"]))
-    assert [len(seen) for seen in probe.SEEN] == [1]
-    assert _weight_dirs(tmp) == []
+    assert [len(seen - before_versions) for seen in probe.SEEN] == [1]
+    assert _weight_dirs() == before_dirs
