@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax.core.algorithms.aggregation import aggregate_loss, masked_mean
+from relax.core.controller.capabilities import capabilities, declares
 from relax.core.data import Sample, collate
 from relax.core.policy_update import NonFiniteError
 from relax.core.protocols import Trainer
@@ -283,6 +284,9 @@ def test_fused_old_logprobs_give_the_separate_forwards_loss_and_gradients(model_
     assert seen and not any(seen)  # the old logprobs never carry the graph
     assert b["rollout_logprob_abs_diff"] > 0 and "rollout_logprob_abs_diff" not in a  # vs the fixture's rollout lp
     assert TorchTrainer.fuses_old_logprobs()
+    # declared, and read by the controller through the declared capabilities (never probed by calling)
+    assert "fuses_old_logprobs" in capabilities(fused) and declares(fused, "fuses_old_logprobs")
+    assert not declares(fused, "collective_export")
 
 
 def test_exact_rollout_logprobs_are_the_later_minibatches_old_logprobs(model_dir, batch):

@@ -17,12 +17,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from relax.core.controller.capabilities import declares
+
 _END = object()
 _PUT_POLL_S = 0.1
 
 
 def is_collective(trainer: Any) -> bool:
-    return bool(getattr(trainer, "collective_export", False))
+    return declares(trainer, "collective_export")
 
 
 def drain(trainer: Any, bucket_bytes: int) -> int:

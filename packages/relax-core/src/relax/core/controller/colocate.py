@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import ray
 import torch
 from tqdm import tqdm
 
@@ -78,12 +77,9 @@ def _score_round(state: StepContext, step: int, metrics: dict[str, float]) -> tu
 def _fuses_old_logprobs(state: StepContext) -> bool:
     """:func:`stages.fuse_old_logprobs` for this run, asked of the trainer once (colocate is
     strictly on-policy: the engines sampled with the weights the trainer holds)."""
-    if state.fused_old_logprobs is None:
-        try:
-            fuses = bool(local.get(state.roles.trainer.call.remote("fuses_old_logprobs"), timeout=state.cfg.trainer.timeout_s))
-        except (AttributeError, ray.exceptions.RayTaskError):
-            fuses = False  # a trainer without the method gets old logprobs from a separate forward
-        state.fused_old_logprobs = stages.fuse_old_logprobs(state.cfg, state.roles, fuses)
+    if state.fused_old_logprobs is None:  # a declared flag (capabilities.DECLARED), not probed by calling it
+        offered = local.get(state.roles.trainer.capabilities.remote(), timeout=state.cfg.trainer.timeout_s)
+        state.fused_old_logprobs = stages.fuse_old_logprobs(state.cfg, state.roles, "fuses_old_logprobs" in offered)
     return state.fused_old_logprobs
 
 
