@@ -82,6 +82,17 @@ def _sigcont(pid: int) -> None:
         pass
 
 
+def _until_dead(handle, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.pid.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the killed actor still answers after {timeout_s:g}s")
+
+
 class _Pool:
     """Engine actors started once per module (each costs a worker process); survivors are reused."""
 
@@ -317,5 +328,6 @@ def test_wait_names_role_index_and_operation(engines):
     finally:
         _sigcont(pid_a)
     ray.kill(a)
+    _until_dead(a)  # ray.kill is asynchronous: a call sent at once may still be answered
     with pytest.raises(RoleDied, match=r"^trainer died during train_step \(actor died\)$"):
         wait(a.pause.remote(), 10, "trainer", "train_step")
