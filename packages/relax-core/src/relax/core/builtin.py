@@ -11,6 +11,7 @@ from typing import Literal
 
 from relax.core.context import PluginContext, Resources
 from relax.core.hookspecs import hookimpl
+from relax.core.trainers.fsdp.params import FSDPParams
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,12 @@ def _torch_trainer(params: TorchTrainerParams, ctx: PluginContext):
     return trainer_from_context(params, ctx)
 
 
+def _fsdp_trainer(params: FSDPParams, ctx: PluginContext):
+    from relax.core.trainers.fsdp.trainer import trainer_from_context
+
+    return trainer_from_context(params, ctx)
+
+
 def _numeric_reward(params: NumericRewardParams, ctx: PluginContext):
     from relax.core.rewards.numeric import NumericReward
 
@@ -79,7 +86,7 @@ def _exact_match_reward(params: ExactMatchRewardParams, ctx: PluginContext):
     return ExactMatchReward(case_sensitive=params.case_sensitive)
 
 
-def _device_resources(params: HFEngineParams | TorchTrainerParams) -> Resources:
+def _device_resources(params: HFEngineParams | TorchTrainerParams | FSDPParams) -> Resources:
     """One GPU per engine / trainer rank when the backend runs on CUDA."""
     return Resources(num_cpus=params.num_cpus, num_gpus=1.0 if params.device.startswith("cuda") else 0.0)
 
@@ -95,6 +102,12 @@ def relax_register_trainers(register):
         "torch",
         _torch_trainer,
         config=TorchTrainerParams,
+        resources=lambda p: Resources(p.num_cpus, _device_resources(p).num_gpus, num_workers=p.world_size),
+    )
+    register(
+        "fsdp",
+        _fsdp_trainer,
+        config=FSDPParams,
         resources=lambda p: Resources(p.num_cpus, _device_resources(p).num_gpus, num_workers=p.world_size),
     )
 

@@ -44,3 +44,19 @@ def replica_rows(batch: dict[str, Any], rank: int, world_size: int) -> dict[str,
     rows = take_rows(batch, 0, 1)
     rows["response_mask"] = torch.zeros_like(rows["response_mask"])
     return rows
+
+
+def even_replica_rows(batch: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """Rank ``rank``'s share padded with fully masked copies of row 0 to the largest share's size:
+    every rank then runs the same number of micro-batches, as a sharded model needs (each forward
+    is a collective). The padding contributes 0."""
+    rows = batch["responses"].shape[0]
+    start, end = shard_bounds(rows, rank, world_size)
+    size = max(e - s for s, e in (shard_bounds(rows, r, world_size) for r in range(world_size)))
+    share = take_rows(batch, start, end)
+    if end - start == size:
+        return share
+    pad = take_rows(batch, 0, 1)
+    pad["response_mask"] = torch.zeros_like(pad["response_mask"])
+    missing = size - (end - start)
+    return {k: torch.cat([v] + [pad[k]] * missing) if _per_row(batch[k], rows) else v for k, v in share.items()}

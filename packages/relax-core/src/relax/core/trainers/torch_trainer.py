@@ -17,15 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.core.algorithms import entropy_from_logits, logprobs_and_sum_pi_squared, logprobs_from_logits
-from relax.core.data_multimodal import has_media, unpack_media
-from relax.core.multimodal_model import freeze_towers, is_tower, media_forward_kwargs
+from relax.core.algorithms import logprobs_from_logits
+from relax.core.multimodal_model import freeze_towers, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
-from relax.core.policy_update.batching import replica_rows, shard_bounds, split_rows, take_rows
+from relax.core.policy_update.batching import replica_rows, shard_bounds, take_rows
 from relax.core.trainers.critic import Critic
 from relax.core.trainers.data_parallel import DataParallel
 from relax.core.trainers.optim import adamw, clip_gradients, step_checked
-from relax.core.trainers.shared_prefix import shared_prefix_logits
+from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, score_rows
 
 _STATE_FILE = "trainer_state.pt"
 
@@ -88,7 +87,7 @@ class TorchTrainer:
         if data_parallel is not None and critic is not None:
             raise ValueError("the torch trainer's critic is not data-parallel: use world_size 1 with algorithm.critic")
         self.dp = data_parallel
-        self.share_prompts = share_prompts
+        self.response_logits = ResponseLogits(self.model, s.temperature, share_prompts)
         self.update = PolicyUpdate(self, s, objective if trainable else None, critic=critic,
                                    fuse_old_logprobs=self.fuses_old_logprobs())  # fmt: skip
 
@@ -111,29 +110,16 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ forward
     def _response_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, R, V) logits predicting each response token (positions P-1 .. P+R-2)."""
-        resp_len = batch["responses"].shape[1]
-        media = has_media(batch)
-        logits = None if media else self._shared_prompt_logits(batch, resp_len)
-        if logits is None:
-            kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
-            if media:  # the rows' media, and 3-D positions from the model's own rope index
-                ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
-                kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width)
-            out = self.model(use_cache=False, logits_to_keep=resp_len + 1, **kwargs)
-            logits = out.logits[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
-        t = self.settings.temperature
-        return logits if t == 1.0 else logits / t
+        """(B, R, V) logits predicting each response token (``ResponseLogits``)."""
+        return self.response_logits(batch)
 
-    def _shared_prompt_logits(self, batch: dict[str, torch.Tensor], resp_len: int) -> torch.Tensor | None:
-        """The group's samples share one pass over their prompt (``share_prompts``); None: plain forward."""
-        if not self.share_prompts:
-            return None
-        try:
-            return shared_prefix_logits(self.model, batch, resp_len)
-        except NotImplementedError:  # a cache whose rows cannot be repeated (sliding window, ...)
-            self.share_prompts = False
-            return None
+    @property
+    def share_prompts(self) -> bool:
+        return self.response_logits.share_prompts
+
+    @share_prompts.setter
+    def share_prompts(self, value: bool) -> None:
+        self.response_logits.share_prompts = value
 
     def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
@@ -170,19 +156,7 @@ class TorchTrainer:
 
     def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
         """(B, R) logprobs, or with ``sum_pi_squared`` (B, 2, R) logprobs and sum_v pi^2; masked, CPU."""
-        batch = self._on_device(batch)
-        chunks = []
-        with torch.no_grad():
-            for sub in split_rows(batch, self.settings.micro_batch_size):
-                logits, keep = self._response_logits(sub), sub["response_mask"] > 0
-                if sum_pi_squared:
-                    out = torch.stack(logprobs_and_sum_pi_squared(logits, sub["responses"]), dim=1)
-                    keep = keep[:, None]
-                else:
-                    out = token_logprobs(logits, sub["responses"])
-                del logits
-                chunks.append(torch.where(keep, out, torch.zeros_like(out)))
-        return torch.cat(chunks).cpu()
+        return score_rows(self._response_logits, self._on_device(batch), self.settings.micro_batch_size, sum_pi_squared)
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) critic values of the response states, 0 where masked; CPU tensor."""
@@ -213,15 +187,7 @@ class TorchTrainer:
         return replica_rows(batch, self.dp_rank, self.dp_size)
 
     def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
-        records = []
-        for sub in micro_batches:
-            logits = self._response_logits(sub)
-            logprobs = token_logprobs(logits, sub["responses"])
-            entropy = entropy_from_logits(logits.float())
-            loss, record = loss_fn(sub, logprobs, entropy)
-            loss.backward()
-            records.append(record)
-        return records
+        return forward_backward(self._response_logits, micro_batches, loss_fn)
 
     def _params_with_grads(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.grad is not None]
@@ -259,17 +225,7 @@ class TorchTrainer:
         only for one big tensor. Views, not copies: a transport copies each bucket once on its way
         (pack, object-store put, file write), so the export adds no memory; consume a bucket before
         the next ``train_step``."""
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self._unique_tensors():
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor.detach()))
-            size += nbytes
-        if bucket:
-            yield bucket
+        yield from buckets(((name, tensor.detach()) for name, tensor in self._unique_tensors()), bucket_bytes)
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """All weights as live views (no copy): consume before the next ``train_step``."""

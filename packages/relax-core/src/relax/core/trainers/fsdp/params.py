@@ -1,0 +1,54 @@
+"""``trainer.backend_params`` of the ``fsdp`` trainer, checked before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class FSDPParams:
+    """``world_size`` ranks (Ray actors) shard the model; ``replicate`` > 1 makes an HSDP mesh of
+    ``replicate`` x ``world_size / replicate`` (shards within a group, replicas across groups: one
+    group per node on a cluster). ``dtype`` is the compute dtype: the master weights, gradient
+    reduction and optimizer state stay fp32 (``param_dtype`` / ``reduce_dtype`` of FSDP2's
+    mixed-precision policy), so an update at an RL learning rate is never rounded away.
+
+    ``reshard_after_forward``: free the gathered layer after its forward (less memory, one more
+    all-gather in backward). ``activation_checkpointing``: recompute each decoder layer in
+    backward. ``cpu_offload``: shards and optimizer state live in host memory (CUDA only).
+    ``share_prompts``: a GRPO group's prompt runs once per micro-batch (two forwards per
+    micro-batch; off by default under FSDP)."""
+
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] | None = None  # None: the run's model.dtype
+    world_size: int = 1
+    replicate: int = 1
+    num_cpus: float = 1.0
+    reshard_after_forward: bool = True
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    freeze_media_towers: bool = False
+    share_prompts: bool = False
+
+    def validate(self) -> list[str]:
+        errors = []
+        if self.world_size < 1:
+            errors.append(f"world_size: must be >= 1, got {self.world_size}")
+        if self.replicate < 1 or self.world_size % max(self.replicate, 1):
+            errors.append(f"replicate: must divide world_size ({self.world_size}), got {self.replicate}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            errors.append(f"device: expected 'cpu' or 'cuda', got {self.device!r}")
+        if self.cpu_offload and self.device == "cpu":
+            errors.append("cpu_offload: the shards already live in host memory on device 'cpu'; use it with device 'cuda'")
+        return errors
+
+
+def dtype_problem(dtype: str, device: str) -> str | None:
+    """Why ``dtype`` cannot be the compute dtype on ``device`` (None when it can)."""
+    if dtype == "float16":
+        return ("dtype: float16 needs loss scaling, which the fsdp trainer does not do; use bfloat16 "
+                "(fp32 master weights and gradient reduction either way)")  # fmt: skip
+    if dtype not in ("float32", "bfloat16"):
+        return f"dtype: expected float32 or bfloat16, got {dtype!r}"
+    return None

@@ -1,0 +1,98 @@
+"""How an HF model is split by FSDP2: one shard group per repeated block, then the rest at the root.
+
+Any HF model is a few ``nn.ModuleList``s of identical blocks (decoder layers, vision blocks, audio
+layers, MoE layers) plus small leftovers (embeddings, norms, mergers, the head). Each block becomes
+its own ``fully_shard`` unit, so only one block is ever gathered at a time; the root unit holds the
+leftovers (tied embedding and head stay together there). Nothing here is model-family specific.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
+
+
+def join_process_group(rank: int, world_size: int, master_addr: str | None, master_port: int | None,
+                       backend: str, timeout_s: float) -> bool:  # fmt: skip
+    """Join (or reuse) torch's default process group: FSDP2's device mesh is built over it. The
+    trainer's rank actors own their processes, so the default group is theirs; weight-sync
+    transports build private groups beside it. A world of one needs no rendezvous (a file store).
+    True when this call created the group (its owner destroys it)."""
+    import tempfile
+
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise RuntimeError(f"torch.distributed is already initialised with world size {dist.get_world_size()}, "
+                               f"not the fsdp trainer's {world_size}")  # fmt: skip
+        return False
+    if master_addr is None or master_port is None:
+        if world_size != 1:
+            raise ValueError(f"world_size={world_size} needs the worker group's master_addr and master_port")
+        init = f"file://{tempfile.mkdtemp(prefix='relax-fsdp-')}/store"
+    else:
+        init = f"tcp://{master_addr}:{master_port}"
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+    return True
+
+
+def device_mesh(device_type: str, world_size: int, replicate: int) -> Any:
+    """1-D ``(shard,)`` mesh, or 2-D ``(replicate, shard)`` for HSDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if replicate == 1:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (replicate, world_size // replicate), mesh_dim_names=("replicate", "shard"))
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The children of every ``ModuleList`` whose entries share one class (decoder layers, vision
+    blocks, audio layers), outermost lists only, in module order."""
+    blocks: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+            blocks.extend(module)
+            inside.update(id(m) for block in module for m in block.modules())
+    return blocks
+
+
+def checkpoint_forward(block: torch.nn.Module) -> None:
+    """Recompute ``block`` in backward instead of keeping its activations (non-reentrant, so keyword
+    arguments and FSDP's hooks around the block work as without it). Names are unchanged."""
+    forward: Callable = block.forward
+
+    def recomputed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    block.forward = recomputed
+
+
+def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype, *, reshard_after_forward: bool = True,
+                activation_checkpointing: bool = False, cpu_offload: bool = False) -> list[Any]:  # fmt: skip
+    """``fully_shard`` each repeated block, then the root. The parameters stay fp32 (the master
+    copy); FSDP2 casts the gathered copy to ``compute_dtype`` for forward/backward and reduces
+    gradients in fp32. Gradients are summed over ranks, not averaged: core's loop already divides
+    by the step-global token count. Returns the FSDP units (the root last)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    units = []
+    for block in repeated_blocks(model):
+        if activation_checkpointing:
+            checkpoint_forward(block)
+        units.append(fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload,
+                                 reshard_after_forward=reshard_after_forward))  # fmt: skip
+    units.append(fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False))
+    for unit in units:
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
+    return units

@@ -1,0 +1,103 @@
+"""The FSDP trainer's state on disk and on the wire: sharded checkpoints, full tensors, HF export.
+
+Checkpoints are ``torch.distributed.checkpoint`` directories: each rank writes its own shards, and
+a load re-shards to whatever world size loads them (resume at 1 what was saved at 2). The step
+counter and RNG states ride along in a small file rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+SHARDS_DIR = "fsdp"  # the DCP directory inside a checkpoint
+META_FILE = "fsdp_trainer_state.pt"
+
+
+def gathered(value: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
+    """The full tensor behind a (possibly sharded) weight: an all-gather for a DTensor (a
+    collective: every rank calls it), the tensor itself otherwise. Offloaded shards are moved to
+    the communication device first."""
+    from torch.distributed.tensor import DTensor
+
+    value = value.detach()
+    if not isinstance(value, DTensor):
+        return value
+    local = value.to_local()
+    if local.device != comm_device:
+        value = DTensor.from_local(local.to(comm_device), value.device_mesh, value.placements,
+                                   shape=value.shape, stride=value.stride())  # fmt: skip
+    return value.full_tensor()
+
+
+def save(directory: str, model: torch.nn.Module, optimizer: Any, meta: dict[str, Any], rank: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    model_state, optim_state = get_state_dict(model, optimizer) if optimizer is not None else (model.state_dict(), {})
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / SHARDS_DIR))
+    if rank == 0:
+        torch.save(meta, path / META_FILE)
+    dist.barrier()  # every rank's shards are written before anyone calls the checkpoint done
+
+
+def load(directory: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """Load the shards into this world's layout; the saved step and RNG states."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(directory)
+    if not (path / SHARDS_DIR).is_dir() or not (path / META_FILE).is_file():
+        raise FileNotFoundError(f"{directory}: not an fsdp trainer checkpoint (no {SHARDS_DIR}/ or {META_FILE})")
+    model_state, optim_state = get_state_dict(model, optimizer) if optimizer is not None else (model.state_dict(), {})
+    loaded = {"model": model_state, "optim": optim_state}
+    dcp.load(loaded, checkpoint_id=str(path / SHARDS_DIR))
+    if optimizer is not None:
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    else:
+        model.load_state_dict(loaded["model"])
+    return torch.load(path / META_FILE, weights_only=False)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}  # fmt: skip
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def hf_class(model: torch.nn.Module) -> type:
+    """The transformers class an FSDP-wrapped model was built from (FSDP2 swaps in a subclass)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+
+
+def save_hf(directory: str, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype, rank: int) -> None:
+    """Gather the full weights into rank 0's host memory (a collective) and write a plain HF
+    directory there, through a fresh unwrapped model of the same class (so ``config.json`` names
+    the transformers architecture, not FSDP's wrapper)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        with torch.device("meta"):
+            plain = hf_class(model)._from_config(model.config)
+        plain.load_state_dict({k: v.to(dtype) for k, v in full.items()}, assign=True, strict=False)
+        plain.tie_weights()
+        plain.save_pretrained(directory, safe_serialization=True)
+        tokenizer.save_pretrained(directory)
+    dist.barrier()

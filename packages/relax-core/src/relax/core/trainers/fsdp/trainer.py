@@ -1,0 +1,240 @@
+"""The FSDP2 trainer: one rank of a sharded HF model, a backend of core's policy-update loop.
+
+Every rank holds 1/N of the fp32 master weights, their gradients and the AdamW state; a block is
+gathered (in the compute dtype) only while it runs. Each rank trains on its own rows of every
+mini-batch, padded to the same count so every rank runs the same forwards (each one is a
+collective). The controller calls every method on every rank (core's worker group); rank 0
+answers. Weight export is a collective too: each tensor is gathered in full, one at a time, and
+rank 0 hands buckets of them to the transport.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from relax.core.multimodal_model import freeze_towers, is_tower
+from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
+from relax.core.policy_update.batching import even_replica_rows, shard_bounds
+from relax.core.trainers.fsdp import state
+from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
+from relax.core.trainers.fsdp.sharding import device_mesh, join_process_group, shard_model
+from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, score_rows
+
+
+class FSDPTrainer:
+    """Rank ``rank`` of ``world_size`` (``trainer.backend: fsdp``). ``dtype`` is the compute dtype;
+    the weights are loaded and kept in fp32. ``settings`` / ``overrides`` as the torch trainer's."""
+
+    collective_export = True  # export_weights gathers every tensor across the ranks
+
+    def __init__(
+        self,
+        model_path: str,
+        settings: UpdateSettings | None = None,
+        *,
+        objective: Objective | None = None,
+        params: FSDPParams | None = None,
+        dtype: str = "float32",
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+        timeout_s: float = 300.0,
+        trainable: bool = True,
+        **overrides: Any,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        from relax.core.multimodal_model import load_model
+
+        p = params or FSDPParams(world_size=world_size)
+        if problem := dtype_problem(dtype, p.device):
+            raise ValueError(f"trainer.backend_params.{problem}")
+        self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
+        random.seed(s.seed)
+        np.random.seed(s.seed)
+        torch.manual_seed(s.seed)
+        cuda = p.device.startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(torch.cuda.current_device())  # Ray gives each rank actor one GPU
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self._owns_group = join_process_group(rank, world_size, master_addr, master_port, "nccl" if cuda else "gloo", timeout_s)
+        self.rank, self.world_size, self.compute_dtype = rank, world_size, getattr(torch, dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = load_model(model_path, "float32")  # the fp32 master copy, sharded below
+        self.model.eval()  # no dropout: training and scoring forwards agree
+        self.model.requires_grad_(trainable)
+        self.freeze_media_towers = p.freeze_media_towers and freeze_towers(self.model)
+        self.mesh = device_mesh(self.device.type, world_size, p.replicate)
+        self.units = shard_model(self.model, self.mesh, self.compute_dtype, reshard_after_forward=p.reshard_after_forward,
+                                 activation_checkpointing=p.activation_checkpointing, cpu_offload=p.cpu_offload)  # fmt: skip
+        trained = [q for q in self.model.parameters() if q.requires_grad]
+        self.optimizer = (
+            torch.optim.AdamW(trained, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay) if trainable else None
+        )
+        self.response_logits = ResponseLogits(self.model, s.temperature, p.share_prompts)
+        self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=True)
+
+    # --------------------------------------------------------------- loop's counters
+    @property
+    def step(self) -> int:
+        return self.update.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.update.step = value
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
+
+    @staticmethod
+    def fuses_old_logprobs() -> bool:
+        """As the torch trainer: the first mini-batch's old logprobs come from its training forward."""
+        return True
+
+    def current_lr(self) -> float:
+        return self.update.current_lr()
+
+    # ------------------------------------------------------------------ scoring
+    def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def _logits(self, batch: dict[str, Any]) -> torch.Tensor:
+        return self.response_logits(batch)
+
+    def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """(B, R) masked fp32 logprobs of the whole batch on rank 0 (None on the other ranks): each
+        rank scores its share, rank 0 gathers them."""
+        return self._score_all_ranks(batch, sum_pi_squared=False)
+
+    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        both = self._score_all_ranks(batch, sum_pi_squared=True)
+        return None if both is None else (both[:, 0], both[:, 1])
+
+    def _score_all_ranks(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
+        rows = batch["responses"].shape[0]
+        local = self._score(self.local_rows(batch), sum_pi_squared)
+        shares = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(shares, local.to(self._comm_device()))
+        if self.rank != 0:
+            return None
+        parts = [share[: e - s] for r, share in enumerate(shares) for s, e in [shard_bounds(rows, r, self.world_size)]]
+        return torch.cat(parts).cpu()
+
+    def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
+        return score_rows(self._logits, self._on_device(batch), self.settings.micro_batch_size, sum_pi_squared)
+
+    def _comm_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        if self.optimizer is None or self.update.objective is None:
+            raise RuntimeError("train_step needs a trainable FSDPTrainer with an objective")
+        return self.update.train_step(self._on_device(batch))
+
+    # ------------------------------------------------------- ModelStep (the loop's calls)
+    def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return even_replica_rows(batch, self.rank, self.world_size)
+
+    def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._score(batch, sum_pi_squared=False)
+
+    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
+        return forward_backward(self._logits, [self._on_device(m) for m in micro_batches], loss_fn)
+
+    def _params_with_grads(self) -> list[torch.nn.Parameter]:
+        return [q for q in self.model.parameters() if q.grad is not None]
+
+    def finish_gradients(self, max_norm: float) -> float:
+        """FSDP2 already reduced (summed) each gradient into its shard during backward; the norm
+        and the clip are over the whole model (a DTensor reduction across ranks)."""
+        norm = torch.nn.utils.clip_grad_norm_(self._params_with_grads(), max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def apply_gradients(self, lr: float) -> str | None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        shards = [q.to_local() if hasattr(q, "to_local") else q for q in self.model.parameters()]
+        shards = [t for t in shards if t.numel()]
+        bad = float(0 if not shards else (~torch.isfinite(torch.stack(torch._foreach_norm(shards, 2, dtype=torch.float64)))).sum())
+        if self.all_reduce_sum([bad])[0]:
+            return f"the update (lr {lr:g}) made the weights non-finite"
+        return None
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t)
+        return t.tolist()
+
+    # ------------------------------------------------------------------ weights
+    def _named_weights(self) -> Iterator[tuple[str, Any]]:
+        """HF-named weights, each once (a tied head comes under the embedding's name, as in
+        ``save_pretrained``); the same names in the same order on every rank."""
+        seen: set[int] = set()
+        for name, value in self.model.state_dict(keep_vars=True).items():
+            if id(value) in seen or (self.freeze_media_towers and is_tower(name)):
+                continue
+            seen.add(id(value))
+            yield name, value
+
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of full (unsharded) tensors in the compute dtype, on rank 0; a collective: every
+        rank iterates it in step (it yields nothing elsewhere). One tensor is gathered at a time, so
+        no rank ever holds the whole model."""
+        full = ((name, state.gathered(value, self._comm_device()).to(self.compute_dtype)) for name, value in self._named_weights())
+        if self.rank != 0:
+            for _ in full:
+                pass
+            return
+        yield from buckets(full, bucket_bytes)
+
+    # -------------------------------------------------------------- checkpoints
+    def save(self, directory: str) -> None:
+        """A sharded ``torch.distributed.checkpoint`` (loadable at any world size) + step and RNG."""
+        state.save(directory, self.model, self.optimizer, {"step": self.step, "rng": state.rng_state()}, self.rank)
+
+    def load(self, directory: str) -> None:
+        meta = state.load(directory, self.model, self.optimizer)
+        self.step = meta["step"]
+        state.set_rng_state(meta["rng"])
+
+    def save_hf(self, directory: str) -> None:
+        """A plain HF model + tokenizer directory in the compute dtype (rank 0 writes; a collective)."""
+        state.save_hf(directory, self.model, self.tokenizer, self.compute_dtype, self.rank)
+
+    def close(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def trainer_from_context(params: FSDPParams, ctx: Any) -> FSDPTrainer:
+    """The ``fsdp`` backend's factory: one rank (``ctx.index`` of ``ctx.world_size``)."""
+    from relax.core.algorithms import build_policy_objective
+
+    spec = ctx.train
+    if spec.algorithm.critic.enable and spec.trainable:
+        raise ValueError("trainer.backend: fsdp has no critic yet; algorithm.critic.enable needs trainer.backend: torch")
+    return FSDPTrainer(
+        ctx.model_path, UpdateSettings.from_context(ctx), params=params, dtype=params.dtype or ctx.dtype,
+        objective=build_policy_objective(spec.algorithm) if spec.trainable else None, trainable=spec.trainable,
+        rank=ctx.index, world_size=ctx.world_size, master_addr=ctx.master_addr, master_port=ctx.master_port,
+        timeout_s=max(60.0, ctx.timeout_s),
+    )  # fmt: skip

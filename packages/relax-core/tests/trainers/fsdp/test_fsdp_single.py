@@ -1,0 +1,121 @@
+"""The fsdp trainer in this process (a world of one): core's conformance kit, agreement with the torch
+trainer and the HF engine, mixed precision that keeps an RL learning rate's update, activation
+checkpointing that changes memory, not results, and the typed ``trainer.backend_params``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.core.engines.hf import HFRolloutEngine
+from relax.core.policy_update import even_replica_rows, shard_bounds
+from relax.core.testing import LogprobAgreementConformance, TinyModelFixtures, TrainerConformance, make_batch, make_samples, torch_trainer
+from relax.core.testing.trainer import exported
+from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
+
+KW = {"lr": 1e-2, "micro_batch_size": 4}
+
+
+def fsdp_trainer(model_dir: str, params: FSDPParams | None = None, **kw):
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.trainers.fsdp.trainer import FSDPTrainer
+
+    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), params=params, **{**KW, **kw})
+
+
+class TestFSDPTrainerConformance(TrainerConformance):
+    def make_trainer(self, model_dir):
+        return fsdp_trainer(model_dir)
+
+    def close_trainer(self, trainer):
+        trainer.close()
+
+
+class TestHFEngineFSDPTrainerAgreement(LogprobAgreementConformance):
+    def make_engine(self, model_dir):
+        return HFRolloutEngine(model_dir)
+
+    def make_trainer(self, model_dir):
+        return fsdp_trainer(model_dir)
+
+    def close_trainer(self, trainer):
+        trainer.close()
+
+
+class TestAgainstTheTorchTrainer(TinyModelFixtures):
+    def test_one_step_matches_the_torch_trainer(self, model_dir, tokenizer):
+        batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
+        ref, fsdp = torch_trainer(model_dir, **KW, eps=1e-4), fsdp_trainer(model_dir, eps=1e-4)
+        try:
+            torch.testing.assert_close(fsdp.forward_logprobs(batch), ref.forward_logprobs(batch), atol=1e-6, rtol=0)
+            m_ref, m_fsdp = ref.train_step(dict(batch)), fsdp.train_step(dict(batch))
+            for key in ("loss", "entropy", "grad_norm"):
+                assert m_fsdp[key] == pytest.approx(m_ref[key], abs=1e-5), key
+            want, got = exported(ref), exported(fsdp)
+            assert got.keys() == want.keys()
+            for name, tensor in got.items():
+                torch.testing.assert_close(tensor, want[name], atol=2e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        finally:
+            fsdp.close()
+
+    def test_activation_checkpointing_gives_the_same_step(self, model_dir, tokenizer):
+        batch = make_batch(make_samples(tokenizer, rows=8, seed=4), tokenizer.pad_token_id)
+        metrics, weights, mlp_runs = [], [], []
+        for ac in (False, True):
+            t = fsdp_trainer(model_dir, FSDPParams(activation_checkpointing=ac))
+            runs, mlp = [], t.model.model.layers[0].mlp
+            mlp.forward = lambda *a, _f=mlp.forward, **k: runs.append(1) or _f(*a, **k)  # hooks skip recomputes
+            try:
+                metrics.append(t.train_step(dict(batch)))
+                weights.append(exported(t))
+                mlp_runs.append(len(runs))
+            finally:
+                t.close()
+        assert mlp_runs[1] == 2 * mlp_runs[0] > 0  # recomputed in backward: activations were not kept
+        assert metrics[0]["grad_norm"] == pytest.approx(metrics[1]["grad_norm"], rel=1e-6)
+        for name, tensor in weights[1].items():
+            torch.testing.assert_close(tensor, weights[0][name], atol=1e-6, rtol=0)
+
+    def test_bf16_keeps_fp32_masters_so_a_small_lr_still_moves_the_weights(self, model_dir, tokenizer):
+        """10 steps at lr 1e-6: pure-bf16 weights would round most updates away (~2 % change); the
+        fp32 master copy keeps them, so bf16 compute changes as many weights as fp32 does."""
+        batch = make_batch(make_samples(tokenizer, rows=8, seed=5), tokenizer.pad_token_id)
+        changed = {}
+        for dtype in ("float32", "bfloat16"):
+            t = fsdp_trainer(model_dir, dtype=dtype, lr=1e-6)
+            try:
+                before = {n: p.detach().clone() for n, p in t.model.state_dict().items()}
+                assert all(p.dtype == torch.float32 for p in t.model.parameters())  # the masters
+                for _ in range(10):
+                    t.train_step(dict(batch))
+                after = t.model.state_dict()
+                moved = sum(int((after[n].detach() != before[n]).sum()) for n in before)
+                changed[dtype] = moved / sum(v.numel() for v in before.values())
+                assert {x.dtype for b in t.export_weights() for _, x in b} == {getattr(torch, dtype)}
+            finally:
+                t.close()
+        assert changed["float32"] > 0.9
+        assert changed["bfloat16"] == pytest.approx(changed["float32"], abs=0.03), changed
+
+
+def test_even_replica_rows_gives_every_rank_the_same_rows_and_pads_with_masked_ones():
+    from relax.core.data import Sample, collate
+
+    batch = collate([Sample(prompt_ids=[1, 2], group_id=i, response_ids=[3, 4 + i]) for i in range(5)], pad_id=0)
+    shares = [even_replica_rows(batch, r, 2) for r in range(2)]
+    assert [s["responses"].shape[0] for s in shares] == [3, 3]
+    s, e = shard_bounds(5, 0, 2)
+    assert torch.equal(shares[0]["responses"][: e - s], batch["responses"][s:e])
+    assert shares[0]["response_mask"][2:].sum() == 0 and shares[1]["response_mask"].sum() > 0  # rank 0 padded
+    assert even_replica_rows(batch, 0, 1)["responses"].shape[0] == 5
+
+
+def test_backend_params_name_the_field_of_a_bad_combination():
+    assert FSDPParams().validate() == []
+    assert FSDPParams(world_size=4, replicate=2).validate() == []
+    assert FSDPParams(world_size=3, replicate=2).validate() == ["replicate: must divide world_size (3), got 2"]
+    assert FSDPParams(cpu_offload=True).validate()[0].startswith("cpu_offload:")
+    assert FSDPParams(device="tpu").validate() == ["device: expected 'cpu' or 'cuda', got 'tpu'"]
+    assert dtype_problem("float16", "cpu").startswith("dtype: float16 needs loss scaling")
+    assert dtype_problem("bfloat16", "cpu") is None
