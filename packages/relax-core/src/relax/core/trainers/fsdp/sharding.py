@@ -75,23 +75,30 @@ def checkpoint_forward(block: torch.nn.Module) -> None:
     block.forward = recomputed
 
 
-def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype, *, reshard_after_forward: bool = True,
-                activation_checkpointing: bool = False, cpu_offload: bool = False) -> list[Any]:  # fmt: skip
+def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype, *, replicated: set[torch.nn.Parameter],
+                reshard_after_forward: bool = True, activation_checkpointing: bool = False,
+                cpu_offload: bool = False) -> list[Any]:  # fmt: skip
     """``fully_shard`` each repeated block, then the root. The parameters stay fp32 (the master
     copy); FSDP2 casts the gathered copy to ``compute_dtype`` for forward/backward and reduces
     gradients in fp32. Gradients are summed over ranks, not averaged: core's loop already divides
-    by the step-global token count. Returns the FSDP units (the root last)."""
+    by the step-global token count. Returns the FSDP units (the root last).
+
+    ``replicated`` parameters (the media towers) are left out: a sharded unit's forward is a
+    collective every rank must join, but only the ranks whose rows carry an image run the vision
+    tower. Their gradients are summed by the trainer (``finish_gradients``)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    options = {"mesh": mesh, "mp_policy": policy, "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+               "ignored_params": replicated}  # fmt: skip
     units = []
     for block in repeated_blocks(model):
+        if all(p in replicated for p in block.parameters()):
+            continue
         if activation_checkpointing:
             checkpoint_forward(block)
-        units.append(fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload,
-                                 reshard_after_forward=reshard_after_forward))  # fmt: skip
-    units.append(fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False))
+        units.append(fully_shard(block, reshard_after_forward=reshard_after_forward, **options))
+    units.append(fully_shard(model, reshard_after_forward=False, **options))
     for unit in units:
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum

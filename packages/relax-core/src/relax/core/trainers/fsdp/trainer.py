@@ -71,8 +71,13 @@ class FSDPTrainer:
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
         self.freeze_media_towers = p.freeze_media_towers and freeze_towers(self.model)
+        # media towers stay whole on every rank (see shard_model); on the device, in fp32
+        self.replicated = [q for n, q in self.model.named_parameters() if is_tower(n, self.model)]
+        for q in self.replicated:
+            q.data = q.data.to(self.device)
         self.mesh = device_mesh(self.device.type, world_size, p.replicate)
-        self.units = shard_model(self.model, self.mesh, self.compute_dtype, reshard_after_forward=p.reshard_after_forward,
+        self.units = shard_model(self.model, self.mesh, self.compute_dtype, replicated=set(self.replicated),
+                                 reshard_after_forward=p.reshard_after_forward,
                                  activation_checkpointing=p.activation_checkpointing, cpu_offload=p.cpu_offload)  # fmt: skip
         trained = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = (
@@ -154,20 +159,36 @@ class FSDPTrainer:
     def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
         return forward_backward(self._logits, [self._on_device(m) for m in micro_batches], loss_fn)
 
-    def _params_with_grads(self) -> list[torch.nn.Parameter]:
-        return [q for q in self.model.parameters() if q.grad is not None]
-
     def finish_gradients(self, max_norm: float) -> float:
-        """FSDP2 already reduced (summed) each gradient into its shard during backward; the norm
-        and the clip are over the whole model (a DTensor reduction across ranks)."""
-        norm = torch.nn.utils.clip_grad_norm_(self._params_with_grads(), max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        """FSDP2 already summed each sharded gradient into its shard during backward; the replicated
+        towers' gradients are summed here. The norm and the clip cover the whole model. A weight no
+        row used on this rank (an expert no token chose, a tower without media) gets a zero
+        gradient, so every rank reduces the same tensors."""
+        trained = [q for q in self.model.parameters() if q.requires_grad]
+        for q in trained:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        replicated = {id(q) for q in self.replicated}
+        sharded = [q.grad for q in trained if id(q) not in replicated]
+        whole = [q.grad for q in trained if id(q) in replicated]
+        if whole and self.world_size > 1:
+            flat = torch.cat([g.reshape(-1) for g in whole])
+            dist.all_reduce(flat)
+            torch._foreach_copy_(whole, [c.view_as(g) for c, g in zip(flat.split([g.numel() for g in whole]), whole, strict=True)])
+        norms = [torch.nn.utils.get_total_norm(grads) for grads in (sharded, whole) if grads]
+        norm = float(torch.stack([(n.full_tensor() if hasattr(n, "full_tensor") else n).double().cpu() for n in norms]).norm())
+        coef = max_norm / (norm + 1e-6)  # as torch's clip_grad_norm_
+        if coef < 1.0:  # a NaN norm is not clipped: the loop skips or stops
+            for grads in (sharded, whole):  # foreach ops take DTensors or tensors, not both
+                if grads:
+                    torch._foreach_mul_(grads, coef)
+        return norm
 
     def apply_gradients(self, lr: float) -> str | None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        shards = [q.to_local() if hasattr(q, "to_local") else q for q in self.model.parameters()]
+        shards = [q.to_local() if hasattr(q, "to_local") else q for q in self.model.parameters() if q.requires_grad]
         shards = [t for t in shards if t.numel()]
         bad = float(0 if not shards else (~torch.isfinite(torch.stack(torch._foreach_norm(shards, 2, dtype=torch.float64)))).sum())
         if self.all_reduce_sum([bad])[0]:

@@ -1,0 +1,235 @@
+"""The fsdp trainer at world size 2 (two Ray actor processes, gloo) against world size 1 (this process),
+on the same batch: the text model, a Qwen3-MoE text model, a VL model and an Omni (MoE) thinker give the
+same loss, gradient norm and updated weights; each rank holds about half the training state; and a
+checkpoint written at world 2 resumes at world 1 and at world 2 with the step the uninterrupted run took."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from relax.core.data import Sample, collate
+from relax.core.quickstart_model import build_tiny_model
+from relax.core.testing import make_batch, make_samples
+from relax.core.testing.multimodal_models import tiny_multimodal_dir
+from relax.core.testing.trainer import exported
+
+# lr 1e-3: AdamW's first steps are ~lr * sign(grad), so float noise in a near-zero gradient moves a weight by
+# up to ~lr * noise / eps; at 1e-3 that stays far below the 1e-5 the worlds must agree to
+KW = {"lr": 1e-3, "micro_batch_size": 2, "num_minibatches": 2, "eps": 1e-4}
+
+
+def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None):
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.trainers.fsdp.trainer import FSDPTrainer
+
+    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
+                       master_addr="127.0.0.1" if port else None, master_port=port, **KW)  # fmt: skip
+
+
+def state_bytes(trainer) -> dict[str, int]:
+    """Bytes of this rank's parameters, gradients and optimizer state, from the tensors' storage."""
+
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    params = [local(p) for p in trainer.model.parameters()]
+    grads = [local(p.grad) for p in trainer.model.parameters() if p.grad is not None]
+    optim = [local(v) for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+    return {k: sum(t.numel() * t.element_size() for t in ts) for k, ts in (("params", params), ("grads", grads), ("optim", optim))}
+
+
+@ray.remote(num_cpus=0)
+class Rank:
+    """One rank of a world-2 fsdp trainer; every method is called on both ranks together."""
+
+    def __init__(self) -> None:
+        torch.set_num_threads(1)
+        self.trainer = None
+
+    def build(self, model_dir: str, rank: int, port: int) -> None:
+        self.close()
+        self.trainer = build(model_dir, rank, 2, port)
+
+    def train(self, batch):
+        return self.trainer.train_step(batch)
+
+    def export(self):
+        return exported(self.trainer) if self.trainer.rank == 0 else sum(1 for _ in self.trainer.export_weights())
+
+    def logprobs(self, batch):
+        return self.trainer.forward_logprobs(batch)
+
+    def save(self, directory: str) -> None:
+        self.trainer.save(directory)
+
+    def load(self, directory: str) -> None:
+        self.trainer.load(directory)
+
+    def state_bytes(self) -> dict[str, int]:
+        return state_bytes(self.trainer)
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class World2:
+    def __init__(self) -> None:
+        self.ranks = [Rank.remote() for _ in range(2)]
+
+    def build(self, model_dir: str) -> None:
+        port = free_port()
+        ray.get([r.build.remote(model_dir, i, port) for i, r in enumerate(self.ranks)], timeout=300)
+
+    def __getattr__(self, method: str):
+        def on_both(*args):
+            return ray.get([getattr(r, method).remote(*args) for r in self.ranks], timeout=300)[0]  # rank 0's answer
+
+        return on_both
+
+
+@pytest.fixture(scope="module")
+def world2(ray_local):
+    world = World2()
+    yield world
+    world.close()
+    for r in world.ranks:
+        ray.kill(r)
+
+
+# ------------------------------------------------------------------ models and batches
+def moe_model(root) -> str:
+    """A tiny Qwen3-MoE causal LM (4 experts, 2 per token) with the quick-start tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
+
+    text = build_tiny_model(root / "text", seed=5)
+    tokenizer = AutoTokenizer.from_pretrained(text)
+    torch.manual_seed(5)
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, decoder_sparse_step=1, initializer_range=0.2,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(root / "moe")
+    tokenizer.save_pretrained(root / "moe")
+    return str(root / "moe")
+
+
+def media_batch(model_dir: str, root) -> dict[str, torch.Tensor]:
+    """Five rows: image, video, text-only, image, video (so one rank's micro-batch has no media)."""
+    from PIL import Image
+
+    from relax.core.testing.multimodal_processor import TinyMediaProcessor
+
+    rng = np.random.default_rng(0)
+    Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
+    np.save(root / "vid.npy", (rng.random((4, 56, 56, 3)) * 255).astype("uint8"))
+    media = [{"type": "image", "image": str(root / "img.png")}, {"type": "video", "video": f"file://{root / 'vid.npy'}"}]
+    processor = TinyMediaProcessor(model_dir)
+    rows = [[{"role": "user", "content": [media[0], {"type": "text", "text": "what?"}]}],
+            [{"role": "user", "content": [media[1], {"type": "text", "text": "what?"}]}],
+            [{"role": "user", "content": "no media?"}]]  # fmt: skip
+    processed = [processor.process(rows[i % 3], [], f"row {i}") for i in (0, 1, 2, 0, 1)]
+    answer = processor.hf.tokenizer.encode("it is a small picture of nothing much")
+    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=answer[i : i + 3], mm_inputs=p["inputs"])
+               for i, p in enumerate(processed)]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    batch["advantages"] = torch.where(torch.arange(5)[:, None] % 2 == 0, 1.0, -0.5) * batch["response_mask"]
+    return batch
+
+
+def text_batch(model_dir: str, root) -> dict[str, torch.Tensor]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return make_batch(make_samples(tokenizer, rows=5, seed=2), tokenizer.pad_token_id)
+
+
+FAMILIES = {
+    "text": (lambda root: build_tiny_model(root / "m", seed=4, initializer_range=0.2), text_batch),
+    "qwen3_moe": (moe_model, text_batch),
+    "qwen2_5_vl": (lambda root: tiny_multimodal_dir(root, "qwen2_5_vl"), media_batch),
+    "qwen3_omni": (lambda root: tiny_multimodal_dir(root, "qwen3_omni"), media_batch),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
+    make_model, make_batch_for = FAMILIES[family]
+    model_dir = make_model(tmp_path)
+    batch = make_batch_for(model_dir, tmp_path)
+    single = build(model_dir)
+    try:
+        initial = exported(single)
+        want_lp = single.forward_logprobs(batch)
+        want = single.train_step(dict(batch))
+        want_w = exported(single)
+    finally:
+        single.close()
+    world2.build(model_dir)
+    torch.testing.assert_close(world2.logprobs(batch), want_lp, atol=1e-5, rtol=0)
+    got = world2.train(dict(batch))
+    for key in ("loss", "entropy", "grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-5), key
+    got_w = world2.export()
+    assert got_w.keys() == want_w.keys()
+    assert max(float((want_w[n] - initial[n]).abs().max()) for n in want_w) > 5e-4  # the step moved the weights
+    for name, tensor in got_w.items():
+        torch.testing.assert_close(tensor, want_w[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_each_rank_holds_half_the_training_state(world2, tmp_path):
+    model_dir = build_tiny_model(tmp_path / "m", seed=4, initializer_range=0.2)
+    batch = text_batch(model_dir, tmp_path)
+    single = build(model_dir)
+    try:
+        single.train_step(dict(batch))
+        whole = state_bytes(single)
+    finally:
+        single.close()
+    world2.build(model_dir)
+    world2.train(dict(batch))
+    per_rank = world2.state_bytes()
+    for kind in ("params", "grads", "optim"):
+        assert whole[kind] > 0 and per_rank[kind] <= 0.6 * whole[kind], (kind, per_rank, whole)
+
+
+def test_a_world_2_checkpoint_resumes_at_world_1_and_2(world2, tmp_path):
+    model_dir = build_tiny_model(tmp_path / "m", seed=4, initializer_range=0.2)
+    batch = text_batch(model_dir, tmp_path)
+    later = {**batch, "advantages": -batch["advantages"]}
+    world2.build(model_dir)
+    world2.train(dict(batch))
+    world2.save(str(tmp_path / "ckpt"))
+    assert os.listdir(tmp_path / "ckpt" / "fsdp")
+    want = world2.train(dict(later))
+    want_w = world2.export()
+
+    world2.build(model_dir)
+    world2.load(str(tmp_path / "ckpt"))
+    assert world2.train(dict(later)) == want  # the same world: bit-identical
+    assert all(torch.equal(t, want_w[n]) for n, t in world2.export().items())
+
+    single = build(model_dir)
+    try:
+        single.load(str(tmp_path / "ckpt"))
+        assert single.step == 1
+        got = single.train_step(dict(later))
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["grad_norm"] == pytest.approx(want["grad_norm"], abs=1e-5)
+        for name, tensor in exported(single).items():
+            torch.testing.assert_close(tensor, want_w[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    finally:
+        single.close()
