@@ -314,3 +314,22 @@ def test_exact_rollout_logprobs_are_the_later_minibatches_old_logprobs(model_dir
     assert not calls
     exact.train_step(dict(batch, rollout_logprobs=own, rollout_logprobs_exact=flags & False))
     assert len(calls) == 1
+
+
+def test_bf16_trains_fp32_masters_so_a_small_lr_still_moves_the_weights(model_dir, batch):
+    """10 steps at lr 1e-6: AdamW on bf16 weights changes ~2 % of them (the update rounds away);
+    mixed precision (fp32 masters, bf16 autocast) changes as many as fp32 does. Exports are bf16."""
+    changed = {}
+    for dtype in ("float32", "bfloat16"):
+        t = make(model_dir, dtype=dtype, lr=1e-6)
+        before = params(t)
+        assert all(p.dtype == torch.float32 for p in t.model.parameters())
+        for _ in range(10):
+            t.train_step(dict(batch))
+        after = params(t)
+        changed[dtype] = sum(int((after[n] != before[n]).sum()) for n in before) / sum(v.numel() for v in before.values())
+        assert {x.dtype for b in t.export_weights() for _, x in b} == {getattr(torch, dtype)}
+    assert changed["float32"] > 0.9
+    assert changed["bfloat16"] == pytest.approx(changed["float32"], abs=0.03), changed
+    frozen = TorchTrainer(model_dir, dtype="bfloat16", trainable=False)  # a reference needs no masters
+    assert {p.dtype for p in frozen.model.parameters()} == {torch.bfloat16}

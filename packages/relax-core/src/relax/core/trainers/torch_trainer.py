@@ -24,7 +24,7 @@ from relax.core.policy_update.batching import replica_rows, shard_bounds, take_r
 from relax.core.trainers.critic import Critic
 from relax.core.trainers.data_parallel import DataParallel
 from relax.core.trainers.optim import adamw, clip_gradients, step_checked
-from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, score_rows
+from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, in_dtype, score_rows
 
 _STATE_FILE = "trainer_state.pt"
 
@@ -45,6 +45,11 @@ class TorchTrainer:
     the rows and rank 0 returns the result, see ``relax.core.trainers.data_parallel``).
     ``share_prompts``: rows with the same prompt (a GRPO group) run it once per micro-batch
     (``relax.core.trainers.shared_prefix``).
+
+    ``dtype`` bfloat16 / float16 on a trainable model is mixed precision, not a bf16 model: the
+    weights (the master copy), gradients and AdamW state stay fp32 and forwards run under autocast
+    in ``dtype`` -- AdamW on bf16 weights rounds an RL-sized update (lr 1e-6) away. Exported
+    weights are cast to ``dtype``, what the engines run. A frozen model (reference) loads in ``dtype``.
     """
 
     def __init__(
@@ -72,7 +77,9 @@ class TorchTrainer:
         torch.manual_seed(s.seed)
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = load_model(model_path, dtype)  # a VL / Omni checkpoint loads as image-text-to-text
+        self.compute_dtype = getattr(torch, dtype)
+        # a VL / Omni checkpoint loads as image-text-to-text; a trainable one in fp32 (the masters)
+        self.model = load_model(model_path, "float32" if trainable else dtype)
         self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
         self.model.requires_grad_(trainable)
         # VL / Omni: the vision / audio towers (and their mergers) stay as loaded and are left out of weight syncs
@@ -110,8 +117,13 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ forward
     def _response_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, R, V) logits predicting each response token (``ResponseLogits``)."""
-        return self.response_logits(batch)
+        """(B, R, V) logits predicting each response token (``ResponseLogits``), in ``dtype``."""
+        with self._autocast():
+            return self.response_logits(batch)
+
+    def _autocast(self) -> torch.autocast:
+        mixed = self.compute_dtype != torch.float32 and next(self.model.parameters()).dtype == torch.float32
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=mixed)
 
     @property
     def share_prompts(self) -> bool:
@@ -225,7 +237,8 @@ class TorchTrainer:
         only for one big tensor. Views, not copies: a transport copies each bucket once on its way
         (pack, object-store put, file write), so the export adds no memory; consume a bucket before
         the next ``train_step``."""
-        yield from buckets(((name, tensor.detach()) for name, tensor in self._unique_tensors()), bucket_bytes)
+        dtype = self.compute_dtype  # fp32 masters go out in what the engines run (a copy then, bucket by bucket)
+        yield from buckets(((name, in_dtype(tensor.detach(), dtype)) for name, tensor in self._unique_tensors()), bucket_bytes)
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """All weights as live views (no copy): consume before the next ``train_step``."""

@@ -24,7 +24,7 @@ from relax.core.policy_update.batching import even_replica_rows, shard_bounds
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 from relax.core.trainers.fsdp.sharding import device_mesh, join_process_group, shard_model
-from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, score_rows
+from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, in_dtype, score_rows
 
 
 class FSDPTrainer:
@@ -220,7 +220,7 @@ class FSDPTrainer:
         """Buckets of full (unsharded) tensors in the compute dtype, on rank 0; a collective: every
         rank iterates it in step (it yields nothing elsewhere). One tensor is gathered at a time, so
         no rank ever holds the whole model."""
-        full = ((name, state.gathered(value, self._comm_device()).to(self.compute_dtype)) for name, value in self._named_weights())
+        full = ((name, in_dtype(state.gathered(value, self._comm_device()), self.compute_dtype)) for name, value in self._named_weights())
         if self.rank != 0:
             for _ in full:
                 pass
