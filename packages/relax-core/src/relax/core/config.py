@@ -330,6 +330,7 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_pat
             if not errors:
                 cfg = _typed_plugin_sections(cfg, errors)
                 cfg = _derived_reward_timeout(cfg, data)
+                errors.extend(_plugin_run_errors(cfg))
         errors.extend(launch_errors(cfg, check_paths=check_paths, known=errors))
     if errors:
         raise config_error(errors)
@@ -487,6 +488,17 @@ def _typed_plugin_sections(cfg: RelaxConfig, errors: list[str]) -> RelaxConfig:
         typed = build_section(reg.config, getattr(sec, params_field), f"{section}.{params_field}", errors)
         cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(sec, **{params_field: typed})})
     return cfg
+
+
+def _plugin_run_errors(cfg: RelaxConfig) -> list[str]:
+    """A plugin's typed section may check itself against the whole run (e.g. a dtype it inherits
+    from ``model.dtype``): ``validate_run(self, cfg) -> list[str]``, messages naming full field paths."""
+    errors: list[str] = []
+    for section, _, params_field, _ in PLUGIN_SECTIONS:
+        check = getattr(getattr(getattr(cfg, section), params_field), "validate_run", None)
+        if callable(check):
+            errors.extend(check(cfg))
+    return errors
 
 
 def _derived_reward_timeout(cfg: RelaxConfig, data: dict[str, Any]) -> RelaxConfig:

@@ -119,3 +119,17 @@ def test_backend_params_name_the_field_of_a_bad_combination():
     assert FSDPParams(device="tpu").validate() == ["device: expected 'cpu' or 'cuda', got 'tpu'"]
     assert dtype_problem("float16", "cpu").startswith("dtype: float16 needs loss scaling")
     assert dtype_problem("bfloat16", "cpu") is None
+
+
+def test_relax_validate_names_the_inherited_dtype_and_offload_memory(tmp_path):
+    from relax.core.config import ConfigError, load_config
+    from relax.core.quickstart_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    base = [f"model.path={model}", f"run_dir={tmp_path / 'run'}", "trainer.backend=fsdp"]
+    with pytest.raises(ConfigError, match=r"model\.dtype: float16 needs loss scaling.*set trainer\.backend_params\.dtype"):
+        load_config(None, [*base, "model.dtype=float16"])
+    assert load_config(None, [*base, "model.dtype=float16", "trainer.backend_params.dtype=bfloat16"]).trainer.backend == "fsdp"
+    big = FSDPParams(device="cuda", cpu_offload=True, world_size=10**9)  # a billion ranks' state on one host
+    (err,) = big.validate_run(load_config(None, base))
+    assert err.startswith("trainer.backend_params.cpu_offload: the offloaded training state needs ~")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,36 @@ class FSDPParams:
         if self.cpu_offload and self.device == "cpu":
             errors.append("cpu_offload: the shards already live in host memory on device 'cpu'; use it with device 'cuda'")
         return errors
+
+    def validate_run(self, cfg: Any) -> list[str]:
+        """Against the run: the dtype inherited from ``model.dtype``, and host memory for offload."""
+        dtype = self.dtype or cfg.model.dtype
+        if problem := dtype_problem(dtype, self.device):
+            field = "trainer.backend_params" if self.dtype else "model"
+            return [f"{field}.{problem}" + ("" if self.dtype else " (or set trainer.backend_params.dtype)")]
+        if self.cpu_offload and cfg.model.path:
+            need = 16 * model_parameters(cfg.model.path) * self.world_size  # fp32 weights, grads, AdamW: all ranks of this host
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            if need > have:
+                return [f"trainer.backend_params.cpu_offload: the offloaded training state needs ~{need / 2**30:.1f} GiB "
+                        f"of host memory ({self.world_size} ranks on one host), this machine has {have / 2**30:.1f} GiB"]
+        return []
+
+
+def model_parameters(model_path: str) -> int:
+    """Parameters of the model at ``model_path``, counted on the meta device (nothing allocated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        try:
+            model = AutoModelForCausalLM.from_config(config)
+        except ValueError:  # a media model type: image-text-to-text
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def dtype_problem(dtype: str, device: str) -> str | None:
