@@ -7,7 +7,7 @@ config section is a small dataclass here, next to its registration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from relax.core.context import PluginContext, Resources
 from relax.core.hookspecs import hookimpl
@@ -110,6 +110,23 @@ def relax_register_trainers(register):
         config=FSDPParams,
         resources=lambda p: Resources(p.num_cpus, _device_resources(p).num_gpus, num_workers=p.world_size),
     )
+
+
+def _fsdp_to_hf(checkpoint: str, hf_dir: str) -> int:
+    from relax.core.trainers.fsdp.state import to_hf
+
+    return to_hf(checkpoint, hf_dir)
+
+
+def _is_fsdp_checkpoint(path: Any) -> bool:
+    from relax.core.trainers.fsdp.state import is_checkpoint
+
+    return is_checkpoint(path)
+
+
+@hookimpl
+def relax_register_checkpoint_formats(register):
+    register("fsdp", _fsdp_to_hf, detect=_is_fsdp_checkpoint)
 
 
 @hookimpl

@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(fn=cmd_validate)
     plugins = sub.add_parser("plugins", help="list installed plugins and what each registered")
     plugins.set_defaults(fn=cmd_plugins)
+    from relax.core.convert import add_arguments, cmd_convert
+
+    convert = sub.add_parser("convert", help="write a trainer checkpoint (fsdp, megatron, ...) as an HF model directory")
+    add_arguments(convert)
+    convert.set_defaults(fn=cmd_convert)
     _add_plugin_commands(sub)
     return parser
 

@@ -214,6 +214,22 @@ def relax_register_model_adapters(register: Register) -> None:
 
 
 @hookspec
+def relax_register_checkpoint_formats(register: Register) -> None:
+    """Register trainer checkpoint formats that ``relax convert <checkpoint> <hf_dir>`` can turn into a
+    plain HF model directory (a sharded backend's checkpoint is not one).
+
+    When: when ``relax convert`` runs, in the CLI process (no Ray, no process group).
+    Parameters: ``register(name, to_hf, detect=fn)`` where ``detect(path) -> bool`` says whether a
+    trainer checkpoint directory is in this format and ``to_hf(path, hf_dir) -> int`` writes the HF
+    directory and returns the number of tensors written. The first format that detects the directory
+    converts it; none is an error listing the registered formats.
+    Returns: nothing.
+
+    .. versionadded:: 0.4
+    """
+
+
+@hookspec
 def relax_register_commands(register: RegisterCommand) -> None:
     """Add ``relax <name>`` subcommands.
 

@@ -38,6 +38,7 @@ REGISTRATION_HOOKS = {
     "processor": "relax_register_processors",
     "command": "relax_register_commands",
     "model_adapter": "relax_register_model_adapters",
+    "checkpoint_format": "relax_register_checkpoint_formats",
 }
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
 

@@ -133,3 +133,27 @@ def test_relax_validate_names_the_inherited_dtype_and_offload_memory(tmp_path):
     big = FSDPParams(device="cuda", cpu_offload=True, world_size=10**9)  # a billion ranks' state on one host
     (err,) = big.validate_run(load_config(None, base))
     assert err.startswith("trainer.backend_params.cpu_offload: the offloaded training state needs ~")
+
+
+def test_relax_convert_writes_an_fsdp_checkpoint_as_a_transformers_model(tmp_path, capsys):
+    """Offline, in this process: the sharded checkpoint's weights, read into a plain HF model."""
+    from transformers import AutoModelForCausalLM
+
+    from relax.core.cli import main
+    from relax.core.quickstart_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "m", seed=2)
+    t = fsdp_trainer(model_dir)
+    try:
+        t.train_step(make_batch(make_samples(t.tokenizer, rows=4), t.tokenizer.pad_token_id))
+        t.save(str(tmp_path / "step_1" / "trainer"))
+        want = exported(t)
+    finally:
+        t.close()
+    assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf")]) == 0
+    assert "from a fsdp checkpoint" in capsys.readouterr().out
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "again")]) == 2  # an HF dir is no checkpoint
+    assert "no registered checkpoint format recognises" in capsys.readouterr().out

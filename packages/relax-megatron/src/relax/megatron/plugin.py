@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from relax.core.context import PluginContext, Resources
@@ -104,21 +105,19 @@ def relax_register_trainers(register):
     )
 
 
-def _convert_arguments(parser) -> None:
-    parser.add_argument("checkpoint", help="a megatron trainer checkpoint directory (<run>/checkpoints/step_N/trainer)")
-    parser.add_argument("hf_dir", help="where to write the HF model directory")
-
-
-def convert_command(ns) -> int:
+def _to_hf(checkpoint: str, hf_dir: str) -> int:
     """``relax convert <megatron_ckpt> <hf_dir>``: a megatron dist checkpoint -> an HF directory."""
     from relax.megatron.checkpoint import to_hf
 
-    names = to_hf(ns.checkpoint, ns.hf_dir)
-    print(f"relax convert: wrote {len(names)} tensors to {ns.hf_dir}")
-    return 0
+    return len(to_hf(checkpoint, hf_dir))
+
+
+def _is_megatron_checkpoint(path) -> bool:
+    from relax.megatron.checkpoint import HF_DIR
+
+    return (Path(path) / "metadata.json").is_file() and (Path(path) / HF_DIR / "config.json").is_file()
 
 
 @hookimpl
-def relax_register_commands(register):
-    register("convert", convert_command, help="write a megatron trainer checkpoint as an HF model directory",
-             arguments=_convert_arguments)  # fmt: skip
+def relax_register_checkpoint_formats(register):
+    register("megatron", _to_hf, detect=_is_megatron_checkpoint)

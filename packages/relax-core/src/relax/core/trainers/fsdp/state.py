@@ -17,6 +17,8 @@ import torch.distributed as dist
 
 SHARDS_DIR = "fsdp"  # the DCP directory inside a checkpoint
 META_FILE = "fsdp_trainer_state.pt"
+HF_DIR = "hf_config"  # config + tokenizer: what ``relax convert`` needs besides the shards
+CLASS_FILE = "transformers_class.txt"  # the model's transformers class (an Omni thinker is no Auto class)
 
 
 def gathered(value: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
@@ -35,7 +37,7 @@ def gathered(value: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
     return value.full_tensor()
 
 
-def save(directory: str, model: torch.nn.Module, optimizer: Any, meta: dict[str, Any], rank: int) -> None:
+def save(directory: str, model: torch.nn.Module, optimizer: Any, meta: dict[str, Any], rank: int, tokenizer: Any) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -45,7 +47,33 @@ def save(directory: str, model: torch.nn.Module, optimizer: Any, meta: dict[str,
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / SHARDS_DIR))
     if rank == 0:
         torch.save(meta, path / META_FILE)
+        model.config.save_pretrained(path / HF_DIR)
+        tokenizer.save_pretrained(path / HF_DIR)
+        (path / HF_DIR / CLASS_FILE).write_text(hf_class(model).__name__)
     dist.barrier()  # every rank's shards are written before anyone calls the checkpoint done
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / SHARDS_DIR / ".metadata").is_file() and (path / HF_DIR / CLASS_FILE).is_file()
+
+
+def to_hf(checkpoint: str, hf_dir: str) -> int:
+    """``relax convert`` for an fsdp checkpoint, offline (no process group): the shards are read
+    straight into a plain fp32 HF model of the saved config, written with its tokenizer."""
+    import torch.distributed.checkpoint as dcp
+    import transformers
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    path = Path(checkpoint)
+    config = transformers.AutoConfig.from_pretrained(path / HF_DIR)
+    model = getattr(transformers, (path / HF_DIR / CLASS_FILE).read_text().strip())._from_config(config)
+    wanted = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    dcp.load(wanted, checkpoint_id=str(path / SHARDS_DIR), planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+    model.tie_weights()
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(path / HF_DIR).save_pretrained(hf_dir)
+    return len(wanted)
 
 
 def load(directory: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:

@@ -230,7 +230,7 @@ class FSDPTrainer:
     # -------------------------------------------------------------- checkpoints
     def save(self, directory: str) -> None:
         """A sharded ``torch.distributed.checkpoint`` (loadable at any world size) + step and RNG."""
-        state.save(directory, self.model, self.optimizer, {"step": self.step, "rng": state.rng_state()}, self.rank)
+        state.save(directory, self.model, self.optimizer, {"step": self.step, "rng": state.rng_state()}, self.rank, self.tokenizer)
 
     def load(self, directory: str) -> None:
         meta = state.load(directory, self.model, self.optimizer)
