@@ -6,7 +6,8 @@ so TP=2 and DP=2 use two cores where the others use one (this machine has two). 
 this process; each megatron layout runs as its own ranks (``--worker``, gloo). Tokens/s counts the
 batch's non-padding tokens over the timed steps (after ``WARMUP`` untimed ones).
 
-With a CUDA device, also the MFU of the megatron trainer (TP=1, bf16, one GPU) on a locally built,
+With a CUDA device, also the MFU of the megatron trainer (TP=1, bf16 with fp32 master weights, the
+Transformer Engine layer spec when ``transformer_engine`` imports, else the local one; one GPU) on a locally built,
 randomly initialised Qwen3-0.6B-shaped model (config only, nothing downloaded): MFU = 6 * N * tokens/s /
 peak, N = the model's parameters (tied embedding once; attention's own FLOPs not counted), peak = H200 /
 H100 bf16 dense 989 TFLOP/s. The CPU layouts then run with CUDA_VISIBLE_DEVICES="" (megatron's CPU path).
@@ -100,7 +101,8 @@ def mfu_worker(port: int, model_dir: str, batch_file: str, steps: int, out: str)
     batch = torch.load(batch_file)
     torch.cuda.synchronize()
     rate = timed_steps(trainer, batch, steps)  # train_step returns floats: every step has synchronised
-    Path(out).write_text(json.dumps({"tokens_per_s": rate, "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30}))
+    Path(out).write_text(json.dumps({"tokens_per_s": rate, "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+                                     "layer_spec": trainer.layer_spec}))  # fmt: skip
 
 
 def mfu(root: Path, tokenizer_dir: str, steps: int) -> str:
@@ -119,7 +121,8 @@ def mfu(root: Path, tokenizer_dir: str, steps: int) -> str:
         raise SystemExit(f"megatron MFU run failed (exit {proc.returncode})")
     result = json.loads(out.read_text())
     rate = result["tokens_per_s"]
-    return (f"MFU (megatron TP=1 bf16, {torch.cuda.get_device_name(0)}, Qwen3-0.6B-shaped, N={params / 1e6:.0f}M, "
+    return (f"MFU (megatron TP=1 bf16, {result['layer_spec']} layer spec, {torch.cuda.get_device_name(0)}, "
+            f"Qwen3-0.6B-shaped, N={params / 1e6:.0f}M, "
             f"{MFU_ROWS} x {MFU_PROMPT + MFU_RESPONSE} tokens/step): {rate:.0f} tokens/s, "
             f"{6 * params * rate / PEAK_FLOPS:.1%} of {PEAK_NAME} (peak memory {result['max_memory_gib']:.1f} GiB)")
 
@@ -161,6 +164,9 @@ def main(argv: list[str]) -> None:
         tp2 = megatron_rate(2, model_dir, batch_file, steps, root)
         dp2 = megatron_rate(2, model_dir, batch_file, steps, root, kind="data")
         mfu_line = mfu(root, model_dir, steps) if torch.cuda.is_available() else "MFU: skipped (no device)"
+    from relax.megatron import megatron_core_version
+
+    print(f"megatron-core {megatron_core_version()}, torch {torch.__version__}")
     print(f"batch {ROWS} x {PROMPT + RESPONSE} tokens, {steps} timed steps, 1 thread per process")
     print(f"{'trainer':<22} {'tokens/s':>10} {'vs torch':>9}")
     for name, rate in [("torch", base), ("megatron TP=1", tp1), ("megatron TP=2 (2 procs)", tp2),

@@ -37,7 +37,7 @@ def _world(tmp_path_factory, backend: str):
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
-        cpu_compat.remove()  # nothing to undo on a GPU machine
+        cpu_compat.remove()  # on a GPU machine: at most the MoE router's (without Transformer Engine)
 
 
 @pytest.fixture(scope="module")

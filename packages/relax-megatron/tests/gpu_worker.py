@@ -1,7 +1,7 @@
 """One rank of a multi-GPU megatron check (NCCL, ``cuda:<rank>``), run as a script by ``test_gpu.py``.
 
-``--mode tp``: a ``MegatronTrainer`` at TP = world size; ``--mode dp`` / ``dp_distopt``: at DP = world
-size, with torch AdamW or megatron's DistributedOptimizer. Each scores ``batch`` (fp32 or ``--dtype``),
+``--mode tp``: a ``MegatronTrainer`` at TP = world size; ``--mode dp`` / ``dp_distopt`` (``pp`` /
+``pp_distopt``): at DP (PP) = world size, with the trainer's AdamW or megatron's DistributedOptimizer. Each scores ``batch`` (fp32 or ``--dtype``),
 takes one train step and exports its weights; rank 0 saves {"logprobs", "metrics", "weights"} to ``--out``.
 """
 
@@ -16,7 +16,7 @@ def main() -> None:
         ap.add_argument(name, type=int, required=True)
     for name in ("--model-dir", "--input", "--out"):
         ap.add_argument(name, required=True)
-    ap.add_argument("--mode", choices=["tp", "dp", "dp_distopt"], required=True)
+    ap.add_argument("--mode", choices=["tp", "dp", "dp_distopt", "pp", "pp_distopt"], required=True)
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
 
@@ -26,11 +26,12 @@ def main() -> None:
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
-    layout = {"tensor_parallel": args.world} if args.mode == "tp" else {"data_parallel": args.world}
+    kind = {"tp": "tensor", "pp": "pipeline", "pp_distopt": "pipeline"}.get(args.mode, "data")
+    layout = {f"{kind}_parallel": args.world}
     trainer = MegatronTrainer(
         args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4, micro_batch_size=4,
         rank=args.rank, world_size=args.world, master_addr="127.0.0.1", master_port=args.port, device="cuda",
-        dtype=args.dtype, distributed_optimizer=args.mode == "dp_distopt", **layout,
+        dtype=args.dtype, distributed_optimizer=args.mode.endswith("_distopt"), **layout,
     )  # fmt: skip
     batch = torch.load(args.input)["batch"]
     logprobs = trainer.forward_logprobs(batch)

@@ -63,3 +63,34 @@ class TestCheckpoint(TinyModelFixtures):
     def test_a_missing_checkpoint_is_named(self, megatron_world, model_dir, tmp_path):
         with pytest.raises(FileNotFoundError, match="no megatron dist checkpoint at"):
             megatron_trainer(model_dir).load(str(tmp_path))
+
+
+def test_relax_convert_reads_a_transformer_engine_checkpoint(megatron_world, tiny_qwen3, tmp_path):
+    """A checkpoint written by the TE layer spec (a GPU run) keys the fused norms by TE names; ``relax
+    convert`` rebuilds the model on the local spec here and still maps it back to the HF weights exactly.
+    (The TE-keyed checkpoint is written from a local model with its keys renamed as TE names them.)"""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+    from relax.core.testing.models import load_hf_weights
+    from relax.megatron import convert
+    from relax.megatron.checkpoint import HF_DIR, to_hf, write_hf
+    from relax.megatron.layer_specs import te_name
+
+    model_dir, config, hf = tiny_qwen3
+    model = convert.build_gpt_model(config)
+    convert.load_hf_into(model, hf, config)
+    sharded = model.sharded_state_dict()
+    for item in nested_values(sharded):
+        if hasattr(item, "key"):
+            item.key = te_name(item.key, moe=False)
+    keys = {item.key for item in nested_values(sharded) if hasattr(item, "key")}
+    assert "decoder.layers.self_attention.linear_qkv.layer_norm_weight" in keys
+    assert "decoder.layers.input_layernorm.weight" not in keys
+    (tmp_path / "ckpt").mkdir()
+    dist_checkpointing.save({"model": sharded}, str(tmp_path / "ckpt"))
+    write_hf(str(tmp_path / "ckpt" / HF_DIR), None, config, model_dir)
+    assert sorted(to_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"))) == sorted(hf)
+    converted = load_hf_weights(str(tmp_path / "hf"))
+    for name, tensor in hf.items():
+        assert torch.equal(converted[name], tensor), name

@@ -149,3 +149,28 @@ def test_tied_embedding_sync_is_still_needed(tiny_qwen3, run_ranks):
     logs = run_ranks("pipeline", model_dir, {"tokens": torch.zeros(1, 4, dtype=torch.long)}, "--without", "tied_embedding_sync",
                      expect_ok=False)  # fmt: skip
     assert NO_CUDA in logs and "setup_embeddings_and_output_layer" in logs
+
+
+def test_the_router_patch_follows_transformer_engine_not_the_gpu():
+    """Every patch without a GPU; with one, the MoE router's whenever megatron found no TE GEMM (a GPU
+    host without Transformer Engine would otherwise hit the NameError in Qwen3-MoE); none with TE."""
+    assert cpu_compat.patches_needed(cuda_available=False, router_gemm_bound=True) == cpu_compat.PATCH_NAMES
+    assert cpu_compat.patches_needed(cuda_available=True, router_gemm_bound=False) == ("moe_router_gemm",)
+    assert cpu_compat.patches_needed(cuda_available=True, router_gemm_bound=True) == ()
+    assert set(cpu_compat.WITHOUT_TE) <= set(cpu_compat.PATCH_NAMES)
+
+
+def test_megatron_here_has_no_te_gemm(megatron_world):
+    """This environment has no Transformer Engine: megatron left the router's GEMM unbound, so a GPU
+    host with the same packages gets the router patch (the patch binding it does not count)."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is not None:
+        pytest.skip("Transformer Engine is installed here")
+    assert "moe_router_gemm" in cpu_compat.active()  # applied by the world's initialisation
+    assert cpu_compat.router_gemm_bound() is False
+    cpu_compat.remove(["moe_router_gemm"])
+    try:
+        assert cpu_compat.router_gemm_bound() is False
+    finally:
+        cpu_compat.apply(["moe_router_gemm"])

@@ -176,6 +176,31 @@ def test_ep2_moe_logprobs_and_export_match_hf(tiny_qwen3_moe, tp2):
         assert torch.equal(got["hf"][name], tensor), name
 
 
+def test_pp2_bf16_step_tracks_fp32(pp2):
+    """PP=2 in bf16 (fp32 masters: each stage's gradients accumulate in fp32 under the 1F1B schedule,
+    the tied embedding's are summed across the stages in fp32): the fp32 step's loss and grad norm within
+    bf16 forward noise (each scored against its own old logprobs), and bf16 weights within one AdamW
+    step (lr 1e-2: a near-zero gradient may flip its sign) plus bf16 rounding of the fp32 step's."""
+    fp32, bf16 = pp2[1]["train"], pp2[1]["bf16"]
+    assert bf16["metrics"]["loss"] == pytest.approx(fp32["metrics"]["loss"], abs=1e-3)
+    assert bf16["metrics"]["grad_norm"] == pytest.approx(fp32["metrics"]["grad_norm"], rel=0.05)
+    assert sorted(bf16["weights"]) == sorted(fp32["weights"])
+    for name, tensor in fp32["weights"].items():
+        assert bf16["weights"][name].dtype == (torch.float32 if "norm" in name else torch.bfloat16)  # torch norms: fp32
+        torch.testing.assert_close(bf16["weights"][name].float(), tensor, atol=2.5e-2, rtol=1e-2)
+
+
+def test_pp2_with_the_distributed_optimizer_builds(pp2):
+    """PP=2 with ``distributed_optimizer: true`` (``calculate_per_token_loss`` once in the config, not
+    twice: that was a TypeError at construction): each stage builds and megatron's DDP wraps it; on CPU
+    megatron's optimizer then stops at its CUDA allocations (test_gpu.py takes the step on two GPUs)."""
+    got = pp2[1]["distopt"]
+    assert (got["pp"], got["per_token_loss"], got["ddp"]) == (2, True, "DistributedDataParallel")
+    if not torch.cuda.is_available():
+        assert "Torch not compiled with CUDA enabled" in got["optimizer_error"]
+        assert "calculate_per_token_loss" not in got["optimizer_error"]
+
+
 def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference):
     """DP=2 (the same two processes as data-parallel replicas, 3 and 4 of 7 rows, padded to 2 micro-batches
     of 2 each; token counts, metric sums and gradients summed over the replicas): every rank gets all rows'

@@ -72,6 +72,16 @@ def test_backend_params_reject_unsupported_layouts():
     assert MegatronParams(device="tpu").validate() == ["device: expected 'cpu', 'cuda' or 'cuda:N', got 'tpu'"]
 
 
+def test_backend_params_check_layer_spec_and_timeout():
+    from relax.megatron.plugin import MegatronParams
+
+    (te,) = MegatronParams(layer_spec="te").validate()
+    assert te == "layer_spec: te needs device: cuda (Transformer Engine has no CPU kernels)"
+    assert MegatronParams(layer_spec="te", device="cuda").validate() == []
+    assert MegatronParams(layer_spec="local", timeout_s=30.0).validate() == []
+    assert MegatronParams(timeout_s=0.0).validate() == ["timeout_s: must be > 0, got 0.0"]
+
+
 def test_registered_as_the_megatron_trainer():
     from relax.core.plugins import get_plugin_manager
     from relax.megatron.plugin import MegatronParams, megatron_trainer
@@ -88,7 +98,7 @@ class TestFactory(TinyModelFixtures):
     """The registered factory builds the trainer from core's settings, or refuses with a clear error."""
 
     @staticmethod
-    def context(model_dir: str, critic: bool = False, dtype: str = "float32"):
+    def context(model_dir: str, critic: bool = False, dtype: str = "float32", timeout_s: float = 600.0):
         from dataclasses import replace
 
         from relax.core.algorithms.config import AlgorithmConfig, CriticConfig
@@ -96,7 +106,7 @@ class TestFactory(TinyModelFixtures):
         from relax.core.context import PluginContext, TrainSpec
 
         algorithm = replace(AlgorithmConfig(), critic=CriticConfig(enable=critic))
-        optim = TrainerConfig(lr=3e-3, micro_batch_size=2, num_minibatches=2)
+        optim = TrainerConfig(lr=3e-3, micro_batch_size=2, num_minibatches=2, timeout_s=timeout_s)
         spec = TrainSpec(optim=optim, algorithm=algorithm, total_steps=5, temperature=0.7)
         return PluginContext(role="trainer", model_path=model_dir, dtype=dtype, seed=4, train=spec)
 
@@ -107,6 +117,16 @@ class TestFactory(TinyModelFixtures):
         settings = trainer.settings
         assert (settings.lr, settings.micro_batch_size, settings.num_minibatches) == (3e-3, 2, 2)
         assert (settings.temperature, settings.total_steps, trainer.update.objective is not None) == (0.7, 5, True)
+
+    def test_process_groups_follow_the_trainer_timeout(self, megatron_world, model_dir):
+        """``trainer.timeout_s`` (not the weight-sync one in ``ctx.timeout_s``), or the backend's own
+        ``timeout_s``; parallel.py's test checks the groups take it. CPU: the local layer spec, on CPU tensors."""
+        from relax.megatron.plugin import MegatronParams, megatron_trainer
+
+        trainer = megatron_trainer(MegatronParams(), self.context(model_dir, timeout_s=345.0))
+        assert trainer.timeout_s == 345.0 and trainer.layer_spec == "local"
+        assert megatron_trainer(MegatronParams(timeout_s=50.0), self.context(model_dir)).timeout_s == 50.0
+        assert {t.device.type for bucket in trainer.export_weights() for _, t in bucket} == {"cpu"}
 
     def test_refuses_what_it_cannot_run(self, megatron_world, model_dir):
         from relax.megatron.plugin import MegatronParams, megatron_trainer

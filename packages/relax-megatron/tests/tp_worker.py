@@ -9,7 +9,7 @@ parallelism = world size and take a trainer step on it at DP = EP = world size; 
 {"tokens", "ckpt"[, "dp_batch"]} in the input, they then run the pipeline mode's checks on those.
 ``--mode pipeline`` (PP = world size, 1F1B schedule), on {"tokens"[, "batch"]}: the last stage's
 logprobs of the tokens (forward only), then with a batch the same ``MegatronTrainer`` check at PP = world
-size (saved to ``--ckpt``), then at DP = world size (two micro-batches per replica; saved to
+size (saved to ``--ckpt``; again in bf16; then built with the distributed optimizer's config), then at DP = world size (two micro-batches per replica; saved to
 ``<ckpt>-dp``). Rank 0 saves the results to ``--out``.
 """
 
@@ -70,6 +70,11 @@ def pipeline_checks(args: argparse.Namespace, tokens, batch: dict | None, ckpt: 
     results = {"logprobs": pipeline_check(args, tokens)}
     if batch is not None:
         results["train"] = train_check(args, batch, ckpt=ckpt, pipeline_parallel=args.world)
+        parallel_state.destroy_model_parallel()  # the same stages in bf16 (fp32 masters, hooks under 1F1B)
+        own_old = {k: v for k, v in batch.items() if k != "old_logprobs"}  # scored by the bf16 model itself
+        results["bf16"] = train_check(args, own_old, pipeline_parallel=args.world, dtype="bfloat16")
+        parallel_state.destroy_model_parallel()  # the same stages with the distributed optimizer's config
+        results["distopt"] = distopt_pipeline_check(args)
         parallel_state.destroy_model_parallel()  # the same processes as data-parallel replicas
         results["dp"] = train_check(args, batch if dp_batch is None else dp_batch, micro_batch_size=2,
                                     ckpt=ckpt and ckpt + "-dp", data_parallel=args.world)  # fmt: skip
@@ -77,7 +82,7 @@ def pipeline_checks(args: argparse.Namespace, tokens, batch: dict | None, ckpt: 
 
 
 def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micro_batch_size: int = 4,
-                ckpt: str = "", **layout: int) -> dict:
+                ckpt: str = "", dtype: str = "float32", **layout: int) -> dict:
     """A ``MegatronTrainer`` at ``layout`` on ``model_dir`` (default ``--model-dir``): logprobs, one step,
     the exported weights; with ``ckpt`` a save there, logprobs after it and a second step."""
 
@@ -87,7 +92,7 @@ def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micr
 
     trainer = MegatronTrainer(
         model_dir or args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4,
-        micro_batch_size=micro_batch_size, rank=args.rank, **layout,
+        micro_batch_size=micro_batch_size, rank=args.rank, dtype=dtype, **layout,
         world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
     before = trainer.forward_logprobs(batch)
@@ -100,6 +105,31 @@ def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micr
         out["logprobs_after"] = trainer.forward_logprobs(batch)
         out["second"] = trainer.train_step(batch)  # what a resumed trainer must repeat
         out["weights_second"] = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
+    return out
+
+
+def distopt_pipeline_check(args: argparse.Namespace) -> dict:
+    """PP = world size with the distributed optimizer, as the trainer builds it (``model_overrides``):
+    the stage's model config, megatron's DDP wrapper, then the error megatron's optimizer raises on CPU."""
+    import torch
+    from megatron.core import parallel_state
+    from transformers import AutoConfig
+
+    from relax.megatron import convert, distopt
+    from relax.megatron.parallel import initialize_model_parallel, model_overrides
+
+    initialize_model_parallel(1, args.world, seed=0)
+    config = AutoConfig.from_pretrained(args.model_dir)
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    model = convert.build_gpt_model(config, pre_process=pp_rank == 0, post_process=pp_rank == args.world - 1,
+                                    **model_overrides(args.world, 1, torch.float32, per_token_loss=True))  # fmt: skip
+    ddp = distopt.wrap_ddp(model)
+    out = {"pp": model.config.pipeline_model_parallel_size, "per_token_loss": model.config.calculate_per_token_loss,
+           "ddp": type(ddp).__name__, "optimizer_error": None}  # fmt: skip
+    try:
+        distopt.optimizer(ddp, lr=1e-3, min_lr=0.0, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, bf16=False)
+    except Exception as error:  # noqa: BLE001 - reported to the test, which names the one it expects
+        out["optimizer_error"] = f"{type(error).__name__}: {error}"
     return out
 
 

@@ -4,7 +4,8 @@ One directory holds the model and AdamW state as sharded tensors (each TP rank w
 checkpoint saved at TP=2 loads at TP=1 and back: megatron reshards on load), the step (common) and
 every rank's RNG state, plus ``hf/`` (config and tokenizer) so that ``relax convert`` can rebuild
 the model without the run's model directory. The optimizer state is mapped onto the model's
-sharding with megatron's own helpers (``dist_checkpointing.optimizer``), as ``MegatronOptimizer`` does.
+sharding with megatron's own helpers (``dist_checkpointing.optimizer``), as ``MegatronOptimizer`` does;
+a bf16 trainer's fp32 master weights are stored with their Adam moments (``precision.MASTER_KEY``).
 """
 
 from __future__ import annotations
@@ -49,13 +50,18 @@ def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
         state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
         state["adam_step"] = float(trainer.update.step)  # marks a trainable checkpoint (see load)
     elif trainer.optimizer is not None:
+        from relax.megatron.precision import master_state
+
         if loading:
             _ensure_adam_state(trainer.optimizer)
-        optim = trainer.optimizer.state_dict()
+        masters = getattr(trainer, "masters", None)
+        optim = trainer.optimizer.state_dict() if masters is None else master_state(trainer.optimizer, masters)
         steps = {float(s["step"]) for s in optim["state"].values()}
         if len(steps) > 1:
             raise ValueError(f"AdamW parameters are at different steps {sorted(steps)}: cannot save one common step")
-        params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+        # the model parameters in the optimizer's order (bf16: those of its fp32 masters), for their sharding
+        params = ([p for group in trainer.optimizer.param_groups for p in group["params"]] if masters is None
+                  else masters.params)  # fmt: skip
         optim_state_to_sharding_state(optim, get_param_id_to_sharded_param_map(model, params), exclude_keys=("step",))
         state["optimizer"] = optim
         state["adam_step"] = steps.pop() if steps else 0.0
@@ -94,9 +100,13 @@ def load(trainer: Any, directory: str) -> None:
     if getattr(trainer, "ddp", None) is not None:
         trainer.optimizer.load_state_dict(loaded["optimizer"])
     elif trainer.optimizer is not None:
+        from relax.megatron.precision import restore_masters
+
         optim = loaded["optimizer"]
         for param_state in optim["state"].values():
             param_state["step"] = torch.tensor(float(loaded["adam_step"]))
+        if getattr(trainer, "masters", None) is not None:
+            optim = restore_masters(optim, trainer.masters)
         trainer.optimizer.load_state_dict(optim)
     trainer.update.step = int(loaded["step"])
     if "rng" in loaded:
@@ -128,12 +138,29 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     ensure_process_group(0, 1)
     initialize_model_parallel(1, 1)
     config = AutoConfig.from_pretrained(src / HF_DIR)
-    model = convert.build_gpt_model(config)
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(src))
+    model = convert.build_gpt_model(config)  # the local spec: a TE run's checkpoint converts on CPU too
+    loaded = dist_checkpointing.load({"model": local_keys_of(model, src, config)}, str(src))
     load_model(model, loaded["model"], src)
     hf = convert.megatron_to_hf([convert.weights_only(model.state_dict())], config)
     write_hf(hf_dir, hf, config, str(src / HF_DIR))
     return sorted(hf)
+
+
+def local_keys_of(model: Any, src: Path, hf_config: Any) -> dict[str, Any]:
+    """``model``'s (local spec) sharded state dict, keyed as the checkpoint at ``src`` names its tensors:
+    a checkpoint written by the Transformer Engine spec keys the fused norms by their TE names."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from relax.megatron.convert import Dims
+    from relax.megatron.layer_specs import te_name, uses_te_names
+
+    sharded = model.sharded_state_dict()
+    if uses_te_names(dist_checkpointing.load_tensors_metadata(str(src))):
+        moe = bool(Dims.from_hf(hf_config).experts)
+        for item in nested_values(sharded):
+            if hasattr(item, "key"):
+                item.key = te_name(item.key, moe)
+    return sharded
 
 
 def write_hf(directory: str, tensors: dict[str, torch.Tensor] | None, hf_config: Any, tokenizer_path: str) -> None:

@@ -354,20 +354,24 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
     return TransformerConfig(**kwargs)
 
 
-def build_gpt_model(hf_config: Any, pre_process: bool = True, post_process: bool = True, **overrides: Any) -> Any:
-    """An (unloaded) megatron-core ``GPTModel`` shaped like the HF Qwen3 model, for this rank.
+def build_gpt_model(
+    hf_config: Any, pre_process: bool = True, post_process: bool = True, layer_spec: str = "local", **overrides: Any
+) -> Any:
+    """An (unloaded) megatron-core ``GPTModel`` shaped like the HF Qwen3 model, for this rank, on the
+    ``local`` or Transformer Engine (``te``) layer spec (:mod:`relax.megatron.layer_specs`).
 
     Needs ``megatron.core.parallel_state`` to be initialised (:func:`relax.megatron.parallel.initialize_model_parallel`,
     which also applies the CPU patches that running the model needs).
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from relax.megatron.layer_specs import gpt_layer_spec
+
     config = transformer_config(hf_config, **overrides)
     d = Dims.from_hf(hf_config)
     d.check_tp(config.tensor_model_parallel_size)
     return GPTModel(
         config,
-        get_gpt_layer_local_spec(num_experts=d.experts or None, qk_layernorm=True, normalization="RMSNorm"),
+        gpt_layer_spec(layer_spec, d.experts or None),
         vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
@@ -384,8 +388,12 @@ def load_hf_into(
 ) -> None:
     """Copy HF weights into ``model`` (this TP / EP rank's shard of this pipeline stage); every model
     weight must be covered."""
+    from relax.megatron.layer_specs import to_te_names, uses_te_names
+
     shard = to_stage(hf_to_megatron(hf, hf_config, tp, ep)[max(tp_rank, ep_rank)], hf_config, pp, pp_rank)
     expected = set(weights_only(model.state_dict()))
+    if uses_te_names(expected):  # the Transformer Engine spec: norms fused into the next linear layer
+        shard = to_te_names(shard, moe=bool(Dims.from_hf(hf_config).experts))
     missing, unexpected = expected - set(shard), set(shard) - expected
     if missing or unexpected:
         raise ValueError(f"HF->megatron mapping mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}")

@@ -2,8 +2,10 @@
 
 megatron-core's CPU path is sound (gloo collectives, the local non-Transformer-Engine layer spec), but a
 few call sites reach for CUDA directly. Each :class:`Patch` below covers exactly one of them, names the
-megatron-core code it covers, and is reversible. :func:`ensure_cpu_compat` applies them all, and only
-when ``torch.cuda.is_available()`` is false: on a GPU megatron runs unpatched.
+megatron-core code it covers, and is reversible. :func:`ensure_cpu_compat` applies them all when
+``torch.cuda.is_available()`` is false. On a GPU megatron runs unpatched, but for one patch that is about
+Transformer Engine, not CUDA: ``moe_router_gemm`` (megatron's MoE router refers to a name bound only
+when TE imports) applies on any host whose megatron has no TE (:func:`patches_needed`).
 
 ``tests/test_cpu_compat.py`` checks, per patch, that the megatron code still fails without it (so a patch
 that an upgrade made unnecessary is noticed and dropped) and works with it.
@@ -203,9 +205,29 @@ def active() -> tuple[str, ...]:
     return tuple(_active)
 
 
-def ensure_cpu_compat() -> bool:
-    """Apply every patch when no GPU is present; return whether they are applied."""
-    if torch.cuda.is_available():
-        return False
-    apply()
-    return True
+#: the patches about Transformer Engine being absent (needed on GPU hosts without TE too)
+WITHOUT_TE = ("moe_router_gemm",)
+
+
+def patches_needed(cuda_available: bool, router_gemm_bound: bool) -> tuple[str, ...]:
+    """Which patches this host needs: all of them without a GPU; with one, those for a missing
+    Transformer Engine, unless megatron's MoE router found TE's GEMM (``router_gemm_bound``)."""
+    if not cuda_available:
+        return PATCH_NAMES
+    return () if router_gemm_bound else WITHOUT_TE
+
+
+def router_gemm_bound() -> bool:
+    """Whether megatron's ``moe_utils`` bound ``te_general_gemm`` itself (it does only when TE imports;
+    the ``moe_router_gemm`` patch binding it to None does not count)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    return "moe_router_gemm" not in _active and hasattr(moe_utils, "te_general_gemm")
+
+
+def ensure_cpu_compat() -> tuple[str, ...]:
+    """Apply the patches this host needs (:func:`patches_needed`); return their names (empty on a GPU
+    host with Transformer Engine)."""
+    needed = patches_needed(torch.cuda.is_available(), router_gemm_bound())
+    apply(needed)
+    return needed

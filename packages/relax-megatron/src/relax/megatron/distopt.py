@@ -1,8 +1,9 @@
 """megatron's DistributedOptimizer (CUDA only): Adam state and fp32 main weights sharded over the
 data-parallel ranks, behind megatron's DDP wrapper (grad buffers, reduce-scatter, param all-gather).
 
-On CPU megatron-core 0.16 refuses it (its buffers take only CUDA tensors: TypeError for a CPU
-torch.FloatTensor), so the trainer's own path (torch AdamW, gradients all-reduced by hand) runs there.
+On CPU megatron-core 0.16 refuses it (the DDP wrapper builds, but the optimizer allocates on ``cuda``
+and takes only ``torch.cuda.*Tensor`` parameters: TypeError for a CPU torch.FloatTensor), so the
+trainer's own path (AdamW, fp32 masters in bf16, gradients all-reduced by hand) runs there.
 The objective already divides by step-global token counts, so the wrapper sums gradients over DP
 (``calculate_per_token_loss``) instead of averaging them.
 """
@@ -21,20 +22,33 @@ def wrap(model: Any, *, lr: float, min_lr: float, weight_decay: float, betas: tu
          bf16: bool) -> tuple[Any, Any]:  # fmt: skip
     """(DDP-wrapped model, megatron optimizer) for ``model``; its config must have
     ``calculate_per_token_loss=True`` (gradients summed, not averaged, over DP)."""
-    import torch
+    ddp = wrap_ddp(model)
+    return ddp, optimizer(ddp, lr=lr, min_lr=min_lr, weight_decay=weight_decay, betas=betas, eps=eps, bf16=bf16)
 
+
+def wrap_ddp(model: Any) -> Any:
+    """``model`` in megatron's DDP (fp32 grad buffers, sharded for the distributed optimizer); runs on
+    CPU too (only the optimizer needs CUDA)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     if not model.config.calculate_per_token_loss:
         raise ValueError("distributed optimizer: build the model with calculate_per_token_loss=True")
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=True)  # fmt: skip
-    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+
+
+def optimizer(ddp: Any, *, lr: float, min_lr: float, weight_decay: float, betas: tuple[float, float], eps: float,
+              bf16: bool) -> Any:  # fmt: skip
+    """megatron's DistributedOptimizer over ``ddp``'s buffers: Adam with fp32 main weights and state."""
+    import torch
+
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
     config = OptimizerConfig(optimizer="adam", lr=lr, min_lr=min_lr, weight_decay=weight_decay, adam_beta1=betas[0],
                              adam_beta2=betas[1], adam_eps=eps, bf16=bf16,
                              params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=True)  # fmt: skip
-    return ddp, get_megatron_optimizer(config, [ddp])
+    return get_megatron_optimizer(config, [ddp])
 
 
 def zero_grads(ddp: Any, optimizer: Any) -> None:

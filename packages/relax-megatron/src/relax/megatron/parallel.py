@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
+
+#: a collective's default patience (the trainer passes ``trainer.timeout_s``): long enough for ``save_hf``,
+#: which gathers the whole model on every rank while rank 0 writes it
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def ensure_process_group(
     rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None,
-    timeout_s: float = 120.0, backend: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None,
 ) -> None:
     """Join (or reuse) the default process group: ``backend``, or by default NCCL when a GPU is present,
-    else gloo.
+    else gloo; every collective on it waits at most ``timeout_s``.
 
     A world of one without a rendezvous address uses a local file store. An existing group of another
     size is an error.
@@ -36,10 +43,13 @@ def ensure_process_group(
 
 
 def initialize_model_parallel(
-    tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0, expert_parallel: int = 1
+    tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0, expert_parallel: int = 1,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Initialise megatron's parallel state and its RNG tracker over an already initialised
-    ``torch.distributed`` default group; applies the CPU patches when no GPU is present.
+    """Initialise megatron's parallel state (its TP / PP / DP / EP groups wait at most ``timeout_s``,
+    rounded up to whole minutes as megatron takes it) and its RNG tracker over an already initialised
+    ``torch.distributed`` default group; applies the CPU patches megatron needs here (every one without a
+    GPU; on a GPU host without Transformer Engine, the MoE router's: see :mod:`relax.megatron.cpu_compat`).
 
     Idempotent for the same sizes; a different layout while one is active is an error, not a silent reuse.
     """
@@ -57,8 +67,33 @@ def initialize_model_parallel(
             raise RuntimeError(f"megatron parallel state is already initialised with (TP, PP, EP)={have}")
     else:
         parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel,
-                                                 expert_model_parallel_size=expert_parallel)  # fmt: skip
+                                                 expert_model_parallel_size=expert_parallel,
+                                                 distributed_timeout_minutes=timeout_minutes(timeout_s))  # fmt: skip
     mtp.model_parallel_cuda_manual_seed(seed)
+
+
+def timeout_minutes(timeout_s: float) -> int:
+    """megatron's ``distributed_timeout_minutes`` for a timeout in seconds (whole minutes, at least 1)."""
+    return max(1, math.ceil(timeout_s / 60))
+
+
+def model_overrides(pipeline_parallel: int, expert_parallel: int, dtype: torch.dtype,
+                    per_token_loss: bool) -> dict[str, Any]:  # fmt: skip
+    """The layout and precision fields of the model's ``TransformerConfig``, one dict (each key once).
+
+    ``calculate_per_token_loss``: core's objective already divides by step-global token counts, so
+    neither megatron's PP schedule (PP > 1) nor its DDP (``per_token_loss``: with the distributed
+    optimizer) may rescale the loss or average gradients over DP."""
+    out: dict[str, Any] = {}
+    if pipeline_parallel > 1:
+        out.update(pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=dtype)
+    if pipeline_parallel > 1 or per_token_loss:
+        out["calculate_per_token_loss"] = True
+    if dtype == torch.bfloat16:  # parameters in bf16; logprobs, entropy and the loss in fp32 (logprobs.py)
+        out.update(params_dtype=torch.bfloat16, bf16=True)
+    if expert_parallel > 1:
+        out["expert_model_parallel_size"] = expert_parallel
+    return out
 
 
 def rank_device(device: str, rank: int) -> torch.device:

@@ -26,7 +26,14 @@ class MegatronParams:
     # cpu (gloo, float32), or cuda / cuda:N: each rank actor reserves one GPU and uses NCCL (not yet run
     # on a device in this repo: see README)
     device: str = "cpu"
-    dtype: Literal["float32", "bfloat16"] | None = None  # None: the run's dtype; bfloat16 needs device cuda
+    # None: the run's dtype; bfloat16 needs device cuda (bf16 parameters, fp32 master weights, grads and Adam state)
+    dtype: Literal["float32", "bfloat16"] | None = None
+    # megatron layer spec: auto = Transformer Engine's (fused kernels, flash attention) when
+    # transformer_engine imports on a CUDA device (pip install 'relax-megatron[te]'), else local (plain torch)
+    layer_spec: Literal["auto", "te", "local"] = "auto"
+    # longest any collective of the trainer's process groups may wait (None: trainer.timeout_s); a save_hf
+    # gathers the whole model on every rank while rank 0 writes it
+    timeout_s: float | None = None
 
     def validate(self) -> list[str]:
         errors = [
@@ -43,8 +50,12 @@ class MegatronParams:
         if self.dtype == "bfloat16" and not self.device.startswith("cuda"):
             errors.append("dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only")
         if self.context_parallel > 1 or self.sequence_parallel:
-            errors.append("context_parallel / sequence_parallel: need Transformer Engine, which this build of "
-                          "relax-megatron does not use; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
+            errors.append("context_parallel / sequence_parallel: need Transformer Engine, which relax-megatron "
+                          "does not wire for them yet; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
+        if self.layer_spec == "te" and not self.device.startswith("cuda"):
+            errors.append("layer_spec: te needs device: cuda (Transformer Engine has no CPU kernels)")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            errors.append(f"timeout_s: must be > 0, got {self.timeout_s}")
         if self.distributed_optimizer and not self.device.startswith("cuda"):
             from relax.megatron.distopt import CPU_REASON
 
@@ -73,6 +84,10 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
     if spec.algorithm.critic.enable and spec.trainable:
         raise ValueError("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; "
                          "use trainer.backend: torch for PPO with a critic")  # fmt: skip
+    dtype = params.dtype or ctx.dtype
+    if dtype != "float32" and not params.device.startswith("cuda"):  # bf16 on CPU: tests only, slow
+        raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
+                         "with trainer.backend_params.device: cuda")  # fmt: skip
     return MegatronTrainer(
         ctx.model_path,
         UpdateSettings.from_context(ctx),
@@ -88,8 +103,10 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         master_addr=ctx.master_addr,
         master_port=ctx.master_port,
         device=params.device,
-        dtype=params.dtype or ctx.dtype,  # checked by the trainer, before it starts any process group
+        dtype=dtype,
         distributed_optimizer=params.distributed_optimizer,
+        timeout_s=params.timeout_s or spec.optim.timeout_s,
+        layer_spec=params.layer_spec,
     )
 
 

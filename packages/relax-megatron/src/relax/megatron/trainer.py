@@ -4,14 +4,20 @@ The model is built from the HF config and loaded from the HF safetensors through
 :mod:`relax.megatron.convert`; logprobs and entropy are computed vocab-parallel
 (:mod:`relax.megatron.logprobs`); the loss is core's policy objective with step-global token counts,
 as in core's torch trainer, so the two give the same loss on the same batch. One process per rank of
-megatron's TP x PP x DP world (gloo and float32 on CPU; NCCL, ``cuda:<local rank>`` and float32 or
-bfloat16 with ``device="cuda"``: batches go to the device, results come back on CPU); every rank is
+megatron's TP x PP x DP world (gloo on CPU; NCCL and ``cuda:<local rank>`` with ``device="cuda"``:
+batches go to the device, scores come back on CPU, exported weights stay on the device); every rank is
 called with the whole batch, together (``export_weights`` gathers across TP, PP and EP, so it is
 collective too: ``collective_export``, core's worker group has every rank export in step and sends rank
 0's buckets). DP replicas take their share of the rows; token counts, loss sums and gradients are
 summed over them (step-global normalisation). ``train_step`` is core's policy-update loop
 (:class:`~relax.core.policy_update.PolicyUpdate`); this class is its model step
 (:class:`~relax.core.policy_update.ModelStep`), with megatron's 1F1B schedule under PP.
+
+Precision: float32, or bfloat16 parameters with fp32 master weights, fp32 gradient accumulation and
+reduction and fp32 Adam state (:mod:`relax.megatron.precision`; megatron's DistributedOptimizer does the
+same with ``distributed_optimizer``). Attention: right-padded rows and megatron's causal mask type, no
+dense mask (:mod:`relax.megatron.padding`); the layer spec is Transformer Engine's when it is installed
+(:mod:`relax.megatron.layer_specs`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSett
 from relax.core.policy_update.batching import split_rows
 from relax.megatron import convert
 from relax.megatron.logprobs import logprobs_and_entropy
+from relax.megatron.padding import response_logits, right_padded
+from relax.megatron.parallel import DEFAULT_TIMEOUT_S
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -44,14 +52,6 @@ def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         size += nbytes
     if bucket:
         yield bucket
-
-
-def attention_mask(valid: torch.Tensor) -> torch.Tensor:
-    """(B, S) 0/1 key validity -> megatron's (B, 1, S, S) bool mask, True where attention is blocked
-    (future positions and padding)."""
-    s = valid.shape[1]
-    future = torch.ones(s, s, dtype=torch.bool, device=valid.device).triu(1)
-    return (future[None] | (valid[:, None, :] == 0))[:, None]
 
 
 class MegatronTrainer:
@@ -77,12 +77,20 @@ class MegatronTrainer:
         device: str = "cpu",
         dtype: str = "float32",
         distributed_optimizer: bool = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        layer_spec: str = "auto",
         **overrides: Any,
     ) -> None:
         from transformers import AutoConfig
 
         from megatron.core import parallel_state
-        from relax.megatron.parallel import ensure_process_group, initialize_model_parallel, rank_device
+        from relax.megatron.layer_specs import resolve_layer_spec
+        from relax.megatron.parallel import (
+            ensure_process_group,
+            initialize_model_parallel,
+            model_overrides,
+            rank_device,
+        )
 
         self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
         if world_size != tensor_parallel * pipeline_parallel * data_parallel:
@@ -91,10 +99,11 @@ class MegatronTrainer:
         if data_parallel % expert_parallel:
             raise ValueError(f"expert_parallel={expert_parallel} must divide data_parallel={data_parallel}: "
                              "expert-parallel ranks are carved from the data-parallel ones, as in megatron")  # fmt: skip
-        if dtype not in ("float32", "bfloat16") or (dtype != "float32" and not device.startswith("cuda")):
-            raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
-                             "with trainer.backend_params.device: cuda")  # fmt: skip
+        if dtype not in ("float32", "bfloat16"):  # bf16 on CPU runs here (the tests), the plugin refuses it
+            raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 or bfloat16")
         self.device = rank_device(device, rank)
+        self.layer_spec = resolve_layer_spec(layer_spec, self.device.type)
+        self.timeout_s = timeout_s
         if self.device.type == "cuda":  # before megatron builds anything: it allocates on the current device
             torch.cuda.set_device(self.device)
         self.dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
@@ -106,9 +115,10 @@ class MegatronTrainer:
         random.seed(s.seed)
         np.random.seed(s.seed)
         torch.manual_seed(s.seed)
-        ensure_process_group(rank, world_size, master_addr, master_port,
+        ensure_process_group(rank, world_size, master_addr, master_port, timeout_s=timeout_s,
                              backend="nccl" if self.device.type == "cuda" else "gloo")  # fmt: skip
-        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=s.seed, expert_parallel=expert_parallel)
+        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=s.seed, expert_parallel=expert_parallel,
+                                  timeout_s=timeout_s)  # fmt: skip
         self.model_path = model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
@@ -121,38 +131,36 @@ class MegatronTrainer:
         # EP: each rank holds experts / EP experts; their gradients are summed over the expert-DP ranks only
         self.ep, self.ep_rank = expert_parallel, parallel_state.get_expert_model_parallel_rank()
         self.ep_group = parallel_state.get_expert_model_parallel_group()
-        # PP: core's objective already divides by step-global token counts, so megatron's schedule must
-        # not rescale the loss
-        pipeline = (dict(pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=self.dtype,
-                         calculate_per_token_loss=True)
-                    if pipeline_parallel > 1 else {})  # fmt: skip
-        # bf16 (CUDA): parameters in bf16; logprobs, entropy and the loss are computed in fp32 (logprobs.py)
-        precision = dict(params_dtype=torch.bfloat16, bf16=True) if self.dtype == torch.bfloat16 else {}
-        if self.distributed_optimizer:  # megatron's DDP then sums gradients over DP, as our own path does
-            precision["calculate_per_token_loss"] = True
-        if expert_parallel > 1:
-            pipeline["expert_model_parallel_size"] = expert_parallel
+        # megatron's DDP (distributed optimizer) then sums gradients over DP, as our own path does
+        layout = model_overrides(pipeline_parallel, expert_parallel, self.dtype, per_token_loss=self.distributed_optimizer)
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
-                                             tensor_model_parallel_size=tensor_parallel,
-                                             use_cpu_initialization=self.device.type == "cpu", **pipeline, **precision)  # fmt: skip
+                                             layer_spec=self.layer_spec, tensor_model_parallel_size=tensor_parallel,
+                                             use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
         convert.load_hf_into(self.model, convert.read_hf_checkpoint(model_path), self.hf_config, self.tp, self.tp_rank,
                              pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
         self.model.to(self.device)  # a no-op where megatron already allocated on the current GPU
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
         self.ddp = None  # megatron's DDP wrapper: with the distributed optimizer only
+        self.masters = None  # bf16 without it: fp32 master weights (precision.py)
+        # what the gradient code reduces and clips, by parameter name: the model's parameters, or their masters
+        self.grad_params: list[tuple[str, torch.nn.Parameter]] = list(self.model.named_parameters())
         if self.distributed_optimizer:
             from relax.megatron import distopt
 
             self.ddp, self.optimizer = distopt.wrap(self.model, lr=s.lr, min_lr=s.lr * s.min_lr_ratio,
                                                     weight_decay=s.weight_decay, betas=s.betas, eps=s.eps,
                                                     bf16=self.dtype == torch.bfloat16)  # fmt: skip
+        elif trainable:
+            if self.dtype != torch.float32:
+                from relax.megatron.precision import MasterWeights
+
+                self.masters = MasterWeights(self.model.named_parameters())
+                self.grad_params = self.masters.named()
+            params = [p for _, p in self.grad_params]
+            self.optimizer = torch.optim.AdamW(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
         else:
-            self.optimizer = (
-                torch.optim.AdamW(self.model.parameters(), lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
-                if trainable
-                else None
-            )
+            self.optimizer = None
         # core's loop; its ``step`` (train_step calls) is what a checkpoint stores
         self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=False)
 
@@ -179,13 +187,14 @@ class MegatronTrainer:
 
     @staticmethod
     def _forward(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """This stage's forward: logits on the last stage, hidden states on the others."""
-        return model(batch["input_ids"], batch["position_ids"], attention_mask(batch["attention_mask"]))
+        """This stage's forward on the right-padded rows, causal attention with no mask tensor (padding.py):
+        logits on the last stage, hidden states on the others."""
+        input_ids, position_ids = right_padded(batch)
+        return model(input_ids, position_ids, attention_mask=None)
 
     def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
         resp = batch["responses"]
-        prompt_len = batch["input_ids"].shape[1] - resp.shape[1]
-        logits = logits[:, prompt_len - 1 : prompt_len - 1 + resp.shape[1]]
+        logits = response_logits(logits, batch)
         if self.settings.temperature != 1.0:
             logits = logits / self.settings.temperature
         vocab_start = self.tp_rank * logits.shape[-1]
@@ -287,7 +296,8 @@ class MegatronTrainer:
         return self._clip_grad_norm(max_norm)
 
     def apply_gradients(self, lr: float) -> str | None:
-        """The optimizer step (the weights are not checked afterwards: None)."""
+        """The optimizer step (the weights are not checked afterwards: None); bf16: the fp32 masters
+        step, then the model takes their values."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.ddp is not None:
@@ -296,6 +306,8 @@ class MegatronTrainer:
             distopt.apply(self.optimizer, self.settings.grad_clip)
         else:
             self.optimizer.step()
+            if self.masters is not None:
+                self.masters.copy_to_model()
         return None
 
     def zero_grad(self) -> None:
@@ -320,7 +332,7 @@ class MegatronTrainer:
         (``_allreduce_non_tensor_model_parallel_grads``), without its DDP wrapper."""
         if self.tp == 1:
             return
-        for name, param in self.model.named_parameters():
+        for name, param in self.grad_params:
             if param.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
                 torch.distributed.all_reduce(param.grad, group=self.tp_group)
 
@@ -332,6 +344,10 @@ class MegatronTrainer:
         if self.pp == 1 or not self.hf_config.tie_word_embeddings or not parallel_state.is_rank_in_embedding_group():
             return
         weight = self.model.shared_embedding_or_output_weight()
+        if self.masters is not None:
+            weight = self.masters.master_of(weight)
+        if weight.grad is None:  # a stage whose rows reached no token: it still joins the sum
+            weight.grad = torch.zeros_like(weight)
         torch.distributed.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
     def _is_expert(self, name: str) -> bool:
@@ -347,7 +363,7 @@ class MegatronTrainer:
         from megatron.core import parallel_state
         from relax.megatron.parallel import all_reduce_grads
 
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.grad_params if p.requires_grad]
         all_reduce_grads([p for n, p in named if not self._is_expert(n)], self.dp_group)
         if 1 < self.ep < self.dp:
             experts = [p for n, p in named if self._is_expert(n)]
@@ -357,7 +373,7 @@ class MegatronTrainer:
         """Clip to the norm of the whole model's gradient; TP shards, pipeline stages and EP ranks'
         experts count once, replicated weights (norms, a tied embedding's copy) once, not once per rank.
         TP=PP=EP=1: torch's ``clip_grad_norm_``."""
-        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        named = [(n, p) for n, p in self.grad_params if p.grad is not None]
         params = [p for _, p in named]
         if self.tp == 1 and self.pp == 1 and self.ep == 1:
             return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -386,10 +402,18 @@ class MegatronTrainer:
     # ------------------------------------------------------------------ weights
     def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
         """HF-named, TP- and PP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings
-        once), streamed: one decoder layer (or top-level weight) is gathered and converted at a time."""
+        once), streamed: one decoder layer (or top-level weight) is gathered and converted at a time.
+
+        The tensors are on the trainer's device, in the model's dtype: ``cuda:<rank>`` with
+        ``device: cuda`` (what an NCCL sender or a CUDA-IPC handle needs; a transport that ships bytes
+        moves them to the host itself), CPU on CPU. They may be views of the live weights: a receiver
+        copies a bucket before the next train step."""
+        from relax.megatron.layer_specs import from_te_names
         from relax.megatron.parallel import gather_tp_shards
 
         local = convert.weights_only(self.model.state_dict())
+        if self.layer_spec == "te":  # the mapping speaks the local spec's names
+            local = from_te_names(local)
         if self.pp > 1:  # whole-model layer numbers; the last stage's copy of a tied embedding left out
             from relax.megatron.pipeline import global_layer_names
 
@@ -409,8 +433,7 @@ class MegatronTrainer:
             width, group = (self.ep, self.ep_group) if self.ep > 1 else (self.tp, self.tp_group)
             for unit in source:
                 shards = gather_tp_shards(unit, width, group)
-                # on CPU for the transports (a no-op on CPU)
-                yield from ((n, t.cpu()) for n, t in convert.megatron_to_hf(shards, self.hf_config, partial=True).items())
+                yield from convert.megatron_to_hf(shards, self.hf_config, partial=True).items()
 
         yield from buckets(named(), bucket_bytes)
 
@@ -419,7 +442,7 @@ class MegatronTrainer:
         (every rank gathers); rank 0 writes it."""
         from relax.megatron.checkpoint import write_hf
 
-        hf = {n: t for b in self.export_weights() for n, t in b}
+        hf = {n: t.cpu() for b in self.export_weights() for n, t in b}  # in host memory, not the GPU's
         if torch.distributed.get_rank() == 0:
             write_hf(directory, hf, self.hf_config, self.model_path)
 
