@@ -9,7 +9,14 @@ import torch
 
 from relax.core.engines.hf import HFRolloutEngine
 from relax.core.policy_update import even_replica_rows, shard_bounds
-from relax.core.testing import LogprobAgreementConformance, TinyModelFixtures, TrainerConformance, make_batch, make_samples, torch_trainer
+from relax.core.testing import (
+    LogprobAgreementConformance,
+    TinyModelFixtures,
+    TrainerConformance,
+    make_batch,
+    make_samples,
+    torch_trainer,
+)
 from relax.core.testing.trainer import exported
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 
@@ -65,7 +72,7 @@ class TestAgainstTheTorchTrainer(TinyModelFixtures):
         for ac in (False, True):
             t = fsdp_trainer(model_dir, FSDPParams(activation_checkpointing=ac))
             runs, mlp = [], t.model.model.layers[0].mlp
-            mlp.forward = lambda *a, _f=mlp.forward, **k: runs.append(1) or _f(*a, **k)  # hooks skip recomputes
+            mlp.forward = lambda *a, _f=mlp.forward, _runs=runs, **k: _runs.append(1) or _f(*a, **k)  # hooks skip recomputes
             try:
                 metrics.append(t.train_step(dict(batch)))
                 weights.append(exported(t))
