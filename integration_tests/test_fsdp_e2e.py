@@ -1,6 +1,7 @@
 """``trainer.backend: fsdp`` through ``relax run``'s code path, selected by configuration only: the
 quick-start with two sharded rank actors learns (5-step mean reward >= 0.8) and ends with a loadable HF
-model, and the omni VL quick-start (a tiny Qwen2.5-VL, image and video rows) runs end to end."""
+model (weights synced by shared memory), and the omni VL quick-start (a tiny Qwen2.5-VL, image and video
+rows) runs end to end with the broadcast transport."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def test_the_omni_vl_quickstart_runs_with_fsdp(ray_session, tmp_path_factory, tm
     cfg = load_config(str(EXAMPLES / "quickstart_omni_vl.yaml"), [
         f"model.path={model}", f"data.path={data}", f"data.processor_params.media_root={data.parent}", *FSDP2,
         "total_steps=2", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2", "trainer.micro_batch_size=2",
+        "weight_sync.transport=broadcast",  # its own gloo group in rank 0, beside the ranks' default group
         f"run_dir={tmp_path}", *QUIET, "checkpoint.save_hf_final=false",
     ])  # fmt: skip
     run(cfg)
