@@ -87,3 +87,12 @@ def test_te_spec_logprobs_match_hf(cuda_world, tiny_qwen3):
     assert sorted(weights) == sorted(hf)
     for name, tensor in hf.items():
         assert torch.equal(weights[name].cpu(), tensor), name
+
+
+def test_transformer_engine_is_the_te_extra():
+    """``pip install 'relax-megatron[te]'`` brings Transformer Engine; without it the local spec is used."""
+    import importlib.metadata as metadata
+
+    meta = metadata.metadata("relax-megatron")
+    assert "te" in meta.get_all("Provides-Extra")
+    assert any(r.startswith("transformer-engine") and 'extra == "te"' in r for r in meta.get_all("Requires-Dist"))
