@@ -24,12 +24,14 @@ from relax.core.testing.trainer import exported
 KW = {"lr": 1e-3, "micro_batch_size": 2, "num_minibatches": 2, "eps": 1e-4}
 
 
-def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None):
+def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None, replicate: int = 1):
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.trainers.fsdp.params import FSDPParams
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
     return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
+                       params=FSDPParams(world_size=world, replicate=replicate),
                        master_addr="127.0.0.1" if port else None, master_port=port, **KW)  # fmt: skip
 
 
@@ -53,9 +55,9 @@ class Rank:
         torch.set_num_threads(1)
         self.trainer = None
 
-    def build(self, model_dir: str, rank: int, port: int) -> None:
+    def build(self, model_dir: str, rank: int, port: int, replicate: int = 1) -> None:
         self.close()
-        self.trainer = build(model_dir, rank, 2, port)
+        self.trainer = build(model_dir, rank, 2, port, replicate)
 
     def train(self, batch):
         return self.trainer.train_step(batch)
@@ -91,9 +93,9 @@ class World2:
     def __init__(self) -> None:
         self.ranks = [Rank.remote() for _ in range(2)]
 
-    def build(self, model_dir: str) -> None:
+    def build(self, model_dir: str, replicate: int = 1) -> None:
         port = free_port()
-        ray.get([r.build.remote(model_dir, i, port) for i, r in enumerate(self.ranks)], timeout=300)
+        ray.get([r.build.remote(model_dir, i, port, replicate) for i, r in enumerate(self.ranks)], timeout=300)
 
     def __getattr__(self, method: str):
         def on_both(*args):
@@ -166,9 +168,10 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, "text-hsdp"])
 def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
-    make_model, make_batch_for = FAMILIES[family]
+    """``text-hsdp``: a 2 x 1 (replicate x shard) HSDP mesh: replicas, each with the whole model."""
+    make_model, make_batch_for = FAMILIES[family.removesuffix("-hsdp")]
     model_dir = make_model(tmp_path)
     batch = make_batch_for(model_dir, tmp_path)
     single = build(model_dir)
@@ -179,7 +182,7 @@ def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
         want_w = exported(single)
     finally:
         single.close()
-    world2.build(model_dir)
+    world2.build(model_dir, replicate=2 if family.endswith("-hsdp") else 1)
     torch.testing.assert_close(world2.logprobs(batch), want_lp, atol=1e-5, rtol=0)
     got = world2.train(dict(batch))
     for key in ("loss", "entropy", "grad_norm"):
