@@ -31,27 +31,11 @@ import torch
 
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import split_rows
+from relax.core.trainers.export import NamedTensors, buckets
 from relax.megatron import convert
 from relax.megatron.logprobs import logprobs_and_entropy
 from relax.megatron.padding import response_logits, right_padded
 from relax.megatron.parallel import DEFAULT_TIMEOUT_S
-
-NamedTensors = list[tuple[str, torch.Tensor]]
-
-
-def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
-    """Group (name, tensor) pairs into lists of at most ``bucket_bytes`` (one big tensor may exceed it)."""
-    bucket: NamedTensors = []
-    size = 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 class MegatronTrainer:

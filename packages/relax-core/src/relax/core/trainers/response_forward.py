@@ -89,24 +89,3 @@ def forward_backward(logits_fn: LogitsFn, micro_batches: Sequence[Batch], loss_f
         loss.backward()
         records.append(record)
     return records
-
-
-def in_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A floating weight in ``dtype`` (the tensor itself when it already is); other tensors unchanged."""
-    return tensor.to(dtype) if tensor.is_floating_point() else tensor
-
-
-def buckets(named: Any, bucket_bytes: int) -> Any:
-    """Group ``(name, tensor)`` pairs into lists of about ``bucket_bytes`` (a bucket exceeds it only
-    for one big tensor): a weight sync moves one bucket at a time, never the whole model."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket

@@ -23,8 +23,9 @@ from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSett
 from relax.core.policy_update.batching import replica_rows, shard_bounds, take_rows
 from relax.core.trainers.critic import Critic
 from relax.core.trainers.data_parallel import DataParallel
+from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.optim import adamw, clip_gradients, step_checked
-from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, in_dtype, score_rows
+from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 
 _STATE_FILE = "trainer_state.pt"
 

@@ -21,10 +21,11 @@ import torch.distributed as dist
 from relax.core.multimodal_model import freeze_towers, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import even_replica_rows, shard_bounds
+from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 from relax.core.trainers.fsdp.sharding import device_mesh, join_process_group, shard_model
-from relax.core.trainers.response_forward import ResponseLogits, buckets, forward_backward, in_dtype, score_rows
+from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 
 
 class FSDPTrainer:
