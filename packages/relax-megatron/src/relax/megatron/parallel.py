@@ -16,30 +16,12 @@ def ensure_process_group(
     rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None,
 ) -> None:
-    """Join (or reuse) the default process group: ``backend``, or by default NCCL when a GPU is present,
-    else gloo; every collective on it waits at most ``timeout_s``.
+    """Join (or reuse) the default process group (core's ``join_default_group``): ``backend``, or by
+    default NCCL when a GPU is present, else gloo; every collective on it waits at most ``timeout_s``."""
+    from relax.core.trainers.process_group import join_default_group
 
-    A world of one without a rendezvous address uses a local file store. An existing group of another
-    size is an error.
-    """
-    import datetime
-    import tempfile
-
-    dist = torch.distributed
-    if dist.is_initialized():
-        if dist.get_world_size() != world_size:
-            raise RuntimeError(f"torch.distributed is already initialised with world size "
-                               f"{dist.get_world_size()}, not {world_size}")  # fmt: skip
-        return
-    if master_addr is None or master_port is None:
-        if world_size != 1:
-            raise ValueError(f"world_size={world_size} needs master_addr and master_port")
-        init = f"file://{tempfile.mkdtemp(prefix='relax-megatron-')}/store"
-    else:
-        init = f"tcp://{master_addr}:{master_port}"
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+    join_default_group(rank, world_size, master_addr, master_port,
+                       backend or ("nccl" if torch.cuda.is_available() else "gloo"), timeout_s)  # fmt: skip
 
 
 def initialize_model_parallel(

@@ -8,37 +8,11 @@ leftovers (tied embedding and head stay together there). Nothing here is model-f
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
-
-
-def join_process_group(rank: int, world_size: int, master_addr: str | None, master_port: int | None,
-                       backend: str, timeout_s: float) -> bool:  # fmt: skip
-    """Join (or reuse) torch's default process group: FSDP2's device mesh is built over it. The
-    trainer's rank actors own their processes, so the default group is theirs; weight-sync
-    transports build private groups beside it. A world of one needs no rendezvous (a file store).
-    True when this call created the group (its owner destroys it)."""
-    import tempfile
-
-    if dist.is_initialized():
-        if dist.get_world_size() != world_size:
-            raise RuntimeError(f"torch.distributed is already initialised with world size {dist.get_world_size()}, "
-                               f"not the fsdp trainer's {world_size}")  # fmt: skip
-        return False
-    if master_addr is None or master_port is None:
-        if world_size != 1:
-            raise ValueError(f"world_size={world_size} needs the worker group's master_addr and master_port")
-        init = f"file://{tempfile.mkdtemp(prefix='relax-fsdp-')}/store"
-    else:
-        init = f"tcp://{master_addr}:{master_port}"
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
-    return True
 
 
 def device_mesh(device_type: str, world_size: int, replicate: int) -> Any:

@@ -24,7 +24,8 @@ from relax.core.policy_update.batching import even_replica_rows, shard_bounds
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
-from relax.core.trainers.fsdp.sharding import device_mesh, join_process_group, shard_model
+from relax.core.trainers.fsdp.sharding import device_mesh, shard_model
+from relax.core.trainers.process_group import join_default_group
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 
 
@@ -65,7 +66,7 @@ class FSDPTrainer:
         if cuda:
             torch.cuda.set_device(torch.cuda.current_device())  # Ray gives each rank actor one GPU
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        self._owns_group = join_process_group(rank, world_size, master_addr, master_port, "nccl" if cuda else "gloo", timeout_s)
+        self._owns_group = join_default_group(rank, world_size, master_addr, master_port, "nccl" if cuda else "gloo", timeout_s)
         self.rank, self.world_size, self.compute_dtype = rank, world_size, getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = load_model(model_path, "float32")  # the fp32 master copy, sharded below
