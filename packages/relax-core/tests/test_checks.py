@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from relax.core.checks import launch_errors, nonfinite_errors
+from relax.core.checks import launch_errors, nonfinite_errors, writable_dir_errors
 from relax.core.config import ConfigError, RelaxConfig, load_config
 from relax.core.quickstart_model import build_tiny_model
 
@@ -95,6 +96,20 @@ def test_unwritable_run_dir(readonly_dir):
         load_config(None, [f"run_dir={readonly_dir}"], check_paths=True)
     assert f"run_dir: '{readonly_dir}' is not writable" in str(err.value)
     assert "read-only file system" in str(err.value) or "permission denied" in str(err.value)
+
+
+def test_run_dir_under_proc_is_not_writable():
+    # as root os.access says yes to /proc, where no file can be created: the check must try (issue 31)
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    errors = writable_dir_errors("run_dir", "/proc/relax-run")
+    assert len(errors) == 1 and errors[0].startswith("run_dir: '/proc/relax-run' cannot be created: '/proc' "), errors
+    assert writable_dir_errors("run_dir", "/proc")[0].startswith("run_dir: '/proc' is not writable (")
+
+
+def test_writable_dir_probe_leaves_nothing(tmp_path):
+    assert writable_dir_errors("run_dir", str(tmp_path / "new" / "run")) == []
+    assert list(tmp_path.iterdir()) == []  # the probe file was removed and nothing was created
 
 
 def test_model_dir_needs_config_and_tokenizer(tmp_path, model_dir):

@@ -34,6 +34,10 @@ CASES = [
     ("word " * 20_000 + "Answer: D", "D", {}, 1.0),  # 100 kB
     ("\\boxed{C}", "(c)", {}, 1.0),  # label with brackets, lower case
     ("Answer: B", "B", {"options": {"A": "x", "B": "y"}}, 1.0),  # options as a mapping
+    # a response that revises itself on one line: the last "Answer:" phrase wins (issue 31)
+    ("Answer: A, but rechecking the second option ... Answer: C", "C", {}, 1.0),
+    ("Answer: A, but rechecking the second option ... Answer: C", "A", {}, 0.0),
+    ("Answer: B. Hmm, the answer is (D).", "D", {}, 1.0),
 ]
 
 

@@ -75,3 +75,15 @@ def test_extraction_helpers():
     assert answer_phrase("The answer is $x+1$.") == "x+1"
     assert final_answer("Answer: \\boxed{4}") == ("4", "boxed")
     assert final_answer("nothing") == (None, "none")
+
+
+def test_last_answer_phrase_on_a_line_wins():
+    # a response that revises itself on one line means its last answer (issue 31)
+    assert answer_phrase("Answer: A, but rechecking the units ... Answer: C") == "C"
+    assert answer_phrase("Answer: 3 ... Answer: 5") == "5"
+    assert answer_phrase("Answer: 3, so the answer is 5.") == "5"
+    assert answer_phrase("Answer: 3\nchecked twice") == "3"
+    assert answer_phrase("Answer: 4\nAnswer: 7\nanswer: **") == "7"  # an empty last phrase is skipped
+    assert final_answer("Answer: 3 ... Answer: 5") == ("5", "phrase")
+    assert math_score("Answer: 3 ... Answer: 5", "5", {}, P)["acc"] == 1.0
+    assert math_score("Answer: 3 ... Answer: 5", "3", {}, P)["acc"] == 0.0

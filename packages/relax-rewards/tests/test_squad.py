@@ -30,6 +30,8 @@ CASES = [
     ("word " * 20_000, "word", 2 / 20_001, 0.0),  # 100 kB
     ("  Paris  ", "Paris", 1.0, 1.0),
     ("Paris, France", "Paris", 2 / 3, 0.0),
+    ("Answer: London ... no, Answer: Paris", "Paris", 1.0, 1.0),  # last phrase on the line wins
+    ("Answer: 3 ... Answer: 5", "5", 1.0, 1.0),
 ]
 
 

@@ -13,8 +13,10 @@ every problem in one message (exit 2). Three kinds:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -165,9 +167,34 @@ def writable_dir_errors(field: str, path: str) -> list[str]:
     what = "is not writable" if existing == p else f"cannot be created: {str(existing)!r} is not writable"
     if _read_only_fs(existing):
         return [f"{field}: {path!r} {what} (read-only file system)"]
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return [f"{field}: {path!r} {what} (permission denied)"]
+    if why := _write_probe_error(existing):
+        return [f"{field}: {path!r} {what} ({why})"]
     return []
+
+
+def _write_probe_error(directory: Path) -> str | None:
+    """Why a file cannot be created in ``directory`` (None if it can): creates and removes one.
+
+    ``os.access`` answers from the mode bits, and for root it says yes to directories such as
+    ``/proc`` where every create fails; only trying tells."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".relax-write-check-", dir=directory)
+    except OSError as e:
+        return _WHY.get(e.errno, e.strerror or type(e).__name__)
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as e:
+        return f"a test file could not be removed: {e.strerror}"
+    return None
+
+
+_WHY = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+    errno.ENOENT: "no file can be created there",
+}
 
 
 def _read_only_fs(path: Path) -> bool:

@@ -9,7 +9,7 @@ import re
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _ANSWER_PHRASE = re.compile(
-    r"(?:\banswer\s*(?:is)?\s*[:：]|\bthe\s+(?:final\s+)?answer\s+is\b\s*:?)[ \t]*(.*)", re.IGNORECASE
+    r"(?:\banswer\s*(?:is)?\s*[:：]|\bthe\s+(?:final\s+)?answer\s+is\b\s*:?)[ \t]*", re.IGNORECASE
 )
 
 
@@ -59,11 +59,18 @@ def last_boxed(text: str) -> str | None:
 
 
 def answer_phrase(text: str) -> str | None:
-    """What follows the last "Answer:" / "The (final) answer is" on its line, without markdown or a
-    closing period; None if there is no such phrase or nothing follows it."""
+    """What follows the last "Answer:" / "The (final) answer is", up to the end of its line or the next
+    such phrase on it (a response that revises itself on one line, "Answer: A ... Answer: C", means its
+    last answer), without markdown or a closing period; None if there is no such phrase or nothing
+    follows it."""
     matches = list(_ANSWER_PHRASE.finditer(text))
-    for m in reversed(matches):
-        value = m.group(1).strip().strip("*").strip()
+    for i in reversed(range(len(matches))):
+        start = matches[i].end()
+        line_end = text.find("\n", start)
+        end = len(text) if line_end < 0 else line_end
+        if i + 1 < len(matches):
+            end = min(end, matches[i + 1].start())
+        value = text[start:end].strip().strip("*").strip()
         value = value[:-1].rstrip() if value.endswith(".") else value
         value = re.sub(r"^\$+|\$+$", "", value).strip()
         if value:
