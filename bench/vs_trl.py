@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=80, help="give up on a run after this many steps")
     parser.add_argument("--quick", action="store_true", help="one seed, 60 steps: a smoke run, not a result")
     parser.add_argument("--relax-mode", choices=sorted(RELAX_MODES), default="colocate",
-                        help="Relax's execution mode (colocate: faster here, see the README's Performance table)")
+                        help="Relax's execution mode (colocate: faster here, see docs/benchmarks.md)")
     parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()

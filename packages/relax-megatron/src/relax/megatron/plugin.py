@@ -24,7 +24,7 @@ class MegatronParams:
     distributed_optimizer: bool = False  # megatron's DistributedOptimizer, sharded over DP: device cuda only
     num_cpus: float = 1.0  # reserved per rank
     # cpu (gloo, float32), or cuda / cuda:N: each rank actor reserves one GPU and uses NCCL (not yet run
-    # on a device in this repo: see README)
+    # on a device in this repo: see docs/megatron.md)
     device: str = "cpu"
     # None: the run's dtype; bfloat16 needs device cuda (bf16 parameters, fp32 master weights, grads and Adam state)
     dtype: Literal["float32", "bfloat16"] | None = None
