@@ -63,8 +63,9 @@ def main() -> None:
         if not os.environ.get("RELAX_SGLANG_PYTHON"):
             raise SystemExit("--device cuda: set RELAX_SGLANG_PYTHON to an environment's python with CUDA SGLang")
         dtype = "bfloat16"
+        # the CUDA defaults otherwise (relax.sglang.device_defaults): SGLang sizes the KV pool, fast kernels
         params = SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", dtype=dtype,
-                                    mem_fraction_static=0.4, max_total_tokens=None, startup_timeout_s=1200)
+                                    mem_fraction_static=0.4, startup_timeout_s=1200)
         if args.qwen3:
             from relax.core.testing.models import build_qwen3_06b
 
@@ -102,7 +103,9 @@ def main() -> None:
                 print(f"{transport.name}: {statistics.median(times) * 1e3:.0f} ms per sync (median of {len(times)})")
         print(f"HF engine: {statistics.median(hf_rates):,.0f} tok/s; SGLang engine: {statistics.median(sgl_rates):,.0f} tok/s "
               f"({args.requests} requests x {args.tokens} tokens)")
+        version = sgl.workers[0].get("/server_info").get("version")
         where = "" if args.device == "cpu" else f" on {torch.cuda.get_device_name(0)}, bf16" + (", Qwen3-0.6B-shaped" if args.qwen3 else "")
+        where += f", sglang {version}"
         print(f"sglang: {statistics.median(ratios):.2f}x tokens/s SGLang vs HF engine{where}")
     finally:
         sgl.close()

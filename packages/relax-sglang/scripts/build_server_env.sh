@@ -14,7 +14,11 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 server="$(cd "$here/../server" && pwd)"
-patches="$(cd "$here/../src/relax/sglang/server_site" && pwd)/relax_sglang_server_patches.py"
+# the patch loader: in the source tree beside src/, in an installed wheel at relax/sglang/server_site (this
+# script is relax/sglang/server_files/scripts/ there; see pyproject.toml)
+site_dir="$here/../src/relax/sglang/server_site"
+[[ -d "$site_dir" ]] || site_dir="$here/../../server_site"
+patches="$(cd "$site_dir" && pwd)/relax_sglang_server_patches.py"
 hash="$(cat "$server/uv.lock" "$server/pyproject.toml" "$server"/cpu_shims/*.py "$server"/cpu_shims/*.pth \
   "$server"/cpu_shims/sgl_kernel/*.py "$patches" | sha256sum | cut -c1-12)"
 env_dir="${RELAX_SGLANG_ENV:-${HOME}/.cache/relax/sglang-server-${hash}}"

@@ -29,10 +29,13 @@ PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11], [12]]
 
 
 def _params(**kw):
+    """A float32, deterministic server with the CPU's KV cap: exact greedy parity with the HF engine (the
+    CUDA defaults -- bf16, SGLang's KV sizing, fast kernels -- have their own test below)."""
     from relax.sglang.params import SGLangEngineParams
 
+    exact = dict(dtype="float32", deterministic=True, max_total_tokens=4096)
     return SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", mem_fraction_static=0.3,
-                              startup_timeout_s=900, **kw)
+                              startup_timeout_s=900, **{**exact, **kw})
 
 
 def _greedy(engine) -> list[list[int]]:
@@ -89,6 +92,71 @@ def test_sglang_tensor_over_cuda_ipc_serves_the_trainers_weights(gpu_engine, tin
             assert _greedy(gpu_engine) == _hf_greedy(model_dir)
     finally:
         transport.close()
+
+
+def test_the_cuda_defaults_launch_a_production_server(tiny_dirs, tmp_path):
+    """Unset engine params on CUDA: a bf16 server (the run is float32), KV pool sized by SGLang from
+    mem_fraction_static (not the CPU's 4096 tokens), deterministic inference off; it serves."""
+    from relax.sglang.engine import SGLangEngine
+    from relax.sglang.params import SGLangEngineParams
+
+    params = SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", mem_fraction_static=0.15,
+                                startup_timeout_s=900)  # fmt: skip
+    engine = SGLangEngine(params, tiny_dirs[0], dtype="float32", run_dir=str(tmp_path))
+    try:
+        info = engine.workers[0].get("/server_info")
+        print({k: info.get(k) for k in ("dtype", "max_total_num_tokens", "enable_deterministic_inference", "version")})
+        assert info["dtype"] == "bfloat16" and not info["enable_deterministic_inference"]
+        assert info.get("max_total_num_tokens", 0) > 4096 and info.get("max_total_tokens") is None
+        reqs = [GenerationRequest(f"d{i}", p, GREEDY) for i, p in enumerate(PROMPTS)]
+        out = asyncio.run(asyncio.wait_for(engine.generate(reqs), 300))
+        assert all(len(r.response_ids) == GREEDY.max_new_tokens for r in out)
+        assert all(torch.isfinite(torch.tensor(r.logprobs)).all() for r in out)
+    finally:
+        engine.close()
+
+
+def test_megatron_on_cuda_syncs_into_the_server_over_cuda_ipc(gpu_engine, tiny_dirs, tmp_path_factory):
+    """relax-megatron's trainer on cuda:0 (NCCL world of one, float32), one step, ``sglang_tensor`` into the
+    float32 server: it serves exactly what core's HF engine serves with the exported weights."""
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from transformers import AutoTokenizer
+
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.engines.hf import HFRolloutEngine
+    from relax.core.testing import make_batch, make_samples
+    from relax.core.testing.models import load_hf_weights
+    from relax.core.testing.trainer import exported
+    from relax.megatron.parallel import initialize_model_parallel
+    from relax.megatron.trainer import MegatronTrainer
+    from relax.sglang.testing import load_weights
+    from relax.sglang.transports import SGLangTensorSync
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path_factory.mktemp('nccl') / 'store'}", rank=0, world_size=1)
+    transport = SGLangTensorSync(timeout_s=300)
+    version = gpu_engine.weight_version() + 1
+    try:
+        initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
+        tokenizer = AutoTokenizer.from_pretrained(tiny_dirs[0])
+        trainer = MegatronTrainer(tiny_dirs[0], objective=build_policy_objective(AlgorithmConfig()), lr=1e-2,
+                                  micro_batch_size=4, device="cuda")  # fmt: skip
+        batch = make_batch(make_samples(tokenizer, rows=8, seed=5), tokenizer.pad_token_id)
+        trainer.train_step({**batch, "old_logprobs": trainer.forward_logprobs(batch)})
+        weights, original = exported(trainer), load_hf_weights(tiny_dirs[0])
+        assert max(float((weights[n].float() - original[n].float()).abs().max()) for n in original) > 1e-3
+        reference = HFRolloutEngine(tiny_dirs[0], device="cuda")
+        reference.update_weights(weights, 1)
+        transport.sync(trainer, [gpu_engine], version)
+        assert _greedy(gpu_engine) == _greedy(reference)
+    finally:
+        transport.close()
+        load_weights(gpu_engine, tiny_dirs[0], version + 1)
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the trainer and the server on different GPUs")

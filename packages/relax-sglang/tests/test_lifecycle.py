@@ -21,12 +21,12 @@ from relax.sglang.server import ServerError, ServerProcess, live_group_members
 # stands in for sglang.launch_server where only process handling is under test: a real HTTP server on
 # --port with a child process in its group, as SGLang's scheduler/detokenizer are
 FAKE_LAUNCHER = textwrap.dedent('''
-    import http.server, json, subprocess, sys
+    import http.server, json, os, subprocess, sys
     port = int(sys.argv[sys.argv.index("--port") + 1])
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            body = json.dumps({"weight_version": "default"}).encode()
+            body = json.dumps({"weight_version": "default", "version": os.environ.get("FAKE_SGLANG", "0.5.23")}).encode()
             self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
             self.wfile.write(body)
         def log_message(self, *args):
@@ -57,12 +57,13 @@ def test_a_missing_interpreter_is_a_clear_error(tmp_path):
         server.start()
 
 
-def _fake_params(tmp_path) -> SGLangEngineParams:
+def _fake_params(tmp_path, version: str = "0.5.23") -> SGLangEngineParams:
     pkg = tmp_path / "fake" / "sglang"
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "launch_server.py").write_text(FAKE_LAUNCHER)
-    return SGLangEngineParams(python=sys.executable, env={"PYTHONPATH": str(tmp_path / "fake")}, startup_timeout_s=60)
+    env = {"PYTHONPATH": str(tmp_path / "fake"), "FAKE_SGLANG": version}
+    return SGLangEngineParams(python=sys.executable, env=env, startup_timeout_s=60)
 
 
 def test_stop_leaves_no_process_and_frees_the_port(tmp_path):
@@ -92,6 +93,17 @@ def test_a_dead_launched_server_is_named_by_health_and_restarts(tmp_path, tiny_d
     finally:
         engine.close()
     assert live_group_members(engine.server.proc.pid) == []
+
+
+def test_a_server_older_than_the_endpoints_relax_calls_is_refused_at_start_up(tmp_path, tiny_dirs):
+    """A server reporting an SGLang release without /begin_weight_update etc. stops the engine's start (the
+    message names both versions), and the engine does not leave it running."""
+    from relax.sglang.engine import SGLangEngine
+
+    with pytest.raises(ServerError, match=r"needs sglang >= 0\.5\.23 .* reports sglang 0\.4\.9") as err:
+        SGLangEngine(_fake_params(tmp_path, "0.4.9"), tiny_dirs[0], run_dir=str(tmp_path))
+    port = int(str(err.value).split("server at http://127.0.0.1:")[1].split(":")[0])
+    assert _port_free("127.0.0.1", port), "the refused server was left running"
 
 
 @pytest.mark.kills_shared_server

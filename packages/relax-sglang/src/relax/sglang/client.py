@@ -47,7 +47,10 @@ class SGLangClient:
             raise SGLangHTTPError(f"{self.name}: {endpoint} returned HTTP {resp.status_code}: {resp.text[:500]}")
         if not resp.content:
             return None
-        out = resp.json()
+        try:
+            out = resp.json()
+        except ValueError:  # a plain-text answer (sglang-router's /health: "OK")
+            return resp.text
         if isinstance(out, dict) and out.get("success") is False:
             raise SGLangHTTPError(f"{self.name}: {endpoint} failed: {out.get('message')}")
         return out

@@ -1,4 +1,7 @@
-"""``SGLangEngine``: a Relax rollout engine backed by one SGLang server (launched or attached).
+"""``SGLangEngine``: a Relax rollout engine backed by one SGLang server (launched or attached), or by several
+behind one sglang-router (``router: sglang``: generation through the router, every control call below to
+each server; :mod:`relax.sglang.router`). At start-up each server must report an SGLang release with the
+endpoints used here (:mod:`relax.sglang.server_site.relax_sglang_version_guard`).
 
 Generation goes through SGLang's native token-id ``/generate`` (per-token logprobs, finish reason and
 per-token weight-version spans). Control maps onto SGLang's endpoints:
@@ -31,10 +34,12 @@ import torch
 
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.sglang.client import SGLangClient, SGLangHTTPError
+from relax.sglang.device_defaults import server_settings
 from relax.sglang.media import MediaRequest, check_prompt_tokens, load_image_spec, media_request
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.payload import cut_at_stop_ids, generate_payload, parse_output, parse_version, result
 from relax.sglang.server import ServerError, ServerProcess
+from relax.sglang.server_site.relax_sglang_version_guard import endpoints_problem
 
 _GATE_POLL_S = 0.01
 
@@ -98,24 +103,87 @@ class SGLangEngine:
             params = dataclasses.replace(params, python=server_python(Path(run_dir) / "logs" / "sglang-server-env-build.log"))
         self.params, self.model_path, self.index = params, model_path, index
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
-        self.server: ServerProcess | None = None
-        if params.urls:
-            url = params.urls[index % len(params.urls)]
-        else:
-            log = Path(run_dir) / "logs" / f"sglang-engine-{index}.log"
-            self.server = ServerProcess(params, model_path, dtype, log, index)
-            self.server.start()
-            url = self.server.url
+        self.servers: list[ServerProcess] = []  # launched ones (none when attached by URL)
+        self.router: Any = None  # the sglang-router process in front of them (router: sglang)
+        self.workers: list[SGLangClient] = []
+        concurrency = server_settings(params, dtype).max_concurrency
+
+        def client(url: str, name: str) -> SGLangClient:
+            return SGLangClient(url, name, params.control_timeout_s, params.request_timeout_s, concurrency)
+
+        try:
+            urls = self._start_servers(dtype, Path(run_dir) / "logs")
+            #: control calls go to every server; with one server (router: relax) it is the generation client
+            self.workers = [client(u, f"sglang engine[{index}] server at {u}") for u in urls]
+            for worker in self.workers:
+                check_server_version(worker)
+            url = self._start_router(urls, Path(run_dir) / "logs") if params.router == "sglang" else urls[0]
+        except BaseException:
+            self.close()
+            raise
         self.url = url
         self.name = f"sglang engine[{index}] at {url}"
-        self.client = SGLangClient(url, self.name, params.control_timeout_s, params.request_timeout_s, params.max_concurrency)
-        self._version = parse_version(self.client.get("/model_info").get("weight_version"), 0)
+        if params.router == "sglang":
+            self.client = client(url, self.name)
+        else:
+            self.client = self.workers[0]
+            self.client.name = self.name
+        self._version = self._served_version(0, agree=False)
         self._running = threading.Event()
         self._running.set()
         self._abort_epoch = 0
         self._in_flight = 0
         self._count_lock = threading.Lock()
         self._image_spec: Any = None  # read from the model directory at the first media request
+
+    @property
+    def server(self) -> ServerProcess | None:
+        """The (first) launched server; None when attached by URL."""
+        return self.servers[0] if self.servers else None
+
+    def _processes(self) -> list[ServerProcess]:
+        """What this engine launched: its servers, then the router in front of them (if any)."""
+        return [*self.servers, *([self.router] if self.router is not None else [])]
+
+    def _start_servers(self, dtype: str, logs: Path) -> list[str]:
+        """Launch this engine's servers (or pick the attached URLs): their URLs."""
+        p = self.params
+        if p.urls:
+            return list(p.urls) if p.router == "sglang" else [p.urls[self.index % len(p.urls)]]
+        n = p.servers if p.router == "sglang" else 1
+        for j in range(n):
+            i = self.index * n + j
+            name = f"sglang-engine-{self.index}.log" if n == 1 else f"sglang-engine-{self.index}-server-{j}.log"
+            server = ServerProcess(p, self.model_path, dtype, logs / name, i, base_gpu=j * p.tp_size)
+            self.servers.append(server)
+            server.start()
+        return [s.url for s in self.servers]
+
+    def _start_router(self, urls: list[str], logs: Path) -> str:
+        from relax.sglang.router import RouterProcess, router_python
+
+        python = router_python(self.params, self.params.python)  # the server env may have the router too
+        self.router = RouterProcess(self.params, python, urls, logs / f"sglang-router-{self.index}.log", self.index)
+        self.router.start()
+        return self.router.url
+
+    def _each(self, endpoint: str, body: dict[str, Any] | None = None) -> list[Any]:
+        """POST ``endpoint`` to every server at once (a distributed weight update blocks each call until all
+        of them received the broadcast, so they cannot go one after another)."""
+        if len(self.workers) == 1:
+            return [self.workers[0].post(endpoint, body)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(self.workers)) as pool:
+            return list(pool.map(lambda w: w.post(endpoint, body), self.workers))
+
+    def _served_version(self, default: int, agree: bool = True) -> int:
+        """The weight version the servers report: after an update they must agree; at start-up (``agree``
+        False) servers attached at different versions count as the oldest until the first sync."""
+        versions = {parse_version(w.get("/model_info").get("weight_version"), default) for w in self.workers}
+        if agree and len(versions) != 1:
+            raise SGLangHTTPError(f"{self.name}: its servers serve different weight versions {sorted(versions)}")
+        return min(versions)
 
     # ------------------------------------------------------------------ generation
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -168,26 +236,26 @@ class SGLangEngine:
 
     def pause(self) -> None:
         self._running.clear()
-        self.client.post("/pause_generation", {"mode": self.params.pause_mode})
+        self._each("/pause_generation", {"mode": self.params.pause_mode})
 
     def resume(self) -> None:
-        self.client.post("/continue_generation", {})
+        self._each("/continue_generation", {})
         self._running.set()
 
     def abort(self) -> None:
         self._abort_epoch += 1
-        self.client.post("/abort_request", {"abort_all": True})
+        self._each("/abort_request", {"abort_all": True})
 
     def release_memory(self) -> None:
         """``rollout.release_memory``: the server frees its weights and KV cache (``/release_memory_occupation``;
         on CUDA through ``memory_saver``; a CPU server goes through the same calls and frees nothing)."""
-        if self.server is not None and self.params.device.startswith("cuda") and not self.params.memory_saver:
+        if self.servers and self.params.device.startswith("cuda") and not self.params.memory_saver:
             raise ServerError(f"{self.name}: rollout.release_memory needs engine_params.memory_saver (the server "
                               "was launched without --enable-memory-saver)")
-        self.client.post("/release_memory_occupation", {})
+        self._each("/release_memory_occupation", {})
 
     def resume_memory(self) -> None:
-        self.client.post("/resume_memory_occupation", {})
+        self._each("/resume_memory_occupation", {})
 
     def health(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -197,10 +265,14 @@ class SGLangEngine:
             "in_flight": self._in_flight,
             "model_path": self.model_path,
         }
-        if self.server is not None and not self.server.alive():
-            return {**info, "ok": False, "error": f"{self.name} exited with code {self.server.exit_code()}"}
+        for proc in self._processes():
+            if not proc.alive():
+                error = f"{self.name} exited with code {proc.exit_code()}" if len(self.servers) == 1 and proc is self.server \
+                    else f"{proc.name} exited with code {proc.exit_code()}"  # fmt: skip
+                return {**info, "ok": False, "error": error}
         try:
-            self.client.get("/health", timeout_s=min(10.0, self.params.control_timeout_s))
+            for client in dict.fromkeys([*self.workers, self.client]):
+                client.get("/health", timeout_s=min(10.0, self.params.control_timeout_s))
         except SGLangHTTPError as exc:
             return {**info, "ok": False, "error": str(exc)}
         return {**info, "ok": True}
@@ -208,30 +280,34 @@ class SGLangEngine:
     def restart(self) -> None:
         """Start a launched server again (after it died); the engine then serves the weights at
         ``model_path`` as version 0 until the next weight sync."""
-        if self.server is None:
+        if not self.servers:
             raise ServerError(f"{self.name}: attached by URL, so it cannot be restarted from here")
-        self.server.stop()
-        self.server.start()
-        self._version = parse_version(self.client.get("/model_info").get("weight_version"), 0)
+        for proc in reversed(self._processes()):
+            proc.stop()
+        for proc in self._processes():
+            proc.start()
+        self._version = self._served_version(0, agree=False)
 
     def close(self) -> None:
-        self.client.close()
-        if self.server is not None:
-            self.server.stop()
+        for client in dict.fromkeys([*self.workers, *([self.client] if hasattr(self, "client") else [])]):
+            client.close()
+        for proc in reversed(self._processes()):
+            proc.stop()
 
     # ------------------------------------------------------------------ weight updates
     def begin_weight_update(self, version: int) -> None:
-        try:
-            self.client.post("/begin_weight_update", {})
-        except SGLangHTTPError as exc:  # an earlier update failed between begin and end: close it first
-            if "already open" not in str(exc):
-                raise
-            self.client.post("/end_weight_update", {})
-            self.client.post("/begin_weight_update", {})
+        for worker in self.workers:
+            try:
+                worker.post("/begin_weight_update", {})
+            except SGLangHTTPError as exc:  # an earlier update failed between begin and end: close it first
+                if "already open" not in str(exc):
+                    raise
+                worker.post("/end_weight_update", {})
+                worker.post("/begin_weight_update", {})
 
     def end_weight_update(self, version: int) -> None:
-        self.client.post("/end_weight_update", {})
-        served = parse_version(self.client.get("/model_info").get("weight_version"), -1)
+        self._each("/end_weight_update", {})
+        served = self._served_version(-1)
         if served != version:
             raise SGLangHTTPError(f"{self.name} serves weight version {served} after the update to {version}")
         self._version = version
@@ -244,26 +320,38 @@ class SGLangEngine:
                        self.params.device)  # kept alive until the server has answered (CUDA IPC)
         body = {"serialized_named_tensors": [serialize_tensors(items)] * self.params.tp_size,
                 "weight_version": str(version), "flush_cache": self._may_flush()}  # fmt: skip
-        self.client.post("/update_weights_from_tensor", body)
+        self._each("/update_weights_from_tensor", body)
         self._version = version
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         """Load a whole HF checkpoint directory written by the trainer (``sglang_disk``)."""
         body = {"model_path": path, "weight_version": str(version), "flush_cache": self._may_flush()}
-        self.client.post("/update_weights_from_disk", body)
+        self._each("/update_weights_from_disk", body)
         self._version = version
 
+    def weight_update_ranks(self) -> int:
+        """Ranks this engine adds to a ``sglang_distributed`` group: each server's tensor-parallel ranks."""
+        return int(self.params.tp_size) * len(self.workers)
+
     def init_weights_update_group(self, addr: str, port: int, rank_offset: int, world: int, group: str, backend: str) -> None:
-        body = {"master_address": addr, "master_port": port, "rank_offset": rank_offset, "world_size": world,
-                "group_name": group, "backend": backend}  # fmt: skip
-        self.client.post("/init_weights_update_group", body)
+        """Every server joins ``group``, the engine's ranks from ``rank_offset`` on, each server's TP ranks in
+        a row (the calls return once the whole group formed, so they go out together)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def join(j: int) -> Any:
+            body = {"master_address": addr, "master_port": port, "rank_offset": rank_offset + j * self.params.tp_size,
+                    "world_size": world, "group_name": group, "backend": backend}  # fmt: skip
+            return self.workers[j].post("/init_weights_update_group", body)
+
+        with ThreadPoolExecutor(len(self.workers)) as pool:
+            list(pool.map(join, range(len(self.workers))))
 
     def update_weights_from_distributed(self, layout: list[tuple[str, str, list[int]]], group: str, version: int) -> None:
         """Receive one bucket broadcast by the trainer (rank 0) over ``group``: (name, dtype, shape) each."""
         body = {"names": [n for n, _, _ in layout], "dtypes": [d for _, d, _ in layout],
                 "shapes": [list(s) for _, _, s in layout], "group_name": group, "weight_version": str(version),
                 "flush_cache": self._may_flush()}  # fmt: skip
-        self.client.post("/update_weights_from_distributed", body)
+        self._each("/update_weights_from_distributed", body)
         self._version = version
 
     def _may_flush(self) -> bool:
@@ -272,11 +360,23 @@ class SGLangEngine:
         return self._running.is_set() or self.params.pause_mode != "in_place"
 
     def destroy_weights_update_group(self, group: str) -> None:
-        self.client.post("/destroy_weights_update_group", {"group_name": group})
+        self._each("/destroy_weights_update_group", {"group_name": group})
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        return self.client.post("/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+        return self.workers[0].post("/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
 
     def flush_cache(self) -> None:
-        self.client.post("/flush_cache", {})
+        self._each("/flush_cache", {})
 
+
+
+def check_server_version(client: SGLangClient) -> None:
+    """Refuse a server older than the endpoints the engine calls, at start-up (naming its version) rather
+    than with a 404 in the middle of a run."""
+    try:
+        info = client.get("/server_info")
+    except SGLangHTTPError:
+        info = client.get("/get_server_info")  # releases before /server_info
+    problem = endpoints_problem((info or {}).get("version"))
+    if problem:
+        raise ServerError(f"{client.name}: {problem}")

@@ -17,8 +17,10 @@ def _engine(params: SGLangEngineParams, ctx: PluginContext):
 
 
 def _resources(params: SGLangEngineParams) -> Resources:
-    """Attached servers cost the engine actor nothing but HTTP; launched ones hold ``tp_size`` GPUs on CUDA."""
-    gpus = float(params.tp_size) if params.device.startswith("cuda") and not params.urls else 0.0
+    """Attached servers cost the engine actor nothing but HTTP; launched ones hold ``tp_size`` GPUs each on
+    CUDA (``servers`` of them behind an sglang-router)."""
+    servers = params.servers if params.router == "sglang" else 1
+    gpus = float(params.tp_size * servers) if params.device.startswith("cuda") and not params.urls else 0.0
     return Resources(num_cpus=params.num_cpus, num_gpus=gpus)
 
 

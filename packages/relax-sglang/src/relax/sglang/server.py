@@ -16,6 +16,7 @@ from pathlib import Path
 
 import requests
 
+from relax.sglang.device_defaults import server_settings
 from relax.sglang.media import video_model_type, video_server_args
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.server_site import SITE_DIR
@@ -35,24 +36,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def server_command(params: SGLangEngineParams, model_path: str, port: int, dtype: str, video: str | None = None) -> list[str]:
+def server_command(
+    params: SGLangEngineParams, model_path: str, port: int, dtype: str, video: str | None = None, base_gpu: int = 0
+) -> list[str]:
     """The ``sglang.launch_server`` command line for ``params`` (pure: unit-tested); ``video``: the model type
     of a model the engine sends video, so the server re-processes our rebuilt frames exactly (unless
-    ``extra_args`` configure it)."""
+    ``extra_args`` configure it). ``dtype``: the run's; unset params take their device's defaults
+    (:func:`relax.sglang.device_defaults.server_settings`). ``base_gpu``: the first of the engine's GPUs this
+    server uses (several servers behind one sglang-router each take their own ``tp_size``)."""
+    settings = server_settings(params, dtype)
     cmd = [
         params.python, "-m", "sglang.launch_server",
         "--model-path", model_path,
         "--host", params.host, "--port", str(port),
         "--device", params.device,
-        "--dtype", params.dtype or dtype,
+        "--dtype", settings.dtype,
         "--mem-fraction-static", str(params.mem_fraction_static),
         "--tp-size", str(params.tp_size),
         "--skip-server-warmup",
     ]  # fmt: skip
-    if params.max_total_tokens is not None:
-        cmd += ["--max-total-tokens", str(params.max_total_tokens)]
-    if params.deterministic:
+    if settings.max_total_tokens is not None:
+        cmd += ["--max-total-tokens", str(settings.max_total_tokens)]
+    if settings.deterministic:
         cmd += ["--enable-deterministic-inference"]
+    if base_gpu and params.device.startswith("cuda"):
+        cmd += ["--base-gpu-id", str(base_gpu)]
     if params.memory_saver and params.device.startswith("cuda"):
         cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
     if params.device == "cpu":  # what runs without sgl-kernel (see server/cpu_shims)
@@ -85,8 +93,13 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 class ServerProcess:
     """A launched SGLang server; ``name`` (``sglang engine[i] at URL``) appears in every error."""
 
-    def __init__(self, params: SGLangEngineParams, model_path: str, dtype: str, log_path: Path, index: int = 0):
-        self.params, self.model_path, self.dtype, self.index = params, model_path, dtype, index
+    interpreter = "python"  # the engine_params field naming the interpreter (in errors)
+    interpreter_hint = "the SGLang server environment (packages/relax-sglang/scripts/build_server_env.sh)"
+
+    def __init__(
+        self, params: SGLangEngineParams, model_path: str, dtype: str, log_path: Path, index: int = 0, base_gpu: int = 0
+    ):
+        self.params, self.model_path, self.dtype, self.index, self.base_gpu = params, model_path, dtype, index, base_gpu
         self.log_path = Path(log_path)
         self.port = params.port + index if params.port else free_port(params.host)
         self.url = f"http://{params.host}:{self.port}"
@@ -96,21 +109,28 @@ class ServerProcess:
     def name(self) -> str:
         return f"sglang engine[{self.index}] at {self.url}"
 
+    def command(self) -> list[str]:
+        video = video_model_type(self.model_path)
+        return server_command(self.params, self.model_path, self.port, self.dtype, video, self.base_gpu)
+
+    def environment(self) -> dict[str, str]:
+        return server_env(self.params)
+
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = server_command(self.params, self.model_path, self.port, self.dtype, video_model_type(self.model_path))
+        cmd = self.command()
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(cmd)}\n".encode())
             log.flush()
             try:
                 self.proc = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=server_env(self.params), start_new_session=True, preexec_fn=_die_with_parent,
+                    env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
                 )  # fmt: skip
             except FileNotFoundError as exc:
                 raise ServerError(
-                    f"{self.name}: cannot run engine_params.python {self.params.python!r} ({exc}); point it at "
-                    "the SGLang server environment (packages/relax-sglang/scripts/build_server_env.sh)"
+                    f"{self.name}: cannot run engine_params.{self.interpreter} {cmd[0]!r} ({exc}); point it at "
+                    f"{self.interpreter_hint}"
                 ) from exc
         self.wait_healthy(self.params.startup_timeout_s)
 
@@ -123,7 +143,7 @@ class ServerProcess:
                     + log_tail(self.log_path)
                 )
             try:
-                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+                if self.ready():
                     return
             except requests.RequestException:
                 pass
@@ -133,6 +153,10 @@ class ServerProcess:
                     f"{self.name} was not healthy within {timeout_s:g}s; log {self.log_path}:\n" + log_tail(self.log_path)
                 )
             time.sleep(HEALTH_POLL_S)
+
+    def ready(self) -> bool:
+        """Serving (polled while starting; a connection error counts as not yet)."""
+        return requests.get(f"{self.url}/health", timeout=5).status_code == 200
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -9,7 +9,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "build_server_env.sh"
+_PACKAGED = Path(__file__).resolve().parent / "server_files" / "scripts" / "build_server_env.sh"  # in a wheel
+_SOURCE = Path(__file__).resolve().parents[3] / "scripts" / "build_server_env.sh"  # in the source tree
+#: the server env's build script, with the lock and CPU shims beside it (shipped in the wheel: python: auto
+#: works from an installed relax-sglang, not only from a checkout)
+BUILD_SCRIPT = _PACKAGED if _PACKAGED.is_file() else _SOURCE
 BUILD_TIMEOUT_S = 1800.0
 
 _lock = threading.Lock()

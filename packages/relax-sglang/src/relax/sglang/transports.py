@@ -28,12 +28,15 @@ import torch
 from relax.core.weight_sync import DiskSync, InProcessSync, Receiver, WeightSyncError
 from relax.core.weight_sync.base import bucket_nbytes
 from relax.core.weight_sync.broadcast import broadcast, listen
+from relax.core.weight_sync.disk import DiskReceiver
 from relax.core.weight_sync.transport import Peers
 
 ENGINES = ("sglang",)
 
 
-class SGLangDiskReceiver(Receiver):
+class SGLangDiskReceiver(DiskReceiver):
+    """Core's disk receiver (its checks, e.g. that this node sees the directory), loading through the server."""
+
     def load(self, path: str, version: int) -> None:
         self.engine.update_weights_from_disk(path, version)
 
@@ -65,6 +68,21 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def group_device(backend: str, cuda_index: int | None = None) -> torch.device:
+    """Where the group's tensors must live: NCCL only moves CUDA tensors (the trainer's current GPU), gloo
+    only host ones."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device() if cuda_index is None else cuda_index)
+
+
+def on_group_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` as the broadcast sends it: contiguous, on the group's device. The megatron trainer exports
+    host tensors (it gathers each layer to CPU) and NCCL rejects those; a CUDA trainer over gloo is the
+    mirror case. A tensor already there is sent as is (no copy)."""
+    return tensor.detach().to(device).contiguous()
+
+
 def open_store(addr: str, world: int, timeout_s: float) -> tuple[Any, int]:
     """The group's TCPStore, listening on ``addr`` only: (store, port)."""
     import torch.distributed as dist
@@ -89,7 +107,8 @@ def trainer_group(store: Any, world: int, name: str, backend: str, timeout_s: fl
 
 class SGLangDistributedReceiver(Receiver):
     def tp_size(self) -> int:
-        return int(self.engine.params.tp_size)
+        """The ranks this engine adds to the group (every server's TP ranks)."""
+        return int(self.engine.weight_update_ranks())
 
     def join(self, addr: str, port: int, rank_offset: int, world: int, group: str, backend: str) -> None:
         self.engine.init_weights_update_group(addr, port, rank_offset, world, group, backend)
@@ -121,13 +140,14 @@ class SGLangDistributedSync(InProcessSync):
     def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
         try:
             self._ensure_group(peers)
+            device = group_device(self.params.backend)
             for i, bucket in enumerate(trainer.export_weights(self.bucket_bytes)):
                 layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in bucket]
                 pending = peers.start("receive", layout, self._name, version)
                 timeout = datetime.timedelta(seconds=self.timeout_s)
                 try:
                     for _, tensor in bucket:
-                        broadcast(self._group, tensor.detach().contiguous()).wait(timeout)
+                        broadcast(self._group, on_group_device(tensor, device)).wait(timeout)
                 except Exception as exc:
                     peers.wait(pending, f"update_weights_from_distributed(bucket {i}, version {version})")
                     raise WeightSyncError(f"broadcast of bucket {i} (version {version}) failed: {exc}") from exc

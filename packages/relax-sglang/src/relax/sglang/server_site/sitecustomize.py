@@ -1,12 +1,19 @@
 """Runs at the start of every interpreter of a launched SGLang server (this directory leads its PYTHONPATH):
-installs Relax's server patches, then runs the environment's own ``sitecustomize`` if it has one (ours
-shadows it on the path)."""
+checks that its SGLang is the release the patches were written for (else the interpreter stops here, at
+start-up, naming both versions), installs Relax's server patches, then runs the environment's own
+``sitecustomize`` if it has one (ours shadows it on the path)."""
 
 import importlib
 import os
 import sys
 
 import relax_sglang_server_patches
+import relax_sglang_version_guard
+
+try:
+    relax_sglang_version_guard.check_patches(relax_sglang_version_guard.installed_sglang())
+except relax_sglang_version_guard.SGLangVersionError as exc:
+    raise SystemExit(f"relax.sglang: {exc}") from None
 
 relax_sglang_server_patches.install()
 

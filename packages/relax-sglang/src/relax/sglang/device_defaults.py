@@ -1,0 +1,56 @@
+"""Per-device defaults of the SGLang server settings that ``engine_params`` leaves unset (``None``).
+
+CPU keeps the values the CPU test suite was tuned with (a float32 server at the run's dtype, a 4096-token KV
+pool, deterministic inference so request seeds are honoured, 64 ``/generate`` calls in flight). A CUDA server
+gets what SGLang users run in production: bf16 (or the run's dtype when it is not float32), a KV pool that
+SGLang sizes itself from ``mem_fraction_static``, SGLang's fast non-deterministic kernels unless asked, and
+enough requests in flight to fill its continuous batch. Pure: unit-tested for both devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relax.sglang.params import SGLangEngineParams
+
+CPU_MAX_TOTAL_TOKENS = 4096  # the KV pool a CPU server allocates (SGLang would size it from host RAM)
+CPU_MAX_CONCURRENCY = 64
+CUDA_MAX_CONCURRENCY = 1024  # the server batches what it can hold and queues the rest itself
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the launch command and the client use, every field decided."""
+
+    dtype: str
+    max_total_tokens: int | None  # None: no cap (SGLang sizes the KV pool from mem_fraction_static)
+    deterministic: bool
+    max_concurrency: int
+
+
+def is_cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def default_dtype(device: str, run_dtype: str) -> str:
+    """CPU: the run's dtype (float32 by default, so the tests compare with the HF engine exactly). CUDA: the
+    run's dtype when it chose a half precision, else bf16 (a float32 GPU server is slow and rarely wanted)."""
+    if is_cuda(device) and run_dtype in ("float32", "fp32", "float"):
+        return "bfloat16"
+    return run_dtype
+
+
+def server_settings(params: SGLangEngineParams, run_dtype: str) -> ServerSettings:
+    """``params`` with each unset (``None``) field at its device's default; ``max_total_tokens: 0`` asks for
+    no cap on either device."""
+    cuda = is_cuda(params.device)
+    if params.max_total_tokens is None:
+        tokens = None if cuda else CPU_MAX_TOTAL_TOKENS
+    else:
+        tokens = params.max_total_tokens or None
+    return ServerSettings(
+        dtype=params.dtype or default_dtype(params.device, run_dtype),
+        max_total_tokens=tokens,
+        deterministic=(not cuda) if params.deterministic is None else params.deterministic,
+        max_concurrency=params.max_concurrency or (CUDA_MAX_CONCURRENCY if cuda else CPU_MAX_CONCURRENCY),
+    )
