@@ -11,7 +11,6 @@ relative to colocate, plus the trainer's idle fraction.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +20,7 @@ import sim_env  # noqa: F401  (first: points Ray workers at the sim plugin)
 # isort: split
 
 from relax.core.config import load_config
+from relax.core.controller.ray_start import start_loopback_ray
 from relax.core.controller.run import run
 
 SIM = [
@@ -48,8 +48,7 @@ def main(argv: list[str]) -> None:
     import ray
 
     steps = int(argv[0]) if argv else 12
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH", "RELAX_PLUGINS", "RAY_AUTH_MODE", "HF_HUB_OFFLINE")}})
+    start_loopback_ray(num_cpus=4)  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         base, _ = measure("colocate", 0, steps, root)

@@ -12,7 +12,6 @@ engines in the same run as ratios to 1 engine; the headline is printed last.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import statistics
 import sys
@@ -29,6 +28,7 @@ import ray
 import requests
 
 from relax.core.config import load_config
+from relax.core.controller.ray_start import start_loopback_ray
 from relax.core.controller.run import run
 from relax.core.hookspecs import hookimpl
 from relax.core.plugins import get_plugin_manager
@@ -88,8 +88,7 @@ def main(argv: list[str]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=2 * MAX_ENGINES + 2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH", "RELAX_PLUGINS", "RAY_AUTH_MODE", "HF_HUB_OFFLINE")}})
+    start_loopback_ray(num_cpus=2 * MAX_ENGINES + 2)  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
     operator = Operator(f"http://127.0.0.1:{port}", segment)
     get_plugin_manager().pm.register(operator, name="elastic-bench-operator")
     with tempfile.TemporaryDirectory() as tmp:

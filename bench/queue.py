@@ -35,6 +35,7 @@ else:
     import ray
     import torch
 
+    from relax.core.controller.ray_start import start_loopback_ray
     from relax.core.queue import TransferQueueClient
 
 
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seconds-per-case", type=float, default=3.0)
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_loopback_ray(num_cpus=2)  # 127.0.0.1 only, as `relax run` starts Ray
     client = TransferQueueClient.create(capacity=4 * args.batch, consumers=["trainer"], inline_bytes=64 << 10)
     client.metrics()  # actor started
     ratios = {}

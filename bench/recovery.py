@@ -28,6 +28,7 @@ import sim_env  # noqa: F401  (first: points Ray workers at the sim plugin)
 import ray
 
 from relax.core.config import load_config
+from relax.core.controller.ray_start import start_loopback_ray
 from relax.core.controller.run import run
 from relax.core.hookspecs import hookimpl
 from relax.core.plugins import get_plugin_manager
@@ -98,8 +99,7 @@ def measure(steps: int, root: Path, name: str, every: int | None = None) -> tupl
 def main(argv: list[str]) -> None:
     steps = int(argv[0]) if argv else 40
     every = int(argv[1]) if len(argv) > 1 else 5
-    ray.init(num_cpus=2 * ENGINES + 2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH", "RELAX_PLUGINS", "RAY_AUTH_MODE", "HF_HUB_OFFLINE")}})
+    start_loopback_ray(num_cpus=2 * ENGINES + 2)  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
     with tempfile.TemporaryDirectory() as tmp:
         base, _, _ = measure(steps, Path(tmp), "undisturbed")
         rate, last, kills = measure(steps, Path(tmp), "killed", every)

@@ -38,6 +38,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from relax.core.context import PluginContext  # noqa: E402
+from relax.core.controller.ray_start import start_loopback_ray  # noqa: E402
 from relax.core.plugins import get_plugin_manager  # noqa: E402
 from relax.core.weight_sync import TRANSPORTS, serve_receiver, serve_sender  # noqa: E402
 
@@ -199,7 +200,7 @@ def main() -> None:
     nbytes = sum(t.numel() * t.element_size() for t in Trainer(args.mb).state.values())
     x = torch.randn(nbytes // 4)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_loopback_ray(num_cpus=2)  # 127.0.0.1 only, as `relax run` starts Ray
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in TRANSPORTS:

@@ -20,7 +20,7 @@ import pytest
 import ray
 
 from relax.core.config import load_config
-from relax.core.controller.faults import NoEnginesLeft
+from relax.core.controller.faults import NoEnginesLeft, RoleDied
 from relax.core.controller.run import run
 from relax.core.hookspecs import hookimpl
 from relax.core.plugins import get_plugin_manager
@@ -242,3 +242,27 @@ def test_dead_trainer_restarts_from_the_latest_checkpoint(ray_session, tmp_path,
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["fault/trainer_restarts"] == 1
     assert rows[-1]["policy_version"] == 3
+
+
+def _stop_the_engine_and_kill_the_trainer(obs: Observer, run) -> None:
+    trainer = _pid(run._state.roles.trainer)
+    (_, handle), = _when_generating(run, at_step=2).items()
+    _stop(obs, handle)
+    os.kill(trainer, signal.SIGKILL)
+
+
+def test_stuck_engine_and_dead_trainer_report_the_trainer_and_start_no_replacement(ray_session, tmp_path, observer):
+    """The engine stops and the trainer dies at the same moment: the engine is evicted after its bound,
+    but no replacement is started (it would be synced from a dead trainer), and the trainer's death
+    is the reported cause, not the engine's."""
+    obs = observer(inject=_stop_the_engine_and_kill_the_trainer)
+    cfg = load_config(None, [*SMALL, "total_steps=50", f"run_dir={tmp_path}", "mode=colocate", "rollout.max_restarts=2",
+                             "rollout.timeout_s=4"])
+    with pytest.raises(RoleDied) as err:
+        run(cfg)
+    assert err.value.role == "trainer" and str(err.value).startswith("trainer died"), str(err.value)
+    assert "rollout engine[0] did not finish generate within 4s" in str(err.value)  # what the run also saw
+    assert err.value.relax_step == 1 and err.value.relax_checkpoint is None  # no trainer: no emergency checkpoint
+    fleet = obs.run._state.fleet
+    assert fleet.counters.get("engine_evictions") == 1
+    assert fleet._restarts == 0 and fleet.counters.get("engine_start_failures") == 0  # no replacement started

@@ -105,7 +105,7 @@ def _report_failure(exc: BaseException, ns: argparse.Namespace, cfg) -> int:
     import traceback
     from pathlib import Path
 
-    from relax.core.controller.recovery import reason
+    from relax.core.controller.recovery import reason, resume_point
     from relax.core.controller.signals import Interrupted
 
     if isinstance(exc, SystemExit):
@@ -124,11 +124,8 @@ def _report_failure(exc: BaseException, ns: argparse.Namespace, cfg) -> int:
     where = f" at step {step} of {cfg.total_steps}" if step is not None else ""
     detail = f" (traceback: {log_path})" if log_path else ""
     print(f"relax: stopped{where}: {reason(exc)}{detail}", file=sys.stderr, flush=True)
-    checkpoint = getattr(exc, "relax_checkpoint", None)
-    args = [a for a in ns.args if not a.startswith("checkpoint.resume=")]
-    if checkpoint:
-        in_run = Path(checkpoint).parent == Path(cfg.run_dir) / "checkpoints"
-        args.append("checkpoint.resume=auto" if in_run else f"checkpoint.resume={checkpoint}")
+    checkpoint, resume = resume_point(cfg, getattr(exc, "relax_checkpoint", None))
+    args = [*(a for a in ns.args if not a.startswith("checkpoint.resume=")), resume]
     command = shlex.join(["relax", "run", *args, *(["--address", ns.address] if getattr(ns, "address", None) else [])])
     if checkpoint:
         print(f"relax: resume from {checkpoint} with: {command}", file=sys.stderr, flush=True)

@@ -179,6 +179,9 @@ class RayConfig:
     # the interface this machine's Ray binds and advertises: null = 127.0.0.1 for an embedded Ray
     # (nothing listens beyond loopback), Ray's choice when joining a cluster
     node_ip_address: str | None = None
+    # role -> the ``relax-node`` label of the nodes it must run on (``ray start --labels relax-node=train``);
+    # roles: trainer, rollout, reward, reference, teacher; unset: any node (see docs/cluster.md)
+    nodes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

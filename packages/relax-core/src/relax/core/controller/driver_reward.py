@@ -23,6 +23,8 @@ from relax.core.lazy_ray import LocalHandle
 def start_reward(cfg: Any, ctx: Any) -> Any:
     """The reward role: in the driver for a reward declared ``in_driver`` (``RewardRole``'s code
     behind a :class:`~relax.core.lazy_ray.LocalHandle`), else its own actor."""
-    if reward_in_driver(cfg):
+    from relax.core.cluster import actor_options, node_of
+
+    if reward_in_driver(cfg) and node_of(cfg, "reward") is None:  # a pinned reward runs on its nodes
         return LocalHandle(RewardRole.__ray_actor_class__(cfg, ctx))
-    return RewardRole.options(num_cpus=0).remote(cfg, ctx)
+    return RewardRole.options(num_cpus=0, **actor_options(cfg, "reward")).remote(cfg, ctx)

@@ -50,6 +50,15 @@ def is_dead(exc: BaseException) -> bool:
     return isinstance(exc, ray.exceptions.RayActorError)
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The exception a role actually raised: Ray's ``RayTaskError`` wrappers (one per actor hop)
+    peeled off; anything else is returned as is."""
+    seen = 0
+    while isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, BaseException) and seen < 16:
+        exc, seen = exc.cause, seen + 1
+    return exc
+
+
 def describe(exc: BaseException) -> str:
     """One line for an actor failure: ``actor died`` or the remote exception's last line."""
     if is_dead(exc) and not getattr(exc, "actor_init_failed", False):
@@ -57,8 +66,7 @@ def describe(exc: BaseException) -> str:
     if is_dead(exc):  # its constructor raised: the message ends with that exception
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         return f"failed to start: {lines[-1].strip() if lines else 'constructor raised'}"
-    if isinstance(exc, ray.exceptions.RayTaskError):
-        exc = exc.cause if isinstance(exc.cause, BaseException) else exc
+    exc = root_cause(exc) if isinstance(exc, ray.exceptions.RayTaskError) else exc
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 

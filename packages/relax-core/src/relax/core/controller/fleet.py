@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from relax.core.controller import local
-from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, describe
+from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, alive, describe
 from relax.core.controller.router import EngineRouter
 from relax.core.plugins import attach_param
 
@@ -148,7 +148,17 @@ class EngineFleet:
             log.error("relax: %s; evicted it (no replacement: rollout.max_restarts=%d)", reason, self.rollout.max_restarts)
             self._close_if_empty(reason)
 
+    def _trainer_gone(self) -> bool:
+        """A replacement is synced from the trainer: with the trainer dead it could only fail (and the
+        trainer's death, not the engine's, is what the run reports: ``recovery.blame_trainer``)."""
+        return self.trainer is not None and not alive(self.trainer, self.rollout.control_timeout_s)
+
     def _schedule_replacement(self, old: int, reason: str) -> bool:
+        if self._stop.is_set():
+            return False
+        if self.rollout.max_restarts and self._trainer_gone():
+            log.error("relax: %s; no replacement: the trainer is gone", reason)
+            return False
         with self._lock:
             if self._stop.is_set() or self._restarts >= self.rollout.max_restarts:
                 return False
@@ -167,9 +177,11 @@ class EngineFleet:
 
     def _replace(self, old: int, index: int, reason: str, lost_at: float) -> None:
         error: BaseException | None = None
+        trainer_gone = False
         try:
             stopped = self._stop.wait(self.rollout.restart_backoff_s * 2**self._failed_starts)
-            if not stopped:
+            trainer_gone = not stopped and self._trainer_gone()
+            if not (stopped or trainer_gone):
                 try:
                     self._start([index])
                 except Exception as exc:
@@ -179,6 +191,11 @@ class EngineFleet:
                 self._replacing -= 1
                 self._failed_starts = 0 if error is None else self._failed_starts + 1
         if stopped or self._stop.is_set():
+            return
+        if trainer_gone or (error is not None and self._trainer_gone()):
+            why = f"{reason}; rollout engine[{index}] not started: the trainer is gone"
+            log.error("relax: %s", why)
+            self._close_if_empty(why)
             return
         if error is not None:
             self.counters.add("engine_start_failures")

@@ -66,6 +66,8 @@ def driver_problems(cfg: Any) -> list[str]:
         problems.append(f"the algorithm needs a {' and a '.join(roles)} model (its own actor)")
     if cfg.ray.address:
         problems.append(f"ray.address is {cfg.ray.address!r} (a cluster run)")
+    if cfg.ray.nodes:
+        problems.append(f"ray.nodes pins roles to cluster nodes ({', '.join(sorted(cfg.ray.nodes))})")
     if cfg.control.enabled:
         problems.append("control.enabled is true (the control plane is a Ray Serve app)")
     return problems
@@ -73,7 +75,12 @@ def driver_problems(cfg: Any) -> list[str]:
 
 def placement_errors(cfg: Any) -> list[str]:
     """Why ``rollout.host`` cannot be honoured (empty: it can). The one check behind both
-    ``relax validate`` and ``relax run`` (and :func:`placement_of_engine`, which raises it)."""
+    ``relax validate`` and ``relax run`` (and :func:`placement_of_engine`, which raises it); also
+    what ``ray.nodes`` asks that no cluster could honour (``relax.core.cluster.pin_errors``)."""
+    from relax.core.cluster import pin_errors
+
+    if pinned := pin_errors(cfg):
+        return pinned
     host = cfg.rollout.host
     if host == "separate":
         return []

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.core.cluster import bundle_selectors, placement_shortfalls
 from relax.core.context import Resources
 
 log = logging.getLogger("relax")
@@ -52,6 +53,7 @@ class GroupSpec:
     role: str  # "trainer", "rollout[0]", "colocate"
     bundles: tuple[dict[str, float], ...]
     strategy: str = "PACK"
+    node: str | None = None  # pinned to nodes with this ``relax-node`` label (``ray.nodes``); None: anywhere
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,11 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     return bundle or {"CPU": MIN_CPU}
 
 
-def plan(mode: str, trainer: Resources, engine: Resources, num_engines: int) -> Plan:
-    """The placement groups for a run (see the module docstring)."""
+def plan(mode: str, trainer: Resources, engine: Resources, num_engines: int,
+         nodes: dict[str, str] | None = None) -> Plan:
+    """The placement groups for a run (see the module docstring); ``nodes``: role -> node label
+    (``ray.nodes``: ``trainer`` pins the trainer's group, ``rollout`` every engine's, colocate's shared one)."""
+    nodes = nodes or {}
     ranks = max(1, trainer.num_workers)
     t = (trainer.num_cpus, trainer.num_gpus)
     e = _per_engine(engine)
@@ -96,9 +101,11 @@ def plan(mode: str, trainer: Resources, engine: Resources, num_engines: int) -> 
                 trainer_slots.append(Slot(0, b, *share[0]))
             if b < num_engines:
                 engine_slots.append(Slot(0, b, *share[-1]))
-        return Plan((GroupSpec("colocate", tuple(bundles)),), tuple(trainer_slots), tuple(engine_slots))
-    groups = [GroupSpec("trainer", tuple(_bundle(*t) for _ in range(ranks)))]
-    groups += [GroupSpec(f"rollout[{i}]", (_bundle(*e),), "STRICT_PACK") for i in range(num_engines)]
+        shared = GroupSpec("colocate", tuple(bundles), node=nodes.get("trainer") or nodes.get("rollout"))
+        return Plan((shared,), tuple(trainer_slots), tuple(engine_slots))
+    groups = [GroupSpec("trainer", tuple(_bundle(*t) for _ in range(ranks)), node=nodes.get("trainer"))]
+    groups += [GroupSpec(f"rollout[{i}]", (_bundle(*e),), "STRICT_PACK", node=nodes.get("rollout"))
+               for i in range(num_engines)]
     return Plan(
         tuple(groups),
         tuple(Slot(0, r, *t) for r in range(ranks)),
@@ -121,7 +128,8 @@ def plan_for(cfg: Any) -> Plan:
     from relax.core.controller.contexts import resources_for
 
     return plan(
-        cfg.mode, resources_for(cfg, "trainer"), resources_for(cfg, "rollout_engine"), cfg.rollout.num_engines
+        cfg.mode, resources_for(cfg, "trainer"), resources_for(cfg, "rollout_engine"), cfg.rollout.num_engines,
+        nodes=cfg.ray.nodes,
     )
 
 
@@ -168,6 +176,23 @@ class Placement:
             out.append(tables[s.group][s.bundle])
         return out
 
+    def engine_slot_alive(self, index: int, timeout_s: float, poll_s: float = 0.5) -> bool:
+        """Whether engine slot ``index``'s bundle sits on an alive node, waiting up to ``timeout_s``
+        while Ray moves the bundle of a lost node to another (its replacement engine goes there)."""
+        import ray
+        import ray.util
+
+        deadline = time.monotonic() + timeout_s
+        slot = self.plan.engines[index]
+        while True:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            table = ray.util.placement_group_table(self.groups[slot.group])
+            if table.get("state") == "CREATED" and table.get("bundles_to_node_id", {}).get(slot.bundle) in alive:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
     def remove(self) -> None:
         from ray.util import remove_placement_group
 
@@ -208,12 +233,15 @@ def reserve(
                 f"({asks}); lower num_cpus/num_gpus/world_size in trainer.backend_params or "
                 "rollout.engine_params, or raise ray.num_cpus"
             )
+    check_pinned(p)
     tag = f"{run_name}:{uuid.uuid4().hex[:8]}"
     placement = Placement(p, [], [])
     try:
         for spec in p.groups:
             name = f"relax:{tag}:{spec.role}"
-            placement.groups.append(placement_group(list(spec.bundles), strategy=spec.strategy, name=name))
+            selectors = bundle_selectors(spec.node, len(spec.bundles))
+            extra = {"bundle_label_selector": selectors} if selectors else {}
+            placement.groups.append(placement_group(list(spec.bundles), strategy=spec.strategy, name=name, **extra))
             placement.names.append(name)
         deadline = time.monotonic() + timeout_s
         for spec, pg in zip(p.groups, placement.groups, strict=True):
@@ -228,6 +256,22 @@ def reserve(
         placement.remove()
         raise
     return placement
+
+
+def check_pinned(p: Plan) -> None:
+    """Groups pinned to node labels (``ray.nodes``) must fit on the alive nodes with that label now:
+    otherwise a ``PlacementError`` naming each role, its label and what is missing (not a timeout)."""
+    if not any(spec.node for spec in p.groups):
+        return
+    import ray
+
+    merged: dict[str, tuple[str | None, list[dict[str, float]]]] = {}
+    for spec in p.groups:  # every engine's group counts against the rollout nodes together
+        role = "rollout engines" if spec.role.startswith("rollout[") else spec.role
+        node, bundles = merged.get(role, (spec.node, []))
+        merged[role] = (node, [*bundles, *spec.bundles])
+    if problems := placement_shortfalls([(r, n, b) for r, (n, b) in merged.items()], ray.nodes()):
+        raise PlacementError("placement: the run cannot be placed: " + "; ".join(problems))
 
 
 def _fmt(res: dict[str, float], keys: Any = ("CPU", "GPU")) -> str:

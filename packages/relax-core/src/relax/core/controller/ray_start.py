@@ -108,7 +108,7 @@ def may_run_in_driver(data: dict[str, Any]) -> bool:
             and not get("ray", "address", None))
 
 
-def start_ray(settings: RaySettings) -> bool:
+def start_ray(settings: RaySettings, log_to_driver: bool = True) -> bool:
     """Start an embedded local Ray (or join ``settings.address``). Returns True if we started it.
 
     Embedded: every Ray listener (GCS, raylet, object manager, agents, workers) binds to
@@ -123,7 +123,7 @@ def start_ray(settings: RaySettings) -> bool:
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": log_to_driver}
     if settings.address:
         # a cluster's daemons do not inherit our environment: the job's runtime env carries it
         kwargs["runtime_env"] = {"env_vars": {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}}
@@ -132,7 +132,11 @@ def start_ray(settings: RaySettings) -> bool:
             kwargs["_node_ip_address"] = settings.node_ip_address
         if os.environ.get("RAY_AUTH_MODE") == "disabled":
             log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
-        ray.init(**kwargs)
+        if _is_loopback(settings.address):  # a cluster on this machine's loopback (`ray start` on 127.0.0.x):
+            with _single_machine():  # Ray would otherwise swap 127.0.0.1 for the machine's network address
+                ray.init(**kwargs)
+        else:
+            ray.init(**kwargs)
         return True
     # embedded: the daemons, and the workers they start, inherit this process's environment; a job
     # runtime env would only make each worker wait for Ray's runtime-env agent (~1 s per actor here)
@@ -141,6 +145,22 @@ def start_ray(settings: RaySettings) -> bool:
     with _single_machine():
         ray.init(**kwargs)
     return True
+
+
+def start_loopback_ray(num_cpus: int, log_to_driver: bool = False) -> bool:
+    """An embedded Ray bound to 127.0.0.1 only, started as ``relax run`` starts it: for benches and
+    tools that start Ray themselves. Returns True if it was started here (False: one was running)."""
+    return start_ray(RaySettings(num_cpus=num_cpus), log_to_driver=log_to_driver)
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @contextmanager

@@ -72,8 +72,26 @@ def emergency_checkpoint(state: StepContext, error: BaseException) -> Path | Non
         log.warning("relax: emergency checkpoint skipped (interrupted again)")
         return None
     except Exception as exc:  # never mask the original failure
+        if _trainer_died(exc):  # died after the check above (Ray had not yet marked it dead)
+            error.relax_trainer_lost = True  # type: ignore[attr-defined]
         log.error("relax: emergency checkpoint failed: %s", faults.describe(exc))
         return None
+
+
+def _trainer_died(exc: BaseException) -> bool:
+    return isinstance(exc, faults.RoleDied) and exc.role == "trainer"
+
+
+def blame_trainer(error: BaseException) -> BaseException:
+    """The error to report: the trainer's death when the run lost its trainer, whatever failed first
+    (an engine stuck at the same moment would otherwise be blamed); ``error`` itself otherwise."""
+    if not getattr(error, "relax_trainer_lost", False) or isinstance(error, faults.RoleError) and error.role == "trainer":
+        return error
+    if isinstance(error, KeyboardInterrupt):
+        return error
+    blamed = faults.RoleDied(f"trainer died (the run also saw: {reason(error)})", "trainer")
+    blamed.relax_trainer_lost = True  # type: ignore[attr-defined]
+    return blamed
 
 
 def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | None:
@@ -87,6 +105,8 @@ def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | No
         try:
             faults.wait(ref, cfg.trainer.timeout_s, "trainer", "train_step")
         except Exception as exc:
+            if _trainer_died(exc):
+                error.relax_trainer_lost = True  # type: ignore[attr-defined]
             log.error("relax: no emergency checkpoint: the trainer failed mid-step (%s)", faults.describe(exc))
             return None
         commit_step(state, step, trained=True)
@@ -107,10 +127,11 @@ def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | No
 def restart_point(cfg: Any, checkpoints_root: Path, since: float) -> str:
     """Where a restarted attempt resumes: the newest checkpoint this run wrote (``since`` = its start
     time), else where the run itself started from (``checkpoint.resume`` as configured)."""
-    from relax.core.checkpoint import CheckpointManager
+    from relax.core.checkpoint import CheckpointManager, problems
 
     written = [p for _, p in CheckpointManager(checkpoints_root).list() if p.stat().st_mtime >= since]
-    return str(written[-1]) if written else cfg.checkpoint.resume
+    valid = [p for p in written if not problems(p)]
+    return str(valid[-1]) if valid else cfg.checkpoint.resume
 
 
 def with_trainer_restarts(cfg: Any, attempt: Callable[[Any, faults.FaultCounters], dict[str, Any]]) -> dict[str, Any]:
@@ -137,8 +158,29 @@ def with_trainer_restarts(cfg: Any, attempt: Callable[[Any, faults.FaultCounters
 def annotate(error: BaseException, state: Any, checkpoint: Path | None) -> None:
     """Attach what the CLI reports: the step reached and the checkpoint to resume from."""
     error.relax_step = getattr(state, "step", 0)  # type: ignore[attr-defined]
-    latest = checkpoint or (state.checkpoints.latest() if state is not None else None)
+    latest = checkpoint or (state.checkpoints.latest_valid()[0] if state is not None else None)
     error.relax_checkpoint = str(latest) if latest else None  # type: ignore[attr-defined]
+
+
+def resume_point(cfg: Any, checkpoint: str | None) -> tuple[str | None, str]:
+    """What the CLI's "start again with" command resumes from: (the checkpoint, or None, and the
+    ``checkpoint.resume=...`` override). Always an override, so the command never restarts at step 0
+    over an existing run directory: ``auto`` for a checkpoint of this run (or none yet), else the
+    checkpoint's path, or the configured path the run never got past."""
+    from relax.core.checkpoint import CheckpointManager
+
+    root = Path(cfg.run_dir) / "checkpoints"
+    if checkpoint is None:
+        try:
+            found = CheckpointManager(root).latest_valid()[0]
+        except OSError:
+            found = None
+        checkpoint = str(found) if found is not None else None
+    if checkpoint is not None:
+        in_run = Path(checkpoint).parent == root
+        return checkpoint, "checkpoint.resume=auto" if in_run else f"checkpoint.resume={checkpoint}"
+    configured = cfg.checkpoint.resume
+    return None, f"checkpoint.resume={configured if configured not in ('auto', 'never') else 'auto'}"
 
 
 def reason(error: BaseException) -> str:
@@ -147,7 +189,20 @@ def reason(error: BaseException) -> str:
         return f"interrupted by {error.signame}"
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
-    first = (str(error).strip().splitlines() or [""])[0]
     if isinstance(error, faults.RoleError | faults.NoEnginesLeft):
-        return first  # already names the role, its index and the operation
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+        return _first_line(error)  # already names the role, its index and the operation
+    cause = _root_cause(error)  # a role actor's own exception, not Ray's "ray::Role.op() (pid=...)" header
+    first = _first_line(cause)
+    where = next((n for n in getattr(error, "__notes__", []) if n.startswith("(raised by ")), "")
+    text = f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+    return f"{text} {where}".rstrip()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    from relax.core import lazy_ray
+
+    return faults.root_cause(error) if lazy_ray.imported() else error  # no Ray imported: nothing wrapped it

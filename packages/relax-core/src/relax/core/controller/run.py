@@ -15,7 +15,7 @@ import ray
 import torch
 from tqdm import tqdm
 
-from relax.core.checkpoint import CheckpointManager, read_controller_state, resolve_resume
+from relax.core.checkpoint import CheckpointError, CheckpointManager, read_controller_state, resolve_resume
 from relax.core.config import RelaxConfig
 from relax.core.controller import closing, faults, recovery, runtime, signals, startup, teardown
 from relax.core.controller.faults import FaultCounters
@@ -139,7 +139,13 @@ class RunState:
 
     def _resume(self, path: Path) -> None:
         state = read_controller_state(path)
-        faults.wait(self.roles.trainer.load.remote(str(path / "trainer")), self.cfg.trainer.timeout_s, "trainer", "load")
+        try:
+            faults.wait(self.roles.trainer.load.remote(str(path / "trainer")), self.cfg.trainer.timeout_s, "trainer", "load")
+        except faults.RoleError:
+            raise  # dead or silent: the trainer's fault, not the checkpoint's
+        except Exception as exc:  # e.g. an older checkpoint (no manifest) with a damaged file
+            raise CheckpointError(f"checkpoint {path}: the trainer could not load {path / 'trainer'} "
+                                  f"({faults.describe(exc)})") from exc
         self.step, self.version = state["step"], state["version"]
         self.prompts.restore(self.step, (state["dataset"], state["next_group_id"]))
         random.setstate(_tuplify(state["py_random"]))
@@ -312,11 +318,15 @@ def _run_attempt(
         recovery.annotate(exc, state, recovery.emergency_checkpoint(state, exc))
         raise
     except BaseException as exc:
-        recovery.annotate(exc, state, recovery.emergency_checkpoint(state, exc))
+        checkpoint = recovery.emergency_checkpoint(state, exc)
+        error = recovery.blame_trainer(exc)  # a lost trainer is the cause, whatever failed first
+        recovery.annotate(error, state, checkpoint)
         if notify_url:
             from relax.core.metrics import notify
 
-            notify(notify_url, "failed", {"name": cfg.name, "step": state.step, "error": repr(exc)})
+            notify(notify_url, "failed", {"name": cfg.name, "step": state.step, "error": repr(error)})
+        if error is not exc:
+            raise error from exc
         raise
     finally:
         handle.control.cancel_pending(status)

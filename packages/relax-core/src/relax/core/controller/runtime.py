@@ -217,6 +217,11 @@ def engine_starter(cfg: RelaxConfig, model_path: str, roles: Roles) -> Callable[
             raise RuntimeError("rollout.host: the run's engine lives in the trainer's process; more engines (or a "
                                "replacement) need rollout.host=separate")
         run_cfg = with_engine_params(cfg, engine_params) if engine_params else cfg  # e.g. attached by URL
+        if slot is not None and roles.placement is not None and not roles.placement.engine_slot_alive(
+                slot, cfg.rollout.timeout_s):  # its node was lost and Ray found no other node for the bundle
+            log.warning("relax: rollout engine[%d]: the reservation of engine slot %d is on no alive node; starting it "
+                        "outside the reservation", index, slot)
+            slot = None
         return start_engine(run_cfg, model_path, index, roles.placement, slot)
 
     return start
@@ -228,6 +233,7 @@ def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any |
     ``slot``: which configured engine's reservation it runs on -- a replacement takes the slot of
     the engine it replaces; None (an engine added at run time) runs outside the reservation with
     the resources the engine declares."""
+    from relax.core.cluster import actor_options
     from relax.core.controller import contexts
     from relax.core.controller.roles import RolloutRole
 
@@ -235,7 +241,8 @@ def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any |
         options = placement.engine_options(slot)
     else:
         declared = contexts.resources_for(cfg, "rollout_engine")
-        options = {"num_cpus": 0, "num_gpus": declared.num_gpus * max(1, declared.num_workers)}
+        options = {"num_cpus": 0, "num_gpus": declared.num_gpus * max(1, declared.num_workers),
+                   **actor_options(cfg, "rollout")}  # on the rollout nodes (``ray.nodes``), as reserved ones
     return RolloutRole.options(**options, max_concurrency=ENGINE_CONCURRENCY).remote(
         cfg, contexts.engine_context(cfg, model_path, index), num_threads=max(1, os.cpu_count() or 2)
     )
@@ -269,6 +276,7 @@ def build_weight_sync(cfg: RelaxConfig, model_path: str, hosted: bool) -> Any:
 def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     """Fill ``roles`` as actors start, so that a failure can release what was started."""
     from relax.core.algorithms import config_needs
+    from relax.core.cluster import actor_options
     from relax.core.controller import contexts, hosting
     from relax.core.controller.driver_reward import start_reward
     from relax.core.controller.roles import HostRole, TrainerRole
@@ -279,10 +287,12 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     roles.hosted = hosting.hosts_engine(cfg)
     if "reference" in config_needs(cfg.algorithm):  # declared by the estimator/loss, or kl.coef > 0
         ref_ctx = contexts.trainer_context(cfg, model_path, role="reference")
-        roles.reference = TrainerRole.options(num_cpus=0).remote(cfg, ref_ctx, num_threads=cores)
+        roles.reference = TrainerRole.options(num_cpus=0, **actor_options(cfg, "reference")).remote(
+            cfg, ref_ctx, num_threads=cores)
     if (path := teacher_path(cfg, model_path)) is not None:
         teacher_ctx = contexts.trainer_context(cfg, path, role="teacher")
-        roles.teacher = TrainerRole.options(num_cpus=0).remote(cfg, teacher_ctx, num_threads=cores)
+        roles.teacher = TrainerRole.options(num_cpus=0, **actor_options(cfg, "teacher")).remote(
+            cfg, teacher_ctx, num_threads=cores)
     trainer_opts = reserved.trainer_options()
     ctx = contexts.trainer_context(cfg, model_path)
     if roles.hosted:  # one process: the trainer serves rollout with its own module

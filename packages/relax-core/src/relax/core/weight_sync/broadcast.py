@@ -10,15 +10,14 @@ segment while later ones are still arriving. No per-bucket round trip: the sende
 an engine between buckets. Every collective waits at most ``timeout_s``;
 after any failure the group is dropped and rebuilt on the next sync.
 
-The store and gloo's sockets listen on 127.0.0.1 when Ray runs on one machine, else on the node IP
-(or ``master_addr``) — never on every interface.
+The store and gloo's sockets listen on 127.0.0.1 when Ray runs on one node, else on each side's own
+node address (the trainer's node for the store, or ``master_addr``) — never on every interface.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime
-import ipaddress
 import pickle
 import socket
 import uuid
@@ -44,13 +43,6 @@ class BroadcastParams:
 
     backend: Literal["gloo", "nccl"] = "gloo"
     master_addr: str | None = None  # the store's address; None: 127.0.0.1 on one machine, else the node IP
-
-
-def is_loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return addr == "localhost"
 
 
 def default_master_addr() -> str:
@@ -130,7 +122,7 @@ class BroadcastReceiver(Receiver):
         self.close()
         timeout = datetime.timedelta(seconds=self.transport.timeout_s)
         store = dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
-        host = addr if is_loopback(addr) else ray.util.get_node_ip_address()
+        host = addr if addr in ("127.0.0.1", "localhost", "::1") else ray.util.get_node_ip_address()  # its own node's
         self.group = new_group(self.transport.params.backend, store, rank, world, self.transport.timeout_s, host)
         self.store, self.group_name = store, name
         return rank

@@ -20,7 +20,7 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 
 from relax.core.protocols import NamedTensors
-from relax.core.weight_sync.base import bucket_nbytes
+from relax.core.weight_sync.base import WeightSyncError, bucket_nbytes
 from relax.core.weight_sync.transport import Peers, Receiver, Transport
 
 INDEX = "model.safetensors.index.json"
@@ -71,10 +71,35 @@ def read_weights(path: str | os.PathLike) -> Iterator[NamedTensors]:
         yield [(name, shard[name]) for name, f in weight_map.items() if f == fname]
 
 
+PROBE = ".relax-visible"
+
+
 class DiskReceiver(Receiver):
     def load(self, path: str, version: int) -> None:
         for named in read_weights(path):
             self.engine.update_weights(named, version)
+
+    def sees(self, probe: str, token: str) -> bool:
+        """Whether this engine's node sees the sender's directory (the probe file with its token)."""
+        try:
+            if Path(probe).read_text() == token:
+                return True
+        except OSError:
+            pass
+        raise WeightSyncError(
+            f"weight_sync.params.directory {Path(probe).parent} is not visible from this engine's node "
+            f"({_node_ip()}): the disk transport needs a directory that the trainer's and every engine's node "
+            "see (a shared filesystem); set weight_sync.params.directory, or use object_store or broadcast"
+        )
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "this machine"
 
 
 class DiskSync(Transport):
@@ -83,21 +108,38 @@ class DiskSync(Transport):
     name = "disk"
     config = DiskParams
     receiver_cls = DiskReceiver
+    reach = "shared_path"  # every engine checks it sees the directory (a probe file) before loading
 
     def __init__(self, params: Any = None, ctx: Any = None, **overrides: Any):
         super().__init__(params, ctx, **overrides)
         self._tmpdir: str | None = None
+        self._seen: set[str] = set()  # engines that saw the directory's probe
 
     def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
         if self.params.directory is None and self._tmpdir is None:
             self._tmpdir = tempfile.mkdtemp(prefix="relax-weights-")  # in the trainer's process
         root = Path(self.params.directory or self._tmpdir)
+        self._check_visible(root, peers)
         path = root / f"v{version:08d}"
         yield from write_weights(trainer.export_weights(self.bucket_bytes), path, version)
         peers.call("load", str(path), version, what=f"load({path})")
         versions = sorted(p for p in root.glob("v[0-9]*") if p.is_dir())
         for old in versions[: -self.params.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+    def _check_visible(self, root: Path, peers: Peers) -> None:
+        """New engines (e.g. on another node) must see ``root``: a probe file written here, read there."""
+        new = [name for name in peers.names if name not in self._seen]
+        if not new:
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / PROBE
+        probe.write_text(self.uid)
+        try:
+            peers.call("sees", str(probe), self.uid, what=f"check that {root} is visible")
+        finally:
+            probe.unlink(missing_ok=True)  # the directory holds only version directories
+        self._seen.update(new)
 
     def close(self) -> None:
         """Remove the temporary directory this sender made (a configured ``directory`` is kept)."""

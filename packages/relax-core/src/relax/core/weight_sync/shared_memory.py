@@ -84,6 +84,7 @@ class SharedMemorySync(Transport):
     """Trainer → colocated engines through one reused shared-memory file (see the module docstring)."""
 
     name = "shared_memory"
+    reach = "host"  # one file of the trainer's machine: refused across nodes (weight_sync.nodes)
     config = SharedMemoryParams
     receiver_cls = SharedMemoryReceiver
 

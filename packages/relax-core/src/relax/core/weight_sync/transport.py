@@ -126,6 +126,9 @@ class Transport:
     receiver_cls: ClassVar[type[Receiver]] = Receiver
     engines: ClassVar[tuple[str, ...] | None] = None
     actors_only: ClassVar[bool] = False  # engines must be separate processes (Ray actors)
+    #: where the two sides may run: "cluster" (any nodes), "host" (one machine; refused across nodes),
+    #: "shared_path" (a directory every node sees; the transport checks it). See ``weight_sync.nodes``.
+    reach: ClassVar[str] = "cluster"
 
     def __init__(self, params: Any = None, ctx: PluginContext | None = None, **overrides: Any):
         ctx_fields = {k: overrides.pop(k) for k in ("timeout_s", "bucket_bytes") if k in overrides}
@@ -167,6 +170,10 @@ class Transport:
         if local and (self.actors_only or is_actor(trainer)):
             why = f"the {self.name} transport" if self.actors_only else "a trainer actor"
             raise WeightSyncError(f"{why} needs engines that are Ray actors; local objects: {', '.join(local)}")
+        if self.reach == "host":
+            from relax.core.weight_sync.nodes import check_same_host
+
+            check_same_host(self.name, trainer, engines)
         if is_actor(trainer):
             last = self._remote_push(trainer, engines, version)
         else:

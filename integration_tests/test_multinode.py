@@ -1,0 +1,217 @@
+"""Runs across several Ray nodes on this one machine (``relax.core.cluster.local.LocalCluster``: each
+node on its own 127.0.0.x address with its own CPUs and ``relax-node`` label), one cluster for the
+whole module: roles placed by node label, a run that cannot be placed, transports across nodes, and
+the loss of an engine's node mid-run (with a node joining to take its place).
+
+The tests share the cluster and run in file order; the node-loss test comes last (it changes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import ray
+
+from relax.core.cluster.local import LocalCluster, NodeSpec
+from relax.core.config import load_config
+from relax.core.controller.placement import PlacementError
+from relax.core.controller.run import run
+from relax.core.hookspecs import hookimpl
+from relax.core.plugins import get_plugin_manager
+from relax.core.weight_sync import WeightSyncError
+from relax.core.weight_sync.nodes import actor_node, check_same_host
+
+pytestmark = pytest.mark.slow
+
+PROMPTS, GROUP, TOKENS = 2, 4, 8
+SMALL = [
+    f"rollout.prompts_per_step={PROMPTS}", f"rollout.n_samples_per_prompt={GROUP}", f"rollout.max_new_tokens={TOKENS}",
+    "rollout.ignore_eos=true", "trainer.micro_batch_size=8", "data.task_size=100", "logging.progress=false",
+    "logging.console=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never", "rollout.host=separate", "rollout.restart_backoff_s=0.2",
+    "ray.nodes.trainer=train", "ray.nodes.rollout=rollout",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (the driver's node), a ``train`` node and two ``rollout`` nodes of one CPU each (one engine
+    each). The suite's one-node Ray (``ray_session``), if up, is set aside and restored afterwards."""
+    restore = ray.is_initialized()
+    if restore:
+        ray.shutdown()
+    c = LocalCluster([NodeSpec("head", 1), NodeSpec("train", 2), NodeSpec("rollout-a", 1, label="rollout"),
+                      NodeSpec("rollout-b", 1, label="rollout")])
+    try:
+        c.connect()
+        yield c
+    finally:
+        c.shutdown()
+        if restore:  # as the repo-root conftest's ray_session starts it
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {
+                k: os.environ[k] for k in ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "OMP_NUM_THREADS", "WANDB_MODE",
+                                           "RELAX_CACHE_DIR") if k in os.environ}})
+
+
+class Observer:
+    """Driver-side plugin: the run handle and every trained (group, index), counted; ``at_step_end``
+    runs in the driver's main thread (Ray starts a node only from there)."""
+
+    def __init__(self, inject=None, at_step_end=None) -> None:
+        self.inject, self.at_step_end, self.run, self.trained = inject, at_step_end, None, Counter()
+        self.thread: threading.Thread | None = None
+
+    @hookimpl
+    def relax_on_run_start(self, run):
+        self.run = run
+        if self.inject is not None:
+            self.thread = threading.Thread(target=self.inject, args=(run,), daemon=True)
+            self.thread.start()
+
+    @hookimpl
+    def relax_on_step_end(self, step, metrics):
+        if self.at_step_end is not None:
+            self.at_step_end(self.run, step)
+
+    @hookimpl
+    def relax_filter_group(self, group):
+        self.trained.update((s.group_id, s.index_in_group) for s in group if len(s.response_ids) == TOKENS)
+        return True
+
+
+@pytest.fixture
+def observer():
+    made = []
+
+    def make(inject=None, at_step_end=None) -> Observer:
+        obs = Observer(inject, at_step_end)
+        get_plugin_manager().pm.register(obs, name=f"multinode-observer-{id(obs)}")
+        made.append(obs)
+        return obs
+
+    yield make
+    for obs in made:
+        get_plugin_manager().pm.unregister(obs)
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _where(handle) -> str:
+    deadline = time.monotonic() + 60
+    while (node := actor_node(handle)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return node
+
+
+def test_trainer_and_engines_run_on_their_nodes_and_weights_cross_over_broadcast(cluster, tmp_path, observer):
+    """Async quick-start: the trainer on the ``train`` node, two HF engines on the ``rollout`` nodes,
+    weights over a gloo broadcast between the nodes' own addresses; every sample trained once."""
+    seen = {}
+
+    def record(run):
+        deadline = time.monotonic() + 120
+        while run.step < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        state = run._state
+        seen["trainer"] = _where(state.roles.trainer)
+        seen["engines"] = [_where(h) for h in state.fleet.live().values()]
+
+    obs = observer(record)
+    steps = 3
+    cfg = load_config(None, [*SMALL, f"total_steps={steps}", f"run_dir={tmp_path}", "mode=async", "max_staleness=1",
+                             "rollout.num_engines=2", "weight_sync.transport=broadcast", f"ray.address={cluster.address}"])
+    summary = run(cfg)
+    obs.thread.join(timeout=60)
+    assert summary["steps"] == steps
+    assert seen["trainer"] == cluster.node_id("train")
+    assert sorted(seen["engines"]) == sorted([cluster.node_id("rollout-a"), cluster.node_id("rollout-b")])
+    assert obs.trained == Counter({(g, i): 1 for g in range(steps * PROMPTS) for i in range(GROUP)})
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["policy_version"] == 3
+    assert rows[-1]["weight_sync/bytes"] > 0  # weights crossed from the train node to the rollout nodes
+
+
+def test_a_run_that_cannot_be_placed_names_the_role_and_what_is_missing(cluster, tmp_path):
+    absent = load_config(None, [*SMALL, "total_steps=1", f"run_dir={tmp_path}", "mode=async",
+                                "ray.nodes.rollout=gpu-pool", f"ray.address={cluster.address}"])
+    started = time.monotonic()
+    with pytest.raises(PlacementError) as err:
+        run(absent)
+    message = str(err.value)
+    assert "rollout engines: pinned to nodes labelled relax-node=gpu-pool, but no alive node has that label" in message
+    assert "labels present: head, rollout, train" in message and "ray start --labels relax-node=gpu-pool" in message
+    too_many = load_config(None, [*SMALL, "total_steps=1", f"run_dir={tmp_path}", "mode=async",
+                                  "rollout.num_engines=3", f"ray.address={cluster.address}"])
+    with pytest.raises(PlacementError, match=r"rollout engines: needs CPU=3 in all \(those nodes have 2\) on nodes "
+                                             r"labelled relax-node=rollout \(2 alive\)"):
+        run(too_many)
+    assert time.monotonic() - started < 60  # at once, not after the placement timeout
+    assert not ray.util.placement_group_table() or all(
+        pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())  # nothing left reserved
+
+
+@ray.remote(num_cpus=0)
+class Side:
+    """A bare actor standing for a trainer or an engine: only its node matters here."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_shared_memory_is_refused_across_nodes_by_name(cluster):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    on = {name: Side.options(label_selector={"relax-node": label}).remote()
+          for name, label in [("trainer", "train"), ("engine", "rollout"), ("same", "train")]}
+    ray.get([h.ready.remote() for h in on.values()], timeout=60)
+    check_same_host("shared_memory", on["trainer"], [on["same"]])  # one node: allowed
+    with pytest.raises(WeightSyncError) as err:
+        check_same_host("shared_memory", on["trainer"], [on["same"], on["engine"]])
+    message = str(err.value)
+    assert "weight_sync.transport 'shared_memory' works on one machine only" in message
+    assert "use object_store or broadcast across nodes" in message
+    assert "engine[1] (Side actor" in message and "engine[0]" not in message  # names exactly the one elsewhere
+    for handle in on.values():
+        ray.kill(handle)
+
+
+def _add_a_node_then_lose_an_engines_node(cluster, lost: dict):
+    def at_step_end(run, step):
+        if step == 2:
+            cluster.add_node(NodeSpec("rollout-c", 1, label="rollout"))  # a machine joins: room for a replacement
+            victim = next(i for i, h in run._state.fleet.live().items() if _where(h) == cluster.node_id("rollout-a"))
+            lost["index"] = victim
+            cluster.remove_node("rollout-a")  # the machine of engine[victim] is gone: every process, at once
+        elif step == 3:  # step 3's weight publication found it dead: hold the run until its replacement serves
+            deadline = time.monotonic() + 240
+            while len(run._state.fleet.live()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+    return at_step_end
+
+
+def test_losing_an_engines_node_mid_run_loses_no_group_and_replaces_it_on_another_node(cluster, tmp_path, observer):
+    lost: dict = {}
+    obs = observer(at_step_end=_add_a_node_then_lose_an_engines_node(cluster, lost))
+    steps = 5
+    cfg = load_config(None, [*SMALL, f"total_steps={steps}", f"run_dir={tmp_path}", "mode=async", "max_staleness=1",
+                             "rollout.num_engines=2", "rollout.max_restarts=2", "rollout.timeout_s=60",
+                             "rollout.restart_backoff_s=2",  # a lost node is declared dead after ~3 s
+                             "weight_sync.transport=object_store", f"ray.address={cluster.address}"])
+    summary = run(cfg)
+    assert summary["steps"] == steps and "index" in lost
+    assert obs.trained == Counter({(g, i): 1 for g in range(steps * PROMPTS) for i in range(GROUP)})  # none lost/twice
+    last = _metrics(tmp_path)[-1]
+    assert last["fault/engine_evictions"] == 1 and last["fault/engine_restarts"] == 1
+    assert last["fault/engines_live"] == 2
+    live = obs.run._state.fleet.live()
+    (new,) = set(live) - {0, 1}  # the replacement (a new index, never reused)
+    assert lost["index"] not in live and len(live) == 2
+    assert _where(live[new]) == cluster.node_id("rollout-c")  # on the node that joined

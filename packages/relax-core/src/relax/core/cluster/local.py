@@ -1,0 +1,126 @@
+"""Several Ray nodes on one machine, for tests and benches: Ray's own ``ray.cluster_utils.Cluster``
+with each node on its own loopback address (127.0.0.1, 127.0.0.2, ...), its own CPUs and its own
+``relax-node`` label, so placement by node, transports across nodes and node loss run for real.
+
+Every listener binds to its node's 127.0.0.x address (the same single-machine switch as ``relax run``,
+``controller.ray_start``), and the cluster's address is *not* written to Ray's well-known address
+file: a ``ray.init()`` elsewhere on the machine (another test, another run) must never join it.
+Each node has its own Ray session directory; they share the machine's file system and ``/dev/shm``
+(what differs across real machines is checked by node id, not by path: see ``weight_sync``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.core.cluster import NODE_LABEL
+
+#: a lost node is declared dead after ~3 s (Ray's default waits longer: real networks hiccup); what a
+#: loss triggers -- rescheduling its placement-group bundles, replacing its engines -- follows sooner
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One simulated machine: its name, its label value (``ray.nodes`` pins roles to it) and its CPUs."""
+
+    name: str
+    num_cpus: int = 1
+    label: str | None = None  # its ``relax-node`` label; None: its name (several nodes may share a label)
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def _quiet_address_file() -> Iterator[None]:
+    """Ray records a started head in ``/tmp/ray/ray_current_cluster`` so that a bare ``ray.init()``
+    joins it; a test cluster must not capture other processes' Ray, so nothing is written."""
+    import ray._private.utils as ray_utils
+
+    saved = ray_utils.write_ray_address
+    ray_utils.write_ray_address = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ray_utils.write_ray_address = saved
+
+
+class LocalCluster:
+    """``LocalCluster([NodeSpec("head"), NodeSpec("train", 2), NodeSpec("rollout", 2)])``: the first
+    node is the head (the driver connects through it). ``connect()`` joins this process to it."""
+
+    def __init__(self, nodes: list[NodeSpec], object_store_mb: int = 100) -> None:
+        from ray.cluster_utils import Cluster
+
+        from relax.core.controller.ray_start import RAY_ENV, _single_machine
+
+        for key, value in RAY_ENV.items():
+            os.environ.setdefault(key, value)
+        self._store = object_store_mb << 20
+        self._next_ip = 1
+        self.nodes: dict[str, Any] = {}
+        head, *workers = nodes
+        with _single_machine(), _quiet_address_file():
+            self.cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+                **self._node_args(head), "include_dashboard": False, "_system_config": HEALTH_CHECKS})
+            self.nodes[head.name] = self.cluster.head_node
+            for spec in workers:
+                self.add_node(spec)
+
+    def _node_args(self, spec: NodeSpec) -> dict[str, Any]:
+        ip = f"127.0.0.{self._next_ip}"
+        self._next_ip += 1
+        return {"num_cpus": spec.num_cpus, "node_ip_address": ip, "labels": {NODE_LABEL: spec.label or spec.name},
+                "resources": dict(spec.resources), "object_store_memory": self._store}
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def add_node(self, spec: NodeSpec) -> Any:
+        """Start one more node (a machine joining); returns Ray's node object."""
+        from relax.core.controller.ray_start import _single_machine
+
+        if spec.name in self.nodes:
+            raise ValueError(f"node {spec.name!r} exists already")
+        with _single_machine(), _quiet_address_file():
+            node = self.cluster.add_node(**self._node_args(spec))
+        self.nodes[spec.name] = node
+        return node
+
+    def remove_node(self, name: str) -> None:
+        """Kill every process of node ``name`` (a machine lost: no graceful drain)."""
+        self.cluster.remove_node(self.nodes.pop(name), allow_graceful=False)
+
+    def node_id(self, name: str) -> str:
+        return self.nodes[name].node_id
+
+    def ip(self, name: str) -> str:
+        return self.nodes[name].node_ip_address
+
+    def connect(self, **init_kwargs: Any) -> None:
+        """``ray.init`` this process into the cluster, through the head's loopback address."""
+        import ray
+
+        from relax.core.controller.ray_start import _single_machine
+
+        with _single_machine():  # else Ray "resolves" the 127.0.0.1 address to the machine's network address
+            ray.init(address=self.address, _node_ip_address=self.ip(next(iter(self.nodes))), include_dashboard=False,
+                     **{"log_to_driver": False, **init_kwargs})
+
+    def shutdown(self) -> None:
+        """Disconnect this process (if connected) and stop every node."""
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        self.cluster.shutdown()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
