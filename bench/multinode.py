@@ -21,7 +21,7 @@ import sim_env  # noqa: F401  (first: points Ray workers at the sim plugin)
 
 # isort: split
 
-from relax.core.cluster.local import LocalCluster, NodeSpec
+from relax.core.testing.cluster import LocalCluster, NodeSpec
 from relax.core.config import load_config
 from relax.core.controller.run import run
 

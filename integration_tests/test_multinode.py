@@ -1,4 +1,4 @@
-"""Runs across several Ray nodes on this one machine (``relax.core.cluster.local.LocalCluster``: each
+"""Runs across several Ray nodes on this one machine (``relax.core.testing.cluster.LocalCluster``: each
 node on its own 127.0.0.x address with its own CPUs and ``relax-node`` label), one cluster for the
 whole module: roles placed by node label, a run that cannot be placed, transports across nodes, and
 the loss of an engine's node mid-run (with a node joining to take its place).
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from relax.core.cluster.local import LocalCluster, NodeSpec
+from relax.core.testing.cluster import LocalCluster, NodeSpec
 from relax.core.config import load_config
 from relax.core.controller.placement import PlacementError
 from relax.core.controller.run import run
