@@ -21,9 +21,9 @@ import sim_env  # noqa: F401  (first: points Ray workers at the sim plugin)
 
 # isort: split
 
-from relax.core.testing.cluster import LocalCluster, NodeSpec
 from relax.core.config import load_config
 from relax.core.controller.run import run
+from relax.core.testing.cluster import LocalCluster, NodeSpec
 
 SIM = [
     "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=2", "mode=async",

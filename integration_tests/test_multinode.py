@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import ray
 
-from relax.core.testing.cluster import LocalCluster, NodeSpec
 from relax.core.config import load_config
 from relax.core.controller.placement import PlacementError
 from relax.core.controller.run import run
 from relax.core.hookspecs import hookimpl
 from relax.core.plugins import get_plugin_manager
+from relax.core.testing.cluster import LocalCluster, NodeSpec
 from relax.core.weight_sync import WeightSyncError
 from relax.core.weight_sync.nodes import actor_node, check_same_host
 
