@@ -130,8 +130,13 @@ class TransferQueueClient:
         inline_bytes: int = 64 << 10,
         name: str | None = None,
     ) -> TransferQueueClient:
-        """Start the queue actor (named ``name`` if given, so other drivers can :meth:`connect`)."""
-        options = {"name": name} if name else {}
+        """Start the queue actor (named ``name`` if given, so other drivers can :meth:`connect`) on this
+        process's node: the queue holds the run's rows, so it lives and dies with the driver, never on a
+        node that may be lost mid-run (a rollout node)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options: dict = {"name": name} if name else {}
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         actor = TransferQueueActor.options(**options).remote(capacity, list(consumers), lease_timeout_s)
         return cls(actor, inline_bytes)
 
