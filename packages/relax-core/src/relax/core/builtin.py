@@ -134,6 +134,27 @@ def relax_register_rewards(register):
     # pure-Python rule rewards: cheap enough to score in the driver (no reward actor, maybe no Ray)
     register("numeric", _numeric_reward, config=NumericRewardParams, in_driver=True)
     register("exact_match", _exact_match_reward, config=ExactMatchRewardParams, in_driver=True)
+    register("environment", _environment_reward, config=EnvironmentRewardParams, in_driver=True)
+
+
+@dataclass(frozen=True)
+class EnvironmentRewardParams:
+    """``reward.params`` of the ``environment`` reward."""
+
+    missing_score: float = 0.0  # an episode that ended without a reward (error, timeout, limit)
+
+
+def _environment_reward(params: EnvironmentRewardParams, ctx: PluginContext) -> Any:
+    from relax.core.rewards.environment import EnvironmentReward
+
+    return EnvironmentReward(params.missing_score)
+
+
+@hookimpl
+def relax_register_tool_parsers(register):
+    from relax.core.agentic import NoToolCalls
+
+    register("none", lambda params, ctx: NoToolCalls())
 
 
 @hookimpl

@@ -103,6 +103,22 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class EnvironmentConfig:
+    """Multi-turn rollouts (``relax.core.agentic``): each sample is an episode of policy turns and
+    observations. ``name: null`` keeps single-completion rollouts."""
+
+    name: str | None = None  # registered environment name
+    params: Any = field(default_factory=dict)  # typed by the environment's registered config
+    tool_parser: str = "none"  # registered tool_parser: finds tool calls in a turn's text
+    tool_parser_params: Any = field(default_factory=dict)
+    max_turns: int = 4  # policy turns per episode
+    max_total_tokens: int = 512  # response tokens per episode, observations included
+    max_observation_tokens: int = 256  # one observation longer than this is cut (counted as truncated)
+    turn_timeout_s: float = 30.0  # longest one episode call (a tool) may take; overrun ends the episode
+    on_tool_error: Literal["observe", "end"] = "observe"  # a failed or malformed tool call: error observation, or end the episode
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     backend: str = "torch"  # registered trainer name
     lr: float = 1e-6
@@ -195,6 +211,7 @@ class RelaxConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -412,6 +429,10 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         ("checkpoint.keep_last", cfg.checkpoint.keep_last, False),
         ("data.max_prompt_length", cfg.data.max_prompt_length, False),
         ("algorithm.kl.coef", cfg.algorithm.kl.coef, True),
+        ("environment.max_turns", cfg.environment.max_turns, False),
+        ("environment.max_total_tokens", cfg.environment.max_total_tokens, False),
+        ("environment.max_observation_tokens", cfg.environment.max_observation_tokens, False),
+        ("environment.turn_timeout_s", cfg.environment.turn_timeout_s, False),
     ]:
         _positive(errors, path, value, zero_ok)
     if not 0 < cfg.rollout.top_p <= 1:
@@ -461,6 +482,8 @@ PLUGIN_SECTIONS = (
     ("reward", "name", "params", "reward"),
     ("weight_sync", "transport", "params", "weight_sync"),
     ("data", "processor", "processor_params", "processor"),
+    ("environment", "name", "params", "environment"),
+    ("environment", "tool_parser", "tool_parser_params", "tool_parser"),
 )
 
 
@@ -487,6 +510,8 @@ def _typed_plugin_sections(cfg: RelaxConfig, errors: list[str]) -> RelaxConfig:
     manager = get_plugin_manager()
     for section, selector, params_field, kind in PLUGIN_SECTIONS:
         sec = getattr(cfg, section)
+        if getattr(sec, selector) is None:  # an optional section left off (environment.name: null)
+            continue
         reg = manager.registration(kind, getattr(sec, selector))
         typed = build_section(reg.config, getattr(sec, params_field), f"{section}.{params_field}", errors)
         cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(sec, **{params_field: typed})})
@@ -528,9 +553,13 @@ def _plugin_errors(cfg: RelaxConfig) -> list[str]:
         ("algorithm.advantage_estimator", "advantage", cfg.algorithm.advantage_estimator),
         ("algorithm.policy_loss", "policy_loss", cfg.algorithm.policy_loss),
         ("algorithm.kl.estimator", "kl", cfg.algorithm.kl.estimator),
+        ("environment.name", "environment", cfg.environment.name),
+        ("environment.tool_parser", "tool_parser", cfg.environment.tool_parser),
     ]
     errors = []
     for path, kind, name in checks:
+        if name is None:
+            continue
         names = manager.names(kind)
         if name not in names:
             errors.append(f"{path}: unknown {kind} {name!r}; registered: {', '.join(names) or '(none)'}")

@@ -198,6 +198,35 @@ def relax_register_processors(register: RegisterPlugin) -> None:
 
 
 @hookspec
+def relax_register_environments(register: RegisterPlugin) -> None:
+    """Register multi-turn environments (``environment.name`` selects one; none = single-turn rollouts).
+
+    When: plugin-manager construction. The factory runs in the driver, where rollouts are routed to
+    the engines; its episodes step in worker threads there (a slow tool does not block the others).
+    Parameters: ``register(name, factory, config=ParamsDataclass)`` where
+    ``factory(params, ctx) -> Environment`` (``relax.core.protocols.Environment``); ``params`` is
+    ``environment.params``; ``ctx.tokenizer_path`` locates the tokenizer.
+    Returns: nothing.
+
+    .. versionadded:: 0.4
+    """
+
+
+@hookspec
+def relax_register_tool_parsers(register: RegisterPlugin) -> None:
+    """Register tool-call parsers (``environment.tool_parser`` selects one; ``none`` is built in).
+
+    When: plugin-manager construction. The factory runs in the driver, once per run.
+    Parameters: ``register(name, factory, config=ParamsDataclass)`` where
+    ``factory(params, ctx) -> ToolParser`` (``relax.core.protocols.ToolParser``); ``params`` is
+    ``environment.tool_parser_params``.
+    Returns: nothing.
+
+    .. versionadded:: 0.4
+    """
+
+
+@hookspec
 def relax_register_model_adapters(register: Register) -> None:
     """Register model adapters: how core loads and feeds one HF model family, keyed by its
     ``config.model_type`` (not selected in config: the checkpoint's type picks its adapter).

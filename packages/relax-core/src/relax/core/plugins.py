@@ -39,6 +39,8 @@ REGISTRATION_HOOKS = {
     "command": "relax_register_commands",
     "model_adapter": "relax_register_model_adapters",
     "checkpoint_format": "relax_register_checkpoint_formats",
+    "environment": "relax_register_environments",
+    "tool_parser": "relax_register_tool_parsers",
 }
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
 

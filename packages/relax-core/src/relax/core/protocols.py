@@ -351,3 +351,74 @@ class ModelAdapter(Protocol):
         """Called right after a media prefill of ``rows`` rows: ``positions(length) -> position_ids`` for
         the decode step that feeds each row's token at cache position ``length``."""
         ...
+
+
+# ---------------------------------------------------------------- environments (multi-turn rollouts)
+# ``environment.name`` selects one (``relax_register_environments``); without one every rollout is a
+# single completion. With one, core runs each sample as an episode (``relax.core.agentic``): the
+# engine samples a turn, the tool parser (``environment.tool_parser``) finds its tool calls, the
+# episode answers with observation messages, whose tokens core appends (rendered by the chat template
+# as a continuation, loss mask 0), and the engine continues from the exact token prefix.
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+    #: non-empty when the call was malformed (unparseable JSON, no name): ``raw`` is what the policy wrote
+    error: str = ""
+    raw: str = ""
+
+
+@dataclass
+class Turn:
+    """One policy turn, as an episode sees it: the sampled tokens, their text, the parsed calls."""
+
+    index: int  # 0-based
+    text: str  # decoded, with the tool-call markup still in it
+    token_ids: list[int]
+    tool_calls: list[ToolCall]
+    finish_reason: str  # "stop" | "length"
+    content: str = ""  # ``text`` without the tool-call markup
+
+
+@dataclass
+class StepResult:
+    """An episode's answer to a turn. ``observations`` are chat messages (``role`` ``"tool"`` or
+    ``"user"``; ``content`` text, or a list of parts for media: ``{"type": "image", "image": ...}``)."""
+
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+    #: the episode's reward, when it knows one (read by the built-in ``environment`` reward)
+    reward: float | None = None
+    #: numbers counted into the step's metrics as ``episode/<key>`` (tool calls, tool errors, ...)
+    info: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One rollout's conversation with its environment. Called from a worker thread, one call at a
+    time, each bounded by ``environment.turn_timeout_s`` (a call that overruns ends the episode)."""
+
+    def step(self, turn: Turn) -> StepResult: ...
+
+    def close(self) -> None:
+        """The episode ended (done, a limit, a timeout or an error): release what it holds."""
+        ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    def start(self, sample: Any) -> Episode:
+        """An episode for one sample (``relax.core.data.Sample``: its ``prompt_text``, ``label`` and
+        ``metadata`` come from the dataset row); read-only."""
+        ...
+
+
+@runtime_checkable
+class ToolParser(Protocol):
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(text without the tool-call markup, the calls in order); a malformed call is a
+        ``ToolCall`` with ``error`` set, never an exception."""
+        ...

@@ -65,7 +65,7 @@ def _score_round(state: StepContext, step: int, metrics: dict[str, float]) -> tu
             total=n_requests, desc=f"rollout step {step}", leave=False, disable=not cfg.logging.progress
         ) as bar,
     ):
-        stages.generate(state.fleet.router, groups, cfg, step, state.stop_token_ids, on_progress=bar.update)
+        stages.generate(state.fleet.router, groups, cfg, step, state.stop_token_ids, on_progress=bar.update, turns=state.turns)
     with stages.timed(metrics, "reward"):
         scored, counts = stages.score(roles.reward, [s for g in groups for s in g], cfg)
     by_group: dict[int, list[Sample]] = {}

@@ -82,7 +82,7 @@ def start_pipeline(state: StepContext) -> Pipeline:
     return Pipeline(
         state.cfg, prompts=state.prompts, fleet=state.fleet, reward=state.roles.reward,
         reference=state.roles.reference, pad_id=state.pad_id, stop_token_ids=state.stop_token_ids,
-        step=state.step, version=state.version,
+        step=state.step, version=state.version, turns=state.turns,
     )
 
 

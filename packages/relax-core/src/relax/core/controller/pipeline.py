@@ -79,8 +79,9 @@ class Pipeline:
         stop_token_ids: list[int],
         step: int,
         version: int,
+        turns: Any = None,
     ) -> None:
-        self.cfg, self.prompts, self.fleet = cfg, prompts, fleet
+        self.cfg, self.prompts, self.fleet, self.turns = cfg, prompts, fleet, turns
         self.reward, self.reference, self.pad_id = reward, reference, pad_id
         self.params = sampling_params(cfg, stop_token_ids)
         self.start_step = step
@@ -165,7 +166,9 @@ class Pipeline:
     def _generate_step(self, step: int, groups: list[list[Sample]]) -> None:
         cfg = self.cfg
         started, tokens, resubmitted = time.perf_counter(), 0, 0
-        for finished, n_aborted in stream_groups(self.router, groups, self.params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s):
+        for finished, n_aborted in stream_groups(
+            self.router, groups, self.params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s, turns=self.turns
+        ):
             resubmitted += n_aborted
             for group in finished:
                 tokens += sum(len(s.response_ids) for s in group)

@@ -162,8 +162,13 @@ def stream_groups(
     step: int,
     timeout_s: float,
     chunks_per_engine: int = 2,
+    turns: Any = None,
 ) -> Iterator[tuple[list[list[Sample]], int]]:
     """Generate every group; yield (finished groups, number of requests sent again).
+
+    With ``turns`` (``relax.core.agentic.Turns``, multi-turn rollouts) each request is a sample's
+    next turn and each result goes to ``turns.advance``; the samples whose episode goes on are sent
+    again, so a group is yielded once every episode in its chunk ended.
 
     A request comes back again with finish reason ``"abort"`` (weights changed under it with
     ``rollout.partial_rollout: abort``) and is resubmitted from scratch with the same seed. A chunk
@@ -174,8 +179,10 @@ def stream_groups(
     n_chunks = max(1, min(len(groups), chunks_per_engine * max(1, len(router))))
     pending: dict[Any, _Call] = {}
 
+    make_request = turns.request if turns is not None else request_for
+
     def send(chunk_groups: list[list[Sample]], samples: list[Sample]) -> None:
-        ref, idx = router.submit([request_for(s, params, seed, step) for s in samples], wait_s=timeout_s)
+        ref, idx = router.submit([make_request(s, params, seed, step) for s in samples], wait_s=timeout_s)
         pending[ref] = _Call(idx, chunk_groups, samples, time.monotonic())
 
     for i in range(n_chunks):
@@ -201,14 +208,17 @@ def stream_groups(
                     f"rollout engine[{call.index}] failed in generate: {describe(exc)}", "rollout engine", call.index, "generate"
                 ) from exc
             else:
-                aborted = []
+                aborted, answered = [], []
                 for sample, result in zip(call.samples, results, strict=True):
                     if result.finish_reason == "abort":
                         aborted.append(sample)
-                    else:
+                    elif turns is None:
                         apply_result(sample, result)
-                if aborted:
-                    send(call.groups, aborted)
+                    else:
+                        answered.append((sample, result))
+                next_turns = turns.advance(step, *map(list, zip(*answered, strict=True))) if answered else []
+                if aborted or next_turns:
+                    send(call.groups, aborted + next_turns)
                     yield [], len(aborted)
                 else:
                     yield call.groups, 0

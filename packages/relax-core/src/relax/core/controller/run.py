@@ -18,6 +18,7 @@ from tqdm import tqdm
 from relax.core.checkpoint import CheckpointError, CheckpointManager, read_controller_state, resolve_resume
 from relax.core.config import RelaxConfig
 from relax.core.controller import closing, faults, recovery, runtime, signals, startup, teardown
+from relax.core.controller.episodes import build_turns
 from relax.core.controller.faults import FaultCounters
 from relax.core.controller.fleet import EngineFleet
 from relax.core.controller.handle import RunControl, RunHandle
@@ -48,6 +49,7 @@ class RunState:
     pad_id: int
     stop_token_ids: list[int]
     dataset: Any  # relax.core.dataset.PromptDataset
+    turns: Any  # relax.core.agentic.Turns (multi-turn rollouts), or None
     first_metrics: dict[str, float]  # logged with the first step, then emptied (data counts)
     roles: runtime.Roles
     weight_sync: WeightSync  # the run's transport; the fleet drives it
@@ -85,6 +87,7 @@ class RunState:
         self.model_path, self.tokenizer, self.pad_id = local.model_path, local.tokenizer, local.pad_id
         self.stop_token_ids, self.dataset = local.stop_token_ids, local.dataset
         self.first_metrics = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}
+        self.turns = build_turns(cfg, self.tokenizer, self.stop_token_ids, self.model_path)
         if clock is not None:
             clock.add_overlapped("model, tokenizer, data", local.seconds)
             clock.mark("tokenizer, data" if in_driver(cfg) else "setup beyond ray")

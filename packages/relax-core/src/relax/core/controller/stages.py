@@ -66,15 +66,17 @@ def generate(
     stop_token_ids: list[int],
     on_progress: Callable[[int], None] | None = None,
     params: SamplingParams | None = None,
+    turns: Any = None,
 ) -> list[list[Sample]]:
     """Fill every sample's response through the same router the async producer uses (a list of
     engine handles gets a router of its own). Each generate call is bounded by ``rollout.timeout_s``.
 
-    ``params`` overrides the sampling parameters from ``cfg.rollout`` (e.g. greedy probes)."""
+    ``params`` overrides the sampling parameters from ``cfg.rollout`` (e.g. greedy probes); ``turns``
+    makes every sample a multi-turn episode (``relax.core.agentic.Turns``)."""
     params = params or sampling_params(cfg, stop_token_ids)
     if not isinstance(router, EngineRouter):
         router = EngineRouter(router)
-    for finished, _ in stream_groups(router, groups, params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s):
+    for finished, _ in stream_groups(router, groups, params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s, turns=turns):
         if on_progress:
             on_progress(sum(len(g) for g in finished))
     return groups
@@ -327,8 +329,17 @@ def sample_metrics(samples: list[Sample]) -> dict[str, float]:
     from relax.core.rewards.runner import reward_metrics
 
     metrics.update(reward_metrics(samples))  # reward/<key>_mean of reward_info, failure and timeout counts
+    metrics.update(episode_metrics(samples))
     penalties = [s.reward_info["overlong_penalty"] for s in samples if "overlong_penalty" in s.reward_info]
     if penalties:
         metrics["reward/overlong_penalty_mean"] = sum(penalties) / len(samples)
         metrics["reward/overlong_frac"] = sum(p < 0 for p in penalties) / len(samples)
     return metrics
+
+
+def episode_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Multi-turn rollouts: ``episode/<counter>_mean`` per episode (turns, tool calls, tool errors,
+    observation tokens, truncations, timeouts, errors, and what the environment counts)."""
+    stats = [s.metadata["episode"] for s in samples if "episode" in s.metadata]
+    keys = sorted({k for st in stats for k in st})
+    return {f"episode/{k}_mean": sum(st.get(k, 0.0) for st in stats) / len(stats) for k in keys}

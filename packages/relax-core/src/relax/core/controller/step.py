@@ -26,6 +26,7 @@ class StepContext(Protocol):
     prompts: PromptSource
     pad_id: int
     stop_token_ids: list[int]
+    turns: Any  # relax.core.agentic.Turns: every sample an episode (environment.name), or None
     step: int  # the last committed step
     version: int  # the trainer's weight version (advances with each trained step)
     pipeline: Pipeline | None  # async/hybrid: producer and queue roles, started by the first step

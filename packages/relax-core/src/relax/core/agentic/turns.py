@@ -1,0 +1,183 @@
+"""The multi-turn loop between the router and the environment's episodes (token in, token out)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from relax.core.agentic.bounded import TIMEOUT, call_all
+from relax.core.agentic.render import ObservationRenderer, cut_observations
+from relax.core.data import Sample
+from relax.core.protocols import (
+    Environment,
+    Episode,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    StepResult,
+    ToolParser,
+    Turn,
+)
+
+#: per-episode counters, always present in ``sample.metadata["episode"]`` (an environment adds its own)
+COUNTERS = ("turns", "tool_calls", "malformed_tool_calls", "tool_errors", "observation_tokens",
+            "truncated", "observations_cut", "timeouts", "errors")
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 4
+    max_total_tokens: int = 512
+    max_observation_tokens: int = 256
+    turn_timeout_s: float = 30.0
+    on_tool_error: str = "observe"  # "observe" | "end"
+
+
+@dataclass
+class _Live:
+    episode: Episode | None = None
+    turns: int = 0
+    stats: Counter = field(default_factory=Counter)
+
+
+def turn_seed(seed: int, step: int, group_id: int, index: int, turn: int) -> int:
+    """Per-turn seed: reproducible whichever engine serves the turn, different for every turn."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{group_id}/{index}/t{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+class NoToolCalls:
+    """The built-in ``none`` tool parser: a turn is plain text."""
+
+    def parse(self, text: str) -> tuple[str, list]:
+        return text, []
+
+
+class Turns:
+    """Builds each turn's request from the trajectory so far and advances episodes with results.
+
+    Keyed by (step, group, index), so the same object serves every step in flight (async mode).
+    Thread-safe: several rollout steps may advance at once."""
+
+    def __init__(self, environment: Environment, parser: ToolParser, tokenizer: Any, limits: EpisodeLimits,
+                 stop_token_ids: list[int]) -> None:
+        self.environment, self.parser, self.tokenizer, self.limits = environment, parser, tokenizer, limits
+        self.renderer = ObservationRenderer(tokenizer)
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self._live: dict[tuple[int, int, int], _Live] = {}
+        self._lock = threading.Lock()
+
+    def _state(self, step: int, sample: Sample) -> _Live:
+        with self._lock:
+            return self._live.setdefault((step, sample.group_id, sample.index_in_group), _Live())
+
+    # ------------------------------------------------------------------ requests
+    def request(self, sample: Sample, params: SamplingParams, seed: int, step: int) -> GenerationRequest:
+        """The next turn: the prompt plus the trajectory so far, exactly as sampled and appended."""
+        if not self._state(step, sample).turns:
+            sample.response_ids, sample.rollout_logprobs, sample.versions, sample.loss_mask = [], [], [], []
+        turn = self._state(step, sample).turns
+        budget = min(params.max_new_tokens, self.limits.max_total_tokens - len(sample.response_ids))
+        return GenerationRequest(
+            request_id=f"{step}/{sample.group_id}/{sample.index_in_group}/t{turn}",
+            prompt_ids=[*sample.prompt_ids, *sample.response_ids],
+            media=sample.mm_inputs,
+            params=replace(params, max_new_tokens=max(1, budget),
+                           seed=turn_seed(seed, step, sample.group_id, sample.index_in_group, turn)),
+        )
+
+    # ------------------------------------------------------------------ results
+    def advance(self, step: int, samples: list[Sample], results: list[GenerationResult]) -> list[Sample]:
+        """Append each result as its sample's next turn, step the episodes (at once, each bounded by
+        ``turn_timeout_s``) and return the samples that need another turn; the others are finished."""
+        states = [self._state(step, s) for s in samples]
+        turns = [self._append_turn(s, st, r) for s, st, r in zip(samples, states, results, strict=True)]
+        outcomes = call_all(
+            [lambda s=s, st=st, t=t: self._step(s, st, t) for s, st, t in zip(samples, states, turns, strict=True)],
+            self.limits.turn_timeout_s,
+        )
+        again = []
+        for sample, state, turn, (value, error) in zip(samples, states, turns, outcomes, strict=True):
+            if value is TIMEOUT:
+                self._end(step, sample, state, None, timeouts=1,
+                          error=f"episode call did not return within environment.turn_timeout_s={self.limits.turn_timeout_s:g}s")
+            elif error is not None:
+                self._end(step, sample, state, None, errors=1, error=f"episode raised {type(error).__name__}: {error}")
+            elif self._continue(sample, state, turn, value):
+                again.append(sample)
+            else:
+                self._end(step, sample, state, value)
+        return again
+
+    def _append_turn(self, sample: Sample, state: _Live, result: GenerationResult) -> Turn:
+        new = list(result.response_ids)
+        sample.response_ids += new
+        sample.rollout_logprobs += list(result.logprobs)
+        sample.versions += list(result.versions)
+        sample.loss_mask += [1.0] * len(new)
+        sample.finish_reason = result.finish_reason
+        body = new[:-1] if new and new[-1] in self.stop_token_ids else new
+        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        content, calls = self.parser.parse(text)
+        sample.response_text = self.tokenizer.decode(body, skip_special_tokens=True)
+        state.turns += 1
+        state.stats["turns"] += 1
+        state.stats["tool_calls"] += len(calls)
+        state.stats["malformed_tool_calls"] += sum(bool(c.error) for c in calls)
+        return Turn(state.turns - 1, text, new, calls, result.finish_reason, content)
+
+    def _step(self, sample: Sample, state: _Live, turn: Turn) -> StepResult:
+        if state.episode is None:
+            state.episode = self.environment.start(sample)
+        result = state.episode.step(turn)
+        if not isinstance(result, StepResult):
+            raise TypeError(f"Episode.step returned {type(result).__name__}, not StepResult")
+        return result
+
+    def _continue(self, sample: Sample, state: _Live, turn: Turn, result: StepResult) -> bool:
+        """Count the step's info; append its observations if the episode goes on (True)."""
+        state.stats.update({k: float(v) for k, v in result.info.items()})
+        limits = self.limits
+        if result.done:
+            return False
+        tool_failed = result.info.get("tool_errors", 0) > 0 or any(c.error for c in turn.tool_calls)
+        if state.turns >= limits.max_turns or (limits.on_tool_error == "end" and tool_failed):
+            state.stats["truncated"] += state.turns >= limits.max_turns
+            return False
+        messages, cut = cut_observations(result.observations, self.tokenizer, limits.max_observation_tokens)
+        state.stats["observations_cut"] += cut
+        last = turn.token_ids[-1] if turn.token_ids else None
+        ended_with = self.tokenizer.decode([last]) if last in self.stop_token_ids else None
+        ids = self.renderer.ids(messages, ended_with)
+        if len(sample.response_ids) + len(ids) >= limits.max_total_tokens:
+            state.stats["truncated"] += 1
+            return False
+        version = sample.versions[-1] if sample.versions else 0
+        sample.response_ids += ids
+        sample.rollout_logprobs += [0.0] * len(ids)
+        sample.versions += [version] * len(ids)
+        sample.loss_mask += [0.0] * len(ids)
+        state.stats["observation_tokens"] += len(ids)
+        return True
+
+    def _end(self, step: int, sample: Sample, state: _Live, result: StepResult | None, error: str = "", **counts: int) -> None:
+        state.stats.update(counts)
+        stats = {k: float(state.stats.get(k, 0)) for k in COUNTERS} | {k: float(v) for k, v in state.stats.items()}
+        sample.metadata["episode"] = stats
+        sample.metadata["episode_reward"] = result.reward if result is not None else None
+        if error:
+            sample.metadata["episode_error"] = error
+        with self._lock:
+            self._live.pop((step, sample.group_id, sample.index_in_group), None)
+        if state.episode is not None:  # closing must not block the rollout either
+            threading.Thread(target=_close_quietly, args=(state.episode,), daemon=True).start()
+
+
+def _close_quietly(episode: Episode) -> None:
+    try:
+        episode.close()
+    except Exception:  # noqa: BLE001 - the episode is over; a failing close loses nothing
+        pass
