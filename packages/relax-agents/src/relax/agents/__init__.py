@@ -1,0 +1,1 @@
+"""Relax agents: environments and tools for multi-turn rollouts (``relax.core.agentic``)."""
