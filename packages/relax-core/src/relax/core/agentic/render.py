@@ -46,16 +46,29 @@ class ObservationRenderer:
         return list(self.tokenizer(self.text(messages, ended_with), add_special_tokens=False)["input_ids"])
 
 
-def cut_observations(messages: list[dict[str, Any]], tokenizer: Any, max_tokens: int) -> tuple[list[dict[str, Any]], bool]:
-    """Messages whose text contents fit ``max_tokens`` tokens in all (each text cut from its end,
-    marked ``[truncated]``); media parts are kept. Returns (messages, whether anything was cut)."""
-    budget, out, cut = max_tokens, [], False
+TRUNCATED = "[truncated]"
+
+
+def fit_observations(renderer: ObservationRenderer, messages: list[dict[str, Any]], ended_with: str | None,
+                     max_tokens: int) -> tuple[list[int], bool]:
+    """The observations' continuation ids, their text contents cut from the end (marked ``[truncated]``)
+    so that the whole continuation, template tokens included, fits ``max_tokens`` where it can.
+    Returns (ids, whether anything was cut)."""
+    ids = renderer.ids(messages, ended_with)
+    if len(ids) <= max_tokens:
+        return ids, False
+    tok = renderer.tokenizer
+    texts = [m for m in messages if isinstance(m.get("content"), str)]
+    empty = [{**m, "content": "" if isinstance(m.get("content"), str) else m["content"]} for m in messages]
+    marker = len(tok(TRUNCATED, add_special_tokens=False)["input_ids"])
+    budget = max(0, max_tokens - len(renderer.ids(empty, ended_with)) - marker * len(texts))
+    cut = []
     for message in messages:
-        content = message.get("content", "")
+        content = message.get("content")
         if isinstance(content, str):
-            ids = tokenizer(content, add_special_tokens=False)["input_ids"]
-            if len(ids) > budget:
-                content, cut = tokenizer.decode(ids[: max(0, budget)]) + "[truncated]", True
-            budget -= min(len(ids), budget)
-        out.append({**message, "content": content})
-    return out, cut
+            content_ids = tok(content, add_special_tokens=False)["input_ids"]
+            if len(content_ids) > budget:
+                content = tok.decode(content_ids[:budget]) + TRUNCATED
+            budget -= min(len(content_ids), budget)
+        cut.append({**message, "content": content})
+    return renderer.ids(cut, ended_with), True

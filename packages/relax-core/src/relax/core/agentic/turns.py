@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relax.core.agentic.bounded import TIMEOUT, call_all
-from relax.core.agentic.render import ObservationRenderer, cut_observations
+from relax.core.agentic.render import ObservationRenderer, fit_observations
 from relax.core.data import Sample
 from relax.core.protocols import (
     Environment,
@@ -147,11 +147,10 @@ class Turns:
         if state.turns >= limits.max_turns or (limits.on_tool_error == "end" and tool_failed):
             state.stats["truncated"] += state.turns >= limits.max_turns
             return False
-        messages, cut = cut_observations(result.observations, self.tokenizer, limits.max_observation_tokens)
-        state.stats["observations_cut"] += cut
         last = turn.token_ids[-1] if turn.token_ids else None
         ended_with = self.tokenizer.decode([last]) if last in self.stop_token_ids else None
-        ids = self.renderer.ids(messages, ended_with)
+        ids, cut = fit_observations(self.renderer, result.observations, ended_with, limits.max_observation_tokens)
+        state.stats["observations_cut"] += cut
         if len(sample.response_ids) + len(ids) >= limits.max_total_tokens:
             state.stats["truncated"] += 1
             return False
