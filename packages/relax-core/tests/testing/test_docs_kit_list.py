@@ -14,6 +14,7 @@ SUITES = [
     testing.TrainerConformance,
     testing.WeightSyncConformance,
     testing.RewardConformance,
+    testing.EnvironmentConformance,
     testing.QueueConformance,
     testing.ProcessorConformance,
     testing.MultimodalProcessorConformance,

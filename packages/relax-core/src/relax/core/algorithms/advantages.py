@@ -105,7 +105,9 @@ def reinforce_plus_plus(
 
     ``r'_t = r_t - kl_coef * KL_t(old || ref)``, ``G_t = sum_{s>=t} gamma^(s-t) r'_s`` over valid
     tokens, ``A = whiten(G)`` over the whole batch. Masked (observation) tokens are skipped: the
-    return is carried across them, like GAE (as verl).
+    return is carried across them and discounted per generated token, like GAE (and verl's GAE).
+    Deliberate deviation: verl's REINFORCE++ resets the return at every masked token, which assumes
+    masks only trail (padding) and would cut a multi-turn response's early turns off the outcome reward.
     """
     rewards = token_rewards(inputs)
     mask = inputs.response_mask.to(rewards.dtype)

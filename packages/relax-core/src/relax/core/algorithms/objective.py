@@ -19,7 +19,7 @@ from relax.core.algorithms.config import AlgorithmConfig
 from relax.core.algorithms.corrections import masked_is, opsm_mask, truncated_is
 from relax.core.algorithms.distillation import add_opd_to_advantages, reverse_kl
 from relax.core.algorithms.kl import apply_kl_penalty
-from relax.core.algorithms.policy_losses import PolicyLossInputs, agg
+from relax.core.algorithms.policy_losses import PolicyLossInputs, agg, zero_masked
 from relax.core.algorithms.registry import get_advantage_estimator, get_kl_estimator, get_policy_loss
 
 Objective = Callable[[PolicyLossInputs], tuple[Tensor, dict[str, float]]]
@@ -82,7 +82,8 @@ def build_policy_objective(cfg: AlgorithmConfig) -> Objective:
     IS weights compare ``old_logprobs`` (trainer-side, at rollout policy version) with
     ``rollout_logprobs``; OPSM compares the current policy with ``rollout_logprobs`` (or
     ``old_logprobs`` when absent). ``cfg.opd_coef > 0`` folds the teacher's reverse KL into the
-    advantages first.
+    advantages first. Masked positions (padding, observation spans between turns) are zeroed in every
+    per-token input first (``zero_masked``), so nothing there reaches the loss or its gradient.
 
     Metrics ``loss``, ``pg_loss``, ``kl_loss`` and ``entropy`` are this call's share of the
     aggregate when global counts are given (sum them over micro-batches); the rest (fractions,
@@ -100,7 +101,7 @@ def build_policy_objective(cfg: AlgorithmConfig) -> Objective:
 
     def objective(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
         scale = inputs.loss_scale_factor if cfg.loss_scale_factor is None else cfg.loss_scale_factor
-        inputs = replace(inputs, loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=scale)
+        inputs = zero_masked(replace(inputs, loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=scale))
         mask = inputs.response_mask
         metrics: dict[str, float] = {}
         if cfg.opd_coef > 0:

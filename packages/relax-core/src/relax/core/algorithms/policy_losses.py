@@ -8,11 +8,14 @@ Metric names are the same in every loss (means over the micro-batch's valid toke
 maps each to verl's name): ``approx_kl`` = mean(log pi_old - log pi); where a ratio bound exists,
 ``clip_frac_high`` / ``clip_frac_low`` = share of tokens where the upper / lower bound binds and
 ``clip_frac`` = their sum; ``dual_clip_frac`` = share where PPO's dual clip binds.
+Masked positions (padding; in multi-turn responses, observation spans between turns) never matter:
+reductions read unmasked entries only, ``log_ratio`` is 0 there, and the objective zeroes every
+per-token input there first (``zero_masked``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -39,6 +42,30 @@ class PolicyLossInputs:
     is_weights: Tensor | None = None  # (B, T) detached correction weights
 
 
+#: the per-token fields of ``PolicyLossInputs`` (everything shaped like ``response_mask``)
+TOKEN_FIELDS = (
+    "logprobs", "old_logprobs", "advantages", "rollout_logprobs", "ref_logprobs", "teacher_logprobs", "entropy",
+    "is_weights",
+)  # fmt: skip
+
+
+def zero_masked(inputs: PolicyLossInputs) -> PolicyLossInputs:
+    """``inputs`` with every per-token tensor 0 where ``response_mask`` is 0 (gradients still flow to
+    ``logprobs`` / ``entropy`` at unmasked positions, exactly as before).
+
+    Losses aggregate unmasked tokens only, but a NaN or inf at a masked position (padding, or an
+    observation span between turns, whose logprobs and advantages are whatever their producer wrote)
+    would still reach the gradient as ``0 * inf`` in backward. Unmasked values are untouched, so
+    results are bit-identical for well-formed inputs."""
+    valid = inputs.response_mask > 0
+    changes = {}
+    for name in TOKEN_FIELDS:
+        x = getattr(inputs, name)
+        if x is not None:
+            changes[name] = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return replace(inputs, **changes)
+
+
 def agg(inputs: PolicyLossInputs, values: Tensor, mode: str | None = None) -> Tensor:
     """Aggregate a per-token loss with the inputs' mode and global counts."""
     return aggregate_loss(
@@ -56,7 +83,10 @@ def weighted(inputs: PolicyLossInputs, losses: Tensor) -> Tensor:
 
 
 def log_ratio(inputs: PolicyLossInputs, clamp: bool = True) -> Tensor:
+    """``log pi - log pi_old``, 0 at masked positions: an unclamped ratio must not overflow on a
+    masked token's arbitrary logprobs (``exp`` of it would make ``0 * inf`` gradients there)."""
     lr = inputs.logprobs - inputs.old_logprobs.detach()
+    lr = torch.where(inputs.response_mask > 0, lr, torch.zeros((), dtype=lr.dtype, device=lr.device))
     return torch.clamp(lr, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) if clamp else lr
 
 

@@ -28,8 +28,14 @@ def clipped_value_loss(
     The value clipping of OpenAI baselines' PPO2, written out in Engstrom et al. 2020
     (arXiv:2005.12729, §3, optimisation 1 "value function clipping"); as verl's
     ``compute_value_loss``. Metric ``vf_clip_frac``: fraction of valid tokens where the clipped
-    term is the larger one.
+    term is the larger one. Masked positions (padding, observation spans) are zeroed first, so
+    whatever is there never reaches the loss or, as ``0 * inf``, its gradient.
     """
+    valid = mask > 0
+    new_values, old_values, returns = (
+        torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        for x in (new_values, old_values, returns)
+    )
     clipped = old_values + torch.clamp(new_values - old_values, -clip_range, clip_range)
     loss1 = (new_values - returns).square()
     loss2 = (clipped - returns).square()

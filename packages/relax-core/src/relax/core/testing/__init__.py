@@ -16,6 +16,8 @@ WeightSyncConformance           ``make_transport(timeout_s, bucket_bytes)`` [``m
                                 ``make_sender_trainer``, ``served_weights``, ``break_engine``,
                                 ``fail_engine`` / ``heal_engine``, ``scratch_dirs``]
 RewardConformance               ``make_reward()`` [``samples``, ``expected_scores``, ``slow_sample``]
+EnvironmentConformance          ``make_environment()`` [``samples``, ``policy_turns``, ``expected_rewards``,
+                                ``make_tokenizer``, ``close_environment``]
 QueueConformance                ``make_queue(capacity, consumers)`` [``close_queue``]
 ProcessorConformance            ``make_processor(model_dir)`` [``conversations``, ``expected_prompt``]
 MultimodalProcessorConformance  ``family`` and ``make_processor(model_dir)`` [``audio_ref``]; tiny VL / Omni
@@ -56,6 +58,7 @@ if "pytest" in sys.modules:  # only under pytest: importing the kit never import
     pytest.register_assert_rewrite(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)))
 
 from relax.core.testing.engine import EngineFixtures, RolloutEngineConformance, check_result
+from relax.core.testing.environment import EnvironmentConformance
 from relax.core.testing.models import TinyModelFixtures, eos_token_ids, load_hf_weights, tiny_model_dir
 from relax.core.testing.multimodal import MultimodalProcessorConformance
 from relax.core.testing.multimodal_models import tiny_multimodal_dir
@@ -74,6 +77,7 @@ from relax.core.testing.transport import WeightSyncConformance
 
 __all__ = [
     "EngineFixtures",
+    "EnvironmentConformance",
     "LogprobAgreementConformance",
     "MultimodalProcessorConformance",
     "ProcessorConformance",
