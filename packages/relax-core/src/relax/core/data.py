@@ -50,7 +50,8 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
 
     Returns input_ids/attention_mask/position_ids (B, P+R), responses/response_mask/
     rollout_logprobs (B, R), rewards (B,), group_index (B,), min_version (B,); with multimodal samples
-    also each row's media inputs, padded per row (``mm.<key>``, see ``relax.core.data_multimodal``).
+    also each row's media inputs, padded per row (``mm.<key>``, see ``relax.core.data_multimodal``), and
+    for multi-turn ones ``observation_mask`` (B, R): the observation tokens (where media ids are real).
     """
     if not samples:
         raise ValueError("collate() needs at least one sample")
@@ -74,6 +75,8 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
         from relax.core.data_multimodal import pack_media, resolve_all
 
         media = pack_media(resolve_all([s.mm_inputs for s in samples]))
+        if any("episode" in s.metadata for s in samples):  # multi-turn: observation media ids are real
+            media["observation_mask"] = (attention[:, p_len:].bool() & (response_mask == 0)).float()
     return {
         **media,
         "input_ids": input_ids,

@@ -55,6 +55,19 @@ def share(inputs: dict[str, torch.Tensor]) -> Any:
     return inputs
 
 
+def merge_media(first: dict[str, torch.Tensor] | None, then: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One prompt's inputs followed by more media of the same sequence (a tool's image in a multi-turn
+    episode): each tensor concatenated along its item axis, so placeholders and inputs keep one order.
+    Per-token entries are dropped (recomputed from the ids); original media (``source.*``) cannot follow."""
+    if any(k.startswith(SOURCE) for k in then):
+        raise ValueError(f"media after the prompt cannot carry original media entries ({SOURCE}*): images only")
+    merged = {k: v for k, v in (first or {}).items() if k not in TOKEN_LEVEL}
+    for key, value in then.items():
+        if key not in TOKEN_LEVEL:
+            merged[key] = torch.cat([merged[key], value]) if key in merged else value
+    return merged
+
+
 def resolve(ref: Any) -> dict[str, torch.Tensor]:
     """The inputs behind a reference from ``share`` (fetched once per distinct reference by callers)."""
     if ref is None or isinstance(ref, dict):

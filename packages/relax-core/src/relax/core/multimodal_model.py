@@ -113,11 +113,14 @@ def media_token_ids(config: Any) -> list[int]:
 
 def media_forward_kwargs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
-    prompt_width: int,
+    prompt_width: int, observed: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments (``input_ids`` included) that make ``model`` see ``media`` for ``input_ids``: its
-    adapter's (``ModelAdapter.forward_kwargs``); media for a model type without one is an error."""
+    adapter's (``ModelAdapter.forward_kwargs``); media for a model type without one is an error.
+    ``observed`` (B, R): response positions that are observations (multi-turn), passed on when given."""
     adapter = model_adapter(model)
     if adapter is None:
         raise _missing(getattr(model.config, "model_type", "?"), "a request or row carries media")
+    if observed is not None and bool(observed.any()):
+        return adapter.forward_kwargs(model, input_ids, attention_mask, media, prompt_width, observed=observed.bool())
     return adapter.forward_kwargs(model, input_ids, attention_mask, media, prompt_width)

@@ -52,6 +52,18 @@ class MultimodalProcessor(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsObservationMedia(Protocol):
+    """A multimodal processor that can continue a conversation with observation messages carrying media
+    (a tool returns an image: ``relax.core.agentic``)."""
+
+    def continue_with(self, messages: list[dict[str, Any]], ended_with: str | None, where: str) -> ProcessedPrompt:
+        """The token ids (placeholders expanded) and model inputs of ``messages`` rendered as the
+        continuation after an assistant turn (``relax.core.agentic.ObservationRenderer``: ``ended_with`` is
+        the turn's end-of-turn text, None for a turn cut by length); ``MediaError(where, ...)`` for bad media."""
+        ...
+
+
 def is_multimodal(processor: Any) -> bool:
     return bool(getattr(processor, "multimodal", False)) and callable(getattr(processor, "process", None))
 

@@ -338,9 +338,13 @@ class ModelAdapter(Protocol):
         ...
 
     def forward_kwargs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       media: dict[str, torch.Tensor], prompt_width: int) -> dict[str, Any]:
+                       media: dict[str, torch.Tensor], prompt_width: int, observed: torch.Tensor | None = None,
+                       ) -> dict[str, Any]:
         """Forward keywords (``input_ids`` included) that make ``model`` see ``media`` (one prompt's
-        processed inputs per row, ``source.*`` entries included) for prompt + response ``input_ids``."""
+        processed inputs per row, ``source.*`` entries included) for prompt + response ``input_ids``.
+        Media ids the response *sampled* are fed as token 0 (a policy never adds media); ``observed`` (B, R
+        bool, multi-turn only, passed only when some row has one) marks response positions that are
+        observations, whose media ids are real placeholders of media appended to ``media``."""
         ...
 
     def before_prefill(self, model: Any) -> None:

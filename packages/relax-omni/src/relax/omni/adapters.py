@@ -62,7 +62,8 @@ class QwenMediaAdapter:
         return [i for i in (_token_id(config, k) for k in MEDIA_TOKEN_KINDS) if i is not None]
 
     def forward_kwargs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       media: dict[str, torch.Tensor], prompt_width: int) -> dict[str, Any]:
+                       media: dict[str, torch.Tensor], prompt_width: int, observed: torch.Tensor | None = None,
+                       ) -> dict[str, Any]:
         """The media tensors; token types (text 0, image 1, video 2) where the model's rope index needs them;
         ``position_ids=None``, so the model's own rope-index function computes the 3-D positions; the mask as
         bool (the Omni rope index selects tokens with ``ids[mask]``). Media ids a response sampled (columns
@@ -70,12 +71,16 @@ class QwenMediaAdapter:
         placeholder counting and rope index must see only the prompt's. Engine and trainer both do this, so
         their logprobs still agree; the sampled ids themselves are kept as they are. The ``AUDIO_IN_VIDEO``
         flags (one per video) become the model's ``use_audio_in_video``. ``source.*`` entries (original media
-        kept for other engines, ``relax.core.data_multimodal.SOURCE``) are dropped.
+        kept for other engines, ``relax.core.data_multimodal.SOURCE``) are dropped. ``observed`` (multi-turn):
+        response positions that are observations keep their media ids (a tool's image appended to ``media``).
         """
         response = input_ids[:, prompt_width:]
         media_ids = torch.tensor(self.media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device)
-        if response.numel() and torch.isin(response, media_ids).any():
-            input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(torch.isin(response, media_ids), 0)], 1)
+        sampled = torch.isin(response, media_ids)
+        if observed is not None:
+            sampled &= ~observed.to(sampled.device)
+        if response.numel() and sampled.any():
+            input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(sampled, 0)], 1)
         media = model_inputs(media)
         flags = media.pop(AUDIO_IN_VIDEO, None)
         kwargs: dict[str, Any] = {**media, "input_ids": input_ids, "position_ids": None,

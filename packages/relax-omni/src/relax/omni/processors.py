@@ -75,7 +75,17 @@ class QwenOmniProcessor:
 
     def process(self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str) -> ProcessedPrompt:
         loaded = load_media(messages, media, self.params, where, self.family.patch_size, self.family.kinds)
-        text = self._render(loaded.messages)
+        return self._run(self._render(loaded.messages), loaded)
+
+    def continue_with(self, messages: list[dict[str, Any]], ended_with: str | None, where: str) -> ProcessedPrompt:
+        """Observation messages with media (a tool's image) rendered as the continuation after an assistant
+        turn (``relax.core.processors.SupportsObservationMedia``), within the same media budgets."""
+        from relax.core.agentic import ObservationRenderer
+
+        loaded = load_media(messages, [], self.params, where, self.family.patch_size, self.family.kinds)
+        return self._run(ObservationRenderer(self.hf).text(loaded.messages, ended_with), loaded)
+
+    def _run(self, text: str, loaded: Any) -> ProcessedPrompt:
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         p = self.params
         if loaded.images:  # the HF processor gets the same budget, so it keeps qwen-omni-utils' sizes

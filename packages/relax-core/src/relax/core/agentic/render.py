@@ -17,7 +17,9 @@ class ObservationRenderer:
     """
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+        """``tokenizer``: a tokenizer, or an HF processor (its template renders media placeholders)."""
+        self.tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's text tokenizer
+        self.templater = tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("environment: the tokenizer has no chat template to render observations with")
         base = self._template(_PROBE, generation_prompt=False)
@@ -26,7 +28,7 @@ class ObservationRenderer:
         self.turn_close = base[base.rindex("\x00") + 1 :]
 
     def _template(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.templater.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
     def text(self, messages: list[dict[str, Any]], ended_with: str | None) -> str:
         """The continuation text after a turn whose last sampled token decodes to ``ended_with``

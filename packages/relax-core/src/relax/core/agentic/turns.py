@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relax.core.agentic.bounded import TIMEOUT, call_all
 from relax.core.agentic.render import ObservationRenderer, fit_observations
 from relax.core.data import Sample
+from relax.core.data_multimodal import merge_media, resolve
 from relax.core.protocols import (
     Environment,
     Episode,
@@ -63,10 +65,13 @@ class Turns:
     Thread-safe: several rollout steps may advance at once."""
 
     def __init__(self, environment: Environment, parser: ToolParser, tokenizer: Any, limits: EpisodeLimits,
-                 stop_token_ids: list[int]) -> None:
+                 stop_token_ids: list[int], processor: Any = None, media_token_ids: Sequence[int] = ()) -> None:
+        """``processor``: the run's multimodal processor, for observations carrying media (a tool's image);
+        ``media_token_ids``: the model's media placeholder ids (a VL model's), see :meth:`request`."""
         self.environment, self.parser, self.tokenizer, self.limits = environment, parser, tokenizer, limits
         self.renderer = ObservationRenderer(tokenizer)
         self.stop_token_ids = frozenset(stop_token_ids)
+        self.processor, self.media_token_ids = processor, frozenset(media_token_ids)
         self._live: dict[tuple[int, int, int], _Live] = {}
         self._lock = threading.Lock()
 
@@ -76,18 +81,25 @@ class Turns:
 
     # ------------------------------------------------------------------ requests
     def request(self, sample: Sample, params: SamplingParams, seed: int, step: int) -> GenerationRequest:
-        """The next turn: the prompt plus the trajectory so far, exactly as sampled and appended."""
+        """The next turn: the prompt plus the trajectory so far, exactly as sampled and appended -- except
+        that a media placeholder id the *policy sampled* goes to the engine as token 0, as every model
+        adapter feeds a sampled one (``ModelAdapter.forward_kwargs``); the sample keeps the sampled id."""
         if not self._state(step, sample).turns:
             sample.response_ids, sample.rollout_logprobs, sample.versions, sample.loss_mask = [], [], [], []
         turn = self._state(step, sample).turns
         budget = min(params.max_new_tokens, self.limits.max_total_tokens - len(sample.response_ids))
         return GenerationRequest(
             request_id=f"{step}/{sample.group_id}/{sample.index_in_group}/t{turn}",
-            prompt_ids=[*sample.prompt_ids, *sample.response_ids],
+            prompt_ids=[*sample.prompt_ids, *self._context(sample)],
             media=sample.mm_inputs,
             params=replace(params, max_new_tokens=max(1, budget),
                            seed=turn_seed(seed, step, sample.group_id, sample.index_in_group, turn)),
         )
+
+    def _context(self, sample: Sample) -> list[int]:
+        if not self.media_token_ids:
+            return sample.response_ids
+        return [0 if t in self.media_token_ids and m else t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True)]
 
     # ------------------------------------------------------------------ results
     def advance(self, step: int, samples: list[Sample], results: list[GenerationResult]) -> list[Sample]:
@@ -106,10 +118,17 @@ class Turns:
                           error=f"episode call did not return within environment.turn_timeout_s={self.limits.turn_timeout_s:g}s")
             elif error is not None:
                 self._end(step, sample, state, None, errors=1, error=f"episode raised {type(error).__name__}: {error}")
-            elif self._continue(sample, state, turn, value):
-                again.append(sample)
             else:
-                self._end(step, sample, state, value)
+                try:
+                    goes_on = self._continue(sample, state, turn, value)
+                except Exception as exc:  # noqa: BLE001 - an observation that cannot be appended (bad media)
+                    self._end(step, sample, state, None, errors=1,
+                              error=f"observation could not be appended: {type(exc).__name__}: {exc}")
+                    continue
+                if goes_on:
+                    again.append(sample)
+                else:
+                    self._end(step, sample, state, value)
         return again
 
     def _append_turn(self, sample: Sample, state: _Live, result: GenerationResult) -> Turn:
@@ -149,18 +168,37 @@ class Turns:
             return False
         last = turn.token_ids[-1] if turn.token_ids else None
         ended_with = self.tokenizer.decode([last]) if last in self.stop_token_ids else None
-        ids, cut = fit_observations(self.renderer, result.observations, ended_with, limits.max_observation_tokens)
+        media = None
+        if any(not isinstance(m.get("content", ""), str) for m in result.observations):
+            ids, media, cut = *self._media_observation(sample, result.observations, ended_with), False
+            if len(ids) > limits.max_observation_tokens:  # media cannot be cut: the episode ends here
+                state.stats["truncated"] += 1
+                return False
+        else:
+            ids, cut = fit_observations(self.renderer, result.observations, ended_with, limits.max_observation_tokens)
         state.stats["observations_cut"] += cut
         if len(sample.response_ids) + len(ids) >= limits.max_total_tokens:
             state.stats["truncated"] += 1
             return False
         version = sample.versions[-1] if sample.versions else 0
+        if media is not None:
+            sample.mm_inputs = merge_media(resolve(sample.mm_inputs), media)
         sample.response_ids += ids
         sample.rollout_logprobs += [0.0] * len(ids)
         sample.versions += [version] * len(ids)
         sample.loss_mask += [0.0] * len(ids)
         state.stats["observation_tokens"] += len(ids)
         return True
+
+    def _media_observation(self, sample: Sample, messages: list[dict[str, Any]],
+                           ended_with: str | None) -> tuple[list[int], dict[str, Any]]:
+        """Observation media through the run's processor: (its ids, placeholders expanded; its model inputs,
+        appended to the sample's when the observation is: the model counts placeholders in order)."""
+        if not callable(getattr(self.processor, "continue_with", None)):
+            raise ValueError("an observation carries media, but the run has no multimodal processor that can "
+                             "continue a conversation with it (data.processor with continue_with)")
+        processed = self.processor.continue_with(messages, ended_with, f"episode {sample.group_id}/{sample.index_in_group}")
+        return list(processed["prompt_ids"]), processed["inputs"]
 
     def _end(self, step: int, sample: Sample, state: _Live, result: StepResult | None, error: str = "", **counts: int) -> None:
         state.stats.update(counts)

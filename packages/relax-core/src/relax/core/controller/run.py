@@ -87,7 +87,7 @@ class RunState:
         self.model_path, self.tokenizer, self.pad_id = local.model_path, local.tokenizer, local.pad_id
         self.stop_token_ids, self.dataset = local.stop_token_ids, local.dataset
         self.first_metrics = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}
-        self.turns = build_turns(cfg, self.tokenizer, self.stop_token_ids, self.model_path)
+        self.turns = build_turns(cfg, self.tokenizer, self.stop_token_ids, self.model_path, self.dataset.processor)
         if clock is not None:
             clock.add_overlapped("model, tokenizer, data", local.seconds)
             clock.mark("tokenizer, data" if in_driver(cfg) else "setup beyond ray")

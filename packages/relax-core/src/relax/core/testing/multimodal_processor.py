@@ -30,6 +30,8 @@ def _path(ref: Any) -> Path:
 
 def load_media(kind: str, ref: Any) -> Any:
     """Load one media item; raises ``ValueError`` with the reason (the caller names row and item)."""
+    if kind == "image" and hasattr(ref, "convert"):  # a PIL image (a tool's output), not a file
+        return ref.convert("RGB")
     path = _path(ref)
     if not path.exists():
         raise ValueError(f"no such file {str(path)!r}")
@@ -77,20 +79,18 @@ class TinyMediaProcessor:
             for item in first["content"]:
                 if item["type"] in ("video", "audio"):
                     item[item["type"]] = item.pop("image")
-        loaded: dict[str, list[Any]] = {k: [] for k in KINDS}
-        for i, m in enumerate(messages):
-            if isinstance(m["content"], str):
-                continue
-            for j, item in enumerate(m["content"]):
-                kind = item.get("type")
-                if kind in KINDS:
-                    try:
-                        loaded[kind].append(load_media(kind, item.get(kind)))
-                    except ValueError as e:
-                        raise MediaError(where, f"messages[{i}].content[{j}] {kind} {item.get(kind)!r}", str(e)) from e
-                elif kind != "text":
-                    raise MediaError(where, f"messages[{i}].content[{j}]", f"unknown content type {kind!r}")
+        loaded = _load_all(messages, where)
         text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._run(text, loaded)
+
+    def continue_with(self, messages: list[dict[str, Any]], ended_with: str | None, where: str) -> ProcessedPrompt:
+        """Observation messages with media (``SupportsObservationMedia``), rendered as a continuation."""
+        from relax.core.agentic import ObservationRenderer
+
+        loaded = _load_all(messages, where)
+        return self._run(ObservationRenderer(self.hf).text(messages, ended_with), loaded)
+
+    def _run(self, text: str, loaded: dict[str, list[Any]]) -> ProcessedPrompt:
         kwargs = {f"{k}s" if k != "audio" else "audio": v for k, v in loaded.items() if v}
         out = self.hf(text=[text], return_tensors="pt", **kwargs, **CALL_KWARGS)
         inputs = {k: v[0] if k == "mm_token_type_ids" else v for k, v in out.items()
@@ -98,6 +98,24 @@ class TinyMediaProcessor:
         ids = out["input_ids"][0].tolist()
         return ProcessedPrompt(prompt_text=text, prompt_ids=ids, inputs=inputs,
                                counts={k: len(v) for k, v in loaded.items() if v})
+
+
+def _load_all(messages: list[dict[str, Any]], where: str) -> dict[str, list[Any]]:
+    """Every media item of ``messages``, by kind, in order."""
+    loaded: dict[str, list[Any]] = {k: [] for k in KINDS}
+    for i, m in enumerate(messages):
+        if isinstance(m["content"], str):
+            continue
+        for j, item in enumerate(m["content"]):
+            kind = item.get("type")
+            if kind in KINDS:
+                try:
+                    loaded[kind].append(load_media(kind, item.get(kind)))
+                except ValueError as e:
+                    raise MediaError(where, f"messages[{i}].content[{j}] {kind} {item.get(kind)!r}", str(e)) from e
+            elif kind != "text":
+                raise MediaError(where, f"messages[{i}].content[{j}]", f"unknown content type {kind!r}")
+    return loaded
 
 
 def _kind_of(ref: dict[str, Any], where: str) -> str:

@@ -45,7 +45,8 @@ class ResponseLogits:
             kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
             if media:
                 ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
-                kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width)
+                kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width,
+                                              observed=batch.get("observation_mask"))
             out = self.model(use_cache=False, logits_to_keep=resp_len + 1, **kwargs)
             logits = out.logits[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
         return logits if self.temperature == 1.0 else logits / self.temperature
