@@ -119,6 +119,15 @@ class EnvironmentConfig:
 
 
 @dataclass(frozen=True)
+class InputsConfig:
+    """Inputs built on first use by a plugin (``relax_register_inputs``): fills the null ``model.path`` /
+    ``data.path`` (...) it names; ``name: null`` = none (the quick-start's own are core's)."""
+
+    name: str | None = None
+    params: Any = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     backend: str = "torch"  # registered trainer name
     lr: float = 1e-6
@@ -212,6 +221,7 @@ class RelaxConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    inputs: InputsConfig = field(default_factory=InputsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -338,7 +348,8 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_paths: bool = False) -> RelaxConfig:
-    """``check_paths``: also check that data, model and run_dir are usable (the CLI does)."""
+    """``check_paths``: also check that data, model and run_dir are usable (the CLI does); with
+    ``inputs.name`` set, its plugin first builds the inputs the config leaves null (``relax.core.inputs``)."""
     from relax.core.checks import launch_errors
 
     errors: list[str] = []
@@ -351,10 +362,24 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_pat
                 cfg = _typed_plugin_sections(cfg, errors)
                 cfg = _derived_reward_timeout(cfg, data)
                 errors.extend(_plugin_run_errors(cfg))
+        if check_paths and check_plugins and not errors:
+            from relax.core.inputs import fill_inputs
+
+            filled = fill_inputs(cfg, data)
+            if filled is not None:
+                return config_from_dict(filled, check_plugins, check_paths)
         errors.extend(launch_errors(cfg, check_paths=check_paths, known=errors))
     if errors:
         raise config_error(errors)
     return cfg
+
+
+def with_inputs(cfg: RelaxConfig) -> RelaxConfig:
+    """``cfg`` with its generated inputs filled in (``run(cfg)``; the CLI's loader fills them itself)."""
+    from relax.core.inputs import fill_inputs
+
+    filled = fill_inputs(cfg, dataclasses.asdict(cfg))
+    return cfg if filled is None else config_from_dict(filled)
 
 
 def config_error(errors: list[str]) -> ConfigError:
@@ -484,6 +509,7 @@ PLUGIN_SECTIONS = (
     ("data", "processor", "processor_params", "processor"),
     ("environment", "name", "params", "environment"),
     ("environment", "tool_parser", "tool_parser_params", "tool_parser"),
+    ("inputs", "name", "params", "inputs"),
 )
 
 
@@ -555,6 +581,7 @@ def _plugin_errors(cfg: RelaxConfig) -> list[str]:
         ("algorithm.kl.estimator", "kl", cfg.algorithm.kl.estimator),
         ("environment.name", "environment", cfg.environment.name),
         ("environment.tool_parser", "tool_parser", cfg.environment.tool_parser),
+        ("inputs.name", "inputs", cfg.inputs.name),
     ]
     errors = []
     for path, kind, name in checks:

@@ -227,6 +227,24 @@ def relax_register_tool_parsers(register: RegisterPlugin) -> None:
 
 
 @hookspec
+def relax_register_inputs(register: RegisterPlugin) -> None:
+    """Register generated inputs: a model and data a config can ask to be built on first use
+    (``inputs.name`` selects one), as core builds the quick-start's when ``model.path`` / ``data.path``
+    are null -- so an example runs from a fresh clone with no preparation command.
+
+    When: when a config is loaded to run or validate (``relax run`` / ``relax validate``, and
+    ``relax.core.controller.run.run``), in the driver, before anything else starts.
+    Parameters: ``register(name, factory, config=ParamsDataclass, fills=("model.path", "data.path"))``
+    where ``factory(params, ctx) -> dict[str, str]`` builds what is missing (cached: a second call
+    returns at once) and returns the config values it made, by dotted field; ``fills`` names them.
+    Only fields the config leaves null are filled (a user's own path always wins); ``ctx.run_dir``.
+    Returns: nothing.
+
+    .. versionadded:: 0.4
+    """
+
+
+@hookspec
 def relax_register_model_adapters(register: Register) -> None:
     """Register model adapters: how core loads and feeds one HF model family, keyed by its
     ``config.model_type`` (not selected in config: the checkpoint's type picks its adapter).

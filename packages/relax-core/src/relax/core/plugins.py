@@ -41,6 +41,7 @@ REGISTRATION_HOOKS = {
     "checkpoint_format": "relax_register_checkpoint_formats",
     "environment": "relax_register_environments",
     "tool_parser": "relax_register_tool_parsers",
+    "inputs": "relax_register_inputs",
 }
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
 

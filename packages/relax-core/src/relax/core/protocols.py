@@ -385,6 +385,7 @@ class Turn:
     tool_calls: list[ToolCall]
     finish_reason: str  # "stop" | "length"
     content: str = ""  # ``text`` without the tool-call markup
+    logprobs: list[float] = field(default_factory=list)  # the engine's, one per ``token_ids``
 
 
 @dataclass
@@ -414,6 +415,8 @@ class Episode(Protocol):
 
 @runtime_checkable
 class Environment(Protocol):
+    """May also have ``close()``: called once when the run ends (its servers, tool processes)."""
+
     def start(self, sample: Any) -> Episode:
         """An episode for one sample (``relax.core.data.Sample``: its ``prompt_text``, ``label`` and
         ``metadata`` come from the dataset row); read-only."""

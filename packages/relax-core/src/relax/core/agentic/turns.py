@@ -75,6 +75,12 @@ class Turns:
         self._live: dict[tuple[int, int, int], _Live] = {}
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """The run ended: the environment releases what it holds (servers, tool processes), if it can."""
+        close = getattr(self.environment, "close", None)
+        if callable(close):
+            close()
+
     def _state(self, step: int, sample: Sample) -> _Live:
         with self._lock:
             return self._live.setdefault((step, sample.group_id, sample.index_in_group), _Live())
@@ -146,7 +152,7 @@ class Turns:
         state.stats["turns"] += 1
         state.stats["tool_calls"] += len(calls)
         state.stats["malformed_tool_calls"] += sum(bool(c.error) for c in calls)
-        return Turn(state.turns - 1, text, new, calls, result.finish_reason, content)
+        return Turn(state.turns - 1, text, new, calls, result.finish_reason, content, list(result.logprobs))
 
     def _step(self, sample: Sample, state: _Live, turn: Turn) -> StepResult:
         if state.episode is None:

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from relax.core.checkpoint import CheckpointError, CheckpointManager, read_controller_state, resolve_resume
-from relax.core.config import RelaxConfig
+from relax.core.config import RelaxConfig, with_inputs
 from relax.core.controller import closing, faults, recovery, runtime, signals, startup, teardown
 from relax.core.controller.episodes import build_turns
 from relax.core.controller.faults import FaultCounters
@@ -221,6 +221,7 @@ class RunState:
         closing.run_all([
             ("the engine fleet", self.fleet.close),  # no more replacements; streams waiting for an engine stop
             ("the async pipeline", self.pipeline.close if self.pipeline is not None else None),
+            ("the environment", self.turns.close if self.turns is not None else None),
         ])
         self._release_roles()
         if self.started_ray:
@@ -252,6 +253,7 @@ def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None) -> dict[str, 
 
     ``early``: Ray and the roles already starting in a thread (``relax run``, see
     ``startup.EarlyStart``); the run takes them over."""
+    cfg = with_inputs(cfg)  # inputs.name: a plugin's model and data, built on first use
     clock = startup.StartupClock()
     clock.mark("python + imports")
     with signals.guarded():
