@@ -186,3 +186,18 @@ def test_environment_reward_scores_the_episode():
     assert asyncio.run(EnvironmentReward(missing_score=-1.0).score(sample)) == -1.0
     with pytest.raises(ValueError, match="environment.name"):
         asyncio.run(EnvironmentReward().score(Sample(prompt_ids=[1], group_id=0)))
+
+
+def test_an_episodes_turns_stay_on_the_engine_holding_its_prefix(model_dir, tokenizer):
+    """Next turns go back to the engine that served the previous one (its prefix cache / radix cache)."""
+    engines = [Recording(HFRolloutEngine(model_dir)) for _ in range(2)]
+    router = EngineRouter([LocalHandle(e) for e in engines])
+    prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    groups = [[Sample(prompt_ids=list(prompt), group_id=g, index_in_group=i) for i in range(2)] for g in range(4)]
+    params = SamplingParams(max_new_tokens=4, stop_token_ids=tuple(stop_token_ids(tokenizer)))
+    list(stream_groups(router, groups, params, seed=3, step=1, timeout_s=60, turns=_turns(Echo(turns=3), tokenizer, model_dir)))
+    assert all(e.results for e in engines)  # both engines served episodes
+    for sample in (s for g in groups for s in g):
+        key = f"1/{sample.group_id}/{sample.index_in_group}"
+        served = {i for i, e in enumerate(engines) for t in range(3) if f"{key}/t{t}" in e.results}
+        assert len(served) == 1, (key, served)

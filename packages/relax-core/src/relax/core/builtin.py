@@ -22,9 +22,12 @@ class HFEngineParams:
     max_batch_size: int = 256  # requests decoded together; longer lists run in chunks
     seed: int = 0  # draws seeds for requests that carry none
     num_cpus: float = 1.0  # reserved per engine
+    # finished requests' KV kept for requests continuing them (multi-turn turns); 0: none (engines.prefix_cache)
+    prefix_cache_mb: float = 256.0
 
     def validate(self) -> list[str]:  # num_cpus >= 0 is checked for every section by relax.core.checks
-        return [] if self.max_batch_size >= 1 else [f"max_batch_size: must be >= 1, got {self.max_batch_size}"]
+        errors = [] if self.max_batch_size >= 1 else [f"max_batch_size: must be >= 1, got {self.max_batch_size}"]
+        return errors + ([f"prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb}"] if self.prefix_cache_mb < 0 else [])
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ def _hf_engine(params: HFEngineParams, ctx: PluginContext):
     from relax.core.engines.hf import HFRolloutEngine
 
     return HFRolloutEngine(
-        ctx.model_path, dtype=ctx.dtype, device=params.device, max_batch_size=params.max_batch_size, seed=params.seed
+        ctx.model_path, dtype=ctx.dtype, device=params.device, max_batch_size=params.max_batch_size, seed=params.seed,
+        prefix_cache_mb=params.prefix_cache_mb,
     )
 
 
@@ -183,6 +187,13 @@ def relax_register_queues(register):
     from relax.core.queue import register_builtin_queues
 
     register_builtin_queues(register)
+
+
+@hookimpl
+def relax_register_inputs(register):
+    from relax.core.recipes.smoke import register_smoke_inputs  # the recipes' CPU smoke variants
+
+    register_smoke_inputs(register)
 
 
 # the control plane's hooks: notifications (logging.notify_urls), the REST API when control.enabled,

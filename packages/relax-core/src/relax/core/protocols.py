@@ -49,6 +49,9 @@ class GenerationRequest:
     # processed media inputs of the prompt (``ProcessedPrompt["inputs"]``): an object-store reference or
     # the dict itself, the same object for every request of a group (resolved once by the engine)
     media: Any = None
+    # a later request will continue this one's tokens (the next turn of an episode): an engine may keep
+    # what it computed for them (the HF engine's prefix cache; SGLang's radix cache does so anyway)
+    continues: bool = False
 
 
 @dataclass

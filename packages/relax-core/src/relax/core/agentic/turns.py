@@ -98,6 +98,7 @@ class Turns:
             request_id=f"{step}/{sample.group_id}/{sample.index_in_group}/t{turn}",
             prompt_ids=[*sample.prompt_ids, *self._context(sample)],
             media=sample.mm_inputs,
+            continues=turn + 1 < self.limits.max_turns,
             params=replace(params, max_new_tokens=max(1, budget),
                            seed=turn_seed(seed, step, sample.group_id, sample.index_in_group, turn)),
         )

@@ -123,15 +123,16 @@ class EngineRouter:
                 self.close(NoEnginesLeft(f"{reason}; no rollout engine left"))
 
     # ------------------------------------------------------------------ dispatch
-    def submit(self, requests: list[Any], wait_s: float) -> tuple[Any, int]:
-        """Send ``requests`` to the least loaded engine, waiting up to ``wait_s`` for one to exist."""
+    def submit(self, requests: list[Any], wait_s: float, prefer: int | None = None) -> tuple[Any, int]:
+        """Send ``requests`` to the least loaded engine, waiting up to ``wait_s`` for one to exist;
+        ``prefer``: this engine while it is live and not draining (it holds what they continue)."""
         with self._cv:
             ready = self._cv.wait_for(lambda: self._engines or self._closed is not None, wait_s)
             if self._closed is not None:
                 raise self.closed_error()
             if not ready:
                 raise NoEnginesLeft(f"no rollout engine became available within {wait_s:g}s")
-            idx = min(self._engines, key=lambda i: (i in self._draining, self._outstanding[i], i))
+            idx = min(self._engines, key=lambda i: (i in self._draining, i != prefer, self._outstanding[i], i))
             self._outstanding[idx] += len(requests)
             handle = self._engines[idx]
         return handle.generate.remote(requests), idx
@@ -181,8 +182,8 @@ def stream_groups(
 
     make_request = turns.request if turns is not None else request_for
 
-    def send(chunk_groups: list[list[Sample]], samples: list[Sample]) -> None:
-        ref, idx = router.submit([make_request(s, params, seed, step) for s in samples], wait_s=timeout_s)
+    def send(chunk_groups: list[list[Sample]], samples: list[Sample], prefer: int | None = None) -> None:
+        ref, idx = router.submit([make_request(s, params, seed, step) for s in samples], timeout_s, prefer)
         pending[ref] = _Call(idx, chunk_groups, samples, time.monotonic())
 
     for i in range(n_chunks):
@@ -217,8 +218,8 @@ def stream_groups(
                     else:
                         answered.append((sample, result))
                 next_turns = turns.advance(step, *map(list, zip(*answered, strict=True))) if answered else []
-                if aborted or next_turns:
-                    send(call.groups, aborted + next_turns)
+                if aborted or next_turns:  # next turns go back to the engine holding their prefix
+                    send(call.groups, aborted + next_turns, prefer=call.index if next_turns else None)
                     yield [], len(aborted)
                 else:
                     yield call.groups, 0

@@ -10,6 +10,11 @@ of a group and its last logits giving each of them its first token (no decode st
 idle slots nor costs work for rows that are done. Sampling uses per-request uniforms drawn from the
 request's seed, so a request's tokens do not depend on which others share its batch.
 
+Multi-turn rollouts send each turn as a new request whose prompt is the previous turn's prompt,
+response and observation. With ``prefix_cache_mb`` the engine keeps finished requests' KV
+(``engines.prefix_cache``) and prefills only what follows the longest kept sequence a prompt starts
+with (same tokens and logprobs as a full prefill, within float noise).
+
 A model whose KV cache cannot be cut row by row (sliding-window or linear-attention layers) decodes
 each call's requests in static batches instead (``engines.static``), said once in the log; requests
 with media decode group by group through the model's adapter (``engines.multimodal``).
@@ -33,6 +38,7 @@ import torch
 
 from relax.core.engines import kv_batch, weight_names
 from relax.core.engines.batcher import DecodeBatch, Row, row_sampling_params
+from relax.core.engines.prefix_cache import PrefixCache, PrefixHit
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.protocols import GenerationRequest, GenerationResult
 
@@ -60,9 +66,11 @@ class HFRolloutEngine:
         seed: int = 0,
         model: Any = None,
         tokenizer: Any = None,
+        prefix_cache_mb: float = 0.0,
     ) -> None:
         """``model`` / ``tokenizer``: serve these (already placed) objects instead of loading
-        ``model_path`` -- a trainer-hosted engine serves the trainer's own module (``engines.hosted``)."""
+        ``model_path`` -- a trainer-hosted engine serves the trainer's own module (``engines.hosted``).
+        ``prefix_cache_mb``: memory for finished requests' KV caches (0: none kept), see ``engines.prefix_cache``."""
         from transformers import AutoTokenizer
 
         from relax.core.multimodal_model import load_model
@@ -103,8 +111,9 @@ class HFRolloutEngine:
         self._waiting: deque[Row] = deque()
         self._waiting_contexts: Counter[tuple[int, ...]] = Counter()  # context[:-1] of waiting rows
         self._prefixes: dict[tuple[int, ...], kv_batch.Layers] = {}  # their prefills, once computed
+        self._prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))  # finished requests' KV (continued turns)
         # work done, for tests and benchmarks: a decode row yields exactly one token
-        self.stats = {"prefill_rows": 0, "decode_steps": 0, "decode_rows": 0}
+        self.stats = {"prefill_rows": 0, "prefill_tokens": 0, "decode_steps": 0, "decode_rows": 0}
 
     # ------------------------------------------------------------------ control
     def weight_version(self) -> int:
@@ -131,6 +140,7 @@ class HFRolloutEngine:
         memory until :meth:`resume_memory` (a hosted engine's module is the trainer's and stays)."""
         with self._step_lock:
             self._prefixes.clear()
+            self._prefix_cache.clear()
             if self._owns_model and self.device.type != "cpu":
                 self.model.to("cpu")
                 self._params = dict(self.model.state_dict())
@@ -156,6 +166,7 @@ class HFRolloutEngine:
             "running": len(self._batch),
             "waiting": len(self._waiting),
             "model_path": self.model_path,
+            **self._prefix_cache.stats(),
         }
 
     def update_weights(
@@ -181,6 +192,7 @@ class HFRolloutEngine:
                 dest.copy_(tensor)
             self._version = version
             self._prefixes.clear()  # kept prefills are of the old weights
+            self._prefix_cache.clear()
 
     # --------------------------------------------------------------- generation
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -264,7 +276,7 @@ class HFRolloutEngine:
 
     def _forget_finished(self) -> None:
         """Drop finished (aborted) rows from the batch and the queue, with their kept prefills."""
-        self._batch.drop_finished()
+        self._drop_finished()
         self._waiting = deque(r for r in self._waiting if not r.finish)
         self._waiting_contexts = Counter(tuple(r.context) for r in self._waiting)
         for key in [k for k in self._prefixes if k not in self._waiting_contexts]:
@@ -307,7 +319,7 @@ class HFRolloutEngine:
         joining: list[Row] = []
         done_with: list[tuple[int, ...]] = []
         try:
-            self._batch.drop_finished()  # aborted or cancelled rows
+            self._drop_finished()  # aborted or cancelled rows
             joining, done_with = self._take_waiting(self.max_batch_size - len(self._batch))
             self._decode(joining)
         except Exception as exc:
@@ -339,13 +351,28 @@ class HFRolloutEngine:
             cache, logits = self._prefill(joining)
             self._sample(joining, logits)
             batch.join(joining, cache)
-            batch.drop_finished()  # done after their first token
+            self._drop_finished()  # done after their first token
         if not len(batch):
             return
         with torch.no_grad():
             out = self.model(**batch.decode_inputs())
         tokens = self._sample(batch.rows, out.logits[:, -1], batch.sampling_params())
         batch.advance(out.cache, tokens)
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        """Drop finished rows from the batch; with a prefix cache, first keep the KV of those that
+        completed (stop or length) with the current weights throughout and that a later request will
+        continue (``GenerationRequest.continues``): their context and all but the last sampled token,
+        whose KV no step has computed."""
+        batch = self._batch
+        if self._prefix_cache.enabled and batch.cache is not None:
+            for i, row in enumerate(batch.rows):
+                if (row.request.continues and row.finish in ("stop", "length") and row.versions
+                        and row.versions[0] == self._version):
+                    tokens = row.context + row.ids[:-1]
+                    layers = kv_batch.own_row_layers(batch.cache, i, len(tokens))
+                    self._prefix_cache.put(tokens, layers, self._version)
         batch.drop_finished()
 
     def _sample(self, rows: list[Row], logits: torch.Tensor,
@@ -374,11 +401,46 @@ class HFRolloutEngine:
         fresh = {k: self._prefixes.get(k) for k in keys}
         missing = [k for k, kv in fresh.items() if kv is None]
         if missing:
-            fresh.update(self._forward_prefixes(missing))
+            fresh.update(self._forward_contexts(missing))
         for k in missing:
             if self._waiting_contexts[k] > 0:
                 self._prefixes[k] = fresh[k]
         return kv_batch.stack_rows([fresh[k][0] for k in keys]), torch.stack([fresh[k][1] for k in keys])
+
+    def _forward_contexts(self, contexts: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
+        """Prefill ``contexts``: those starting with a sequence in the prefix cache only from there."""
+        cache = self._prefix_cache
+        hits = {c: cache.longest_prefix(c, self._version) for c in contexts} if cache.enabled else {}
+        cold = [c for c in contexts if hits.get(c) is None]
+        warm = [(c, hit) for c, hit in hits.items() if hit is not None]
+        out = self._forward_prefixes(cold) if cold else {}
+        if warm:
+            out.update(self._forward_suffixes(warm))
+        return out
+
+    def _forward_suffixes(self, warm: list[tuple[tuple[int, ...], PrefixHit]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
+        """One forward over the contexts' new suffixes on top of their cached prefixes' KV."""
+        suffixes = [c[hit.length :] for c, hit in warm]
+        past = kv_batch.stack_rows([hit.layers for _, hit in warm])
+        cache_width = kv_batch.width(past)
+        input_ids, attention, positions = kv_batch.suffix_inputs([hit.length for _, hit in warm], suffixes, self.pad_token_id)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
+                cache=past,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        kv_batch.check_layers(out.cache)
+        self.stats["prefill_rows"] += len(warm)
+        self.stats["prefill_tokens"] += sum(len(s) for s in suffixes)
+        last = out.logits[:, -1]
+        return {
+            c: (kv_batch.row_layers_after_gap(out.cache, i, cache_width, hit.length, len(s)), last[i])
+            for i, ((c, hit), s) in enumerate(zip(warm, suffixes, strict=True))
+        }
 
     def _forward_prefixes(self, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
         """One left-padded forward over ``prefixes``; each one's cache rows and last logits."""
@@ -393,6 +455,7 @@ class HFRolloutEngine:
             )
         kv_batch.check_layers(out.cache)
         self.stats["prefill_rows"] += len(prefixes)
+        self.stats["prefill_tokens"] += sum(len(p) for p in prefixes)
         last = out.logits[:, -1]
         return {p: (kv_batch.row_layers(out.cache, i, len(p)), last[i]) for i, p in enumerate(prefixes)}
 

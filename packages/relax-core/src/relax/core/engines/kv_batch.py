@@ -8,6 +8,8 @@ stored already rotated by each row's own position ids, so moving columns changes
 
 A prompt's cache can also be cut out as one row (:func:`row_layers`), kept, and stacked with
 others into the cache of new rows (:func:`stack_rows`): a group's samples reuse one prefill.
+A kept sequence's cache can be extended by a new suffix (:func:`suffix_inputs`, then
+:func:`row_layers_after_gap`): a multi-turn request prefills only what follows its cached prefix.
 
 Only plain full-attention layers (``DynamicLayer``) can be moved this way: the engine asks
 :func:`movable` once and decodes any other model with static batches (``engines.static``);
@@ -129,3 +131,39 @@ def stack_rows(rows: list[Layers]) -> Any:
             for j in range(len(rows[0]))
         ]
     )
+
+
+def suffix_inputs(cached_lengths: list[int], suffixes: list[tuple[int, ...]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, position ids) of ``suffixes`` continuing rows whose ``cached_lengths``
+    positions sit left-padded in a cache (:func:`stack_rows`) of width ``max(cached_lengths)``.
+
+    The suffixes are left-padded too, so a row's padding is a gap between its cached and its new
+    positions; the mask spans cache + suffix and hides both paddings, and positions continue each
+    row's cached length. A padding query still sees its row's cached columns (no fully masked row)."""
+    ids, suffix_mask, _ = left_padded(suffixes, pad_token_id)
+    cached = torch.tensor(cached_lengths, dtype=torch.long)
+    cache_width = int(cached.max())
+    cache_mask = (torch.arange(cache_width)[None, :] >= (cache_width - cached)[:, None]).long()
+    positions = (cached[:, None] + suffix_mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, torch.cat([cache_mask, suffix_mask], dim=-1), positions
+
+
+def row_layers_after_gap(cache: Any, row: int, cache_width: int, cached_length: int, suffix_length: int) -> Layers:
+    """Row ``row``'s real positions in a cache built by a :func:`suffix_inputs` forward: the last
+    ``cached_length`` of its first ``cache_width`` columns, then its last ``suffix_length`` (fresh tensors)."""
+    rows, head = slice(row, row + 1), slice(cache_width - cached_length, cache_width)
+    tail = width(cache) - suffix_length
+    return [
+        tuple(torch.cat([t[rows, :, head], t[rows, :, tail:]], dim=-2) for t in (layer.keys, layer.values))
+        for layer in cache.layers
+    ]
+
+
+def own_row_layers(cache: Any, row: int, length: int) -> Layers:
+    """:func:`row_layers` as copies (a kept row must not hold the whole batch cache alive), in one
+    copy when every layer has the same shape: one kernel per kept row, not two per layer."""
+    parts = [t for pair in row_layers(cache, row, length) for t in pair]
+    if any(t.shape != parts[0].shape for t in parts):
+        return [(keys.clone(), values.clone()) for keys, values in row_layers(cache, row, length)]
+    own = torch.cat(parts)  # (2 * layers, H, length, D), every entry's tensors views of it
+    return [(own[i : i + 1], own[i + 1 : i + 2]) for i in range(0, len(parts), 2)]
