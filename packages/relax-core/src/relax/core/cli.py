@@ -32,8 +32,10 @@ def _load(ns: argparse.Namespace):
     """The validated config of ``relax run`` and ``relax validate`` alike: the loader's checks plus
     where the roles can live (``rollout.host``), so ``validate`` refuses exactly what ``run`` would."""
     from relax.core.config import config_error, load_config  # imports torch and the plugins: seconds
+    from relax.core.recipes.commands import with_prepare_hint
 
-    cfg = load_config(*_config_args(ns), check_paths=True)  # before Ray: data, model and run_dir usable
+    with with_prepare_hint():  # a recipe's dataset not prepared yet: the error names the command that makes it
+        cfg = load_config(*_config_args(ns), check_paths=True)  # before Ray: data, model and run_dir usable
     from relax.core.controller.hosting import placement_errors
 
     if errors := placement_errors(cfg):
@@ -169,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert = sub.add_parser("convert", help="write a trainer checkpoint (fsdp, megatron, ...) as an HF model directory")
     add_arguments(convert)
     convert.set_defaults(fn=cmd_convert)
+    from relax.core.recipes.commands import add_recipe_commands
+
+    add_recipe_commands(sub)  # relax data prepare, relax init
     _add_plugin_commands(sub)
     return parser
 

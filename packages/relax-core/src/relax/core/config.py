@@ -405,7 +405,14 @@ def load_config(
     else:
         data = quickstart_dict()
     data = _merge(data, parse_overrides(overrides or []))
-    return config_from_dict(data, check_plugins=check_plugins, check_paths=check_paths)
+    try:
+        return config_from_dict(data, check_plugins=check_plugins, check_paths=check_paths)
+    except ConfigError as exc:
+        if path is None:
+            raise
+        from relax.core.config_paths import with_path_hints  # relative paths: the cwd rule, and a hint
+
+        raise with_path_hints(exc, data, Path(path)) from None
 
 
 def quickstart_dict() -> dict[str, Any]:
