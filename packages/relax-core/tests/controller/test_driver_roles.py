@@ -56,7 +56,7 @@ def test_auto_puts_every_role_in_the_driver_only_where_each_can_live_there():
     judged = load_config(None)
     judged = replace(judged, reward=replace(judged.reward, name="judge"))  # any reward but core's rule rewards
     assert placement_of_engine(judged) == "trainer"
-    assert driver_problems(judged) == ["reward.name is 'judge', not a reward declared in_driver=True (exact_match, numeric)"]
+    assert driver_problems(judged) == ["reward.name is 'judge', not a reward declared in_driver=True (environment, exact_match, numeric)"]
     trainer_cases = {
         "algorithm.kl.coef=0.01": "needs a reference model",
         "control.enabled=true": "control.enabled is true",
@@ -175,7 +175,7 @@ def test_a_plugin_reward_is_placed_by_its_declaration_like_a_builtin(rule_plugin
     assert not reward_in_driver(undeclared) and placement_of_engine(undeclared) == "trainer"
     assert not in_driver(undeclared)
     assert driver_problems(undeclared) == [
-        "reward.name is 'contains', not a reward declared in_driver=True (contains_in_driver, exact_match, numeric)"]
+        "reward.name is 'contains', not a reward declared in_driver=True (contains_in_driver, environment, exact_match, numeric)"]
     with pytest.raises(ValueError, match="rollout.host: 'driver' is not possible here: reward.name is 'contains'"):
         placement_of_engine(load_config(None, ["reward.name=contains", "rollout.host=driver"]))
 

@@ -211,7 +211,8 @@ class RunState:
         if self.cfg.logging.plot:
             from relax.core.metrics_plot import plot_curves
 
-            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS)
+            agentic = ("episode/tool_calls_mean",) if self.cfg.environment.name else ()  # multi-turn: tool use too
+            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS + agentic)
         return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step}
 
     def shutdown(self) -> None:
