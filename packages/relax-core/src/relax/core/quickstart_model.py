@@ -51,13 +51,23 @@ _FORMAT_VERSION = 1  # bump when the build recipe changes so old caches are not 
 
 def build_tokenizer() -> Any:
     """A ``PreTrainedTokenizerFast``: special tokens and chat words whole, everything else per character."""
+    return char_tokenizer(SPECIAL_TOKENS, WORDS, CHARS, CHAT_TEMPLATE, QUICKSTART_MODEL["max_position_embeddings"])
+
+
+def char_tokenizer(special: tuple[str, ...], words: tuple[str, ...], chars: tuple[str, ...], chat_template: str,
+                   max_length: int) -> Any:
+    """A word-level ``PreTrainedTokenizerFast`` over ``special + words + chars`` (ids in that order): special
+    tokens and ``words`` whole, everything else per character; Qwen's ``<|im_end|>`` ends a turn and
+    ``<|endoftext|>`` pads (both must be in ``special``). Tiny task models build theirs with it."""
+    import re
+
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(special + words + chars)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    words = "|".join(WORDS)
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{words}|[\s\S]"), behavior="isolated")
+    alternatives = "|".join(re.escape(w) for w in words)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{alternatives}|[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()  # tokens are literal text: join without separators
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -66,9 +76,9 @@ def build_tokenizer() -> Any:
         unk_token="<unk>",
         additional_special_tokens=["<|im_start|>"],
         clean_up_tokenization_spaces=False,
-        model_max_length=QUICKSTART_MODEL["max_position_embeddings"],
+        model_max_length=max_length,
     )
-    wrapped.chat_template = CHAT_TEMPLATE
+    wrapped.chat_template = chat_template
     return wrapped
 
 

@@ -45,27 +45,9 @@ AGENT_MODEL = {
 
 def build_tokenizer() -> Any:
     """A ``PreTrainedTokenizerFast``: special tokens and :data:`WORDS` whole, everything else per character."""
-    import re
+    from relax.core.quickstart_model import char_tokenizer
 
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    words = "|".join(re.escape(w) for w in WORDS)
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{words}|[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()  # tokens are literal text: join without separators
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-        additional_special_tokens=["<|im_start|>"],
-        clean_up_tokenization_spaces=False,
-        model_max_length=AGENT_MODEL["max_position_embeddings"],
-    )
-    wrapped.chat_template = CHAT_TEMPLATE
-    return wrapped
+    return char_tokenizer(SPECIAL_TOKENS, WORDS, CHARS, CHAT_TEMPLATE, AGENT_MODEL["max_position_embeddings"])
 
 
 def build_model(tokenizer: Any, seed: int) -> Any:
