@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -82,6 +83,10 @@ def _qwen_utils():
     """qwen-omni-utils, with decord as its video reader (torchvision 0.28's reader is the fallback)."""
     os.environ.setdefault("FORCE_QWENVL_VIDEO_READER", "decord")  # read when the module is imported
     from qwen_omni_utils.v2_5 import audio_process, vision_process
+
+    quiet = logging.getLogger("qwen_omni_utils")  # an INFO line per decoded video: unless asked for, only warnings
+    if quiet.level == logging.NOTSET:
+        quiet.setLevel(logging.WARNING)
 
     return vision_process, audio_process
 

@@ -1,5 +1,6 @@
-"""relax-omni plugin: registers the Qwen-VL / Qwen-Omni (thinker) processors (``data.processor: <family>``)
-and the model adapters through which core's trainer and HF engine run those models."""
+"""relax-omni plugin: registers the Qwen-VL / Qwen-Omni (thinker) processors (``data.processor: <family>``),
+the model adapters through which core's trainer and HF engine run those models, and the omni quick-starts'
+inputs (``inputs.name: omni_vl_quickstart | omni_audio_quickstart``: a tiny model and media task built on first use)."""
 
 from relax.core.hookspecs import hookimpl
 from relax.omni.processors import FAMILIES, OmniProcessorParams, make_factory
@@ -16,3 +17,10 @@ def relax_register_model_adapters(register):
     from relax.omni.adapters import register_adapters
 
     register_adapters(register)
+
+
+@hookimpl
+def relax_register_inputs(register):
+    from relax.omni.quickstart import register_inputs
+
+    register_inputs(register)

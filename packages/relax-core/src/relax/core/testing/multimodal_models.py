@@ -40,7 +40,7 @@ _BASE_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
 _WORDS = ("user", "assistant", "system")
 _CHARS = tuple("0123456789abcdefghijklmnopqrstuvwxyz") + tuple("+-*=?.,:<>!' \n")
 MODEL_SEED, OTHER_MODEL_SEED = 1, 2
-_FORMAT = 1  # bump when the recipe changes (names the directory, so stale builds are not reused)
+BUILD_FORMAT = 1  # bump when the recipe changes (names the directory, so stale builds are not reused)
 
 TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
@@ -212,7 +212,7 @@ def build_tiny_multimodal(directory: str | os.PathLike[str], family: str, seed: 
 
 def tiny_multimodal_dir(root: str | os.PathLike[str], family: str, seed: int = MODEL_SEED) -> str:
     """Path of the tiny ``family`` model for ``seed`` under ``root``, built on first use."""
-    target = Path(root) / f"relax-tiny-{family}-f{_FORMAT}-seed{seed}"
+    target = Path(root) / f"relax-tiny-{family}-f{BUILD_FORMAT}-seed{seed}"
     with _lock:
         if not (target / "config.json").exists():
             build_tiny_multimodal(target, family, seed)
