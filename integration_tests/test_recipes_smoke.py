@@ -1,6 +1,6 @@
 """The three recipes end to end on CPU: each smoke variant (examples/recipes/*_smoke.yaml) builds its tiny model
 and its dataset's fixture rows -- written in the published schema, converted by ``relax data prepare``'s
-converter -- on first use (``inputs``), then trains a few steps through Ray with the recipe's own algorithm,
+converter -- on first use (``inputs``), then trains a few steps (in the driver's process) with the recipe's own algorithm,
 reward and data format (dapo-math PPO with its critic too). Before that, without Ray, the converted rows
 are scored by the reward each recipe routes them to: the right answer scores 1, a wrong one 0."""
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from relax.core.config import load_config
+from relax.core.controller.hosting import in_driver
 from relax.core.controller.run import run
 from relax.core.recipes import RECIPES, prepare_smoke
 
@@ -75,9 +76,10 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_smoke_variant_runs(ray_session, tmp_path, recipe):
+def test_smoke_variant_runs(tmp_path, recipe):
     spec = RECIPES[recipe]
     cfg = load_config(REPO / spec.smoke, [*QUIET, f"run_dir={tmp_path / 'run'}"], check_paths=True)
+    assert in_driver(cfg)  # colocate with a reward declared in_driver (relax-rewards'): every role here, no Ray
     assert Path(cfg.data.path).parent.name.startswith(f"{spec.dataset}-smoke")  # inputs built it
     report = json.loads((Path(cfg.data.path).parent / "prepare_report.json").read_text())
     assert report["rows"] == 8 and sum(report["skipped"].values()) >= 2  # the malformed fixture rows were skipped

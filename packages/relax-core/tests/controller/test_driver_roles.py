@@ -18,7 +18,13 @@ import pytest
 from relax.core import plugins
 from relax.core.config import load_config
 from relax.core.controller import faults, local
-from relax.core.controller.hosting import driver_problems, in_driver, placement_of_engine, reward_in_driver
+from relax.core.controller.hosting import (
+    driver_problems,
+    driver_rewards,
+    in_driver,
+    placement_of_engine,
+    reward_in_driver,
+)
 from relax.core.data import Sample
 
 pytestmark = pytest.mark.timeout(600)
@@ -56,7 +62,9 @@ def test_auto_puts_every_role_in_the_driver_only_where_each_can_live_there():
     judged = load_config(None)
     judged = replace(judged, reward=replace(judged.reward, name="judge"))  # any reward but core's rule rewards
     assert placement_of_engine(judged) == "trainer"
-    assert driver_problems(judged) == ["reward.name is 'judge', not a reward declared in_driver=True (environment, exact_match, numeric)"]
+    declared = driver_rewards()  # core's rule rewards and every installed plugin's that declared it
+    assert {"environment", "exact_match", "numeric"} <= set(declared) and "judge" not in declared
+    assert driver_problems(judged) == [f"reward.name is 'judge', not a reward declared in_driver=True ({', '.join(declared)})"]
     trainer_cases = {
         "algorithm.kl.coef=0.01": "needs a reference model",
         "control.enabled=true": "control.enabled is true",
@@ -174,8 +182,9 @@ def test_a_plugin_reward_is_placed_by_its_declaration_like_a_builtin(rule_plugin
     undeclared = load_config(None, ["reward.name=contains"])  # today's layout: the reward in its own actor
     assert not reward_in_driver(undeclared) and placement_of_engine(undeclared) == "trainer"
     assert not in_driver(undeclared)
+    assert "contains_in_driver" in driver_rewards() and "contains" not in driver_rewards()
     assert driver_problems(undeclared) == [
-        "reward.name is 'contains', not a reward declared in_driver=True (contains_in_driver, environment, exact_match, numeric)"]
+        f"reward.name is 'contains', not a reward declared in_driver=True ({', '.join(driver_rewards())})"]
     with pytest.raises(ValueError, match="rollout.host: 'driver' is not possible here: reward.name is 'contains'"):
         placement_of_engine(load_config(None, ["reward.name=contains", "rollout.host=driver"]))
 

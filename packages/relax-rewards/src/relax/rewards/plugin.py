@@ -3,7 +3,9 @@
 Each reward has a typed params dataclass (``reward.params``). Rewards that run math-verify or the
 IFEval checkers, and ``genrm``, run through a one-route hub even when selected alone, so they are
 isolated and time-bounded the same way; the hub builds its components from ``component=`` (the bare
-reward) instead.
+reward) instead. Every reward that needs no engine handle or network session declares ``in_driver=True``:
+scored in the driver like core's rule rewards (its hub's process pool, when isolated, is started from there),
+so a run with one of them needs no reward actor -- and, colocated, no Ray at all.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def relax_register_rewards(register):
         ("ifeval", "ifeval.ifeval_score", "ifeval.warm_ifeval", IFEvalParams),
         ("ifbench", "ifeval.ifbench_score", "ifeval.warm_ifeval", IFEvalParams),
     ):
-        register(name, _isolated(name), config=config, component=_local(fn, warm))
+        register(name, _isolated(name), config=config, component=_local(fn, warm), in_driver=True)
     for name, fn, config in (
         ("dapo", "dapo.dapo_score", DapoParams),
         ("multiple_choice", "choice.choice_score", ChoiceParams),
@@ -86,6 +88,6 @@ def relax_register_rewards(register):
         ("f1", "squad.f1_score", SquadParams),
         ("exact_match_squad", "squad.em_score", SquadParams),
     ):
-        register(name, _local(fn), config=config)
+        register(name, _local(fn), config=config, in_driver=True)
     register("remote", _remote, config=RemoteParams)
     register("genrm", _isolated("genrm"), config=GenRMParams, component=_genrm)
