@@ -283,7 +283,7 @@ def test_fused_old_logprobs_give_the_separate_forwards_loss_and_gradients(model_
     assert b["grad_norm"] > 0 and (minibatches > 1 or b["ratio_mean"] == pytest.approx(1.0, abs=1e-6))
     assert seen and not any(seen)  # the old logprobs never carry the graph
     assert b["rollout_logprob_abs_diff"] > 0 and "rollout_logprob_abs_diff" not in a  # vs the fixture's rollout lp
-    assert TorchTrainer.fuses_old_logprobs()
+    assert fused.fuses_old_logprobs()
     # declared, and read by the controller through the declared capabilities (never probed by calling)
     assert "fuses_old_logprobs" in capabilities(fused) and declares(fused, "fuses_old_logprobs")
     assert not declares(fused, "collective_export")

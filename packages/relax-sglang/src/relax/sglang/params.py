@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 PauseMode = Literal["retract", "in_place", "abort"]
 Router = Literal["relax", "sglang"]
@@ -56,6 +56,10 @@ class SGLangEngineParams:
     router_policy: str = "cache_aware"  # sglang-router --policy (random, round_robin, cache_aware, power_of_two)
     router_args: list[str] = field(default_factory=list)  # passed through to sglang_router.launch_router
 
+    def validate_run(self, cfg: Any) -> list[str]:
+        """Checks against the whole run (core's ``validate_run``): what this engine cannot do yet."""
+        return [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []
+
     def validate(self) -> list[str]:
         errors = []
         for name in ("startup_timeout_s", "request_timeout_s", "control_timeout_s", "mem_fraction_static", "video_fps"):
@@ -78,3 +82,12 @@ class SGLangEngineParams:
         if bad:
             errors.append(f"urls: must start with http:// or https://, got {bad}")
         return errors
+
+
+#: why ``trainer.lora`` is refused with this engine (SGLang can serve adapters; relax-sglang does not drive it yet)
+LORA_MISSING = (
+    "trainer.lora: adapter-only weight sync is not supported by rollout.engine sglang yet: SGLang serves LoRA "
+    "(--enable-lora, --max-lora-rank, --lora-target-modules, /load_lora_adapter_from_tensors, a request's "
+    "lora_path), but relax-sglang neither launches its servers with LoRA enabled nor loads each synced adapter "
+    "version and names it in /generate; use rollout.engine hf, or trainer.lora: null"
+)

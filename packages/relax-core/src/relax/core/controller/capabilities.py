@@ -6,6 +6,7 @@ A config that needs a capability the selected backend lacks is an error before t
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 #: every optional method the controller may call, and what it is for
@@ -37,6 +38,8 @@ def declares(obj: Any, flag: str) -> bool:
     if flag not in DECLARED:
         raise KeyError(f"unknown declared flag {flag!r}; known: {', '.join(DECLARED)}")
     value = getattr(obj, flag, False)
+    if isinstance(obj, type) and inspect.isfunction(value):  # a per-instance answer (a method): asked of a class,
+        return False  # only an instance can say (e.g. the torch trainer's depends on its LoRA dropout)
     return bool(value() if callable(value) else value)
 
 

@@ -18,6 +18,7 @@ from relax.core.data_multimodal import has_media, unpack_media
 from relax.core.multimodal_model import media_forward_kwargs
 from relax.core.policy_update import LossFn
 from relax.core.policy_update.batching import split_rows
+from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers.shared_prefix import shared_prefix_logits
 
 Batch = dict[str, Any]
@@ -36,11 +37,21 @@ class ResponseLogits:
 
     def __init__(self, model: torch.nn.Module, temperature: float = 1.0, share_prompts: bool = True) -> None:
         self.model, self.temperature, self.share_prompts = model, temperature, share_prompts
+        # MoE routing replay: a batch's ``routed_experts`` replayed (or measured) here; None: a dense model
+        self.routing: RoutingReplay | None = None
 
-    def __call__(self, batch: Batch) -> torch.Tensor:
+    def __call__(self, batch: Batch, replay: bool | None = None) -> torch.Tensor:
+        """``replay``: override the routing-replay setting for this forward (a batch with ``routed_experts``)."""
+        routed = batch.get("routed_experts")
+        if routed is not None and self.routing is not None:  # whole rows: the routing is per (row, position)
+            with self.routing.applied(routed, replay):
+                return self._logits(batch, shared=False)
+        return self._logits(batch, shared=True)
+
+    def _logits(self, batch: Batch, shared: bool) -> torch.Tensor:
         resp_len = batch["responses"].shape[1]
         media = has_media(batch)
-        logits = None if media else self._shared_prompt_logits(batch, resp_len)
+        logits = None if media or not shared else self._shared_prompt_logits(batch, resp_len)
         if logits is None:
             kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
             if media:

@@ -10,6 +10,7 @@ backward, the optimizer step, and sums over its data-parallel group.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,14 @@ from relax.core.algorithms import logprobs_from_logits
 from relax.core.multimodal_model import freeze_towers, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import replica_rows, shard_bounds, take_rows
+from relax.core.routing_replay import RoutingReplay
+from relax.core.trainers import lora as lora_adapters
 from relax.core.trainers.critic import Critic
 from relax.core.trainers.data_parallel import DataParallel
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.optim import adamw, clip_gradients, step_checked
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
+from relax.core.trainers.routing import routing_metrics
 
 _STATE_FILE = "trainer_state.pt"
 
@@ -51,6 +55,10 @@ class TorchTrainer:
     weights (the master copy), gradients and AdamW state stay fp32 and forwards run under autocast
     in ``dtype`` -- AdamW on bf16 weights rounds an RL-sized update (lr 1e-6) away. Exported
     weights are cast to ``dtype``, what the engines run. A frozen model (reference) loads in ``dtype``.
+
+    ``lora`` (``relax.core.config.LoraConfig``): train adapters only (``relax.core.trainers.lora``): the
+    base loads frozen in ``dtype``, exports, checkpoints and ``save_hf`` hold the adapter only, and
+    :meth:`forward_reference_logprobs` scores the base with the adapters disabled.
     """
 
     def __init__(
@@ -66,6 +74,7 @@ class TorchTrainer:
         data_parallel: DataParallel | None = None,
         freeze_media_towers: bool = False,
         share_prompts: bool = True,
+        lora: Any = None,
         **overrides: Any,
     ) -> None:
         from transformers import AutoTokenizer
@@ -80,9 +89,13 @@ class TorchTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.compute_dtype = getattr(torch, dtype)
         # a VL / Omni checkpoint loads as image-text-to-text; a trainable one in fp32 (the masters)
-        self.model = load_model(model_path, "float32" if trainable else dtype)
-        self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
+        self.lora = lora if trainable else None
+        self._adapters_held = threading.RLock()  # a hosting actor runs old- and reference-logprob forwards at once
+        self.model = load_model(model_path, "float32" if trainable and self.lora is None else dtype)
         self.model.requires_grad_(trainable)
+        if self.lora is not None:  # the base frozen in dtype, the adapters trainable in fp32
+            self.model = lora_adapters.add_adapters(self.model, self.lora)
+        self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
         # VL / Omni: the vision / audio towers (and their mergers) stay as loaded and are left out of weight syncs
         self.freeze_media_towers = freeze_media_towers and freeze_towers(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -96,6 +109,7 @@ class TorchTrainer:
             raise ValueError("the torch trainer's critic is not data-parallel: use world_size 1 with algorithm.critic")
         self.dp = data_parallel
         self.response_logits = ResponseLogits(self.model, s.temperature, share_prompts)
+        self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
         self.update = PolicyUpdate(self, s, objective if trainable else None, critic=critic,
                                    fuse_old_logprobs=self.fuses_old_logprobs())  # fmt: skip
 
@@ -155,6 +169,10 @@ class TorchTrainer:
         return None if both is None else (both[:, 0], both[:, 1])
 
     def _score_all_ranks(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
+        with self._adapters_held:  # LoRA: never while a concurrent reference forward has the adapters disabled
+            return self._score_each_rank(batch, sum_pi_squared)
+
+    def _score_each_rank(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
         if self.dp is None:
             return self._score(batch, sum_pi_squared)
         rows, width = batch["responses"].shape
@@ -171,6 +189,14 @@ class TorchTrainer:
         """(B, R) logprobs, or with ``sum_pi_squared`` (B, 2, R) logprobs and sum_v pi^2; masked, CPU."""
         return score_rows(self._response_logits, self._on_device(batch), self.settings.micro_batch_size, sum_pi_squared)
 
+    def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``forward_logprobs`` of the reference policy: with LoRA the base with the adapters disabled
+        (no second copy of the weights); without, there is no reference in this trainer."""
+        if self.lora is None:
+            raise RuntimeError("forward_reference_logprobs needs trainer.lora (the reference is the base model)")
+        with self._adapters_held, lora_adapters.base_only(self.model):  # the toggle is the module's, not the call's
+            return self.forward_logprobs(batch)
+
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) critic values of the response states, 0 where masked; CPU tensor."""
         if self.critic is None:
@@ -185,21 +211,26 @@ class TorchTrainer:
         """One update of core's loop (:meth:`PolicyUpdate.train_step`: metrics, old logprobs)."""
         if self.optimizer is None or self.update.objective is None:
             raise RuntimeError("train_step needs a trainable TorchTrainer with an objective")
-        return self.update.train_step(self._on_device(batch))
+        batch = self._on_device(batch)
+        routing = routing_metrics(self.response_logits, batch, self.settings.micro_batch_size, self._autocast)
+        return {**self.update.train_step(batch), **routing}
 
-    @staticmethod
-    def fuses_old_logprobs() -> bool:
+    def fuses_old_logprobs(self) -> bool:
         """``train_step`` accepts a batch without ``old_logprobs`` and takes the first mini-batch's
         from its own training forward (no separate pass): the controller then skips its old-logprob
         forward. Exact: both are this model's logprobs before the first update, in the same
-        micro-batches, so the loss and gradients are those of the separate forward."""
-        return True
+        micro-batches, so the loss and gradients are those of the separate forward. Not with LoRA
+        dropout, which the training forwards apply and scoring forwards do not."""
+        return getattr(self, "lora", None) is None or self.lora.dropout == 0
 
     # ------------------------------------------------------- ModelStep (the loop's calls)
     def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return replica_rows(batch, self.dp_rank, self.dp_size)
 
     def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
+        if self.lora is not None and self.lora.dropout > 0:  # the training forwards only (see fuses_old_logprobs)
+            with lora_adapters.dropout_active(self.model):
+                return forward_backward(self._response_logits, micro_batches, loss_fn)
         return forward_backward(self._response_logits, micro_batches, loss_fn)
 
     def _params_with_grads(self) -> list[torch.nn.Parameter]:
@@ -239,10 +270,17 @@ class TorchTrainer:
         (pack, object-store put, file write), so the export adds no memory; consume a bucket before
         the next ``train_step``."""
         dtype = self.compute_dtype  # fp32 masters go out in what the engines run (a copy then, bucket by bucket)
+        if self.lora is not None:  # the adapter only (relax.core.trainers.lora): bytes in proportion to the rank
+            named = lora_adapters.adapter_tensors(self.model)
+            yield from buckets(((name, in_dtype(tensor, dtype)) for name, tensor in named), bucket_bytes)
+            return
         yield from buckets(((name, in_dtype(tensor.detach(), dtype)) for name, tensor in self._unique_tensors()), bucket_bytes)
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """All weights as live views (no copy): consume before the next ``train_step``."""
+        """All weights as live views (no copy): consume before the next ``train_step``. With LoRA: what
+        ``export_weights`` sends (the adapter, ``lora_B`` scaled)."""
+        if self.lora is not None:
+            return dict(lora_adapters.adapter_tensors(self.model))
         return {name: tensor.detach() for name, tensor in self._unique_tensors()}
 
     # -------------------------------------------------------------- checkpoints
@@ -255,7 +293,9 @@ class TorchTrainer:
         path.mkdir(parents=True, exist_ok=True)
         np_state = np.random.get_state()
         state = {
-            "model": self.model.state_dict(),
+            # LoRA: the adapter only (the base is the model path's, frozen)
+            "model": self.model.state_dict() if self.lora is None else lora_adapters.trainable_state(self.model),
+            "lora": self.lora is not None,
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "step": self.step,
             "critic": self.critic.state_dict() if self.critic else None,
@@ -270,7 +310,13 @@ class TorchTrainer:
 
     def load(self, directory: str) -> None:
         state = torch.load(Path(directory) / _STATE_FILE, map_location=self.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
+        if state.get("lora", False) != (self.lora is not None):
+            raise ValueError(f"{directory}: checkpoint {'has' if state.get('lora') else 'has no'} LoRA adapter, "
+                             f"but trainer.lora is {'set' if self.lora is not None else 'null'}")
+        if self.lora is not None:
+            lora_adapters.load_trainable_state(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
@@ -289,6 +335,9 @@ class TorchTrainer:
     def save_hf(self, directory: str) -> None:
         """A plain HF model + tokenizer directory (``from_pretrained``-loadable, safetensors)."""
         if self.dp is not None and self.dp.rank != 0:
+            return
+        if self.lora is not None:  # the adapter in PEFT format (and merged weights when trainer.lora.export_merged)
+            lora_adapters.save_final(self.model, self.tokenizer, directory, self.compute_dtype, self.lora.export_merged)
             return
         self.model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
@@ -331,7 +380,7 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
             device=params.device,
         )
     return TorchTrainer(ctx.model_path, UpdateSettings.from_context(ctx), objective=objective, trainable=trainable,
-                        **kwargs)  # fmt: skip
+                        lora=getattr(t, "lora", None), **kwargs)  # fmt: skip
 
 
 def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> TorchTrainer:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from relax.core.multimodal_model import freeze_towers, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import even_replica_rows, shard_bounds
+from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
@@ -86,6 +87,7 @@ class FSDPTrainer:
             torch.optim.AdamW(trained, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay) if trainable else None
         )
         self.response_logits = ResponseLogits(self.model, s.temperature, p.share_prompts)
+        self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
         self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=True)
 
     # --------------------------------------------------------------- loop's counters
