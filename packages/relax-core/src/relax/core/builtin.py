@@ -62,7 +62,7 @@ def _hf_engine(params: HFEngineParams, ctx: PluginContext):
 
     return HFRolloutEngine(
         ctx.model_path, dtype=ctx.dtype, device=params.device, max_batch_size=params.max_batch_size, seed=params.seed,
-        prefix_cache_mb=params.prefix_cache_mb,
+        prefix_cache_mb=params.prefix_cache_mb, record_routing=ctx.record_routing,
     )
 
 

@@ -68,5 +68,7 @@ class PluginContext:
     engine_handle: Callable[[], Any] | None = None
     #: rewards: ``reward.fallback_score``, the score core gives a sample whose reward failed
     fallback_score: float = 0.0
+    #: rollout engines: return each token's MoE routing with the result (``algorithm.routing_replay`` is not off)
+    record_routing: bool = False
     resources: Resources = Resources()
 

@@ -28,6 +28,9 @@ class Sample:
     finish_reason: str = ""
     reward: float | None = None
     reward_info: dict[str, float] = field(default_factory=dict)
+    # MoE routing replay: the engine's (prompt + response tokens, MoE layers, top_k) expert ids, one int8/int16
+    # numpy array (relax.core.routing_replay), None when not recorded
+    routed_experts: Any = None
 
     @property
     def min_version(self) -> int:
@@ -51,7 +54,8 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     Returns input_ids/attention_mask/position_ids (B, P+R), responses/response_mask/
     rollout_logprobs (B, R), rewards (B,), group_index (B,), min_version (B,); with multimodal samples
     also each row's media inputs, padded per row (``mm.<key>``, see ``relax.core.data_multimodal``), and
-    for multi-turn ones ``observation_mask`` (B, R): the observation tokens (where media ids are real).
+    for multi-turn ones ``observation_mask`` (B, R): the observation tokens (where media ids are real); with
+    recorded MoE routing ``routed_experts`` (B, P+R, layers, k) int8/int16, -1 where not recorded.
     """
     if not samples:
         raise ValueError("collate() needs at least one sample")
@@ -77,6 +81,11 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
         media = pack_media(resolve_all([s.mm_inputs for s in samples]))
         if any("episode" in s.metadata for s in samples):  # multi-turn: observation media ids are real
             media["observation_mask"] = (attention[:, p_len:].bool() & (response_mask == 0)).float()
+    if any(s.routed_experts is not None for s in samples):  # (B, P + R, MoE layers, top_k), -1: not recorded
+        from relax.core.routing_replay import pack_routing
+
+        media["routed_experts"] = pack_routing([s.routed_experts for s in samples],
+                                               [len(s.prompt_ids) for s in samples], p_len, r_len)  # fmt: skip
     return {
         **media,
         "input_ids": input_ids,

@@ -62,6 +62,9 @@ class GenerationResult:
     versions: list[int]  # weight version that produced each token
     finish_reason: str  # "stop" | "length" | "abort"
     text: str = ""
+    # MoE routing replay: (prompt + response tokens, MoE layers, top_k) expert ids, an int8/int16 numpy array
+    # (relax.core.routing_replay; -1: not recorded); None unless the engine was asked to record routing
+    routed_experts: Any = None
 
 
 @runtime_checkable

@@ -38,6 +38,7 @@ from relax.sglang.device_defaults import server_settings
 from relax.sglang.media import MediaRequest, check_prompt_tokens, load_image_spec, media_request
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.payload import cut_at_stop_ids, generate_payload, parse_output, parse_version, result
+from relax.sglang.routing import SERVER_FLAG, RoutingLayout
 from relax.sglang.server import ServerError, ServerProcess
 from relax.sglang.server_site.relax_sglang_version_guard import endpoints_problem
 
@@ -94,13 +95,22 @@ class SGLangEngine:
         index: int = 0,
         run_dir: str = ".",
         tokenizer_path: str | None = None,
+        record_routing: bool = False,
     ) -> None:
+        """``record_routing``: return each request's MoE routing (``relax.sglang.routing``; text requests)."""
         from transformers import AutoTokenizer
 
         if params.python == "auto" and not params.urls:
             from relax.sglang.server_env import server_python
 
             params = dataclasses.replace(params, python=server_python(Path(run_dir) / "logs" / "sglang-server-env-build.log"))
+        self._routing: RoutingLayout | None = None
+        if record_routing:
+            from transformers import AutoConfig
+
+            self._routing = RoutingLayout.from_config(AutoConfig.from_pretrained(model_path))
+            if SERVER_FLAG not in params.extra_args:
+                params = dataclasses.replace(params, extra_args=[*params.extra_args, SERVER_FLAG])
         self.params, self.model_path, self.index = params, model_path, index
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
         self.servers: list[ServerProcess] = []  # launched ones (none when attached by URL)
@@ -218,7 +228,8 @@ class SGLangEngine:
                 reason = "length"
                 break
             rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"
-            out = await self.client.generate(generate_payload(req, rid, done, media))
+            routed = self._routing is not None and media is None
+            out = await self.client.generate(generate_payload(req, rid, done, media, routed_experts=routed))
             if media is not None:
                 check_prompt_tokens(out["meta_info"], len(req.prompt_ids) + len(done), self.name)
             got, lps, vers, reason = parse_output(out, self._version)
@@ -228,7 +239,10 @@ class SGLangEngine:
                 break
         response = list(req.prefix_response_ids) + ids
         text = self.tokenizer.decode(response, skip_special_tokens=True)
-        return result(req, ids, logprobs, versions, reason, text)
+        res = result(req, ids, logprobs, versions, reason, text)
+        if self._routing is not None and media is None and ids:  # the last call saw the whole sequence
+            res.routed_experts = self._routing.decode(out["meta_info"], len(req.prompt_ids) + len(response))
+        return res
 
     # ------------------------------------------------------------------ control
     def weight_version(self) -> int:

@@ -33,10 +33,12 @@ def sampling_params(params: SamplingParams, max_new_tokens: int) -> dict[str, An
 
 
 def generate_payload(
-    req: GenerationRequest, rid: str, response_ids: list[int], media: MediaRequest | None = None
+    req: GenerationRequest, rid: str, response_ids: list[int], media: MediaRequest | None = None,
+    routed_experts: bool = False,
 ) -> dict[str, Any]:
     """The ``/generate`` body continuing ``req`` after ``response_ids`` (its prefix plus tokens so far);
-    ``media``: the request's media in SGLang's HTTP form (collapsed prompt ids + raw media fields)."""
+    ``media``: the request's media in SGLang's HTTP form (collapsed prompt ids + raw media fields);
+    ``routed_experts``: ask for every token's MoE routing (``relax.sglang.routing``)."""
     left = req.params.max_new_tokens - len(response_ids)
     prompt = media.prompt_ids if media is not None else req.prompt_ids
     body = {
@@ -46,6 +48,8 @@ def generate_payload(
         "return_logprob": True,
         "logprob_start_len": -1,  # no prompt logprobs: only the sampled tokens'
     }
+    if routed_experts:
+        body["return_routed_experts"] = True
     return {**body, **media.fields} if media is not None else body
 
 

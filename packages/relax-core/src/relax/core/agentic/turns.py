@@ -145,6 +145,8 @@ class Turns:
         sample.versions += list(result.versions)
         sample.loss_mask += [1.0] * len(new)
         sample.finish_reason = result.finish_reason
+        # MoE routing replay: this turn's prompt is the whole episode so far, so its routing covers every token
+        sample.routed_experts = getattr(result, "routed_experts", None)
         body = new[:-1] if new and new[-1] in self.stop_token_ids else new
         text = self.tokenizer.decode(body, skip_special_tokens=False)
         content, calls = self.parser.parse(text)

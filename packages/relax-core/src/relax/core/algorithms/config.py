@@ -87,3 +87,6 @@ class AlgorithmConfig:
     greedy_baseline: bool = False  # one extra greedy response per prompt, scored (ReMax baseline)
     # distillation teacher (policy_loss "opd" or opd_coef > 0): an HF directory or "policy_init"
     teacher_model_path: str | None = None
+    # MoE routing replay (R3, docs/moe.md): the trainer's forwards use the experts the rollout engine chose;
+    # "rollout": the policy's forwards; "reference": the reference model's forwards as well
+    routing_replay: Literal["off", "rollout", "reference"] = "off"

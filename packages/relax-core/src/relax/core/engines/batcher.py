@@ -31,6 +31,7 @@ class Row:
     versions: list[int] = field(default_factory=list)
     finish: str = ""  # "" while running; then "stop" | "length" | "abort"
     error: Exception | None = None  # a failed decode step this row was part of
+    routing: list[Any] = field(default_factory=list)  # MoE top-k experts per fed token, when recorded (engines.routing)
 
     @property
     def context(self) -> list[int]:

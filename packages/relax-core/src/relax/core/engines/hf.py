@@ -38,7 +38,9 @@ import torch
 
 from relax.core.engines import kv_batch, weight_names
 from relax.core.engines.batcher import DecodeBatch, Row, row_sampling_params
+from relax.core.engines.lora_merge import AdapterMerger
 from relax.core.engines.prefix_cache import PrefixCache, PrefixHit
+from relax.core.engines.routing import EngineRouting
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.protocols import GenerationRequest, GenerationResult
 
@@ -67,10 +69,12 @@ class HFRolloutEngine:
         model: Any = None,
         tokenizer: Any = None,
         prefix_cache_mb: float = 0.0,
+        record_routing: bool = False,
     ) -> None:
         """``model`` / ``tokenizer``: serve these (already placed) objects instead of loading
         ``model_path`` -- a trainer-hosted engine serves the trainer's own module (``engines.hosted``).
-        ``prefix_cache_mb``: memory for finished requests' KV caches (0: none kept), see ``engines.prefix_cache``."""
+        ``prefix_cache_mb``: memory for finished requests' KV caches (0: none kept), see ``engines.prefix_cache``.
+        ``record_routing``: return each request's MoE routing (``engines.routing``; keeps no prefix cache)."""
         from transformers import AutoTokenizer
 
         from relax.core.multimodal_model import load_model
@@ -92,6 +96,7 @@ class HFRolloutEngine:
                      "batches instead of continuous batching", model_path, getattr(self.model.config, "model_type", "?"))
         self._params = dict(self.model.state_dict())  # views sharing storage with the live model
         self._expert_rules: list[weight_names.ExpertRule] | None = None  # read on a first unknown name
+        self._adapters = AdapterMerger()  # LoRA syncs: adapters merged into the served weights
         eos = self.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         if self.tokenizer.eos_token_id is not None:
@@ -111,7 +116,8 @@ class HFRolloutEngine:
         self._waiting: deque[Row] = deque()
         self._waiting_contexts: Counter[tuple[int, ...]] = Counter()  # context[:-1] of waiting rows
         self._prefixes: dict[tuple[int, ...], kv_batch.Layers] = {}  # their prefills, once computed
-        self._prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))  # finished requests' KV (continued turns)
+        self._prefix_cache = PrefixCache(0 if record_routing else int(prefix_cache_mb * 2**20))  # finished requests' KV
+        self._routing = EngineRouting(self.model) if record_routing else None  # MoE routing replay
         # work done, for tests and benchmarks: a decode row yields exactly one token
         self.stats = {"prefill_rows": 0, "prefill_tokens": 0, "decode_steps": 0, "decode_rows": 0}
 
@@ -144,6 +150,7 @@ class HFRolloutEngine:
             if self._owns_model and self.device.type != "cpu":
                 self.model.to("cpu")
                 self._params = dict(self.model.state_dict())
+                self._adapters.to("cpu")
                 getattr(torch, self.device.type).empty_cache()
 
     def resume_memory(self) -> None:
@@ -151,6 +158,7 @@ class HFRolloutEngine:
             if self._owns_model and next(self.model.parameters()).device != self.device:
                 self.model.to(self.device)
                 self._params = dict(self.model.state_dict())
+                self._adapters.to(self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the served weights, by HF name (to verify a weight sync)."""
@@ -178,18 +186,22 @@ class HFRolloutEngine:
         trainer name them) fill their slice of the fused expert tensors transformers keeps in memory
         (``engines.weight_names``). Names and shapes are all checked before anything is written, so a
         bad update changes nothing. Called once per bucket, the version is simply set again.
+        LoRA adapter tensors (``<module>.lora_A.weight`` / ``.lora_B.weight``) are merged into their
+        module's weight (``engines.lora_merge``).
         """
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        items, adapters, bad_adapters = self._adapters.split(items, self._params)
         if self._expert_rules is None and any(name not in self._params for name, _ in items):
             self._expert_rules = weight_names.expert_rules(self.model)
         pairs, unknown, bad = weight_names.resolve(items, self._params, self._expert_rules or [])
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown} (model {self.model_path})")
-        if bad:
-            raise ValueError(f"update_weights: shape mismatch {bad}")
+        if bad or bad_adapters:
+            raise ValueError(f"update_weights: shape mismatch {bad + bad_adapters}")
         with self._step_lock, torch.no_grad():
             for dest, tensor in pairs:
                 dest.copy_(tensor)
+            self._adapters.apply(adapters, self._params)
             self._version = version
             self._prefixes.clear()  # kept prefills are of the old weights
             self._prefix_cache.clear()
@@ -349,6 +361,8 @@ class HFRolloutEngine:
         batch = self._batch
         if joining:
             cache, logits = self._prefill(joining)
+            if self._routing is not None:
+                self._routing.joined(joining, self._waiting_contexts)
             self._sample(joining, logits)
             batch.join(joining, cache)
             self._drop_finished()  # done after their first token
@@ -356,6 +370,8 @@ class HFRolloutEngine:
             return
         with torch.no_grad():
             out = self.model(**batch.decode_inputs())
+        if self._routing is not None:
+            self._routing.stepped(batch.rows)
         tokens = self._sample(batch.rows, out.logits[:, -1], batch.sampling_params())
         batch.advance(out.cache, tokens)
         self._drop_finished()
@@ -454,6 +470,8 @@ class HFRolloutEngine:
                 logits_to_keep=1,
             )
         kv_batch.check_layers(out.cache)
+        if self._routing is not None:
+            self._routing.prefilled(prefixes, input_ids)
         self.stats["prefill_rows"] += len(prefixes)
         self.stats["prefill_tokens"] += sum(len(p) for p in prefixes)
         last = out.logits[:, -1]
@@ -479,4 +497,5 @@ class HFRolloutEngine:
             versions=list(req.prefix_versions) + row.versions,
             finish_reason=row.finish,
             text=self.tokenizer.decode(response, skip_special_tokens=True),
+            routed_experts=EngineRouting.result(row, len(row.context) + len(row.ids)),  # None unless recorded
         )

@@ -41,10 +41,11 @@ class HostedHFEngine(HFRolloutEngine):
     """``RolloutEngine`` over a module it does not own (the trainer's); see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, model_path: str = "", device: str = "cpu",
-                 max_batch_size: int = 256, seed: int = 0, prefix_cache_mb: float = 0.0) -> None:
+                 max_batch_size: int = 256, seed: int = 0, prefix_cache_mb: float = 0.0,
+                 record_routing: bool = False) -> None:
         # kept KV (prefix_cache_mb) names its weight version: a published version makes it stale at once
         super().__init__(model_path, device=device, max_batch_size=max_batch_size, seed=seed, model=model,
-                         tokenizer=tokenizer, prefix_cache_mb=prefix_cache_mb)
+                         tokenizer=tokenizer, prefix_cache_mb=prefix_cache_mb, record_routing=record_routing)
         self._published = fingerprint(model)
         self._mode_lock = threading.Lock()
         self._calls = 0
@@ -114,5 +115,6 @@ def hosted_engine(trainer: Any, params: Any, ctx: Any) -> HostedHFEngine:
     device = str(next(model.parameters()).device)
     return HostedHFEngine(model, tokenizer, model_path=ctx.model_path or "", device=device,
                           max_batch_size=params.max_batch_size, seed=params.seed,
-                          prefix_cache_mb=params.prefix_cache_mb)
+                          prefix_cache_mb=params.prefix_cache_mb,
+                          record_routing=getattr(ctx, "record_routing", False))  # MoE routing replay
 

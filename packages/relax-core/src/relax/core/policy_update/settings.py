@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from relax.core.policy_update.schedule import check_schedule
+from relax.core.routing_replay import replays
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class UpdateSettings:
     seed: int = 0
     skip_nonfinite: bool = False
     critic_warmup_steps: int = 0
+    routing_replay: bool = False  # forwards use the rollout's MoE routing (relax.core.routing_replay)
 
     def __post_init__(self) -> None:
         check_schedule(self.lr_schedule)
@@ -52,6 +54,8 @@ class UpdateSettings:
             min_lr_ratio=t.min_lr_ratio, micro_batch_size=t.micro_batch_size, num_minibatches=t.num_minibatches,
             loss_agg_mode=spec.algorithm.loss_agg_mode, temperature=spec.temperature, seed=ctx.seed,
             skip_nonfinite=t.skip_nonfinite, critic_warmup_steps=spec.algorithm.critic.warmup_steps,
+            # the rollout's routing is the policy's: a distillation teacher (another model) never replays it
+            routing_replay=ctx.role != "teacher" and replays(getattr(spec.algorithm, "routing_replay", "off"), spec.trainable),
         )  # fmt: skip
 
     def with_overrides(self, **overrides: Any) -> UpdateSettings:

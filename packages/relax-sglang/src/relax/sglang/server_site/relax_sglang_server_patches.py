@@ -24,6 +24,11 @@ chunk without masking it, so an audio shorter than 1 s encodes differently besid
 each audio alone (its valid frames only) fixes both and matches Relax's trainer and HF engine, which do the
 same (``relax.core.multimodal_model.encode_audio_per_item``). Outputs keep the order of the single call.
 
+Host buffers of a CPU server unpinned. Replaces: ``pool_host.common.ALLOC_MEMORY_FUNCS["cpu"]`` (default: pinned,
+``cudaHostRegister``-ed memory). Why: ``--enable-return-routed-experts`` (MoE routing replay,
+``relax.sglang.routing``) allocates its host cache through it and a CPU-only torch cannot pin memory ("Torch
+not compiled with CUDA enabled" at start-up); a server on device ``cpu`` has no accelerator to pin for.
+
 Installed lazily (the model module is patched right after it is first imported), so a server that never
 loads it pays nothing. This file must not import Relax: it runs in the server's environment.
 """
@@ -119,6 +124,16 @@ def relax_videos_as_sent(qwen_vl) -> None:
 _pending: dict[str, list[Callable[[Any], None]]] = {}
 
 
+def unpinned_cpu_host_buffers(common) -> None:
+    """A device-``cpu`` server's host buffers as plain CPU tensors (see the module docstring)."""
+    import torch
+
+    def plain(dims, dtype, device, pin_memory, allocator, registration_granularity_bytes=None):
+        return torch.empty(dims, dtype=dtype, device="cpu")
+
+    common.ALLOC_MEMORY_FUNCS["cpu"] = plain
+
+
 def after_import(module: str, patch: Callable[[Any], None]) -> None:
     """Run ``patch(module object)`` right after ``module`` is first imported (the server's CPU shims use
     this too)."""
@@ -154,3 +169,4 @@ def install() -> None:
         install.done = True
         after_import("sglang.srt.models.qwen3_omni_moe", encode_audio_per_item)
         after_import("sglang.srt.multimodal.processors.qwen_vl", relax_videos_as_sent)
+        after_import("sglang.srt.mem_cache.pool_host.common", unpinned_cpu_host_buffers)
