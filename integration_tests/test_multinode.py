@@ -1,9 +1,11 @@
 """Runs across several Ray nodes on this one machine (``relax.core.testing.cluster.LocalCluster``: each
 node on its own 127.0.0.x address with its own CPUs and ``relax-node`` label), one cluster for the
-whole module: roles placed by node label, a run that cannot be placed, transports across nodes, and
-the loss of an engine's node mid-run (with a node joining to take its place).
+whole module: roles placed by node label, a run that cannot be placed, transports across nodes, the
+loss of an engine's node mid-run (with a node joining to take its place), and the loss of the trainer's
+node (``resume: auto`` continuing bit for bit on another). The ``ray start`` / ``relax run --address``
+path, with nodes joining for the autoscaler and ``relax scale-out``, is ``test_multinode_cli.py``.
 
-The tests share the cluster and run in file order; the node-loss test comes last (it changes it).
+The tests share the cluster and run in file order; the node-loss tests come last (they change it).
 """
 
 from __future__ import annotations
@@ -215,3 +217,62 @@ def test_losing_an_engines_node_mid_run_loses_no_group_and_replaces_it_on_anothe
     (new,) = set(live) - {0, 1}  # the replacement (a new index, never reused)
     assert lost["index"] not in live and len(live) == 2
     assert _where(live[new]) == cluster.node_id("rollout-c")  # on the node that joined
+
+
+def _trainer_state(run_dir: Path, step: int) -> dict:
+    import torch
+
+    files = list((run_dir / "checkpoints" / f"step_{step:06d}" / "trainer").glob("*.pt"))
+    assert len(files) == 1, files
+    return torch.load(files[0], weights_only=True)
+
+
+def test_losing_the_trainers_node_stops_the_run_and_resume_auto_continues_identically_elsewhere(
+        cluster, tmp_path, observer):
+    """The trainer's machine is lost mid-run: the run stops (no emergency checkpoint without a trainer),
+    names the trainer, points at its last checkpoint; ``resume: auto`` re-places the trainer on the other
+    ``train`` node and ends with exactly the weights, optimizer state and metrics of an uninterrupted run."""
+    cluster.add_node(NodeSpec("train-b", 2, label="train"))  # a second machine of the training pool
+    steps = 3
+    common = [*SMALL, f"total_steps={steps}", "mode=async", "max_staleness=0", "rollout.num_engines=1",
+              "checkpoint.save_every=1", "checkpoint.keep_last=5", "weight_sync.transport=object_store",
+              f"ray.address={cluster.address}"]
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    run(load_config(None, [*common, f"run_dir={reference}"]))
+    placed: dict = {}
+
+    def lose_the_trainers_node(run, step):
+        placed.setdefault("first", _where(run._state.roles.trainer))
+        if step == 2:  # as step 2's checkpoint is due: the last one is step 1's or, if it beat the loss, step 2's
+            placed["lost"] = next(n for n in ("train", "train-b") if cluster.node_id(n) == placed["first"])
+            cluster.remove_node(placed["lost"])
+
+    obs = observer(at_step_end=lose_the_trainers_node)
+    with pytest.raises(Exception) as err:
+        run(load_config(None, [*common, f"run_dir={interrupted}"]))
+    assert getattr(err.value, "relax_trainer_lost", False), err.value
+    assert "trainer" in str(err.value)
+    saved = sorted(p.name for p in (interrupted / "checkpoints").glob("step_*"))
+    assert saved and saved[-1] <= "step_000002"
+    assert err.value.relax_checkpoint == str(interrupted / "checkpoints" / saved[-1])
+    obs.at_step_end = None  # the resumed run loses nothing
+    resumed = observer(at_step_end=lambda run, step: placed.setdefault("again", _where(run._state.roles.trainer)))
+    summary = run(load_config(None, [*common, f"run_dir={interrupted}", "checkpoint.resume=auto"]))
+    assert summary["steps"] == steps and resumed.run is not None
+    (remaining,) = {"train", "train-b"} - {placed["lost"]}
+    assert placed["again"] == cluster.node_id(remaining)  # the trainer re-placed on the other train node
+    a, b = _metrics(reference), _metrics(interrupted)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    keys = ["reward/mean", "response/length_mean", "train/loss", "train/pg_loss", "train/grad_norm", "train/entropy"]
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]  # bit for bit
+    want, got = _trainer_state(reference, steps), _trainer_state(interrupted, steps)
+    assert want["model"].keys() == got["model"].keys()
+    assert all(torch_equal(want["model"][k], got["model"][k]) for k in want["model"])
+    moments = list(want["optimizer"]["state"].items())
+    assert moments and all(torch_equal(s[n], got["optimizer"]["state"][k][n]) for k, s in moments for n in s)
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y

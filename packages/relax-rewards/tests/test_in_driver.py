@@ -11,9 +11,9 @@ from relax.core.controller import local
 from relax.core.controller.contexts import reward_context
 from relax.core.controller.driver_reward import start_reward
 from relax.core.controller.hosting import in_driver
+from relax.core.data import Sample
 from relax.core.lazy_ray import LocalHandle
 from relax.core.plugins import get_plugin_manager
-from relax.core.data import Sample
 
 IN_DRIVER = {"dapo", "exact_match_squad", "f1", "gpqa", "ifbench", "ifeval", "math", "multiple_choice", "openr1_mm"}
 OWN_ACTOR = {"hub", "remote", "genrm"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.core.cluster import NODE_LABEL, actor_options, pin_errors, placement_shortfalls
+from relax.core.cluster import NODE_LABEL, actor_options, driver_paths, pin_errors, placement_shortfalls
 from relax.core.config import load_config
 from relax.core.context import Resources
 from relax.core.controller.hosting import driver_problems, placement_errors
@@ -68,3 +68,17 @@ def test_joining_a_cluster_on_loopback_keeps_ray_on_loopback(address, loopback):
     from relax.core.controller.ray_start import _is_loopback
 
     assert _is_loopback(address) is loopback
+
+
+def test_relative_paths_are_made_absolute_against_the_drivers_directory(tmp_path, monkeypatch):
+    """Roles on other nodes run in their node's directory: what they read or write must not be relative."""
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "m"
+    (tmp_path / "runs" / "old").mkdir(parents=True)
+    cfg = load_config(None, ["run_dir=runs/x", "model.path=m", "data.path=d.jsonl", "checkpoint.resume=runs/old"])
+    fixed = driver_paths(cfg)
+    assert (fixed.run_dir, fixed.model.path, fixed.data.path, fixed.checkpoint.resume) == (
+        str(tmp_path / "runs" / "x"), str(model), str(tmp_path / "d.jsonl"), str(tmp_path / "runs" / "old"))
+    for resume in ("auto", "never"):
+        assert driver_paths(load_config(None, [f"checkpoint.resume={resume}"])).checkpoint.resume == resume
+    assert driver_paths(fixed) == fixed and driver_paths(load_config(None, [])).model.path is None

@@ -36,6 +36,9 @@ def _load(ns: argparse.Namespace):
 
     with with_prepare_hint():  # a recipe's dataset not prepared yet: the error names the command that makes it
         cfg = load_config(*_config_args(ns), check_paths=True)  # before Ray: data, model and run_dir usable
+    from relax.core.cluster import driver_paths
+
+    cfg = driver_paths(cfg)  # the roles, on other nodes, do not share this process's current directory
     from relax.core.controller.hosting import placement_errors
 
     if errors := placement_errors(cfg):

@@ -128,6 +128,20 @@ class InputsConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """``trainer.lora``: train low-rank adapters (``peft``) on a frozen base; weight syncs move only the
+    adapter (docs/lora.md). ``target_modules``: module name suffixes (``q_proj``), or ``[all-linear]``."""
+
+    rank: int = 16
+    alpha: float = 32.0  # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                "gate_proj", "up_proj", "down_proj"])
+    modules_to_save: list[str] = field(default_factory=list)  # trained in full (and synced in full)
+    export_merged: bool = False  # final export: also the base with the adapter merged (plain HF weights)
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     backend: str = "torch"  # registered trainer name
     lr: float = 1e-6
@@ -149,6 +163,7 @@ class TrainerConfig:
     # a dead trainer restarts the run from its latest checkpoint up to this many times (0: the run fails)
     max_restarts: int = 0
     backend_params: Any = field(default_factory=dict)  # typed by the backend's registered config
+    lora: LoraConfig | None = None  # null: train every weight
 
 
 @dataclass(frozen=True)
@@ -431,6 +446,20 @@ def _positive(errors: list[str], path: str, value: float, allow_zero: bool = Fal
         errors.append(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def _lora_errors(cfg: RelaxConfig) -> list[str]:
+    """``trainer.lora`` on its own (backends and engines without LoRA refuse it in their ``validate_run``)."""
+    lora = cfg.trainer.lora
+    if lora is None:
+        return []
+    errors = [f"trainer.lora.{name}: must be > 0, got {value}" for name, value in (("rank", lora.rank), ("alpha", lora.alpha))
+              if value <= 0]  # fmt: skip
+    if not 0 <= lora.dropout < 1:
+        errors.append(f"trainer.lora.dropout: must be in [0, 1), got {lora.dropout}")
+    if not lora.target_modules:
+        errors.append("trainer.lora.target_modules: name at least one module (e.g. [q_proj, v_proj] or [all-linear])")
+    return errors
+
+
 def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     errors: list[str] = []
     for path, value, zero_ok in [
@@ -483,6 +512,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         )
     errors.extend(algorithm_config_errors(cfg))
     errors.extend(control_errors(cfg))
+    errors.extend(_lora_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
         errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")
     if cfg.mode == "colocate" and cfg.weight_sync.every_n_steps != 1:

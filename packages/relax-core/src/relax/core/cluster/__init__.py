@@ -12,6 +12,8 @@ module import (``relax validate`` uses the config checks alone).
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from typing import Any
 
 #: the node label that ``ray.nodes`` values match (``ray start --labels relax-node=<value>``)
@@ -33,6 +35,22 @@ def pin_errors(cfg: Any) -> list[str]:
             f"must be pinned to the same nodes; got trainer={nodes.get('trainer')!r}, rollout={nodes.get('rollout')!r}"
         )
     return errors
+
+
+def driver_paths(cfg: Any) -> Any:
+    """``cfg`` with its relative paths (``run_dir``, ``model.path``, ``data.path``, a
+    ``checkpoint.resume`` directory) made absolute against the driver's current directory, as the
+    config loader checked them. The roles that read and write them run in other processes, on other
+    nodes, whose current directory is their node's (where ``ray start`` ran), never the driver's."""
+    def absolute(value: str | None) -> str | None:
+        return value if value is None or os.path.isabs(value) else os.path.abspath(value)
+
+    resume = cfg.checkpoint.resume
+    return replace(
+        cfg, run_dir=absolute(cfg.run_dir), model=replace(cfg.model, path=absolute(cfg.model.path)),
+        data=replace(cfg.data, path=absolute(cfg.data.path)),
+        checkpoint=replace(cfg.checkpoint, resume=resume if resume in ("auto", "never") else absolute(resume)),
+    )
 
 
 def node_of(cfg: Any, role: str) -> str | None:

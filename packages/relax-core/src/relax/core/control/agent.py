@@ -36,11 +36,12 @@ def _finite(metrics: dict[str, Any]) -> dict[str, float]:
 
 def snapshot(run: Any, protect: bool, attach: bool, state: str | None = None) -> dict[str, Any]:
     """What ``GET /status`` shows, read from the run handle."""
-    load, draining = run.engine_load(), run.engines_draining()
+    load, draining, nodes = run.engine_load(), run.engines_draining(), run.engine_nodes()
     engines = []
     for h in run.engine_health(timeout_s=HEALTH_TIMEOUT_S):
         i = h["engine_index"]
         engines.append({"engine_id": i, "healthy": bool(h.get("ok")), "weight_version": h.get("weight_version"),
+                        "node": nodes.get(i),
                         "load": load.get(i, 0), "draining": i in draining,
                         "protected": protect and run.engine_on_reservation(i), "error": h.get("error")})
     queue = _finite(run.queue_metrics())

@@ -68,7 +68,7 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-ENGINE_COLUMNS = ["engine_id", "healthy", "weight_version", "load", "draining", "protected"]
+ENGINE_COLUMNS = ["engine_id", "healthy", "weight_version", "load", "draining", "protected", "node"]
 
 
 def format_status(s: dict[str, Any]) -> str:

@@ -69,6 +69,7 @@ class EngineInfo(BaseModel):
     load: int = 0  # requests in flight
     draining: bool = False
     protected: bool = False
+    node: str | None = None  # address of the Ray node it runs on
     error: str | None = None
 
 

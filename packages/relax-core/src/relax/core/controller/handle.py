@@ -193,6 +193,13 @@ class RunHandle:
         """Indices of the engines serving now (stable; a replacement gets a new index)."""
         return sorted(self._state.fleet.live())
 
+    def engine_nodes(self) -> dict[int, str | None]:
+        """The address of the Ray node each serving engine runs on (None: in the driver, or not known yet)."""
+        from relax.core.weight_sync.base import is_actor
+        from relax.core.weight_sync.nodes import actor_node, node_address
+
+        return {i: node_address(actor_node(h)) if is_actor(h) else None for i, h in self._state.fleet.live().items()}
+
     def engine_health(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """``health()`` of every serving rollout engine, by index order; an engine that does not
         answer in time reports ``{"ok": False, "error": ...}`` instead of blocking the caller."""

@@ -133,6 +133,9 @@ def start_ray(settings: RaySettings, log_to_driver: bool = True) -> bool:
         if os.environ.get("RAY_AUTH_MODE") == "disabled":
             log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
         if _is_loopback(settings.address):  # a cluster on this machine's loopback (`ray start` on 127.0.0.x):
+            # the driver is on the head's machine and joins as that node (Ray would look for 127.0.0.1)
+            if _host(settings.address) != "localhost" and not settings.address.startswith("ray://"):
+                kwargs.setdefault("_node_ip_address", _host(settings.address))
             with _single_machine():  # Ray would otherwise swap 127.0.0.1 for the machine's network address
                 ray.init(**kwargs)
         else:
@@ -153,10 +156,14 @@ def start_loopback_ray(num_cpus: int, log_to_driver: bool = False) -> bool:
     return start_ray(RaySettings(num_cpus=num_cpus), log_to_driver=log_to_driver)
 
 
+def _host(address: str) -> str:
+    return address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+
+
 def _is_loopback(address: str) -> bool:
     import ipaddress
 
-    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    host = _host(address)
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -96,7 +96,7 @@ def blame_trainer(error: BaseException) -> BaseException:
 
 def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | None:
     cfg = state.cfg
-    if trainer_lost(state):
+    if _trainer_died(error) or trainer_lost(state):  # its death seen first (a node lost: Ray marks it dead later)
         log.error("relax: no emergency checkpoint: the trainer is gone")
         error.relax_trainer_lost = True  # type: ignore[attr-defined]
         return None

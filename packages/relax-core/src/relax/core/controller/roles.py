@@ -129,6 +129,10 @@ class TrainerRole:
         """Optional capability, checked at start-up when an algorithm declares ``sum_pi_squared``."""
         return self._all("forward_logprobs_and_sum_pi_squared", batch)
 
+    def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """LoRA: the reference policy's logprobs, the base with the adapters disabled (``controller.reference``)."""
+        return self._all("forward_reference_logprobs", batch)
+
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Critic values (PPO); the trainer must have been built with a critic."""
         return self._all("forward_values", batch)

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from relax.core.checkpoint import CheckpointError, CheckpointManager, read_controller_state, resolve_resume
+from relax.core.cluster import driver_paths
 from relax.core.config import RelaxConfig, with_inputs
 from relax.core.controller import closing, faults, recovery, runtime, signals, startup, teardown
 from relax.core.controller.episodes import build_turns
@@ -254,7 +255,8 @@ def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None) -> dict[str, 
 
     ``early``: Ray and the roles already starting in a thread (``relax run``, see
     ``startup.EarlyStart``); the run takes them over."""
-    cfg = with_inputs(cfg)  # inputs.name: a plugin's model and data, built on first use
+    cfg = driver_paths(with_inputs(cfg))  # inputs.name: a plugin's model and data, built on first use; paths
+    # absolute: the roles run elsewhere (other nodes, other current directories)
     clock = startup.StartupClock()
     clock.mark("python + imports")
     with signals.guarded():

@@ -233,7 +233,7 @@ def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any |
     ``slot``: which configured engine's reservation it runs on -- a replacement takes the slot of
     the engine it replaces; None (an engine added at run time) runs outside the reservation with
     the resources the engine declares."""
-    from relax.core.cluster import actor_options
+    from relax.core.cluster import actor_options, node_of
     from relax.core.controller import contexts
     from relax.core.controller.roles import RolloutRole
 
@@ -241,8 +241,11 @@ def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any |
         options = placement.engine_options(slot)
     else:
         declared = contexts.resources_for(cfg, "rollout_engine")
-        options = {"num_cpus": 0, "num_gpus": declared.num_gpus * max(1, declared.num_workers),
-                   **actor_options(cfg, "rollout")}  # on the rollout nodes (``ray.nodes``), as reserved ones
+        workers = max(1, declared.num_workers)
+        # on pinned rollout nodes (``ray.nodes``) it asks the CPUs a reserved engine holds, so Ray puts it where
+        # there is room -- a node that joined -- or waits for one; unpinned, one machine's CPUs are all reserved
+        cpus = declared.num_cpus * workers if node_of(cfg, "rollout") else 0
+        options = {"num_cpus": cpus, "num_gpus": declared.num_gpus * workers, **actor_options(cfg, "rollout")}
     return RolloutRole.options(**options, max_concurrency=ENGINE_CONCURRENCY).remote(
         cfg, contexts.engine_context(cfg, model_path, index), num_threads=max(1, os.cpu_count() or 2)
     )
@@ -285,7 +288,7 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     cores = max(1, os.cpu_count() or 2)
     reserved = roles.placement
     roles.hosted = hosting.hosts_engine(cfg)
-    if "reference" in config_needs(cfg.algorithm):  # declared by the estimator/loss, or kl.coef > 0
+    if "reference" in config_needs(cfg.algorithm) and cfg.trainer.lora is None:  # by the estimator/loss, or kl.coef > 0
         ref_ctx = contexts.trainer_context(cfg, model_path, role="reference")
         roles.reference = TrainerRole.options(num_cpus=0, **actor_options(cfg, "reference")).remote(
             cfg, ref_ctx, num_threads=cores)
@@ -318,6 +321,10 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
         group = spawn(TrainerRole, "trainer", trainer_opts, rank_args, reserved.node_ids(reserved.plan.trainer))
         roles.trainer, roles.trainer_peers = group.handles[0], group.handles[1:]
         ray.get(roles.trainer.lead.remote(group.peers()))
+    if "reference" in config_needs(cfg.algorithm) and cfg.trainer.lora is not None:
+        from relax.core.controller.reference import TrainerReference
+
+        roles.reference = TrainerReference(roles.trainer)  # LoRA: the base inside the trainer, no second copy
     # surface constructor errors (bad model dir, unknown plugin) before the loop starts, naming the role
     _await_started(roles, max(cfg.rollout.timeout_s, cfg.trainer.timeout_s))
 

@@ -124,3 +124,121 @@ class LocalCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the caller binds it soon after)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class RayStartCluster:
+    """Nodes started as an operator starts them: ``ray start --block`` processes, each on its own
+    loopback address (the head 127.0.0.2, then .3, .4, ...) with its own CPUs and ``relax-node`` label,
+    every port chosen free, each with its own Ray temp dir under ``root`` (sockets and logs of nodes
+    started together never collide; the machine's ``/tmp/ray/ray_current_cluster`` never points at it). Not 127.0.0.1: Ray rewrites that one address to
+    the machine's network address, and its single-machine switch refuses worker nodes; any other
+    127.0.0.x is an ordinary node address to it. ``stop()`` ends exactly the processes started here
+    (each node is its own process group)."""
+
+    HEAD_IP = "127.0.0.2"
+
+    def __init__(self, root: str | os.PathLike[str], object_store_mb: int = 100) -> None:
+        from pathlib import Path
+
+        self.root = Path(root)  # keep it short: Ray's socket paths under it must fit in 107 bytes
+        self._store = object_store_mb << 20
+        self.procs: dict[str, Any] = {}
+        self.ips: dict[str, str] = {}
+        self.port = free_port(self.HEAD_IP)
+        self.address = f"{self.HEAD_IP}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment of the nodes (and of a driver joining them): loopback-only Ray."""
+        from relax.core.controller.ray_start import RAY_ENV
+
+        return {**os.environ, **RAY_ENV}
+
+    def command(self, spec: NodeSpec, ip: str, head: bool) -> list[str]:
+        """The ``ray start`` command line of one node (what docs/cluster.md shows, plus free ports)."""
+        import json
+        import sys
+        from pathlib import Path
+
+        ray = str(Path(sys.executable).with_name("ray"))
+        where = ["--head", f"--port={self.port}", "--include-dashboard=false", f"--dashboard-port={free_port(ip)}",
+                 f"--ray-client-server-port={free_port(ip)}"] if head else [f"--address={self.address}"]
+        return [ray, "start", "--block", *where, f"--node-ip-address={ip}", f"--num-cpus={spec.num_cpus}",
+                f"--labels={NODE_LABEL}={spec.label or spec.name}", f"--temp-dir={self.root / ip}",
+                f"--object-store-memory={self._store}", "--min-worker-port=0", "--max-worker-port=0",
+                f"--dashboard-agent-listen-port={free_port(ip)}", "--disable-usage-stats",
+                *([f"--resources={json.dumps(spec.resources)}"] if spec.resources else [])]
+
+    def start(self, *specs: NodeSpec, timeout_s: float = 120.0) -> list[str]:
+        """Start nodes ``specs`` together (the cluster's first node is the head: start it alone) and
+        wait until each runs; returns their addresses. A node whose raylet missed Ray's fixed 30 s
+        registration window (a loaded machine) is started once more."""
+        import time
+
+        for spec in specs:
+            if spec.name in self.procs:
+                raise ValueError(f"node {spec.name!r} exists already")
+            self._launch(spec, f"127.0.0.{len(self.procs) + 2}", head=not self.procs)
+        deadline = time.monotonic() + timeout_s
+        for spec in specs:
+            retried = False
+            while "Ray runtime started" not in (log := self.root / f"{spec.name}.log").read_text():
+                proc = self.procs[spec.name]
+                if proc.poll() is not None and not retried and "timed out during startup" in log.read_text():
+                    retried = True
+                    self._launch(spec, self.ips[spec.name], head=spec.name == next(iter(self.procs)))
+                elif proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"ray start of node {spec.name} ({self.ips[spec.name]}) failed:\n"
+                                       f"{log.read_text()[-3000:]}")
+                time.sleep(0.2)
+        return [self.ips[spec.name] for spec in specs]
+
+    def _launch(self, spec: NodeSpec, ip: str, head: bool) -> None:
+        import subprocess
+
+        if (failed := self.procs.get(spec.name)) is not None:
+            _kill_group(failed)
+        with (self.root / f"{spec.name}.log").open("w") as out:
+            self.procs[spec.name] = subprocess.Popen(self.command(spec, ip, head), stdout=out, stderr=subprocess.STDOUT,
+                                                     env=self.env(), start_new_session=True)
+        self.ips[spec.name] = ip
+
+    def stop(self) -> None:
+        """Stop every node, workers included (newest first, the head last)."""
+        import signal
+        import subprocess
+
+        for name, proc in reversed(list(self.procs.items())):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_group(proc)  # whatever of its group outlived it
+            del self.procs[name]
+
+    def __enter__(self) -> RayStartCluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _kill_group(proc: Any) -> None:
+    """SIGKILL the process group ``proc`` leads (a node started here: its daemons and workers)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -19,6 +19,7 @@ from relax.core.weight_sync.base import WeightSyncError, engine_names, is_actor
 log = logging.getLogger("relax")
 
 _NODES: dict[str, str] = {}  # actor id -> node id (an actor never moves; a replacement has a new id)
+_ADDRESSES: dict[str, str] = {}  # node id -> its IP address
 _LOCK = threading.Lock()
 
 
@@ -40,6 +41,21 @@ def actor_node(handle: Any) -> str | None:
             _NODES[actor_id] = node
         return node
     return None
+
+
+def node_address(node_id: str | None) -> str | None:
+    """The IP address of Ray node ``node_id`` (None: unknown); what an operator recognises a node by."""
+    if node_id is None:
+        return None
+    with _LOCK:
+        if node_id in _ADDRESSES:
+            return _ADDRESSES[node_id]
+    import ray
+
+    found = {n["NodeID"]: n.get("NodeManagerAddress") for n in ray.nodes()}
+    with _LOCK:
+        _ADDRESSES.update(found)
+    return found.get(node_id)
 
 
 def this_node() -> str | None:
