@@ -9,35 +9,16 @@ from relax.core.engines import weight_names
 from relax.core.engines.hf import HFRolloutEngine
 from relax.core.protocols import GenerationRequest, SamplingParams
 from relax.core.testing.models import load_hf_weights
+from relax.core.testing.moe_models import tiny_moe_dir
 
 PROMPTS = [[4, 23, 10, 17, 11, 20], [12, 18, 9], [7]]
 EXPERT = "model.layers.1.mlp.experts."
 
 
-def _save_moe(directory, seed: int) -> str:
-    """A seeded tiny Qwen3-MoE (4 experts, top 2) with the quick-start tokenizer, saved as transformers
-    writes it (one tensor per expert)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    from relax.core.quickstart_model import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    config = Qwen3MoeConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, hidden_size=32, intermediate_size=64,
-        moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, initializer_range=0.3,
-    )  # fmt: skip
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        Qwen3MoeForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
-
-
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
-    return _save_moe(root / "a", seed=0), _save_moe(root / "b", seed=1)
+    return tiny_moe_dir(root / "a", seed=0), tiny_moe_dir(root / "b", seed=1)  # saved one tensor per expert
 
 
 @pytest.fixture
