@@ -75,7 +75,8 @@ def test_partial_rollout_spans_weight_updates_in_a_run(ray_session, tmp_path):
 def test_quickstart_learns_off_policy(ray_session, tmp_path, mode, staleness):
     """The bundled quick-start settings, run asynchronously: reward rises well above chance."""
     run_dir = tmp_path / f"{mode}{staleness}"
-    cfg = load_config(None, ["total_steps=24", f"run_dir={run_dir}", f"mode={mode}", f"max_staleness={staleness}",
+    steps = 24 + 4 * staleness  # staler data learns slower per step: async-2 rose only 0.14 in 24 steps once in CI
+    cfg = load_config(None, [f"total_steps={steps}", f"run_dir={run_dir}", f"mode={mode}", f"max_staleness={staleness}",
                              "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
                              "logging.plot=false", "checkpoint.save_every=0", "checkpoint.save_hf_final=false",
                              "checkpoint.resume=never"])
