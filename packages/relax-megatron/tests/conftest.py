@@ -144,3 +144,89 @@ def run_ranks(tmp_path_factory):
         return torch.load(out)
 
     return run
+
+
+# ---------------------------------------------------------------- MoE routing replay (test_routing_replay.py)
+R3_KW = {"lr": 1e-2, "eps": 1e-4, "micro_batch_size": 4}  # every routing-replay trainer (torch and megatron)
+
+
+@pytest.fixture(scope="session")
+def r3_perturbed_dir(tiny_qwen3_moe, tmp_path_factory):
+    """The tiny Qwen3-MoE with seeded noise (0.1 of each weight's std) on every router, saved with its tokenizer:
+    the trainers' weights after a sync in another precision, say; enough to move some tokens to other experts."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relax.core.routing_replay import moe_routers
+
+    model_dir = tiny_qwen3_moe[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for router in moe_routers(model):
+            router.weight.add_(0.1 * router.weight.std() * torch.randn(router.weight.shape, generator=gen))
+    target = tmp_path_factory.mktemp("r3") / "perturbed"
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(target)
+    return str(target)
+
+
+@pytest.fixture(scope="session")
+def r3_batch(tiny_qwen3_moe):
+    """A left-padded batch whose samples carry the unperturbed model's routing (recorded by core's
+    ``RoutingRecorder`` on each unpadded sequence, as the engine runs it; the last token unrecorded, as the
+    engine leaves it) and logprobs, collated as the controller does."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relax.core.routing_replay import UNRECORDED, RoutingRecorder
+    from relax.core.testing import make_batch, make_samples
+
+    model_dir = tiny_qwen3_moe[0]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    samples = make_samples(tokenizer, rows=8, seed=3)
+    recorder = RoutingRecorder(model)
+    try:
+        for s in samples:
+            ids = torch.tensor([s.prompt_ids + s.response_ids])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
+            s.rollout_logprobs = torch.log_softmax(logits, -1).gather(-1, ids[0, len(s.prompt_ids) :, None])[:, 0].tolist()
+            s.routed_experts = recorder.take(1, ids.shape[1])[0]
+            s.routed_experts[-1] = UNRECORDED
+    finally:
+        recorder.close()
+    return make_batch(samples, tokenizer.pad_token_id)
+
+
+@pytest.fixture(scope="session")
+def r3_torch(r3_perturbed_dir, r3_batch):
+    """Core's torch trainer on the perturbed model: logprobs with its own routing ("free") and replaying the
+    batch's ("replayed"), then a replayed step ("metrics", exported "weights")."""
+    from relax.core.testing import torch_trainer
+    from relax.core.testing.trainer import exported
+
+    ref = torch_trainer(r3_perturbed_dir, routing_replay=True, **R3_KW)
+    free = ref.forward_logprobs({k: v for k, v in r3_batch.items() if k != "routed_experts"})
+    replayed = ref.forward_logprobs(r3_batch)
+    return {"free": free, "replayed": replayed, "metrics": ref.train_step(r3_batch), "weights": exported(ref)}
+
+
+@pytest.fixture(scope="session")
+def assert_r3_step(tiny_qwen3_moe, r3_torch, fuse_experts):
+    """``check(got)``: a megatron trainer's replayed step (``{"metrics", "weights"}``) is the torch trainer's:
+    loss, grad norm, routing metrics and (EP-gathered, HF-named) updated weights."""
+    import torch
+
+    def check(got: dict) -> None:
+        for key in ("loss", "grad_norm", "routing/logprob_diff_replay", "routing/logprob_diff_free"):
+            assert got["metrics"][key] == pytest.approx(r3_torch["metrics"][key], abs=1e-5), key
+        for key in ("routing/mismatch_frac_replay", "routing/mismatch_frac_free"):
+            assert got["metrics"][key] == pytest.approx(r3_torch["metrics"][key], abs=1e-9), key
+        mine, want = fuse_experts(got["weights"], tiny_qwen3_moe[1]), r3_torch["weights"]
+        assert sorted(mine) == sorted(want)
+        for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
+            torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+    return check

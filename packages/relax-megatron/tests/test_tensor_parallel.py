@@ -3,7 +3,8 @@
 Vocab-parallel logprobs and entropy equal transformers' (no full-logit gather: each rank holds half the
 vocabulary), TP-gathered weights map back to the HF checkpoint bit-exactly, a TP=2 train step matches
 core's torch trainer, PP=2 logprobs equal transformers' and PP=2, DP=2 and (MoE) DP=2 x EP=2 train steps
-match the torch trainer; TP=2, PP=2 and DP=2 dist checkpoints load in one process."""
+match the torch trainer (with MoE routing replay too, at DP=2 x EP=2 and PP=2); TP=2, PP=2 and DP=2 dist
+checkpoints load in one process."""
 
 from __future__ import annotations
 
@@ -49,11 +50,14 @@ def pp2_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint, pp2_checkpoint):
+def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint, pp2_checkpoint, r3_perturbed_dir,
+           r3_batch):  # fmt: skip
     """One two-process launch for every check below (starting processes is the slow part): TP=2 (the
     trained trainer saved to ``tp2_checkpoint``), the same ranks at EP=2 and DP=2 x EP=2 with the tiny
-    Qwen3-MoE, then at PP=2 (saved to ``pp2_checkpoint``) and DP=2 (saved to ``<pp2_checkpoint>-dp``)."""
+    Qwen3-MoE, with MoE routing replay at DP=2 x EP=2 and PP=2, then at PP=2 (saved to ``pp2_checkpoint``)
+    and DP=2 (saved to ``<pp2_checkpoint>-dp``)."""
     data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0],
+            "routing": {"batch": r3_batch, "moe_dir": r3_perturbed_dir},
             "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint), "dp_batch": dp_batch(torch_reference[1])}}  # fmt: skip
     return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
 
@@ -262,3 +266,14 @@ def test_dp2_ep2_moe_step_matches_the_torch_trainer(tiny_qwen3_moe, tp2, torch_r
     assert sorted(mine) == sorted(want)
     for name, tensor in want.items():
         torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("layout", ["ep", "pp"])
+def test_routing_replay_at_dp2_ep2_and_pp2_matches_the_torch_trainer(tp2, r3_torch, assert_r3_step, layout):
+    """MoE routing replay (test_routing_replay.py's batch and perturbed routers) at DP=2 x EP=2 (each replica
+    routes its own rows before the dispatcher exchanges them; the mismatch counts summed over the world) and
+    PP=2 (each stage replays its own layer's routing, under 1F1B): logprobs, step and routing metrics of the
+    torch trainer replaying the same routing."""
+    got = tp2["routing"][layout]
+    torch.testing.assert_close(got["logprobs"], r3_torch["replayed"], atol=1e-5, rtol=0)
+    assert_r3_step(got)

@@ -10,7 +10,9 @@ parallelism = world size and take a trainer step on it at DP = EP = world size; 
 ``--mode pipeline`` (PP = world size, 1F1B schedule), on {"tokens"[, "batch"]}: the last stage's
 logprobs of the tokens (forward only), then with a batch the same ``MegatronTrainer`` check at PP = world
 size (saved to ``--ckpt``; again in bf16; then built with the distributed optimizer's config), then at DP = world size (two micro-batches per replica; saved to
-``<ckpt>-dp``). Rank 0 saves the results to ``--out``.
+``<ckpt>-dp``). With ``routing`` = {"batch", "moe_dir"} in the tensor mode's input (a batch carrying
+``routed_experts``), the ranks also take the trainer check with MoE routing replay at DP = EP = world size, then
+at PP = world size. Rank 0 saves the results to ``--out``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ def main() -> None:
             moe_batch = {k: v for k, v in data["batch"].items() if k != "old_logprobs"}  # the MoE model's own
             results["moe_train"] = train_check(args, moe_batch, model_dir=data["moe_dir"], data_parallel=args.world,
                                                expert_parallel=args.world)  # fmt: skip
+        if "routing" in data:  # MoE routing replay on the perturbed Qwen3-MoE: DP = EP = world size, then PP
+            parallel_state.destroy_model_parallel()
+            routing = data["routing"]
+            results["routing"] = {"ep": train_check(args, routing["batch"], model_dir=routing["moe_dir"],
+                                                    data_parallel=args.world, expert_parallel=args.world,
+                                                    routing_replay=True)}  # fmt: skip
+            parallel_state.destroy_model_parallel()
+            results["routing"]["pp"] = train_check(args, routing["batch"], model_dir=routing["moe_dir"],
+                                                   pipeline_parallel=args.world, routing_replay=True)  # fmt: skip
         if "pipeline" in data:  # then as pipeline stages and data-parallel replicas
             parallel_state.destroy_model_parallel()
             pipeline = data["pipeline"]
@@ -82,7 +93,7 @@ def pipeline_checks(args: argparse.Namespace, tokens, batch: dict | None, ckpt: 
 
 
 def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micro_batch_size: int = 4,
-                ckpt: str = "", dtype: str = "float32", **layout: int) -> dict:
+                ckpt: str = "", dtype: str = "float32", **layout: int | bool) -> dict:
     """A ``MegatronTrainer`` at ``layout`` on ``model_dir`` (default ``--model-dir``): logprobs, one step,
     the exported weights; with ``ckpt`` a save there, logprobs after it and a second step."""
 

@@ -119,6 +119,8 @@ def rank_rows(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str
     if not missing:
         return share
     pad = {**take_rows(batch, 0, missing), "response_mask": torch.zeros_like(batch["response_mask"][:missing])}
+    if batch.get("routed_experts") is not None:  # MoE routing replay: a padding row routes itself, unmeasured
+        pad["routed_experts"] = torch.full_like(pad["routed_experts"], -1)
     per_row = [k for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows]
     return {**share, **{k: torch.cat([share[k], pad[k]]) for k in per_row}}
 

@@ -67,10 +67,7 @@ class MegatronParams:
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what this trainer cannot do yet."""
-        errors = [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []
-        if cfg.algorithm.routing_replay == "off":
-            return errors
-        return [*errors, ROUTING_REPLAY_MISSING.format(mode=cfg.algorithm.routing_replay)]
+        return [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []
 
 
 #: why ``trainer.lora`` is refused on this trainer
@@ -78,16 +75,6 @@ LORA_MISSING = (
     "trainer.lora: not supported by trainer.backend megatron yet: megatron-core 0.16 has no LoRA layers of its "
     "own (NeMo's PEFT wraps them outside megatron-core), and relax-megatron has neither adapter modules in its "
     "layer specs nor an adapter-only export; use trainer.backend torch for LoRA, or trainer.lora: null"
-)
-
-
-#: why ``algorithm.routing_replay`` is refused on this trainer (megatron-core has the mechanism, Relax does not feed it)
-ROUTING_REPLAY_MISSING = (
-    "algorithm.routing_replay: {mode!r} is not supported by trainer.backend megatron yet: megatron-core 0.16 "
-    "records and replays top-k routing (TransformerConfig.moe_enable_routing_replay, "
-    "megatron.core.transformer.moe.router_replay.RouterReplay), but relax-megatron does not yet turn a batch's "
-    "routed_experts (per sample, prompt + response tokens) into RouterReplay's per-layer target indices in its "
-    "padded / pipeline-parallel micro-batch layout; use trainer.backend torch or fsdp, or routing_replay: off"
 )
 
 

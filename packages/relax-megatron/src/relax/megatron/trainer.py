@@ -17,7 +17,8 @@ Precision: float32, or bfloat16 parameters with fp32 master weights, fp32 gradie
 reduction and fp32 Adam state (:mod:`relax.megatron.precision`; megatron's DistributedOptimizer does the
 same with ``distributed_optimizer``). Attention: right-padded rows and megatron's causal mask type, no
 dense mask (:mod:`relax.megatron.padding`); the layer spec is Transformer Engine's when it is installed
-(:mod:`relax.megatron.layer_specs`).
+(:mod:`relax.megatron.layer_specs`). MoE routing replay: a batch's ``routed_experts`` go to the routers
+of every forward when the settings say so (:mod:`relax.megatron.routing`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from relax.megatron import convert
 from relax.megatron.logprobs import logprobs_and_entropy
 from relax.megatron.padding import response_logits, right_padded
 from relax.megatron.parallel import DEFAULT_TIMEOUT_S
+from relax.megatron.routing import MegatronRouting, routing_metrics
 
 
 class MegatronTrainer:
@@ -145,6 +147,8 @@ class MegatronTrainer:
             self.optimizer = torch.optim.AdamW(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
         else:
             self.optimizer = None
+        # MoE routing replay: a batch's ``routed_experts`` fed to this stage's routers (routing.py); None: dense
+        self.routing = MegatronRouting.for_model(self.model, s.routing_replay, self.hf_config.num_hidden_layers)
         # core's loop; its ``step`` (train_step calls) is what a checkpoint stores
         self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=False)
 
@@ -169,12 +173,15 @@ class MegatronTrainer:
         Positions P-1 .. P+R-2 predict them; logits are temperature-scaled; each rank holds its slice."""
         return self._scores(batch, self._forward(self.model, batch), score)
 
-    @staticmethod
-    def _forward(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """This stage's forward on the right-padded rows, causal attention with no mask tensor (padding.py):
-        logits on the last stage, hidden states on the others."""
+        logits on the last stage, hidden states on the others; MoE routers replay ``routed_experts`` when
+        the batch has them and the trainer replays (routing.py)."""
         input_ids, position_ids = right_padded(batch)
-        return model(input_ids, position_ids, attention_mask=None)
+        if self.routing is None:
+            return model(input_ids, position_ids, attention_mask=None)
+        with self.routing.applied(batch):
+            return model(input_ids, position_ids, attention_mask=None)
 
     def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
         resp = batch["responses"]
@@ -236,10 +243,15 @@ class MegatronTrainer:
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update of core's loop (:meth:`PolicyUpdate.train_step`): ``num_minibatches`` optimizer
-        steps, metrics averaged over them; ``old_logprobs`` scored before any update when absent."""
+        steps, metrics averaged over them; ``old_logprobs`` scored before any update when absent; with
+        ``routed_experts`` on an MoE model, core's ``routing/*`` metrics first (routing.py)."""
         if self.optimizer is None or self.update.objective is None:
             raise RuntimeError("train_step needs a trainable MegatronTrainer with an objective")
-        return self.update.train_step(self._on_device(batch))
+        batch = self._on_device(batch)
+        routing = routing_metrics(self.routing, batch, self.settings.micro_batch_size,
+                                  score=lambda sub: self._masked_scores(sub, logprobs_and_entropy, 1)[0],
+                                  device=self.device)  # fmt: skip
+        return {**self.update.train_step(batch), **routing}
 
     # ------------------------------------------------------- ModelStep (the loop's calls)
     def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
