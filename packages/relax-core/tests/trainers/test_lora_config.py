@@ -26,9 +26,7 @@ def test_bad_lora_fields_are_named(override, field):
 
 
 @pytest.mark.parametrize(("plugin", "overrides", "names"), [
-    ("fsdp", ["trainer.backend=fsdp"], "trainer.backend fsdp"),
     ("megatron", ["trainer.backend=megatron"], "trainer.backend megatron"),
-    ("sglang", ["rollout.engine=sglang", "rollout.engine_params.python=/env/bin/python"], "rollout.engine sglang"),
 ])  # fmt: skip
 def test_backends_and_engines_without_lora_refuse_it_at_validation(plugin, overrides, names):
     kinds = ("trainer", "rollout_engine")

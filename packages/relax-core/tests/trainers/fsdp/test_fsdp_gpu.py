@@ -49,3 +49,34 @@ def test_bf16_on_cuda_moves_the_weights_at_lr_1e_6_and_exports_cuda_bf16(tmp_pat
     assert changed["bfloat16"] == pytest.approx(changed["float32"], abs=0.03), changed
     mask = batch["response_mask"] > 0
     assert (logprobs["bfloat16"][mask] - logprobs["float32"][mask]).abs().max() < 0.1
+
+
+def test_lora_on_cuda_takes_the_torch_trainers_step_and_exports_cuda_bf16_adapters(tmp_path):
+    """bf16 base, fp32 adapters, one NCCL rank: the torch trainer's LoRA step (same kernels on the same
+    bf16 base, so tolerances are bf16 rounding's), and an adapter-only export on the GPU."""
+    from transformers import AutoTokenizer
+
+    from relax.core.config import LoraConfig
+    from relax.core.testing import torch_trainer
+    from relax.core.testing.trainer import exported
+
+    model_dir = build_tiny_model(tmp_path / "m", seed=1, initializer_range=0.3)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    batch = make_batch(make_samples(tok, rows=8, seed=1), tok.pad_token_id)
+    lora = LoraConfig(rank=4, alpha=8.0)
+    ref = torch_trainer(model_dir, lora=lora, dtype="bfloat16", device="cuda", micro_batch_size=4, lr=1e-3)
+    want, want_w = ref.train_step(dict(batch)), exported(ref)
+    t = cuda_trainer(model_dir, "bfloat16", lora=lora, lr=1e-3)
+    try:
+        got = t.train_step(dict(batch))
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-2)
+        tensors = [(n, x) for b in t.export_weights() for n, x in b]
+        assert {x.device.type for _, x in tensors} == {"cuda"} and {x.dtype for _, x in tensors} == {torch.bfloat16}
+        got_w = {n: x.cpu() for n, x in tensors}
+        assert got_w.keys() == want_w.keys() and all(".lora_" in n for n in got_w)
+        for name, tensor in got_w.items():
+            torch.testing.assert_close(tensor.float(), want_w[name].float(), atol=2e-3, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        t.save_hf(str(tmp_path / "final"))
+        assert (tmp_path / "final" / "adapter_model.safetensors").is_file()
+    finally:
+        t.close()

@@ -6,7 +6,8 @@ checkpoint written at world 2 resumes at world 1 and at world 2 with the step th
 from __future__ import annotations
 
 import os
-import socket
+import sys
+from functools import partial
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from relax.core.quickstart_model import build_tiny_model
 from relax.core.testing import make_batch, make_samples
 from relax.core.testing.multimodal_models import tiny_multimodal_dir
 from relax.core.testing.trainer import exported
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # build runs in the rank actors
 
 # lr 1e-3: AdamW's first steps are ~lr * sign(grad), so float noise in a near-zero gradient moves a weight by
 # up to ~lr * noise / eps; at 1e-3 that stays far below the 1e-5 the worlds must agree to
@@ -45,72 +48,6 @@ def state_bytes(trainer) -> dict[str, int]:
     grads = [local(p.grad) for p in trainer.model.parameters() if p.grad is not None]
     optim = [local(v) for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
     return {k: sum(t.numel() * t.element_size() for t in ts) for k, ts in (("params", params), ("grads", grads), ("optim", optim))}
-
-
-@ray.remote(num_cpus=0)
-class Rank:
-    """One rank of a world-2 fsdp trainer; every method is called on both ranks together."""
-
-    def __init__(self) -> None:
-        torch.set_num_threads(1)
-        self.trainer = None
-
-    def build(self, model_dir: str, rank: int, port: int, replicate: int = 1) -> None:
-        self.close()
-        self.trainer = build(model_dir, rank, 2, port, replicate)
-
-    def train(self, batch):
-        return self.trainer.train_step(batch)
-
-    def export(self):
-        return exported(self.trainer) if self.trainer.rank == 0 else sum(1 for _ in self.trainer.export_weights())
-
-    def logprobs(self, batch):
-        return self.trainer.forward_logprobs(batch)
-
-    def save(self, directory: str) -> None:
-        self.trainer.save(directory)
-
-    def load(self, directory: str) -> None:
-        self.trainer.load(directory)
-
-    def state_bytes(self) -> dict[str, int]:
-        return state_bytes(self.trainer)
-
-    def close(self) -> None:
-        if self.trainer is not None:
-            self.trainer.close()
-            self.trainer = None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class World2:
-    def __init__(self) -> None:
-        self.ranks = [Rank.remote() for _ in range(2)]
-
-    def build(self, model_dir: str, replicate: int = 1) -> None:
-        port = free_port()
-        ray.get([r.build.remote(model_dir, i, port, replicate) for i, r in enumerate(self.ranks)], timeout=300)
-
-    def __getattr__(self, method: str):
-        def on_both(*args):
-            return ray.get([getattr(r, method).remote(*args) for r in self.ranks], timeout=300)[0]  # rank 0's answer
-
-        return on_both
-
-
-@pytest.fixture(scope="module")
-def world2(ray_local):
-    world = World2()
-    yield world
-    world.close()
-    for r in world.ranks:
-        ray.kill(r)
 
 
 # ------------------------------------------------------------------ models and batches
@@ -182,9 +119,9 @@ def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
         want_w = exported(single)
     finally:
         single.close()
-    world2.build(model_dir, replicate=2 if family.endswith("-hsdp") else 1)
-    torch.testing.assert_close(world2.logprobs(batch), want_lp, atol=1e-5, rtol=0)
-    got = world2.train(dict(batch))
+    world2.build(partial(build, replicate=2 if family.endswith("-hsdp") else 1), model_dir)
+    torch.testing.assert_close(world2.call("forward_logprobs", batch), want_lp, atol=1e-5, rtol=0)
+    got = world2.call("train_step", dict(batch))
     for key in ("loss", "entropy", "grad_norm"):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-5), key
     got_w = world2.export()
@@ -203,9 +140,9 @@ def test_each_rank_holds_half_the_training_state(world2, tmp_path):
         whole = state_bytes(single)
     finally:
         single.close()
-    world2.build(model_dir)
-    world2.train(dict(batch))
-    per_rank = world2.state_bytes()
+    world2.build(build, model_dir)
+    world2.call("train_step", dict(batch))
+    per_rank = world2.apply(state_bytes)
     for kind in ("params", "grads", "optim"):
         assert whole[kind] > 0 and per_rank[kind] <= 0.6 * whole[kind], (kind, per_rank, whole)
 
@@ -214,16 +151,16 @@ def test_a_world_2_checkpoint_resumes_at_world_1_and_2(world2, tmp_path):
     model_dir = build_tiny_model(tmp_path / "m", seed=4, initializer_range=0.2)
     batch = text_batch(model_dir, tmp_path)
     later = {**batch, "advantages": -batch["advantages"]}
-    world2.build(model_dir)
-    world2.train(dict(batch))
-    world2.save(str(tmp_path / "ckpt"))
+    world2.build(build, model_dir)
+    world2.call("train_step", dict(batch))
+    world2.call("save", str(tmp_path / "ckpt"))
     assert os.listdir(tmp_path / "ckpt" / "fsdp")
-    want = world2.train(dict(later))
+    want = world2.call("train_step", dict(later))
     want_w = world2.export()
 
-    world2.build(model_dir)
-    world2.load(str(tmp_path / "ckpt"))
-    assert world2.train(dict(later)) == want  # the same world: bit-identical
+    world2.build(build, model_dir)
+    world2.call("load", str(tmp_path / "ckpt"))
+    assert world2.call("train_step", dict(later)) == want  # the same world: bit-identical
     assert all(torch.equal(t, want_w[n]) for n, t in world2.export().items())
 
     single = build(model_dir)

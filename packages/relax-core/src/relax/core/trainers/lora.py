@@ -65,20 +65,27 @@ def hf_name(peft_name: str) -> str:
     return peft_name.removeprefix(PEFT_PREFIX)
 
 
-def adapter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def adapter_tensors(
+    model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """What a weight sync sends: per adapted layer ``lora_A`` and ``scaling * lora_B`` (adjacent, so one
-    bucket usually holds both), then ``modules_to_save`` by HF name; detached, fp32."""
+    bucket usually holds both), then ``modules_to_save`` by HF name; detached, fp32. ``state``: take the
+    tensors from this ``model.state_dict()``-named dict instead of the live modules (the FSDP trainer's
+    gathered full weights; the live ones are shards)."""
     from peft.utils.other import ModulesToSaveWrapper
+
+    def weight(name: str, param: torch.Tensor) -> torch.Tensor:
+        return (param if state is None else state[name]).detach()
 
     for name, module in model.named_modules():
         if hasattr(module, "lora_A") and _ADAPTER in getattr(module, "lora_A", {}):
-            a = module.lora_A[_ADAPTER].weight.detach()
-            b = module.lora_B[_ADAPTER].weight.detach() * module.scaling[_ADAPTER]
+            a = weight(f"{name}.lora_A.{_ADAPTER}.weight", module.lora_A[_ADAPTER].weight)
+            b = weight(f"{name}.lora_B.{_ADAPTER}.weight", module.lora_B[_ADAPTER].weight) * module.scaling[_ADAPTER]
             yield f"{hf_name(name)}.lora_A.weight", a
             yield f"{hf_name(name)}.lora_B.weight", b
         elif isinstance(module, ModulesToSaveWrapper):
             for pname, p in module.modules_to_save[_ADAPTER].named_parameters():
-                yield f"{hf_name(name)}.{pname}", p.detach()
+                yield f"{hf_name(name)}.{pname}", weight(f"{name}.modules_to_save.{_ADAPTER}.{pname}", p)
 
 
 def adapter_bytes(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
@@ -127,17 +134,16 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
         raise ValueError(f"LoRA checkpoint: adapter tensors this model has no place for: {missing[:5]}")
 
 
-def merged_state_dict(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def merged_state_dict(
+    model: torch.nn.Module, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """The base's HF state dict with the adapter merged (``W0 + scaling * B @ A``, in fp32, cast to
-    ``dtype``) and ``modules_to_save`` in place of the originals; the live model is left as it is."""
-    deltas = {
-        name.removesuffix(".lora_A.weight"): None
-        for name, _ in adapter_tensors(model)
-        if name.endswith(".lora_A.weight")
-    }
-    adapters = dict(adapter_tensors(model))
+    ``dtype``) and ``modules_to_save`` in place of the originals; the live model is left as it is.
+    ``state``: the full ``model.state_dict()`` to merge from (see :func:`adapter_tensors`)."""
+    adapters = dict(adapter_tensors(model, state))
+    deltas = {name.removesuffix(".lora_A.weight") for name in adapters if name.endswith(".lora_A.weight")}
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in (model.state_dict() if state is None else state).items():
         hf = hf_name(name)
         if ".lora_" in hf or ".original_module." in hf:
             continue
@@ -151,15 +157,18 @@ def merged_state_dict(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, t
 
 
 def save_final(
-    model: torch.nn.Module, tokenizer: Any, directory: str, dtype: torch.dtype, merged: bool
+    model: torch.nn.Module, tokenizer: Any, directory: str, dtype: torch.dtype, merged: bool,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """``directory``: the adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``;
     ``PeftModel.from_pretrained(base, directory)`` loads it) and the tokenizer; with ``merged`` also
-    ``directory/merged``: plain HF weights with the adapter merged in."""
-    model.save_pretrained(directory, safe_serialization=True)
+    ``directory/merged``: plain HF weights with the adapter merged in. ``state``: the full
+    ``model.state_dict()`` to write (see :func:`adapter_tensors`; the adapter's entries suffice
+    without ``merged``)."""
+    model.save_pretrained(directory, safe_serialization=True, state_dict=state)
     tokenizer.save_pretrained(directory)
     if merged:
         target = Path(directory) / "merged"
         base = model.get_base_model()
-        base.save_pretrained(target, state_dict=merged_state_dict(model, dtype), safe_serialization=True)
+        base.save_pretrained(target, state_dict=merged_state_dict(model, dtype, state), safe_serialization=True)
         tokenizer.save_pretrained(target)

@@ -46,9 +46,6 @@ class FSDPParams:
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Against the run: the dtype inherited from ``model.dtype``, and host memory for offload."""
-        if getattr(cfg.trainer, "lora", None) is not None:
-            return ["trainer.lora: not supported by trainer.backend fsdp yet (peft adapters are not wrapped in its "
-                    "FSDP2 shards, nor exported adapter-only); use trainer.backend torch (world_size >= 1) for LoRA"]
         dtype = self.dtype or cfg.model.dtype
         if problem := dtype_problem(dtype, self.device):
             field = "trainer.backend_params" if self.dtype else "model"

@@ -49,13 +49,17 @@ def checkpoint_forward(block: torch.nn.Module) -> None:
     block.forward = recomputed
 
 
-def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype, *, replicated: set[torch.nn.Parameter],
+def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype | None, *, replicated: set[torch.nn.Parameter],
                 reshard_after_forward: bool = True, activation_checkpointing: bool = False,
                 cpu_offload: bool = False) -> list[Any]:  # fmt: skip
     """``fully_shard`` each repeated block, then the root. The parameters stay fp32 (the master
     copy); FSDP2 casts the gathered copy to ``compute_dtype`` for forward/backward and reduces
     gradients in fp32. Gradients are summed over ranks, not averaged: core's loop already divides
     by the step-global token count. Returns the FSDP units (the root last).
+
+    ``compute_dtype`` None: each parameter is gathered in its own dtype (LoRA: the frozen base is
+    already in the compute dtype, the fp32 adapters stay fp32, as on the torch trainer). FSDP2 takes
+    mixed dtypes and mixed ``requires_grad`` in one unit as long as the trainable ones share a dtype.
 
     ``replicated`` parameters (the media towers) are left out: a sharded unit's forward is a
     collective every rank must join, but only the ranks whose rows carry an image run the vision

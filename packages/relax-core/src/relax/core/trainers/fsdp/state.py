@@ -37,19 +37,45 @@ def gathered(value: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
     return value.full_tensor()
 
 
-def save(directory: str, model: torch.nn.Module, optimizer: Any, meta: dict[str, Any], rank: int, tokenizer: Any) -> None:
-    import torch.distributed.checkpoint as dcp
+def _options(lora: bool) -> Any:
+    """LoRA: the trained weights only (the adapter and ``modules_to_save``; the frozen base is the
+    model path's), so a load leaves the base as loaded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if lora else None
+
+
+def _states(model: torch.nn.Module, optimizer: Any, lora: bool) -> dict[str, Any]:
+    """What a checkpoint holds: model and optimizer state (DTensor shards), as DCP saves and loads them."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if optimizer is None:
+        return {"model": model.state_dict(), "optim": {}}
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(lora))
+    if lora:  # a frozen weight tied to another (lm_head to the embeddings) stays under its second name
+        trained = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_state = {name: value for name, value in model_state.items() if name in trained}
+    return {"model": model_state, "optim": optim_state}
+
+
+def _hf_model(model: torch.nn.Module, lora: bool) -> torch.nn.Module:
+    return model.get_base_model() if lora else model  # a peft model's HF model
+
+
+def save(directory: str, model: torch.nn.Module, optimizer: Any, meta: dict[str, Any], rank: int, tokenizer: Any,
+         lora: bool = False) -> None:  # fmt: skip
+    """``lora``: ``model`` is a peft model; the adapter and its optimizer state are saved."""
+    import torch.distributed.checkpoint as dcp
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    model_state, optim_state = get_state_dict(model, optimizer) if optimizer is not None else (model.state_dict(), {})
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / SHARDS_DIR))
+    dcp.save(_states(model, optimizer, lora), checkpoint_id=str(path / SHARDS_DIR))
     if rank == 0:
-        torch.save(meta, path / META_FILE)
-        model.config.save_pretrained(path / HF_DIR)
+        torch.save({**meta, "lora": lora}, path / META_FILE)
+        hf = _hf_model(model, lora)
+        hf.config.save_pretrained(path / HF_DIR)
         tokenizer.save_pretrained(path / HF_DIR)
-        (path / HF_DIR / CLASS_FILE).write_text(hf_class(model).__name__)
+        (path / HF_DIR / CLASS_FILE).write_text(hf_class(hf).__name__)
     dist.barrier()  # every rank's shards are written before anyone calls the checkpoint done
 
 
@@ -66,6 +92,10 @@ def to_hf(checkpoint: str, hf_dir: str) -> int:
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     path = Path(checkpoint)
+    if torch.load(path / META_FILE, weights_only=False).get("lora", False):
+        raise ValueError(f"{checkpoint}: a LoRA checkpoint holds the adapter only (the base is model.path's); "
+                         "its final export (checkpoint.save_hf_final) writes the PEFT adapter and, with "
+                         "trainer.lora.export_merged, merged HF weights")  # fmt: skip
     config = transformers.AutoConfig.from_pretrained(path / HF_DIR)
     model = getattr(transformers, (path / HF_DIR / CLASS_FILE).read_text().strip())._from_config(config)
     wanted = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
@@ -76,22 +106,25 @@ def to_hf(checkpoint: str, hf_dir: str) -> int:
     return len(wanted)
 
 
-def load(directory: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+def load(directory: str, model: torch.nn.Module, optimizer: Any, lora: bool = False) -> dict[str, Any]:
     """Load the shards into this world's layout; the saved step and RNG states."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(directory)
     if not (path / SHARDS_DIR).is_dir() or not (path / META_FILE).is_file():
         raise FileNotFoundError(f"{directory}: not an fsdp trainer checkpoint (no {SHARDS_DIR}/ or {META_FILE})")
-    model_state, optim_state = get_state_dict(model, optimizer) if optimizer is not None else (model.state_dict(), {})
-    loaded = {"model": model_state, "optim": optim_state}
-    dcp.load(loaded, checkpoint_id=str(path / SHARDS_DIR))
+    meta = torch.load(path / META_FILE, weights_only=False)
+    if meta.get("lora", False) != lora:
+        raise ValueError(f"{directory}: checkpoint {'has' if meta.get('lora') else 'has no'} LoRA adapter, "
+                         f"but trainer.lora is {'set' if lora else 'null'}")  # fmt: skip
+    loaded = _states(model, optimizer, lora)
+    dcp.load(loaded, checkpoint_id=str(path / SHARDS_DIR))  # a trained tensor the checkpoint lacks is an error
     if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"], options=_options(lora))
     else:
         model.load_state_dict(loaded["model"])
-    return torch.load(path / META_FILE, weights_only=False)
+    return meta
 
 
 def rng_state() -> dict[str, Any]:
@@ -128,4 +161,26 @@ def save_hf(directory: str, model: torch.nn.Module, tokenizer: Any, dtype: torch
         plain.tie_weights()
         plain.save_pretrained(directory, safe_serialization=True)
         tokenizer.save_pretrained(directory)
+    dist.barrier()
+
+
+def save_adapter(directory: str, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype, rank: int, merged: bool,
+                 comm_device: torch.device) -> None:  # fmt: skip
+    """LoRA's final export (``relax.core.trainers.lora.save_final``) from full tensors gathered to rank 0
+    (a collective): the trained ones, or with ``merged`` the whole model (rank 0's host memory)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from relax.core.trainers import lora as lora_adapters
+
+    if merged:
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        first: dict[int, str] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):  # tied weights were gathered apart: tie them
+            tied = first.setdefault(id(p), name)
+            if tied != name and tied in full and name in full:
+                full[name] = full[tied]  # so save_pretrained writes the weight once, as without FSDP
+    else:  # the adapter and modules_to_save, one tensor at a time
+        full = {name: gathered(p, comm_device).cpu() for name, p in model.named_parameters() if p.requires_grad}
+    if rank == 0:
+        lora_adapters.save_final(model, tokenizer, directory, dtype, merged, state=full)
     dist.barrier()

@@ -6,6 +6,11 @@ mini-batch, padded to the same count so every rank runs the same forwards (each 
 collective). The controller calls every method on every rank (core's worker group); rank 0
 answers. Weight export is a collective too: each tensor is gathered in full, one at a time, and
 rank 0 hands buckets of them to the transport.
+
+``trainer.lora``: peft adapters are added to the frozen base (loaded in the compute dtype) before
+sharding; the adapters (fp32) are the only trained, reduced and optimized shards, the reference is
+the base with them disabled, and exports, checkpoints and the final export hold the adapter only
+(``relax.core.trainers.lora``, as on the torch trainer).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from relax.core.multimodal_model import freeze_towers, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import even_replica_rows, shard_bounds
 from relax.core.routing_replay import RoutingReplay
+from relax.core.trainers import lora as lora_adapters
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
@@ -32,7 +38,8 @@ from relax.core.trainers.response_forward import ResponseLogits, forward_backwar
 
 class FSDPTrainer:
     """Rank ``rank`` of ``world_size`` (``trainer.backend: fsdp``). ``dtype`` is the compute dtype;
-    the weights are loaded and kept in fp32. ``settings`` / ``overrides`` as the torch trainer's."""
+    the weights are loaded and kept in fp32 (with ``lora``: the frozen base in ``dtype``, the
+    adapters in fp32). ``settings`` / ``overrides`` as the torch trainer's."""
 
     collective_export = True  # export_weights gathers every tensor across the ranks
 
@@ -50,6 +57,7 @@ class FSDPTrainer:
         master_port: int | None = None,
         timeout_s: float = 300.0,
         trainable: bool = True,
+        lora: Any = None,
         **overrides: Any,
     ) -> None:
         from transformers import AutoTokenizer
@@ -70,16 +78,21 @@ class FSDPTrainer:
         self._owns_group = join_default_group(rank, world_size, master_addr, master_port, "nccl" if cuda else "gloo", timeout_s)
         self.rank, self.world_size, self.compute_dtype = rank, world_size, getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = load_model(model_path, "float32")  # the fp32 master copy, sharded below
+        self.lora = lora if trainable else None
+        # the fp32 master copy, sharded below; LoRA: the frozen base in the compute dtype
+        hf = load_model(model_path, "float32" if self.lora is None else dtype)
+        hf.requires_grad_(trainable and self.lora is None)
+        # LoRA: the adapters join the HF modules in place (peft), so the blocks below shard with theirs
+        self.model = hf if self.lora is None else lora_adapters.add_adapters(hf, self.lora)
         self.model.eval()  # no dropout: training and scoring forwards agree
-        self.model.requires_grad_(trainable)
-        self.freeze_media_towers = p.freeze_media_towers and freeze_towers(self.model)
-        # media towers stay whole on every rank (see shard_model); on the device, in fp32
-        self.replicated = [q for n, q in self.model.named_parameters() if is_tower(n, self.model)]
+        self.freeze_media_towers = p.freeze_media_towers and freeze_towers(hf)
+        # media towers stay whole on every rank (see shard_model); on the device, as loaded
+        self.replicated = [q for n, q in hf.named_parameters() if is_tower(n, hf)]
         for q in self.replicated:
             q.data = q.data.to(self.device)
         self.mesh = device_mesh(self.device.type, world_size, p.replicate)
-        self.units = shard_model(self.model, self.mesh, self.compute_dtype, replicated=set(self.replicated),
+        param_dtype = self.compute_dtype if self.lora is None else None  # LoRA: each weight in its own dtype
+        self.units = shard_model(self.model, self.mesh, param_dtype, replicated=set(self.replicated),
                                  reshard_after_forward=p.reshard_after_forward,
                                  activation_checkpointing=p.activation_checkpointing, cpu_offload=p.cpu_offload)  # fmt: skip
         trained = [q for q in self.model.parameters() if q.requires_grad]
@@ -88,7 +101,7 @@ class FSDPTrainer:
         )
         self.response_logits = ResponseLogits(self.model, s.temperature, p.share_prompts)
         self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
-        self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=True)
+        self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=self.fuses_old_logprobs())
 
     # --------------------------------------------------------------- loop's counters
     @property
@@ -107,10 +120,10 @@ class FSDPTrainer:
     def dp_size(self) -> int:
         return self.world_size
 
-    @staticmethod
-    def fuses_old_logprobs() -> bool:
-        """As the torch trainer: the first mini-batch's old logprobs come from its training forward."""
-        return True
+    def fuses_old_logprobs(self) -> bool:
+        """As the torch trainer: the first mini-batch's old logprobs come from its training forward
+        (not with LoRA dropout, which the training forwards apply and scoring forwards do not)."""
+        return getattr(self, "lora", None) is None or self.lora.dropout == 0
 
     def current_lr(self) -> float:
         return self.update.current_lr()
@@ -144,6 +157,14 @@ class FSDPTrainer:
     def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
         return score_rows(self._logits, self._on_device(batch), self.settings.micro_batch_size, sum_pi_squared)
 
+    def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """``forward_logprobs`` of the reference policy: with LoRA the base with the adapters disabled
+        (no second copy of the weights); without, there is no reference in this trainer."""
+        if self.lora is None:
+            raise RuntimeError("forward_reference_logprobs needs trainer.lora (the reference is the base model)")
+        with lora_adapters.base_only(self.model):
+            return self.forward_logprobs(batch)
+
     def _comm_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
@@ -161,7 +182,11 @@ class FSDPTrainer:
         return self._score(batch, sum_pi_squared=False)
 
     def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
-        return forward_backward(self._logits, [self._on_device(m) for m in micro_batches], loss_fn)
+        micro_batches = [self._on_device(m) for m in micro_batches]
+        if self.lora is not None and self.lora.dropout > 0:  # the training forwards only (see fuses_old_logprobs)
+            with lora_adapters.dropout_active(self.model):
+                return forward_backward(self._logits, micro_batches, loss_fn)
+        return forward_backward(self._logits, micro_batches, loss_fn)
 
     def finish_gradients(self, max_norm: float) -> float:
         """FSDP2 already summed each sharded gradient into its shard during backward; the replicated
@@ -223,8 +248,9 @@ class FSDPTrainer:
     def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full (unsharded) tensors in the compute dtype, on rank 0; a collective: every
         rank iterates it in step (it yields nothing elsewhere). One tensor is gathered at a time, so
-        no rank ever holds the whole model."""
-        full = ((name, in_dtype(state.gathered(value, self._comm_device()), self.compute_dtype)) for name, value in self._named_weights())
+        no rank ever holds the whole model. LoRA: the adapter only (``lora.adapter_tensors``' names)."""
+        named = self._named_weights() if self.lora is None else lora_adapters.adapter_tensors(self.model)
+        full = ((name, in_dtype(state.gathered(value, self._comm_device()), self.compute_dtype)) for name, value in named)
         if self.rank != 0:
             for _ in full:
                 pass
@@ -233,16 +259,23 @@ class FSDPTrainer:
 
     # -------------------------------------------------------------- checkpoints
     def save(self, directory: str) -> None:
-        """A sharded ``torch.distributed.checkpoint`` (loadable at any world size) + step and RNG."""
-        state.save(directory, self.model, self.optimizer, {"step": self.step, "rng": state.rng_state()}, self.rank, self.tokenizer)
+        """A sharded ``torch.distributed.checkpoint`` (loadable at any world size) + step and RNG; with
+        LoRA the adapter and its optimizer state only."""
+        meta = {"step": self.step, "rng": state.rng_state()}
+        state.save(directory, self.model, self.optimizer, meta, self.rank, self.tokenizer, lora=self.lora is not None)
 
     def load(self, directory: str) -> None:
-        meta = state.load(directory, self.model, self.optimizer)
+        meta = state.load(directory, self.model, self.optimizer, lora=self.lora is not None)
         self.step = meta["step"]
         state.set_rng_state(meta["rng"])
 
     def save_hf(self, directory: str) -> None:
-        """A plain HF model + tokenizer directory in the compute dtype (rank 0 writes; a collective)."""
+        """A plain HF model + tokenizer directory in the compute dtype (rank 0 writes; a collective).
+        LoRA: the PEFT adapter (and merged weights with ``trainer.lora.export_merged``)."""
+        if self.lora is not None:
+            state.save_adapter(directory, self.model, self.tokenizer, self.compute_dtype, self.rank, self.lora.export_merged,
+                               self._comm_device())  # fmt: skip
+            return
         state.save_hf(directory, self.model, self.tokenizer, self.compute_dtype, self.rank)
 
     def close(self) -> None:
@@ -261,5 +294,5 @@ def trainer_from_context(params: FSDPParams, ctx: Any) -> FSDPTrainer:
         ctx.model_path, UpdateSettings.from_context(ctx), params=params, dtype=params.dtype or ctx.dtype,
         objective=build_policy_objective(spec.algorithm) if spec.trainable else None, trainable=spec.trainable,
         rank=ctx.index, world_size=ctx.world_size, master_addr=ctx.master_addr, master_port=ctx.master_port,
-        timeout_s=max(60.0, ctx.timeout_s),
+        timeout_s=max(60.0, ctx.timeout_s), lora=getattr(spec.optim, "lora", None),
     )  # fmt: skip
