@@ -6,7 +6,9 @@ Every listener binds to its node's 127.0.0.x address (the same single-machine sw
 ``controller.ray_start``), and the cluster's address is *not* written to Ray's well-known address
 file: a ``ray.init()`` elsewhere on the machine (another test, another run) must never join it.
 Each node has its own Ray session directory; they share the machine's file system and ``/dev/shm``
-(what differs across real machines is checked by node id, not by path: see ``weight_sync``).
+(what differs across real machines is checked by node id, not by path: see ``weight_sync``), except
+``RayStartCluster`` nodes started with ``private_mounts=True``: each runs in its own mount namespace
+with its own empty ``/tmp`` and ``/dev/shm`` (where root is available), as on separate machines.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from relax.core.cluster import NODE_LABEL
 #: a lost node is declared dead after ~3 s (Ray's default waits longer: real networks hiccup); what a
 #: loss triggers -- rescheduling its placement-group bundles, replacing its engines -- follows sooner
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+#: what a node started with ``private_mounts`` does not share with the machine: an empty tmpfs of its own on each
+PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ class RayStartCluster:
         self._store = object_store_mb << 20
         self.procs: dict[str, Any] = {}
         self.ips: dict[str, str] = {}
+        self.private: set[str] = set()  # nodes in a mount namespace of their own
         self.port = free_port(self.HEAD_IP)
         self.address = f"{self.HEAD_IP}:{self.port}"
 
@@ -177,15 +182,29 @@ class RayStartCluster:
                 f"--dashboard-agent-listen-port={free_port(ip)}", "--disable-usage-stats",
                 *([f"--resources={json.dumps(spec.resources)}"] if spec.resources else [])]
 
-    def start(self, *specs: NodeSpec, timeout_s: float = 120.0) -> list[str]:
+    def private_command(self, spec: NodeSpec, ip: str, head: bool) -> list[str]:
+        """``command`` run in a mount namespace of its own: an empty tmpfs over each of ``PRIVATE_MOUNTS``
+        (its Ray temp dir lands in the private ``/tmp``), then ``exec ray start``; what the node's
+        processes write there, no other node sees, and it is gone when the node stops."""
+        mounts = " && ".join(f"mount -t tmpfs -o mode=1777 relax-{spec.name} {path}" for path in PRIVATE_MOUNTS)
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'{mounts} && mkdir -p "{self.root / ip}" && exec "$@"', "sh", *self.command(spec, ip, head)]
+
+    def start(self, *specs: NodeSpec, timeout_s: float = 120.0, private_mounts: bool = False) -> list[str]:
         """Start nodes ``specs`` together (the cluster's first node is the head: start it alone) and
         wait until each runs; returns their addresses. A node whose raylet missed Ray's fixed 30 s
-        registration window (a loaded machine) is started once more."""
+        registration window (a loaded machine) is started once more. ``private_mounts``: each in a
+        mount namespace of its own (``private_command``; see ``mount_namespaces_unavailable``), never
+        the head (a driver joins through the head's sockets, in its temp dir)."""
         import time
 
+        if private_mounts and not self.procs:
+            raise ValueError("private_mounts: the head shares the driver's files; start it first, without")
         for spec in specs:
             if spec.name in self.procs:
                 raise ValueError(f"node {spec.name!r} exists already")
+            if private_mounts:
+                self.private.add(spec.name)
             self._launch(spec, f"127.0.0.{len(self.procs) + 2}", head=not self.procs)
         deadline = time.monotonic() + timeout_s
         for spec in specs:
@@ -207,9 +226,25 @@ class RayStartCluster:
         if (failed := self.procs.get(spec.name)) is not None:
             _kill_group(failed)
         with (self.root / f"{spec.name}.log").open("w") as out:
-            self.procs[spec.name] = subprocess.Popen(self.command(spec, ip, head), stdout=out, stderr=subprocess.STDOUT,
-                                                     env=self.env(), start_new_session=True)
+            cmd = self.private_command(spec, ip, head) if spec.name in self.private else self.command(spec, ip, head)
+            self.procs[spec.name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                                     start_new_session=True)
         self.ips[spec.name] = ip
+
+    def in_node(self, name: str, *cmd: str) -> Any:
+        """Run ``cmd`` as the processes of node ``name`` see the file system: ``nsenter`` into its mount
+        namespace (its ``ray start`` process leads the node and lives as long as it)."""
+        import subprocess
+
+        return subprocess.run(["nsenter", f"--target={self.procs[name].pid}", "--mount", *cmd], capture_output=True,
+                              text=True, timeout=30)
+
+    def sees(self, name: str, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` exists for the processes of node ``name``."""
+        found = self.in_node(name, "test", "-e", str(path))
+        if found.returncode not in (0, 1) or found.stderr:
+            raise RuntimeError(f"nsenter into node {name}: {found.stderr.strip() or found.returncode}")
+        return found.returncode == 0
 
     def stop(self) -> None:
         """Stop every node, workers included (newest first, the head last)."""
@@ -231,6 +266,25 @@ class RayStartCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def mount_namespaces_unavailable() -> str | None:
+    """Why nodes cannot get mount namespaces of their own here (None: they can): it needs util-linux's
+    ``unshare`` and ``nsenter`` and the right to mount (root); checked by mounting a tmpfs over ``/tmp``
+    in a throwaway namespace, never assumed."""
+    import shutil
+    import subprocess
+
+    if missing := [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]:
+        return f"{' and '.join(missing)} not found (util-linux)"
+    try:
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "relax-probe",
+                                PRIVATE_MOUNTS[0]], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare failed: {exc}"
+    if probe.returncode != 0:
+        return f"cannot mount in a new mount namespace (root needed; uid {os.getuid()}): {probe.stderr.strip()}"
+    return None
 
 
 def _kill_group(proc: Any) -> None:
