@@ -1,10 +1,17 @@
-"""Relax vs Hugging Face TRL's ``GRPOTrainer`` on the quick-start task, side by side on this machine.
+"""Relax vs Hugging Face TRL's ``GRPOTrainer``, side by side on this machine, on two tasks (``--task``):
+
+- ``quickstart``: the quick-start (32 prompts x 8 samples a step, 4 updates of 64, core's ``numeric``
+  reward);
+- ``single``: what a user brings -- a reward from a plugin package (``bench/plugins/vs_trl_reward.py``,
+  registered ``in_driver=True``; TRL calls the same function), larger groups (16 prompts x 16 samples)
+  and one update of all 256 responses per step.
 
 Each run is a fresh subprocess (``relax run ...`` / this file with ``--worker trl``), so the
 seconds from launch include imports, model loading and (for Relax) Ray start. Seeds are
 interleaved (TRL then Relax for seed 0, Relax then TRL for seed 1, ...) so machine-speed drift hits
 both alike. Time to reward is when the mean reward of the last 5 steps first reaches 0.8, a step
-being one generation of 32 prompts x 8 samples followed by its 4 updates (TRL: 4 optimizer steps).
+being one generation followed by its updates (TRL: ``steps_per_generation`` optimizer steps).
+Per-step rewards of both are plotted to ``--out`` (``curves_<task>.png``, one line per run).
 
 Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GRPOConfig``):
 
@@ -16,10 +23,12 @@ Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GR
   ``<|im_start|>user\\n3+4=<|im_end|>\\n<|im_start|>assistant\\n`` (TRL: a conversational dataset);
 - reward rule: 1 if the first number in the response equals the label, else 0 (Relax's
   ``numeric`` reward; TRL calls ``relax.core.rewards.numeric.extract_number``, the same function);
-- group size G=8 [num_generations], 32 prompts per step [generation_batch_size=256], 4 updates of
-  64 per step [per_device_train_batch_size=64, steps_per_generation=4, gradient_accumulation=1,
-  num_iterations=1]; old logprobs before the first update (TRL computes them at generation since
-  steps_per_generation > gradient_accumulation_steps; Relax fuses the first mini-batch's);
+- group size G [num_generations], prompts per step [generation_batch_size = prompts x G], updates
+  per step [steps_per_generation; per_device_train_batch_size = prompts x G / updates,
+  gradient_accumulation=1, num_iterations=1], as the task says; with several updates, old logprobs
+  before the first (TRL computes them at generation since steps_per_generation >
+  gradient_accumulation_steps; Relax fuses the first mini-batch's); with one update neither scores
+  old logprobs (the ratio is 1 by construction: TRL detaches, Relax fuses);
 - sampling: temperature 1, no top-k/top-p, at most 3 new tokens [max_completion_length], stop at
   ``<|im_end|>``;
 - AdamW lr 5e-4 constant [lr_scheduler_type=constant], betas (0.9, 0.999), eps 1e-8, no weight
@@ -27,6 +36,17 @@ Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GR
 - PPO clip 0.2 / 0.28 [epsilon, epsilon_high], entropy bonus 0.03 [entropy_coef], token-mean loss
   [loss_type=dapo: normalised by the mini-batch's response tokens], no KL [beta=0], GRPO group
   advantages scaled by the group std [scale_rewards=group];
+- entropy bonus, same meaning in both: the mean over the mini-batch's response tokens of each token's
+  full-vocabulary entropy at temperature 1, subtracted as ``coef x entropy`` from the loss (TRL 1.16:
+  ``entropy_coef * (entropies * mask).sum() / mask.sum()``; Relax: ``agg_loss(entropy, mask,
+  token-mean)``, the same token mean);
+- group advantages ``(r - mean) / (std + eps)``, both with the Bessel-corrected std (TRL's ``nanstd``),
+  eps 1e-4 (TRL) vs 1e-6 (Relax): rewards are 0/1 here, so a group's std is 0 (advantage 0 in both)
+  or >= 0.25, where the epsilons differ by < 0.04 %;
+- two intentional differences, both inert with one update per step (every ratio is exactly 1): TRL's ``dapo`` divides each mini-batch's policy loss by the
+  *generation's* response tokens / updates, Relax's ``token-mean`` by the mini-batch's own (equal when
+  lengths are, as nearly here: at most 3 tokens); Relax's ``ppo`` keeps verl's dual clip (a negative
+  advantage's ratio capped at ``clip_ratio_c`` = 3; how often it binds is ``train/dual_clip_frac``), TRL has none;
 - shuffling: both shuffle the prompts with the run seed (each its own sampler, so the order differs);
 - Relax runs the quick-start's own execution settings: colocate, trainer, engine and reward in one
   process (``rollout.host: auto``, which is ``driver`` here: no Ray is started, as TRL starts none);
@@ -34,7 +54,7 @@ Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GR
 - no checkpoints during the run (TRL: save_strategy=no; Relax: checkpoint.save_every=0, no final HF
   save, no plot); Relax keeps its default console + metrics.jsonl + TensorBoard logging.
 
-    python bench/vs_trl.py [--seeds 0,1,2] [--max-steps 80] [--quick]
+    python bench/vs_trl.py [--task quickstart|single] [--seeds 0,1,2] [--max-steps N] [--quick]
 """
 
 from __future__ import annotations
@@ -47,11 +67,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-TARGET, WINDOW, GROUP, PROMPTS, MINIBATCHES, TASK_SIZE = 0.8, 5, 8, 32, 4, 2000
+TARGET, WINDOW, TASK_SIZE = 0.8, 5, 2000
+
+
+@dataclass(frozen=True)
+class Task:
+    prompts: int  # per step
+    group: int  # samples per prompt
+    updates: int  # optimizer steps per generation (mini-batches)
+    max_steps: int  # a run gives up after this many steps
+    plugin_reward: bool  # bench/plugins/vs_trl_reward.py's first_integer instead of core's numeric
+
+
+TASKS = {
+    "quickstart": Task(prompts=32, group=8, updates=4, max_steps=80, plugin_reward=False),
+    "single": Task(prompts=16, group=16, updates=1, max_steps=200, plugin_reward=True),
+}
 #: Relax's execution mode for its arm (its own setting; every matched hyper-parameter stays as listed):
 #: colocate takes turns, strictly on-policy; async overlaps rollout and training, one step stale at most
 RELAX_MODES = {"colocate": [], "async": ["mode=async", "max_staleness=1"]}
@@ -67,7 +103,7 @@ ENV = {
 
 
 # --------------------------------------------------------------------------- TRL worker (subprocess)
-def trl_worker(seed: int, max_steps: int, out: str) -> None:
+def trl_worker(task: Task, seed: int, max_steps: int, out: str) -> None:
     def write(**event) -> None:
         with open(out, "a") as f:
             f.write(json.dumps({"t": time.time(), **event}) + "\n")
@@ -85,34 +121,53 @@ def trl_worker(seed: int, max_steps: int, out: str) -> None:
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
     rewards: list[float] = []
 
+    if task.plugin_reward:
+        sys.path.insert(0, str(HERE / "plugins"))
+        from vs_trl_reward import first_integer_matches as matches
+    else:
+        def matches(text: str, y: object) -> float:
+            return float(extract_number(text, "first") == float(y))
+
     def numeric_reward(prompts, completions, label, **_):
-        scores = [float(extract_number(c[0]["content"], "first") == float(y)) for c, y in zip(completions, label, strict=True)]
+        scores = [matches(c[0]["content"], y) for c, y in zip(completions, label, strict=True)]
         rewards.append(sum(scores) / len(scores))
         return scores
 
     class Timer(TrainerCallback):
+        """A step's event is written at the log that follows it (TRL logs each generation's entropy after
+        ``on_step_end``), or at the end of training."""
+
+        pending: dict | None = None
+
         def on_train_begin(self, args, state, control, **kw):
             write(event="train_start")
             self.last = time.time()
 
         def on_step_end(self, args, state, control, **kw):
-            if state.global_step % MINIBATCHES:
+            if state.global_step % task.updates:
                 return
             now = time.time()
-            step = state.global_step // MINIBATCHES
-            write(event="step", step=step, reward=rewards[step - 1], step_s=now - self.last)
-            self.last = now
+            step = state.global_step // task.updates
+            self.pending, self.last = dict(event="step", step=step, reward=rewards[step - 1], step_s=now - self.last), now
             if len(rewards) >= WINDOW and sum(rewards[step - WINDOW : step]) / WINDOW >= TARGET:
                 control.should_training_stop = True
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if self.pending is not None:
+                write(**self.pending, entropy=(logs or {}).get("entropy"))
+                self.pending = None
+
+        def on_train_end(self, args, state, control, **kw):
+            self.on_log(args, state, control)
 
     args = GRPOConfig(
         output_dir=str(Path(out).parent / f"trl_{seed}"),  # nothing is saved there (save_strategy=no)
         seed=seed,
         use_cpu=True,
         bf16=False,
-        num_generations=GROUP,
-        per_device_train_batch_size=PROMPTS * GROUP // MINIBATCHES,
-        steps_per_generation=MINIBATCHES,
+        num_generations=task.group,
+        per_device_train_batch_size=task.prompts * task.group // task.updates,
+        steps_per_generation=task.updates,
         gradient_accumulation_steps=1,
         num_iterations=1,
         max_completion_length=3,
@@ -134,8 +189,8 @@ def trl_worker(seed: int, max_steps: int, out: str) -> None:
         loss_type="dapo",
         scale_rewards="group",
         shuffle_dataset=True,
-        max_steps=max_steps * MINIBATCHES,
-        logging_steps=MINIBATCHES,
+        max_steps=max_steps * task.updates,
+        logging_steps=task.updates,
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
@@ -162,19 +217,28 @@ def crossing(steps: list[dict]) -> dict | None:
     return None
 
 
-def launch(system: str, seed: int, max_steps: int, workdir: Path, relax_mode: str = "colocate") -> dict:
-    """One run in a fresh process; returns its seconds to reward (None if it never got there)."""
+def relax_task_overrides(task: Task) -> list[str]:
+    """The quick-start config's fields that ``task`` changes (every other matched setting is its)."""
+    return [f"rollout.prompts_per_step={task.prompts}", f"rollout.n_samples_per_prompt={task.group}",
+            f"trainer.num_minibatches={task.updates}",
+            *(["reward.name=first_integer"] if task.plugin_reward else [])]
+
+
+def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path, relax_mode: str = "colocate") -> dict:
+    """One run in a fresh process; returns its seconds to reward (None if it never got there) and its steps."""
+    task = TASKS[task_name]
     out = workdir / f"{system}_{seed}.jsonl"
     env = {**os.environ, **ENV, "VS_TRL_OUT": str(out)}
     if system == "relax":
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE / "plugins"), env.get("PYTHONPATH", "")] if p)
-        env["RELAX_PLUGINS"] = "vs_trl_timer"
+        env["RELAX_PLUGINS"] = "vs_trl_timer" + (",vs_trl_reward" if task.plugin_reward else "")
         cmd = [sys.executable, "-m", "relax.core.cli", "run", str(ROOT / "examples" / "quickstart.yaml"),
                f"seed={seed}", f"run_dir={workdir / f'relax_{seed}'}", f"total_steps={max_steps}",
                "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "logging.plot=false",
-               "logging.progress=false", *RELAX_MODES[relax_mode]]
+               "logging.progress=false", *relax_task_overrides(task), *RELAX_MODES[relax_mode]]
     else:
-        cmd = [sys.executable, __file__, "--worker", "trl", "--seed", str(seed), "--max-steps", str(max_steps)]
+        cmd = [sys.executable, __file__, "--worker", "trl", "--task", task_name, "--seed", str(seed),
+               "--max-steps", str(max_steps)]
     log = open(workdir / f"{system}_{seed}.log", "w")
     started = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
@@ -203,52 +267,82 @@ def launch(system: str, seed: int, max_steps: int, workdir: Path, relax_mode: st
         "steps": hit["step"] if hit else None,
         "launch_s": hit["t"] - started if hit else None,
         "train_s": hit["t"] - begin if hit else None,
+        "rewards": [s["reward"] for s in steps],
+        "entropies": [s.get("entropy") for s in steps],
     }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Per-step reward and entropy of every run (TRL dashed), so learning per step can be compared by eye."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax_entropy) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for r in results:
+        style = dict(linestyle="--" if r["system"] == "trl" else "-", color=f"C{r['seed']}", linewidth=1)
+        ax.plot(range(1, len(r["rewards"]) + 1), r["rewards"], label=f"{r['system']} seed {r['seed']}", **style)
+        steps = [(i, e) for i, e in enumerate(r["entropies"], 1) if e is not None]
+        ax_entropy.plot([i for i, _ in steps], [e for _, e in steps], **style)
+    ax.axhline(TARGET, color="grey", linewidth=0.5)
+    ax.set(xlabel="step", ylabel="mean reward", title="reward per step: Relax (solid) vs TRL (dashed)")
+    ax_entropy.set(xlabel="step", ylabel="mean token entropy", title="policy entropy per step")
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (>= 3 for the headline)")
-    parser.add_argument("--max-steps", type=int, default=80, help="give up on a run after this many steps")
+    parser.add_argument("--task", choices=sorted(TASKS), default="quickstart", help="what both train (see above)")
+    parser.add_argument("--max-steps", type=int, help="give up on a run after this many steps (default: the task's)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_vs_trl", help="where the curves go")
     parser.add_argument("--quick", action="store_true", help="one seed, 60 steps: a smoke run, not a result")
     parser.add_argument("--relax-mode", choices=sorted(RELAX_MODES), default="colocate",
                         help="Relax's execution mode (colocate: faster here, see docs/benchmarks.md)")
     parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    task = TASKS[args.task]
+    max_steps = args.max_steps or (min(60, task.max_steps) if args.quick else task.max_steps)
     if args.worker:
-        return trl_worker(args.seed, args.max_steps, os.environ["VS_TRL_OUT"])
+        return trl_worker(task, args.seed, max_steps, os.environ["VS_TRL_OUT"])
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
-    max_steps = 60 if args.quick else args.max_steps
     from relax.core.quickstart_model import ensure_quickstart_model
 
     print(f"model: {ensure_quickstart_model()}  (built before the runs; both load it)", flush=True)
+    print(f"task {args.task}: {task}", flush=True)
     print(f"relax: mode {args.relax_mode} {' '.join(RELAX_MODES[args.relax_mode])}".rstrip(), flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         for i, seed in enumerate(seeds):
             for system in ("trl", "relax") if i % 2 == 0 else ("relax", "trl"):
-                r = launch(system, seed, max_steps, Path(tmp), args.relax_mode)
+                r = launch(args.task, system, seed, max_steps, Path(tmp), args.relax_mode)
                 results.append(r)
                 reached = (f"reward {TARGET} at step {r['steps']}: {r['launch_s']:.1f} s from launch, "
                            f"{r['train_s']:.1f} s of training" if r["steps"] else f"no {TARGET} in {max_steps} steps")
                 print(f"seed {seed} {system:<5} start {r['start_s']:5.1f} s | {r['step_s']:.3f} s/step | {reached}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(results, args.out / f"curves_{args.task}.png")
+    print(f"reward curves: {args.out / f'curves_{args.task}.png'}")
     both = [s for s in seeds if all(r["steps"] for r in results if r["seed"] == s)]
     if not both:
-        print(f"vs_trl: nanx time to reward {TARGET} (TRL / Relax): no seed reached it in both")
+        print(f"vs_trl: nanx time to reward {TARGET} (TRL / Relax) on task {args.task}: no seed reached it in both")
         return
     total = {
         (sys_, key): sum(r[key] for r in results if r["system"] == sys_ and r["seed"] in both)
         for sys_ in ("trl", "relax")
-        for key in ("launch_s", "train_s", "steps", "start_s")
+        for key in ("launch_s", "train_s", "steps", "start_s", "step_s")
     }
     n = len(both)
-    for key, what in (("start_s", "s launch -> first step"), ("steps", "steps to reward"),
+    for key, what in (("start_s", "s launch -> first step"), ("step_s", "s per step"), ("steps", "steps to reward"),
                       ("train_s", "s of training to reward"), ("launch_s", "s from launch to reward")):
         print(f"mean over seeds {both}: TRL {total['trl', key] / n:6.1f} | Relax {total['relax', key] / n:6.1f} {what}"
               f" | ratio {total['trl', key] / total['relax', key]:.2f}x")
     print(f"vs_trl: {total['trl', 'launch_s'] / total['relax', 'launch_s']:.2f}x time to reward {TARGET} (TRL / Relax)"
-          f", from launch; {total['trl', 'train_s'] / total['relax', 'train_s']:.2f}x in training time")
+          f", from launch, task {args.task}; {total['trl', 'train_s'] / total['relax', 'train_s']:.2f}x in training time")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Relax side of ``bench/vs_trl.py``: appends one JSON line per event to ``$VS_TRL_OUT`` (wall clock).
 
 Loaded with ``RELAX_PLUGINS=vs_trl_timer``: ``train_start`` when the first step is about to run
-(every role up, weights synced), then each step's mean reward as the step ends.
+(every role up, weights synced), then each step's mean reward (and the policy's mean token entropy) as the step ends.
 """
 
 from __future__ import annotations
@@ -25,4 +25,5 @@ def relax_on_run_start(run) -> None:
 
 @hookimpl
 def relax_on_step_end(step, metrics) -> None:
-    _write(event="step", step=step, reward=metrics["reward/mean"], step_s=metrics["time/step_s"])
+    _write(event="step", step=step, reward=metrics["reward/mean"], step_s=metrics["time/step_s"],
+           entropy=metrics.get("train/entropy"))
