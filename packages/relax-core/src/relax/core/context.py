@@ -70,5 +70,8 @@ class PluginContext:
     fallback_score: float = 0.0
     #: rollout engines: return each token's MoE routing with the result (``algorithm.routing_replay`` is not off)
     record_routing: bool = False
+    #: rollout engines: the run's ``trainer.lora`` (weight syncs then carry adapters only; an engine that must be
+    #: launched for them, like ``sglang``, reads rank and target modules here)
+    lora: Any = None
     resources: Resources = Resources()
 

@@ -16,6 +16,10 @@ per-token weight-version spans). Control maps onto SGLang's endpoints:
 - Weight updates: ``update_weights`` (tensors, ``/update_weights_from_tensor``), ``update_weights_from_disk``,
   and the distributed group calls used by the ``sglang_*`` transports -- all between
   ``begin_weight_update`` and ``end_weight_update``, each tagged with the new ``weight_version``.
+- With ``trainer.lora`` (``lora``): adapter-only syncs (:mod:`relax.sglang.lora`). ``update_weights`` collects
+  the adapter, ``end_weight_update`` loads it as a new adapter and every later ``/generate`` names it; since
+  SGLang cannot move a running request to another adapter, ``pause()`` aborts the requests in flight and
+  resubmits them as continuations under the new adapter (``pause_mode`` ``abort``'s path, whatever it says).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import torch
 
 from relax.core.protocols import GenerationRequest, GenerationResult
+from relax.sglang import lora as adapters
 from relax.sglang.client import SGLangClient, SGLangHTTPError
 from relax.sglang.device_defaults import server_settings
 from relax.sglang.media import MediaRequest, check_prompt_tokens, load_image_spec, media_request
@@ -45,7 +50,7 @@ from relax.sglang.server_site.relax_sglang_version_guard import endpoints_proble
 _GATE_POLL_S = 0.01
 
 
-def serialize_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
+def serialize_tensors(named: list[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> str:
     """SGLang's ``serialized_named_tensors`` entry: a ForkingPickler dump in base64. CPU tensors share their
     storage through files in /dev/shm (the ``file_system`` strategy -- the default fd passing crashes the
     server); CUDA tensors travel as CUDA IPC handles (the server copies from this process's GPU memory, so
@@ -96,8 +101,10 @@ class SGLangEngine:
         run_dir: str = ".",
         tokenizer_path: str | None = None,
         record_routing: bool = False,
+        lora: Any = None,
     ) -> None:
-        """``record_routing``: return each request's MoE routing (``relax.sglang.routing``; text requests)."""
+        """``record_routing``: return each request's MoE routing (``relax.sglang.routing``; text requests).
+        ``lora``: the run's ``trainer.lora`` (a ``LoraConfig``): launch for its adapters, sync adapters only."""
         from transformers import AutoTokenizer
 
         if params.python == "auto" and not params.urls:
@@ -111,6 +118,12 @@ class SGLangEngine:
             self._routing = RoutingLayout.from_config(AutoConfig.from_pretrained(model_path))
             if SERVER_FLAG not in params.extra_args:
                 params = dataclasses.replace(params, extra_args=[*params.extra_args, SERVER_FLAG])
+        if lora is not None and not params.urls and "--enable-lora" not in params.extra_args:
+            params = dataclasses.replace(params, extra_args=[*adapters.server_args(lora, params.device), *params.extra_args])
+        self.lora = lora
+        self._adapter: str | None = None  # the loaded adapter every /generate names (None: the base model)
+        self._pending = adapters.PendingAdapter()
+        self.last_sync_bytes = 0  # bytes of the last adapter loaded into the server(s)
         self.params, self.model_path, self.index = params, model_path, index
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
         self.servers: list[ServerProcess] = []  # launched ones (none when attached by URL)
@@ -229,7 +242,16 @@ class SGLangEngine:
                 break
             rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"
             routed = self._routing is not None and media is None
-            out = await self.client.generate(generate_payload(req, rid, done, media, routed_experts=routed))
+            adapter = self._adapter
+            payload = generate_payload(req, rid, done, media, routed_experts=routed, lora_path=adapter)
+            try:
+                out = await self.client.generate(payload)
+            except SGLangHTTPError as exc:
+                # a sync replaced (and unloaded) the adapter before the request reached the server, which then
+                # cannot find it: the request has not started, so it goes again under the adapter now served
+                if adapter is None or adapter == self._adapter or "LoRA adapter" not in str(exc):
+                    raise
+                continue
             if media is not None:
                 check_prompt_tokens(out["meta_info"], len(req.prompt_ids) + len(done), self.name)
             got, lps, vers, reason = parse_output(out, self._version)
@@ -250,7 +272,7 @@ class SGLangEngine:
 
     def pause(self) -> None:
         self._running.clear()
-        self._each("/pause_generation", {"mode": self.params.pause_mode})
+        self._each("/pause_generation", {"mode": "abort" if self.lora is not None else self.params.pause_mode})
 
     def resume(self) -> None:
         self._each("/continue_generation", {})
@@ -300,6 +322,7 @@ class SGLangEngine:
             proc.stop()
         for proc in self._processes():
             proc.start()
+        self._adapter = None
         self._version = self._served_version(0, agree=False)
 
     def close(self) -> None:
@@ -310,6 +333,7 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ weight updates
     def begin_weight_update(self, version: int) -> None:
+        self._pending = adapters.PendingAdapter()  # whatever a failed earlier update left
         for worker in self.workers:
             try:
                 worker.post("/begin_weight_update", {})
@@ -321,6 +345,8 @@ class SGLangEngine:
 
     def end_weight_update(self, version: int) -> None:
         self._each("/end_weight_update", {})
+        if self.lora is not None and self._pending:
+            self._load_adapter(version)
         served = self._served_version(-1)
         if served != version:
             raise SGLangHTTPError(f"{self.name} serves weight version {served} after the update to {version}")
@@ -329,7 +355,11 @@ class SGLangEngine:
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
-        """One bucket through ``/update_weights_from_tensor`` (call between begin/end_weight_update)."""
+        """One bucket through ``/update_weights_from_tensor`` (call between begin/end_weight_update); with
+        ``lora``, one bucket of the adapter, loaded by ``end_weight_update``."""
+        if self.lora is not None:
+            self._pending.add(list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors), self.name)
+            return
         items = staged(list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors),
                        self.params.device)  # kept alive until the server has answered (CUDA IPC)
         body = {"serialized_named_tensors": [serialize_tensors(items)] * self.params.tp_size,
@@ -339,6 +369,7 @@ class SGLangEngine:
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         """Load a whole HF checkpoint directory written by the trainer (``sglang_disk``)."""
+        self._refuse_full_weights("update_weights_from_disk")
         body = {"model_path": path, "weight_version": str(version), "flush_cache": self._may_flush()}
         self._each("/update_weights_from_disk", body)
         self._version = version
@@ -362,11 +393,32 @@ class SGLangEngine:
 
     def update_weights_from_distributed(self, layout: list[tuple[str, str, list[int]]], group: str, version: int) -> None:
         """Receive one bucket broadcast by the trainer (rank 0) over ``group``: (name, dtype, shape) each."""
+        self._refuse_full_weights("update_weights_from_distributed")
         body = {"names": [n for n, _, _ in layout], "dtypes": [d for _, d, _ in layout],
                 "shapes": [list(s) for _, _, s in layout], "group_name": group, "weight_version": str(version),
                 "flush_cache": self._may_flush()}  # fmt: skip
         self._each("/update_weights_from_distributed", body)
         self._version = version
+
+    def _load_adapter(self, version: int) -> None:
+        """Load the collected adapter as ``version``'s, serve it from now on, unload the one it replaces."""
+        tensors = self._pending.take()
+        name, old = adapters.adapter_name(version), self._adapter
+        if old == name:  # the same version again (a retried sync): SGLang refuses a second adapter of one name
+            self._each("/unload_lora_adapter", {"lora_name": old})
+            self._adapter = old = None
+        body = {"lora_name": name, "config_dict": adapters.adapter_config(self.lora),
+                "serialized_named_tensors": [serialize_tensors(tensors)] * self.params.tp_size}  # fmt: skip
+        self._each("/load_lora_adapter_from_tensors", body)
+        self._adapter, self.last_sync_bytes = name, adapters.nbytes(tensors)
+        if old is not None:  # waits for requests still on it (still tagged with its version; after pause(),
+            self._each("/unload_lora_adapter", {"lora_name": old})  # which aborts them, there are none)
+        self._each("/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
+
+    def _refuse_full_weights(self, call: str) -> None:
+        if self.lora is not None:
+            raise SGLangHTTPError(f"{self.name}: {call} loads full weights, but this engine serves trainer.lora "
+                                  "adapters (use the sglang_tensor or a core transport)")
 
     def _may_flush(self) -> bool:
         """Requests paused ``in_place`` keep their (old-weights) KV cache by definition, and SGLang refuses

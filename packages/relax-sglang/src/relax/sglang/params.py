@@ -57,8 +57,18 @@ class SGLangEngineParams:
     router_args: list[str] = field(default_factory=list)  # passed through to sglang_router.launch_router
 
     def validate_run(self, cfg: Any) -> list[str]:
-        """Checks against the whole run (core's ``validate_run``): what this engine cannot do yet."""
-        return [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []
+        """Checks against the whole run (core's ``validate_run``): what of ``trainer.lora`` SGLang cannot serve."""
+        lora = getattr(cfg.trainer, "lora", None)
+        if lora is None:
+            return []
+        from relax.sglang.lora import validate
+
+        errors = validate(lora, cfg.weight_sync.transport)
+        if self.pause_mode == "in_place" and cfg.rollout.partial_rollout == "in_place":
+            errors.append("rollout.engine_params.pause_mode: in_place keeps requests on the adapter they started "
+                          "with (SGLang cannot switch a running request's adapter); with trainer.lora use retract or "
+                          "abort (both resubmit under the new adapter)")  # fmt: skip
+        return errors
 
     def validate(self) -> list[str]:
         errors = []
@@ -82,12 +92,3 @@ class SGLangEngineParams:
         if bad:
             errors.append(f"urls: must start with http:// or https://, got {bad}")
         return errors
-
-
-#: why ``trainer.lora`` is refused with this engine (SGLang can serve adapters; relax-sglang does not drive it yet)
-LORA_MISSING = (
-    "trainer.lora: adapter-only weight sync is not supported by rollout.engine sglang yet: SGLang serves LoRA "
-    "(--enable-lora, --max-lora-rank, --lora-target-modules, /load_lora_adapter_from_tensors, a request's "
-    "lora_path), but relax-sglang neither launches its servers with LoRA enabled nor loads each synced adapter "
-    "version and names it in /generate; use rollout.engine hf, or trainer.lora: null"
-)

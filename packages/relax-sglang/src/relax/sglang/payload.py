@@ -34,11 +34,12 @@ def sampling_params(params: SamplingParams, max_new_tokens: int) -> dict[str, An
 
 def generate_payload(
     req: GenerationRequest, rid: str, response_ids: list[int], media: MediaRequest | None = None,
-    routed_experts: bool = False,
+    routed_experts: bool = False, lora_path: str | None = None,
 ) -> dict[str, Any]:
     """The ``/generate`` body continuing ``req`` after ``response_ids`` (its prefix plus tokens so far);
     ``media``: the request's media in SGLang's HTTP form (collapsed prompt ids + raw media fields);
-    ``routed_experts``: ask for every token's MoE routing (``relax.sglang.routing``)."""
+    ``routed_experts``: ask for every token's MoE routing (``relax.sglang.routing``); ``lora_path``: the
+    loaded adapter to generate with (``relax.sglang.lora``)."""
     left = req.params.max_new_tokens - len(response_ids)
     prompt = media.prompt_ids if media is not None else req.prompt_ids
     body = {
@@ -50,6 +51,8 @@ def generate_payload(
     }
     if routed_experts:
         body["return_routed_experts"] = True
+    if lora_path is not None:
+        body["lora_path"] = lora_path
     return {**body, **media.fields} if media is not None else body
 
 

@@ -13,7 +13,7 @@ def _engine(params: SGLangEngineParams, ctx: PluginContext):
 
     return SGLangEngine(
         params, ctx.model_path, dtype=ctx.dtype, index=ctx.index, run_dir=ctx.run_dir, tokenizer_path=ctx.tokenizer_path,
-        record_routing=ctx.record_routing,
+        record_routing=ctx.record_routing, lora=ctx.lora,
     )
 
 

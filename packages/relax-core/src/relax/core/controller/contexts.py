@@ -56,7 +56,7 @@ def base_context(cfg: RelaxConfig, role: str, model_path: str | None, **fields: 
 def engine_context(cfg: RelaxConfig, model_path: str, index: int) -> PluginContext:
     return base_context(
         cfg, "rollout", model_path, index=index, world_size=cfg.rollout.num_engines,
-        resources=resources_for(cfg, "rollout_engine"), record_routing=cfg.algorithm.routing_replay != "off",
+        resources=resources_for(cfg, "rollout_engine"), record_routing=cfg.algorithm.routing_replay != "off", lora=cfg.trainer.lora,
     )
 
 

@@ -16,6 +16,10 @@ except relax_sglang_version_guard.SGLangVersionError as exc:
     raise SystemExit(f"relax.sglang: {exc}") from None
 
 relax_sglang_server_patches.install()
+if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":  # a server on device cpu (relax.sglang.server.server_env)
+    import relax_sglang_cpu_lora
+
+    relax_sglang_cpu_lora.install()
 
 
 def _chain() -> None:
