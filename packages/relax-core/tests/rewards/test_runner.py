@@ -195,6 +195,32 @@ def test_a_hanging_reward_is_abandoned_at_the_timeout(reward):
         assert len(hung) >= 2 and all(t.daemon for t in hung)
 
 
+class RecordsThread:
+    """A plain ``def score`` noting which thread ran each call."""
+
+    def __init__(self):
+        self.threads = set()
+
+    def score(self, sample):
+        self.threads.add(threading.current_thread())  # the object: an ident can be recycled
+        return 1.0
+
+
+def test_plain_def_scorers_reuse_daemon_threads_and_never_a_hung_one():
+    """Thousands of cheap plain-``def`` calls do not start a thread each (a plugin reward's cost in the
+    driver), while a hung call's thread is never handed another call."""
+    reward, loop = RecordsThread(), ScoringLoop()
+    for _ in range(3):
+        stats = loop.score(reward, samples(["7"] * 64), timeout_s=5.0, max_concurrency=4)
+        assert stats.scored == 64
+    assert len(reward.threads) <= 8  # at most the concurrency's worth, reused across rounds
+    hung = HangsSync()
+    stats = loop.score(hung, samples(["hang"]), timeout_s=0.5, on_error="zero")
+    assert stats.timeouts == 1
+    stats = loop.score(reward, samples(["7"] * 16), timeout_s=5.0, max_concurrency=4)
+    assert stats.scored == 16  # the hung thread is busy forever: the calls went elsewhere
+
+
 @pytest.mark.parametrize("reward", [HangsSync(), HangsAsync(stubborn=True)], ids=["sync", "async-ignores-cancel"])
 def test_scoring_loop_moves_on_and_stays_usable(reward):
     loop = ScoringLoop()

@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import math
 import numbers
+import queue
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -47,9 +48,51 @@ def as_result(value: Any) -> tuple[float, dict[str, float]]:
     return info["score"], info
 
 
+class _DaemonWorkers:
+    """Daemon threads reused across calls: an idle worker takes the next call, else a new one starts.
+    A worker whose call never returns is never idle again, so it is simply left behind as before,
+    while a run scoring thousands of cheap plain-``def`` calls no longer starts a thread for each.
+    Idle workers exit after ``idle_s``."""
+
+    def __init__(self, idle_s: float = 30.0) -> None:
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue] = []  # each idle worker's inbox, most recent last
+
+    def run(self, job: Callable[[], None], name: str) -> None:
+        """``job()`` in a worker thread named ``name`` while it runs (a hung call is named by its thread)."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is not None:
+            inbox.put((job, name))
+        else:
+            threading.Thread(target=self._work, args=((job, name),), name=name, daemon=True).start()
+
+    def _work(self, task: tuple[Callable[[], None], str]) -> None:
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        while True:
+            job, threading.current_thread().name = task
+            job()
+            threading.current_thread().name = "relax-reward-idle"
+            with self._lock:
+                self._idle.append(inbox)
+            try:
+                task = inbox.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # nobody picked this worker: exit
+                        self._idle.remove(inbox)
+                        return
+                task = inbox.get()  # picked just now: its job is on the way
+
+
+_WORKERS = _DaemonWorkers()
+
+
 def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """Run ``fn(*args)`` in a new daemon thread; the future resolves on this loop. Nothing joins the
-    thread, so a call that never returns is simply left behind when its future is abandoned."""
+    """Run ``fn(*args)`` in a daemon thread (a reused idle one, or a new one); the future resolves on
+    this loop. Nothing joins the thread, so a call that never returns is simply left behind when its
+    future is abandoned."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -57,7 +100,7 @@ def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         if not future.done():
             future.set_exception(error) if error is not None else future.set_result(result)
 
-    def target() -> None:
+    def job() -> None:
         try:
             result, error = fn(*args), None
         except BaseException as e:  # noqa: BLE001  # handed to the awaiting coroutine
@@ -67,9 +110,7 @@ def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 
-    threading.Thread(
-        target=target, name=f"relax-reward-{getattr(fn, '__name__', 'call')}", daemon=True
-    ).start()
+    _WORKERS.run(job, f"relax-reward-{getattr(fn, '__name__', 'call')}")
     return future
 
 
