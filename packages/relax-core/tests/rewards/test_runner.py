@@ -392,3 +392,41 @@ def test_the_bounded_call_is_public_for_rewards_that_call_rewards():
     for bad, error in ((float("nan"), ValueError), ({"acc": 1}, ValueError), ("1", TypeError)):
         with pytest.raises(error):
             as_result(bad)
+
+
+class Sleeps:
+    """A plain ``def score`` taking ``seconds`` (``FOREVER`` for "hang*"), noting the calls it began."""
+
+    def __init__(self, seconds):
+        self.seconds, self.began = seconds, []
+
+    def score(self, sample):
+        self.began.append(sample.response_text)
+        if sample.response_text.startswith("hang"):
+            FOREVER.wait()
+        if sample.response_text.startswith("bad"):
+            raise ValueError("bad sample")
+        time.sleep(self.seconds)
+        return 1.0
+
+
+def test_plain_def_calls_are_limited_from_their_own_start_not_their_queueing():
+    """One lane, four 0.3 s calls, a 0.5 s limit: 1.2 s in all, yet no call ran past its limit."""
+    ss = samples(["a", "b", "c", "d"])
+    stats = asyncio.run(score_samples(Sleeps(0.3), ss, timeout_s=0.5, max_concurrency=1, on_error="zero"))
+    assert (stats.scored, stats.timeouts) == (4, 0) and [s.reward for s in ss] == [1.0] * 4
+
+
+def test_a_hung_plain_def_call_blames_only_its_sample_and_the_rest_are_scored():
+    ss = samples(["a", "hang", "b", "c", "d", "e"])
+    stats = asyncio.run(score_samples(Sleeps(0.01), ss, timeout_s=0.5, max_concurrency=2, on_error="zero"))
+    assert [s.reward for s in ss] == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert (stats.scored, stats.timeouts, stats.errors) == (5, 1, 0)
+    assert ss[1].reward_info == {"score": 0.0, "reward_failed": 1.0, "reward_timeout": 1.0}
+
+
+def test_on_error_raise_starts_no_plain_def_call_after_the_failure():
+    reward = Sleeps(0.0)
+    with pytest.raises(RewardError, match=r"group 0 index 1: ValueError: bad sample"):
+        asyncio.run(score_samples(reward, samples(["a", "bad", *"cdefgh"]), max_concurrency=1, on_error="raise"))
+    assert reward.began == ["a", "bad"]

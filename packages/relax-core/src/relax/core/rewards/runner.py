@@ -1,8 +1,9 @@
 """Score samples concurrently with a per-call timeout; a failing reward is an error, never a hang.
 
 A timed-out call is abandoned, never awaited: an ``async def score`` is cancelled and left behind
-(even one that swallows the cancellation), a plain ``def score`` runs in a daemon thread of its own
-that nothing ever joins -- so neither the step nor the event loop's shutdown waits for it (the
+(even one that swallows the cancellation), a plain ``def score`` runs in daemon threads that nothing
+ever joins (``relax.core.rewards.lanes``: a few threads taking one sample after another, each call
+limited from its own start) -- so neither the step nor the event loop's shutdown waits for it (the
 default executor of ``asyncio.to_thread`` would be joined by ``asyncio.run``). ``ScoringLoop``
 goes one further for the reward role: scoring runs on a loop that is never closed, so abandoned
 coroutines cost nothing at all.
@@ -19,6 +20,7 @@ rewards that call other rewards.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import numbers
@@ -30,6 +32,7 @@ from typing import Any, Literal
 
 from relax.core.config import RewardConfig
 from relax.core.rewards.bounded import ScorerTimeout, as_result, bounded, call_scorer
+from relax.core.rewards.lanes import score_in_lanes
 
 log = logging.getLogger(__name__)
 
@@ -104,22 +107,21 @@ async def score_samples(
             raise ValueError(f"score_group returned {got} for {len(unit)} samples")
         return [as_result(v) for v in values]
 
-    async def run(unit: list[Any]) -> None:
+    def where(unit: list[Any]) -> str:
         head = unit[0]
-        where = (f"reward {name!r} on sample group {head.group_id}" +
-                 ("" if by_group else f" index {head.index_in_group}"))
-        async with sem:
-            try:
-                results = await call(unit)
-            except ScorerTimeout:
-                kind, msg, cause = "timeouts", f"{where}: timed out after {timeout_s:g}s", None
-            except Exception as e:  # noqa: BLE001  # any reward bug becomes a RewardError
-                kind, msg, cause = "errors", f"{where}: {type(e).__name__}: {e}", e
-            else:
-                for sample, (score, info) in zip(unit, results, strict=True):
-                    sample.reward, sample.reward_info = score, info
-                counts["scored"] += len(unit)
-                return
+        return f"reward {name!r} on sample group {head.group_id}" + ("" if by_group else f" index {head.index_in_group}")
+
+    def scored(unit: list[Any], results: list[tuple[float, dict[str, float]]]) -> None:
+        for sample, (score, info) in zip(unit, results, strict=True):
+            sample.reward, sample.reward_info = score, info
+        counts["scored"] += len(unit)
+
+    def failed(unit: list[Any], error: BaseException) -> None:
+        """Raise (``on_error="raise"``) or score the fallback and count it."""
+        if isinstance(error, ScorerTimeout):
+            kind, msg, cause = "timeouts", f"{where(unit)}: timed out after {timeout_s:g}s", None
+        else:
+            kind, msg, cause = "errors", f"{where(unit)}: {type(error).__name__}: {error}", error
         if on_error == "raise":
             raise RewardError(msg) from cause
         if not first_error:
@@ -130,7 +132,39 @@ async def score_samples(
         for sample in unit:
             sample.reward, sample.reward_info = fallback_score, {"score": fallback_score, **flags}
 
-    tasks = [asyncio.ensure_future(run(u)) for u in _units(reward, samples)]
+    async def run(unit: list[Any]) -> None:
+        async with sem:
+            try:
+                results = await call(unit)
+            except Exception as e:  # noqa: BLE001  # any reward bug becomes a RewardError
+                failed(unit, e)
+            else:
+                scored(unit, results)
+
+    units = _units(reward, samples)
+    if not by_group and not inspect.iscoroutinefunction(reward.score):  # a plain def: lanes, not a hand-off each
+        outcomes = await score_in_lanes(reward.score, [u[0] for u in units], timeout_s, max_concurrency,
+                                        stop_on_failure=on_error == "raise")
+        for unit, outcome in zip(units, outcomes, strict=True):
+            if outcome is None:  # not started: an earlier failure raises below
+                continue
+            kind, value = outcome
+            try:
+                if kind == "timeout":
+                    raise ScorerTimeout(f"did not finish within {timeout_s:g}s")
+                if kind == "error":
+                    raise value
+                if inspect.isawaitable(value):  # a plain method that returned a coroutine
+                    value = await bounded(value, timeout_s)
+                result = as_result(value)
+            except Exception as e:  # noqa: BLE001
+                failed(unit, e)
+            else:
+                scored(unit, [result])
+        return ScoreStats(
+            **counts, seconds=time.perf_counter() - start, first_error=first_error[0] if first_error else None
+        )
+    tasks = [asyncio.ensure_future(run(u)) for u in units]
     try:
         await asyncio.gather(*tasks)
     finally:
