@@ -68,6 +68,10 @@ def _relax_run(cluster: RayStartCluster, cwd: Path, *overrides: str, timeout_s: 
 def test_nodes_in_separate_mount_namespaces_share_no_files(shared_dir, monkeypatch):
     if reason := mount_namespaces_unavailable():
         pytest.skip(f"nodes in mount namespaces of their own: {reason}")
+    if hidden := [p for p in (Path(sys.prefix), Path(__file__)) if _private(p)]:
+        pytest.skip(f"nodes in mount namespaces of their own: {hidden[0]} is under {PRIVATE_MOUNTS}, which every "
+                    "namespaced node replaces with its own tmpfs, so its `ray start` could not run this venv; run "
+                    "from a checkout outside them")
     from relax.core.quickstart_model import ensure_quickstart_model
 
     model = Path(ensure_quickstart_model())  # the driver resolves it and hands the path to every role
