@@ -39,7 +39,9 @@ UV_PROJECT_ENVIRONMENT="$tmp" uv sync --frozen --no-install-project --project "$
 site="$("$tmp/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 cp "$server/cpu_shims/relax_sglang_cpu_shims.py" "$server/cpu_shims/relax_sglang_cpu_shims.pth" "$patches" "$site/"
 cp -r "$server/cpu_shims/sgl_kernel" "$site/"
-"$tmp/bin/python" -c 'import sglang.srt.entrypoints.http_server' >&2  # fails here, not at first launch
+# fails here, not at first launch; and writes the bytecode of what a launch imports (server.py lets launches
+# write the rest), whatever PYTHONDONTWRITEBYTECODE says: a launch then imports in half the time
+PYTHONDONTWRITEBYTECODE= "$tmp/bin/python" -c 'import sglang.srt.entrypoints.http_server' >&2
 
 touch "$tmp/.relax-ready"
 rm -rf "$env_dir"

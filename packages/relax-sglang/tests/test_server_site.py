@@ -76,12 +76,13 @@ def test_tagged_frame_times_become_the_metadata_qwen3_vl_reads_them_from(tmp_pat
     assert [f"<{t:.1f} seconds>" for t in times] == ["<0.2 seconds>", "<1.5 seconds>"]
 
 
-def test_the_server_environment_loads_the_patches(sglang_python, tmp_path):
+def test_the_server_environment_loads_the_patches(sglang_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # launches still write bytecode: later ones import faster
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = 'yes'\n")
     env = server_env(SGLangEngineParams(python=sglang_python, env={"PYTHONPATH": str(theirs)}))
-    assert env["PYTHONPATH"].split(":")[0] == str(SITE_DIR)
+    assert env["PYTHONPATH"].split(":")[0] == str(SITE_DIR) and "PYTHONDONTWRITEBYTECODE" not in env
     done = subprocess.run([sglang_python, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[-4:-1] == ["patched True", "cpu shim True", "theirs yes"], done.stdout
