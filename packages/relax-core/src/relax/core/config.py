@@ -7,9 +7,6 @@ each naming the field path and, where there is a closed set, the allowed values.
 from __future__ import annotations
 
 import dataclasses
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +15,7 @@ import yaml
 
 from relax.core.algorithms.config import AlgorithmConfig, KLConfig
 from relax.core.algorithms.validate import algorithm_config_errors
+from relax.core.config_build import build_dataclass, merge_trees, parse_overrides
 from relax.core.control.settings import AutoscalerConfig, ControlConfig, control_errors
 from relax.core.errors import ConfigError
 
@@ -255,111 +253,7 @@ class RelaxConfig:
         return out
 
 
-# --------------------------------------------------------------------------- building
-
-
-_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _convert(value: Any, tp: Any, path: str, errors: list[str]) -> Any:
-    """Check/convert one value against a type hint; append a message to ``errors`` on mismatch."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            errors.append(f"{path}: expected a mapping of {tp.__name__} fields, got {type(value).__name__}")
-            return None
-        return _build(tp, value, path, errors)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            errors.append(f"{path}: {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        non_none = [a for a in args if a is not type(None)]
-        if len(non_none) == 1:
-            return _convert(value, non_none[0], path, errors)
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if not isinstance(value, list | tuple):
-            errors.append(f"{path}: expected a list, got {type(value).__name__} {value!r}")
-            return None
-        return [_convert(v, item_tp, f"{path}[{i}]", errors) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            errors.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
-            return None
-        return dict(value)
-    if tp is Any:
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-        return float(value)  # YAML 1.1 reads "1e-5" (no dot) as a string
-    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        errors.append(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
-        return None
-    return value
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str, errors: list[str]) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else key
-        if key not in hints:
-            errors.append(f"{path}: unknown key; allowed keys: {', '.join(names)}")
-            continue
-        kwargs[key] = _convert(value, hints[key], path, errors)
-    if errors:
-        return None
-    return cls(**kwargs)
-
-
 # --------------------------------------------------------------------------- loading
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted}: {part!r} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """``["trainer.lr=1e-5", "rollout.stop=[a, b]"]`` -> nested dict; values parsed as YAML scalars."""
-    tree: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected key.path=value")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
-        _set_dotted(tree, key.strip(), value)
-    return tree
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_paths: bool = False) -> RelaxConfig:
@@ -368,7 +262,7 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_pat
     from relax.core.checks import launch_errors
 
     errors: list[str] = []
-    cfg = _build(RelaxConfig, data, "", errors)
+    cfg = build_dataclass(RelaxConfig, data, "", errors)
     if cfg is not None:
         errors.extend(_semantic_errors(cfg))
         if check_plugins:
@@ -419,7 +313,7 @@ def load_config(
         data = loaded
     else:
         data = quickstart_dict()
-    data = _merge(data, parse_overrides(overrides or []))
+    data = merge_trees(data, parse_overrides(overrides or []))
     try:
         return config_from_dict(data, check_plugins=check_plugins, check_paths=check_paths)
     except ConfigError as exc:
@@ -559,7 +453,7 @@ def build_section(config_cls: type | None, value: Any, path: str, errors: list[s
         errors.append(f"{path}: expected a mapping of {config_cls.__name__} fields, got {type(value).__name__}")
         return value
     local: list[str] = []
-    typed = _build(config_cls, value, path, local)
+    typed = build_dataclass(config_cls, value, path, local)
     if typed is not None and hasattr(typed, "validate"):
         local += [f"{path}.{msg}" for msg in typed.validate()]
     errors.extend(local)
