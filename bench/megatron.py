@@ -14,6 +14,12 @@ H100 bf16 dense 989 TFLOP/s. The CPU layouts then run with CUDA_VISIBLE_DEVICES=
 Without a device MFU is skipped (printed); the headline stays the CPU ratio.
 
     python bench/megatron.py [steps]
+    python bench/megatron.py --omni [steps]
+
+``--omni``: the same comparison on the tiny Qwen2.5-VL (relax.core.testing.multimodal_models; at TP=2
+megatron pads its 71-row vocabulary to 72) with a batch of image and video prompts (``OMNI_ROWS`` rows, the
+towers trained too): core's torch trainer vs the megatron trainer at TP=2 (two processes; towers replicated,
+the LM sharded); headline ``megatron-omni: <x>x tokens/s vs torch trainer``.
 """
 
 from __future__ import annotations
@@ -145,6 +151,57 @@ def megatron_rate(size: int, model_dir: str, batch_file: str, steps: int, root: 
     return json.loads(out.read_text())["tokens_per_s"]
 
 
+OMNI_ROWS, OMNI_RESPONSE = 16, 16
+
+
+def omni_inputs(root: Path) -> tuple[str, dict]:
+    """(model_dir, batch): the tiny Qwen2.5-VL and ``OMNI_ROWS`` image / video rows."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from relax.core.data import Sample, collate
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.core.testing.multimodal_processor import TinyMediaProcessor
+
+    model_dir = tiny_multimodal_dir(root, "qwen2_5_vl")
+    rng = np.random.default_rng(0)
+    Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
+    np.save(root / "vid.npy", (rng.random((4, 56, 56, 3)) * 255).astype("uint8"))
+    media = [{"type": "image", "image": str(root / "img.png")}, {"type": "video", "video": f"file://{root / 'vid.npy'}"}]
+    processor = TinyMediaProcessor(str(model_dir))
+    vocab = [t for t in range(len(processor.hf.tokenizer)) if t not in set(processor.hf.tokenizer.all_special_ids)]
+    samples = []
+    for i in range(OMNI_ROWS):
+        p = processor.process([{"role": "user", "content": [media[i % 2], {"type": "text", "text": "what?"}]}], [], f"row {i}")
+        response = [vocab[j] for j in rng.integers(len(vocab), size=OMNI_RESPONSE)]
+        samples.append(Sample(prompt_ids=list(p["prompt_ids"]), group_id=i // 4, response_ids=response, mm_inputs=p["inputs"]))
+    batch = collate(samples, pad_id=0)
+    batch["advantages"] = torch.where(torch.arange(OMNI_ROWS)[:, None] % 2 == 0, 1.0, -0.5) * batch["response_mask"]
+    return model_dir, batch
+
+
+def main_omni(argv: list[str]) -> None:
+    import torch
+
+    from relax.core.trainers.torch_trainer import TorchTrainer
+
+    steps = int(argv[0]) if argv else 5
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir, batch = omni_inputs(root)
+        batch_file = str(root / "batch.pt")
+        torch.save(batch, batch_file)
+        base = timed_steps(TorchTrainer(model_dir, **trainer_kwargs()), batch, steps)
+        tp2 = megatron_rate(2, model_dir, batch_file, steps, root)
+    tokens = int(batch["attention_mask"].sum())
+    print(f"tiny Qwen2.5-VL, {OMNI_ROWS} image/video rows, {tokens} tokens/step, {steps} timed steps, "
+          "1 thread per process")  # fmt: skip
+    print(f"{'torch':<22} {base:>10.0f}\n{'megatron TP=2 (2 procs)':<22} {tp2:>10.0f}")
+    print(f"megatron-omni: {tp2 / base:.2f}x tokens/s vs torch trainer")
+
+
 def main(argv: list[str]) -> None:
     import torch
 
@@ -183,5 +240,7 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "--mfu-worker":
         p, m, b, s, o = sys.argv[2:7]
         mfu_worker(int(p), m, b, int(s), o)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--omni":
+        main_omni(sys.argv[2:])
     else:
         main(sys.argv[1:])

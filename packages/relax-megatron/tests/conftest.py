@@ -230,3 +230,68 @@ def assert_r3_step(tiny_qwen3_moe, r3_torch, fuse_experts):
             torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
     return check
+
+
+# ---------------------------------------------------------------- media models (test_omni.py, test_tensor_parallel.py)
+@pytest.fixture(scope="session")
+def media_files(tmp_path_factory):
+    """A 60x80 PNG and a 4-frame 56x56 video (``.npy``) of seeded noise."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("media")
+    rng = np.random.default_rng(0)
+    Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
+    np.save(root / "vid.npy", (rng.random((4, 56, 56, 3)) * 255).astype("uint8"))
+    np.save(root / "tone.npy", np.sin(np.arange(8000) * 0.05).astype("float32"))  # 0.5 s at 16 kHz
+    return {"image": str(root / "img.png"), "video": f"file://{root / 'vid.npy'}", "audio": str(root / "tone.npy")}
+
+
+def media_batch(model_dir: str, files: dict[str, str], audio: bool = False) -> dict:
+    """Six left-padded rows: image, video, text only, image + video, then image, video or (``audio``: an Omni
+    model) audio, audio + image (micro-batches of 3 mix media and text rows; prompts of different lengths),
+    with advantages of both signs."""
+    import torch
+
+    from relax.core.data import Sample, collate
+    from relax.core.testing.multimodal_processor import TinyMediaProcessor
+
+    image, video = {"type": "image", "image": files["image"]}, {"type": "video", "video": files["video"]}
+    contents = [[image, {"type": "text", "text": "what?"}], [video, {"type": "text", "text": "where is it?"}],
+                "no media here?", [image, video, {"type": "text", "text": "same?"}]]  # fmt: skip
+    sound = {"type": "audio", "audio": files["audio"]}
+    contents += [[sound, {"type": "text", "text": "heard?"}], [image, sound, {"type": "text", "text": "both?"}]]
+    processor = TinyMediaProcessor(model_dir)
+    processed = [processor.process([{"role": "user", "content": contents[i]}], [], f"row {i}")
+                 for i in ((0, 1, 2, 3, 4, 5) if audio else (0, 1, 2, 3, 0, 1))]  # fmt: skip
+    answer = processor.hf.tokenizer.encode("it is a small picture of nothing much")
+    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=answer[i : i + 3 + i % 2],
+                      mm_inputs=p["inputs"]) for i, p in enumerate(processed)]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    batch["advantages"] = torch.where(torch.arange(6)[:, None] % 2 == 0, 1.0, -0.5) * batch["response_mask"]
+    return batch
+
+
+@pytest.fixture(scope="session")
+def vl_batch(media_files):
+    """``batch(model_dir)``: :func:`media_batch` of a VL model on the session's media files."""
+    return lambda model_dir, audio=False: media_batch(model_dir, media_files, audio)
+
+
+@pytest.fixture(scope="session")
+def vl_models(tmp_path_factory, vl_batch):
+    """family -> (model_dir, media batch) of the tiny Qwen2.5-VL and Qwen3-VL (vocabulary 71: at TP=2 megatron
+    pads it to 72, convert.Dims.padded_vocab)."""
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+
+    dirs = {f: tiny_multimodal_dir(tmp_path_factory.getbasetemp(), f) for f in ("qwen2_5_vl", "qwen3_vl")}
+    return {f: (d, vl_batch(d)) for f, d in dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def omni_moe(tmp_path_factory, vl_batch):
+    """(model_dir, media batch with audio rows) of the tiny Qwen3-Omni (MoE) thinker."""
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen3_omni")
+    return model_dir, vl_batch(model_dir, audio=True)

@@ -51,13 +51,14 @@ def pp2_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint, pp2_checkpoint, r3_perturbed_dir,
-           r3_batch):  # fmt: skip
+           r3_batch, vl_models, omni_moe):  # fmt: skip
     """One two-process launch for every check below (starting processes is the slow part): TP=2 (the
     trained trainer saved to ``tp2_checkpoint``), the same ranks at EP=2 and DP=2 x EP=2 with the tiny
-    Qwen3-MoE, with MoE routing replay at DP=2 x EP=2 and PP=2, then at PP=2 (saved to ``pp2_checkpoint``)
+    Qwen3-MoE, with MoE routing replay at DP=2 x EP=2 and PP=2, the tiny VL models at TP=2 and the Qwen3-Omni
+    thinker at DP=2 x EP=2, then at PP=2 (saved to ``pp2_checkpoint``)
     and DP=2 (saved to ``<pp2_checkpoint>-dp``)."""
     data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0],
-            "routing": {"batch": r3_batch, "moe_dir": r3_perturbed_dir},
+            "routing": {"batch": r3_batch, "moe_dir": r3_perturbed_dir}, "omni": vl_models, "omni_moe": omni_moe,
             "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint), "dp_batch": dp_batch(torch_reference[1])}}  # fmt: skip
     return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
 
@@ -277,3 +278,51 @@ def test_routing_replay_at_dp2_ep2_and_pp2_matches_the_torch_trainer(tp2, r3_tor
     got = tp2["routing"][layout]
     torch.testing.assert_close(got["logprobs"], r3_torch["replayed"], atol=1e-5, rtol=0)
     assert_r3_step(got)
+
+
+@pytest.mark.parametrize("layout", ["omni", "omni_pp"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_tp2_and_pp2_media_models_match_the_torch_trainer(tp2, vl_models, family, layout):
+    """Qwen2.5-VL (q/k/v biases sharded with their rows) and Qwen3-VL (DeepStack) at TP=2 ("omni") and PP=2
+    ("omni_pp": the towers on the first stage, the rope index on both) on image, video and text rows: the
+    torch trainer's logprobs, then its step (loss, grad norm, gathered weights, towers included)."""
+    from relax.core.testing import torch_trainer
+    from relax.core.testing.trainer import exported
+
+    model_dir, batch = vl_models[family]
+    got = tp2[layout][family]
+    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=3)
+    torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), atol=1e-5, rtol=0)
+    metrics = ref.train_step(batch)
+    for key in ("loss", "entropy", "grad_norm"):
+        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
+    want = exported(ref)
+    assert sorted(got["weights"]) == sorted(want) and any(".visual." in n for n in want)
+    for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
+        torch.testing.assert_close(got["weights"][name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_dp2_ep2_moe_omni_thinker_matches_the_torch_trainer(tp2, omni_moe):
+    """The Qwen3-Omni (MoE) thinker at DP=2 x EP=2 on image, video, audio and text rows: the torch trainer's
+    logprobs and step (loss, grad norm, weights with the experts gathered over EP and the towers)."""
+    from relax.core.testing import torch_trainer
+    from relax.core.testing.trainer import exported
+
+    model_dir, batch = omni_moe
+    got = tp2["omni_moe"]
+    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=3)
+    torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), atol=1e-5, rtol=0)
+    metrics = ref.train_step(batch)
+    for key in ("loss", "entropy", "grad_norm"):
+        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
+    want = exported(ref)
+    mine = dict(got["weights"])
+    for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:  # fuse, as transformers holds them
+        layer = down[: -len("0.down_proj.weight")]
+        experts = range(sum(1 for n in mine if n.startswith(layer) and n.endswith(".down_proj.weight")))
+        mine[layer + "gate_up_proj"] = torch.stack([torch.cat([mine.pop(f"{layer}{j}.gate_proj.weight"),
+                                                               mine.pop(f"{layer}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
+        mine[layer + "down_proj"] = torch.stack([mine.pop(f"{layer}{j}.down_proj.weight") for j in experts])
+    assert sorted(mine) == sorted(want) and any(".audio_tower." in n for n in want)
+    for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
+        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")

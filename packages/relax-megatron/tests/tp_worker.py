@@ -58,11 +58,25 @@ def main() -> None:
             parallel_state.destroy_model_parallel()
             results["routing"]["pp"] = train_check(args, routing["batch"], model_dir=routing["moe_dir"],
                                                    pipeline_parallel=args.world, routing_replay=True)  # fmt: skip
+        for family, (model_dir, batch) in data.get("omni", {}).items():  # media models (omni.py) at TP = world size
+            parallel_state.destroy_model_parallel()
+            results.setdefault("omni", {})[family] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3,
+                                                                 tensor_parallel=args.world)  # fmt: skip
+        if "omni_moe" in data:  # the MoE Omni thinker at DP = EP = world size
+            parallel_state.destroy_model_parallel()
+            model_dir, batch = data["omni_moe"]
+            results["omni_moe"] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3,
+                                              data_parallel=args.world, expert_parallel=args.world)  # fmt: skip
         if "pipeline" in data:  # then as pipeline stages and data-parallel replicas
             parallel_state.destroy_model_parallel()
             pipeline = data["pipeline"]
             results["pipeline"] = pipeline_checks(args, pipeline["tokens"], data["batch"], pipeline["ckpt"],
                                                   pipeline.get("dp_batch"))  # fmt: skip
+        for family, (model_dir, batch) in data.get("omni", {}).items():  # and the media models at PP = world size
+            parallel_state.destroy_model_parallel()
+            results["omni_pp"] = results.get("omni_pp", {})
+            results["omni_pp"][family] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3,
+                                                     pipeline_parallel=args.world)  # fmt: skip
     else:
         results = pipeline_checks(args, data["tokens"], data.get("batch"), args.ckpt)
     if args.rank == 0:

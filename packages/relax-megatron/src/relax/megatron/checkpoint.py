@@ -16,14 +16,15 @@ from typing import Any
 import torch
 
 HF_DIR = "hf"  # inside a checkpoint: the HF config and tokenizer
+TOWERS = "towers"  # a media model's HF tower weights (omni.py), next to megatron's own
 
 
-def _ensure_adam_state(optimizer: torch.optim.Optimizer) -> None:
+def _ensure_adam_state(optimizer: torch.optim.Optimizer, stateless: frozenset[int] = frozenset()) -> None:
     """Zero AdamW state for every parameter (before the first step it has none), so that a load has
-    tensors to fill."""
+    tensors to fill; not for the ``stateless`` ones (ids: saved without state, never given a gradient)."""
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if not optimizer.state[p]:
+            if id(p) not in stateless and not optimizer.state.get(p):  # get: the state is a defaultdict
                 optimizer.state[p] = {"step": torch.zeros(()), "exp_avg": torch.zeros_like(p),
                                       "exp_avg_sq": torch.zeros_like(p)}  # fmt: skip
 
@@ -33,7 +34,29 @@ def layout(trainer: Any) -> list[int]:
     return [trainer.tp, trainer.pp, trainer.dp]
 
 
-def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
+def tower_tensors(trainer: Any) -> dict[str, Any]:
+    """A media model's HF towers (first pipeline stage; replicated over TP and DP, one main replica) as
+    whole-tensor ``ShardedTensor``s keyed ``towers.<HF name>``; {} for a text model or a later stage."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    front = getattr(trainer, "front", None)
+    if front is None:
+        return {}
+    return {name: ShardedTensor.from_rank_offsets(f"{TOWERS}.{name}", param, replica_id=(0, trainer.tp_rank, trainer.dp_rank))
+            for name, param in front.tower_parameters()}  # fmt: skip
+
+
+def _stateless_towers(trainer: Any, path: Path) -> frozenset[int]:
+    """Tower parameters the checkpoint at ``path`` holds no Adam state for (ones no forward uses, such as
+    Qwen2.5-Omni's ``audio_bos_eos_token``: AdamW never created state for them)."""
+    from megatron.core import dist_checkpointing
+
+    saved = set(dist_checkpointing.load_tensors_metadata(str(path)))
+    return frozenset(id(p) for name, p in (trainer.front.tower_parameters() if getattr(trainer, "front", None) else ())
+                     if f"optimizer.state.exp_avg.{TOWERS}.{name}" not in saved)  # fmt: skip
+
+
+def sharded_state(trainer: Any, loading: bool = False, stateless: frozenset[int] = frozenset()) -> dict[str, Any]:
     """The trainer's state as a megatron sharded state dict (model, optimizer, step, RNG)."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.dist_checkpointing.optimizer import (
@@ -42,6 +65,9 @@ def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
     )
 
     model = trainer.model.sharded_state_dict()
+    towers = tower_tensors(trainer)
+    if towers:  # in the model's dict, so that the optimizer state below is mapped onto them too
+        model[TOWERS] = towers
     state: dict[str, Any] = {"model": model, "step": trainer.update.step, "layout": layout(trainer)}
     rng = {"torch": torch.get_rng_state()}  # one per rank: data-parallel replicas keep their own
     state["rng"] = ShardedObject("rng_state", rng, (trainer.pp, trainer.tp, trainer.dp),
@@ -53,7 +79,7 @@ def sharded_state(trainer: Any, loading: bool = False) -> dict[str, Any]:
         from relax.megatron.precision import master_state
 
         if loading:
-            _ensure_adam_state(trainer.optimizer)
+            _ensure_adam_state(trainer.optimizer, stateless)
         masters = getattr(trainer, "masters", None)
         optim = trainer.optimizer.state_dict() if masters is None else master_state(trainer.optimizer, masters)
         steps = {float(s["step"]) for s in optim["state"].values()}
@@ -77,7 +103,7 @@ def save(trainer: Any, directory: str) -> None:
     torch.distributed.barrier()  # the directory exists for every rank before megatron looks into it
     dist_checkpointing.save(sharded_state(trainer), str(out))
     if torch.distributed.get_rank() == 0:
-        write_hf(str(out / HF_DIR), None, trainer.hf_config, trainer.model_path)
+        write_hf(str(out / HF_DIR), None, getattr(trainer, "media_config", None) or trainer.hf_config, trainer.model_path)
     torch.distributed.barrier()
 
 
@@ -90,13 +116,18 @@ def load(trainer: Any, directory: str) -> None:
     if not (path / "metadata.json").is_file():
         raise FileNotFoundError(f"no megatron dist checkpoint at {path} (metadata.json missing)")
     common = dist_checkpointing.load_common_state_dict(str(path))
-    state = sharded_state(trainer, loading=True)
+    state = sharded_state(trainer, loading=True, stateless=_stateless_towers(trainer, path))
     if list(common.get("layout", ())) != layout(trainer):
         state.pop("rng")
     if trainer.optimizer is not None and "adam_step" not in common:
         raise ValueError(f"checkpoint {path} has no optimizer state (saved by a frozen trainer)")
     loaded = dist_checkpointing.load(state, str(path))
+    towers = loaded["model"].pop(TOWERS, {})
     load_model(trainer.model, loaded["model"], path)
+    if towers:
+        with torch.no_grad():
+            for name, param in trainer.front.tower_parameters():
+                param.copy_(towers[name])
     if getattr(trainer, "ddp", None) is not None:
         trainer.optimizer.load_state_dict(loaded["optimizer"])
     elif trainer.optimizer is not None:
@@ -138,6 +169,9 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     ensure_process_group(0, 1)
     initialize_model_parallel(1, 1)
     config = AutoConfig.from_pretrained(src / HF_DIR)
+    if getattr(config, "text_config", None) is not None:
+        raise ValueError(f"relax convert: {src} holds a {config.model_type} (media) model: converting those is not "
+                         "supported yet; the trainer's save_hf writes its HF directory")  # fmt: skip
     model = convert.build_gpt_model(config)  # the local spec: a TE run's checkpoint converts on CPU too
     loaded = dist_checkpointing.load({"model": local_keys_of(model, src, config)}, str(src))
     load_model(model, loaded["model"], src)

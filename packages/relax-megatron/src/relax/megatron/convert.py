@@ -19,6 +19,12 @@ from typing import Any
 import torch
 
 Tensor = torch.Tensor
+#: language models (HF ``text_config.model_type``) of the VL checkpoints relax-megatron trains (relax/megatron/omni.py)
+QWEN2_LM_TYPES = ("qwen2_5_vl_text", "qwen2_5_omni_text")  # Qwen2 LMs: q/k/v biases, no q/k norms
+MOE_LM_TYPES = ("qwen3_moe", "qwen3_omni_moe_text")  # Qwen3-MoE layers (moe.py)
+MEDIA_LM_TYPES = ("qwen3_vl_text", "qwen3_omni_moe_text", *QWEN2_LM_TYPES)
+INTERLEAVED_MROPE_TYPES = ("qwen3_vl_text", "qwen3_omni_moe_text")  # M-RoPE with T/H/W frequencies interleaved
+LM_TYPES = ("qwen3", "qwen3_moe", *MEDIA_LM_TYPES)
 # state_dict entries megatron adds for Transformer Engine / fp8 metadata: never weights
 EXTRA_STATE = "._extra_state"
 
@@ -39,21 +45,33 @@ class Dims:
     topk: int = 0
     moe_ffn: int = 0
     norm_topk: bool = False
+    qkv_bias: bool = False  # Qwen2 LMs (Qwen2.5-VL / Qwen2.5-Omni): q/k/v biases, no q/k norms
+    qk_norm: bool = True  # Qwen3 LMs: per-head q/k RMSNorms
+    mrope_section: tuple[int, ...] = ()  # the VL / Omni LMs' M-RoPE (T, H, W) frequency split; () plain RoPE
+    mrope_interleaved: bool = False  # Qwen3-VL / Qwen3-Omni: T/H/W frequencies interleaved, not chunked
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> Dims:
         model_type = getattr(hf_config, "model_type", None)
-        if model_type not in ("qwen3", "qwen3_moe"):
-            raise ValueError(f"relax-megatron converts Qwen3 dense and Qwen3-MoE models only; got model_type={model_type!r}")
-        if getattr(hf_config, "attention_bias", False):
+        if model_type not in LM_TYPES:
+            raise ValueError(f"relax-megatron converts the language models of {sorted(MEDIA_LM_TYPES)} and Qwen3 dense "
+                             f"and Qwen3-MoE models only; got model_type={model_type!r}")  # fmt: skip
+        qwen2 = model_type in QWEN2_LM_TYPES
+        if getattr(hf_config, "attention_bias", False) and not qwen2:
             raise ValueError("Qwen3 with attention_bias=True is not supported by the megatron mapping yet")
         heads = hf_config.num_attention_heads
         moe = {}
-        if model_type == "qwen3_moe":
+        if model_type in MOE_LM_TYPES:
             from relax.megatron.moe import moe_dims
 
             moe = moe_dims(hf_config)
+        rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+        if model_type in MEDIA_LM_TYPES:
+            moe["mrope_section"] = tuple(rope.get("mrope_section") or ())
+            moe["mrope_interleaved"] = model_type in INTERLEAVED_MROPE_TYPES  # what HF's code does, whatever the flag
         return cls(
+            qkv_bias=qwen2,
+            qk_norm=not qwen2,
             num_layers=hf_config.num_hidden_layers,
             hidden=hf_config.hidden_size,
             heads=heads,
@@ -65,15 +83,26 @@ class Dims:
             **moe,
         )
 
+    def padded_vocab(self, tp: int) -> int:
+        """Rows of megatron's embedding / output layer: the vocabulary padded to a multiple of TP (as megatron
+        pads it; the padding rows are zeros, their logits masked out by the trainer, dropped on export)."""
+        return -(-self.vocab // tp) * tp
+
     def check_tp(self, tp: int) -> None:
         """Reject a TP size that does not divide every split dimension, naming which one."""
-        for what, n in (("num_key_value_heads", self.groups), ("intermediate_size", self.ffn), ("vocab_size", self.vocab)):
+        for what, n in (("num_key_value_heads", self.groups), ("intermediate_size", self.ffn)):
             if tp < 1 or n % tp:
                 raise ValueError(f"tensor_parallel={tp} must divide {what}={n}")
 
 
 def _split(t: Tensor, tp: int, dim: int) -> list[Tensor]:
     return [c.clone() for c in torch.chunk(t, tp, dim=dim)]
+
+
+def _vocab_split(t: Tensor, d: Dims, tp: int) -> list[Tensor]:
+    """An embedding / LM head's rows, zero-padded to :meth:`Dims.padded_vocab`, one shard per TP rank."""
+    pad = d.padded_vocab(tp) - t.shape[0]
+    return _split(torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t, tp, 0)
 
 
 def _layer_names(i: int) -> tuple[str, str]:
@@ -103,15 +132,18 @@ def hf_weight_names(hf_config: Any) -> list[str]:
     d = Dims.from_hf(hf_config)
     per_layer = [
         "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-        "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm",
+        "self_attn.o_proj",
     ]  # fmt: skip
+    if d.qk_norm:
+        per_layer += ["self_attn.q_norm", "self_attn.k_norm"]
     if d.experts:
         experts = [f"mlp.experts.{j}.{w}" for j in range(d.experts) for w in ("gate_proj", "up_proj", "down_proj")]
         per_layer += ["mlp.gate", *experts]
     else:
         per_layer += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
     names = ["model.embed_tokens.weight", "model.norm.weight"] + (["lm_head.weight"] if not d.tied else [])
-    return names + [f"model.layers.{i}.{w}.weight" for i in range(d.num_layers) for w in per_layer]
+    biases = [f"self_attn.{x}_proj.bias" for x in "qkv"] if d.qkv_bias else []
+    return names + [f"model.layers.{i}.{w}" for i in range(d.num_layers) for w in [f"{w}.weight" for w in per_layer] + biases]
 
 
 def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: int = 1) -> list[dict[str, Tensor]]:
@@ -136,14 +168,18 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     def replicate(name: str, t: Tensor) -> None:
         put(name, [t.clone() for _ in range(tp)])
 
-    put("embedding.word_embeddings.weight", _split(hf["model.embed_tokens.weight"], tp, 0))
+    put("embedding.word_embeddings.weight", _vocab_split(hf["model.embed_tokens.weight"], d, tp))
     for i in range(d.num_layers):
         h, m = _layer_names(i)
         qkv = fuse_qkv(hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"], d)
         put(m + "self_attention.linear_qkv.weight", _split(qkv, tp, 0))
+        if d.qkv_bias:  # the bias rows follow the weight rows' grouping
+            bias = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"][:, None] for x in "qkv"), d)[:, 0]
+            put(m + "self_attention.linear_qkv.bias", _split(bias, tp, 0))
         put(m + "self_attention.linear_proj.weight", _split(hf[h + "self_attn.o_proj.weight"], tp, 1))
-        replicate(m + "self_attention.q_layernorm.weight", hf[h + "self_attn.q_norm.weight"])
-        replicate(m + "self_attention.k_layernorm.weight", hf[h + "self_attn.k_norm.weight"])
+        if d.qk_norm:
+            replicate(m + "self_attention.q_layernorm.weight", hf[h + "self_attn.q_norm.weight"])
+            replicate(m + "self_attention.k_layernorm.weight", hf[h + "self_attn.k_norm.weight"])
         replicate(m + "input_layernorm.weight", hf[h + "input_layernorm.weight"])
         replicate(m + "pre_mlp_layernorm.weight", hf[h + "post_attention_layernorm.weight"])
         if d.experts:
@@ -156,7 +192,7 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
         put(m + "mlp.linear_fc2.weight", _split(hf[h + "mlp.down_proj.weight"], tp, 1))
     replicate("decoder.final_layernorm.weight", hf["model.norm.weight"])
     if not d.tied:
-        put("output_layer.weight", _split(hf["lm_head.weight"], tp, 0))
+        put("output_layer.weight", _vocab_split(hf["lm_head.weight"], d, tp))
     if d.experts:  # TP=1: the one shard, with each EP rank's experts
         return [{**shards[0], **part} for part in expert_parts]
     return shards
@@ -186,16 +222,21 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, parti
 
     hf: dict[str, Tensor] = {}
     if has("embedding.word_embeddings.weight"):
-        hf["model.embed_tokens.weight"] = cat("embedding.word_embeddings.weight", 0)
+        hf["model.embed_tokens.weight"] = cat("embedding.word_embeddings.weight", 0)[: d.vocab]
     for i in range(d.num_layers):
         h, m = _layer_names(i)
         if not has(m + "input_layernorm.weight"):
             continue
         q, k, v = split_qkv(cat(m + "self_attention.linear_qkv.weight", 0), d)
         hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"] = q, k, v
+        if d.qkv_bias:
+            biases = split_qkv(cat(m + "self_attention.linear_qkv.bias", 0)[:, None], d)
+            for x, b in zip("qkv", biases, strict=True):
+                hf[h + f"self_attn.{x}_proj.bias"] = b[:, 0].contiguous()
         hf[h + "self_attn.o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", 1)
-        hf[h + "self_attn.q_norm.weight"] = one(m + "self_attention.q_layernorm.weight")
-        hf[h + "self_attn.k_norm.weight"] = one(m + "self_attention.k_layernorm.weight")
+        if d.qk_norm:
+            hf[h + "self_attn.q_norm.weight"] = one(m + "self_attention.q_layernorm.weight")
+            hf[h + "self_attn.k_norm.weight"] = one(m + "self_attention.k_layernorm.weight")
         hf[h + "input_layernorm.weight"] = one(m + "input_layernorm.weight")
         hf[h + "post_attention_layernorm.weight"] = one(m + "pre_mlp_layernorm.weight")
         if d.experts:
@@ -210,7 +251,7 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, parti
     if has("decoder.final_layernorm.weight"):
         hf["model.norm.weight"] = one("decoder.final_layernorm.weight")
     if not d.tied and has("output_layer.weight"):
-        hf["lm_head.weight"] = cat("output_layer.weight", 0)
+        hf["lm_head.weight"] = cat("output_layer.weight", 0)[: d.vocab]
     return hf
 
 
@@ -330,8 +371,8 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
-        add_qkv_bias=False,
-        qk_layernorm=True,
+        add_qkv_bias=d.qkv_bias,
+        qk_layernorm=d.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
         init_method_std=hf_config.initializer_range,
@@ -350,6 +391,8 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
     from relax.megatron.moe import moe_config
 
     kwargs.update(moe_config(d))
+    if d.mrope_section:
+        kwargs["mrope_section"] = list(d.mrope_section)
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -371,13 +414,13 @@ def build_gpt_model(
     d.check_tp(config.tensor_model_parallel_size)
     return GPTModel(
         config,
-        gpt_layer_spec(layer_spec, d.experts or None),
-        vocab_size=hf_config.vocab_size,
+        gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm),
+        vocab_size=d.padded_vocab(config.tensor_model_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
-        position_embedding_type="rope",
+        position_embedding_type="mrope" if d.mrope_section else "rope",
         rotary_base=_rope_theta(hf_config),
     )
 

@@ -58,13 +58,14 @@ def resolve_layer_spec(choice: str, device_type: str, te_available: bool | None 
     return "te" if device_type == "cuda" and have_te else "local"
 
 
-def gpt_layer_spec(kind: str, num_experts: int | None) -> Any:
-    """megatron's GPT decoder-layer spec for Qwen3 (RMSNorm, per-head q/k norms), TE or local."""
+def gpt_layer_spec(kind: str, num_experts: int | None, qk_layernorm: bool = True) -> Any:
+    """megatron's GPT decoder-layer spec for Qwen3 (RMSNorm, per-head q/k norms; Qwen2 LMs: none), TE or local."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     if kind == "te":
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, qk_layernorm=True)
-    return gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=True, normalization="RMSNorm")
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, qk_layernorm=qk_layernorm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_layernorm,
+                                                    normalization="RMSNorm")  # fmt: skip
 
 
 def _renamed(name: str, pairs: list[tuple[str, str]]) -> str:

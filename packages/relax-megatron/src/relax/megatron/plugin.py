@@ -34,6 +34,8 @@ class MegatronParams:
     # longest any collective of the trainer's process groups may wait (None: trainer.timeout_s); a save_hf
     # gathers the whole model on every rank while rank 0 writes it
     timeout_s: float | None = None
+    # media models (Qwen2.5-VL, Qwen3-VL): keep the vision tower's weights as loaded (not trained, not synced)
+    freeze_media_towers: bool = False
 
     def validate(self) -> list[str]:
         errors = [
@@ -119,6 +121,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         distributed_optimizer=params.distributed_optimizer,
         timeout_s=params.timeout_s or spec.optim.timeout_s,
         layer_spec=params.layer_spec,
+        freeze_media_towers=params.freeze_media_towers,
     )
 
 

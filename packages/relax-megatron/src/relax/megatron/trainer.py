@@ -33,11 +33,13 @@ import torch
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import split_rows
 from relax.core.trainers.export import NamedTensors, buckets
-from relax.megatron import convert
+from relax.megatron import convert, omni
 from relax.megatron.logprobs import logprobs_and_entropy
 from relax.megatron.padding import response_logits, right_padded
 from relax.megatron.parallel import DEFAULT_TIMEOUT_S
 from relax.megatron.routing import MegatronRouting, routing_metrics
+
+TOWER = "front."  # grad_params name prefix of a media tower weight (omni.py)
 
 
 class MegatronTrainer:
@@ -65,6 +67,7 @@ class MegatronTrainer:
         distributed_optimizer: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         layer_spec: str = "auto",
+        freeze_media_towers: bool = False,
         **overrides: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -107,6 +110,11 @@ class MegatronTrainer:
                                   timeout_s=timeout_s)  # fmt: skip
         self.model_path = model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
+        self.front = None  # media models (omni.py): HF's towers, scatter and rope index feeding megatron's LM
+        self.media_config = None  # a media model's whole HF config (``hf_config`` is then its LM's)
+        if omni.is_media_model(self.hf_config):
+            omni.check_supported(self.hf_config, dtype, self.distributed_optimizer, pipeline_parallel)
+            self.media_config, self.hf_config = self.hf_config, omni.lm_config(self.hf_config)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp, self.pp_rank = pipeline_parallel, parallel_state.get_pipeline_model_parallel_rank()
@@ -122,15 +130,29 @@ class MegatronTrainer:
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
                                              layer_spec=self.layer_spec, tensor_model_parallel_size=tensor_parallel,
                                              use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
-        convert.load_hf_into(self.model, convert.read_hf_checkpoint(model_path), self.hf_config, self.tp, self.tp_rank,
+        if self.media_config is not None:
+            self.front = omni.MediaFront(model_path, self.model, self.media_config, first_stage=self.first_stage)
+            hf_weights = omni.lm_state(self.front.hf_state)
+            del self.front.hf_state
+        else:
+            hf_weights = convert.read_hf_checkpoint(model_path)
+        convert.load_hf_into(self.model, hf_weights, self.hf_config, self.tp, self.tp_rank,
                              pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
+        del hf_weights
         self.model.to(self.device)  # a no-op where megatron already allocated on the current GPU
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
+        if self.front is not None:
+            self.front.to(self.device).eval()
+            self.front.requires_grad_(trainable and not freeze_media_towers)
+        # frozen towers are neither trained nor exported (the rollout engine loaded them already), as in core
+        self.freeze_media_towers = freeze_media_towers and self.front is not None
         self.ddp = None  # megatron's DDP wrapper: with the distributed optimizer only
         self.masters = None  # bf16 without it: fp32 master weights (precision.py)
         # what the gradient code reduces and clips, by parameter name: the model's parameters, or their masters
         self.grad_params: list[tuple[str, torch.nn.Parameter]] = list(self.model.named_parameters())
+        if self.front is not None and trainable and not freeze_media_towers:  # HF-named tower weights, replicated per TP rank
+            self.grad_params += [(TOWER + n, p) for n, p in self.front.tower_parameters()]
         if self.distributed_optimizer:
             from relax.megatron import distopt
 
@@ -177,11 +199,28 @@ class MegatronTrainer:
         """This stage's forward on the right-padded rows, causal attention with no mask tensor (padding.py):
         logits on the last stage, hidden states on the others; MoE routers replay ``routed_experts`` when
         the batch has them and the trainer replays (routing.py)."""
+        if self.front is not None:
+            return self._media_forward(model, batch)
         input_ids, position_ids = right_padded(batch)
         if self.routing is None:
             return model(input_ids, position_ids, attention_mask=None)
         with self.routing.applied(batch):
             return model(input_ids, position_ids, attention_mask=None)
+
+    def _media_forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A media model's forward: HF's front gives the LM's input embeddings and M-RoPE positions
+        (omni.py); a micro-batch without media takes megatron's embedding and the batch's positions on all
+        three axes (what HF does for text rows given 2-D positions)."""
+        from relax.core.data_multimodal import has_media
+
+        input_ids, position_ids = right_padded(batch)
+        if not has_media(batch):
+            return model(input_ids, position_ids[None].expand(3, -1, -1), attention_mask=None)
+        if not self.first_stage:  # the hidden states come from the previous stage: only the positions are needed
+            return model(input_ids, self.front.positions(batch), attention_mask=None)
+        decoder_input, positions, mask, deep = self.front.inputs(batch)
+        with self.front.deepstack(mask, deep):
+            return model(input_ids, positions, attention_mask=None, decoder_input=decoder_input)
 
     def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
         resp = batch["responses"]
@@ -189,6 +228,10 @@ class MegatronTrainer:
         if self.settings.temperature != 1.0:
             logits = logits / self.settings.temperature
         vocab_start = self.tp_rank * logits.shape[-1]
+        real = self.hf_config.vocab_size - vocab_start  # this slice's columns that are real tokens
+        if real < logits.shape[-1]:  # the vocabulary padded to a multiple of TP (convert.Dims.padded_vocab)
+            padding = torch.arange(logits.shape[-1], device=logits.device) >= real
+            logits = logits.masked_fill(padding, -1e30)  # finite: entropy's p * log p stays 0, not nan
         return score(logits, resp, vocab_start, self.tp_group if self.tp > 1 else None)
 
     def _masked_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
@@ -429,7 +472,10 @@ class MegatronTrainer:
             width, group = (self.ep, self.ep_group) if self.ep > 1 else (self.tp, self.tp_group)
             for unit in source:
                 shards = gather_tp_shards(unit, width, group)
-                yield from convert.megatron_to_hf(shards, self.hf_config, partial=True).items()
+                for name, tensor in convert.megatron_to_hf(shards, self.hf_config, partial=True).items():
+                    yield (omni.hf_name(name) if self.front is not None else name), tensor
+            if self.front is not None and not self.freeze_media_towers:  # replicated: every rank holds them whole
+                yield from ((n, p.detach()) for n, p in self.front.tower_parameters())
 
         yield from buckets(named(), bucket_bytes)
 
@@ -439,8 +485,14 @@ class MegatronTrainer:
         from relax.megatron.checkpoint import write_hf
 
         hf = {n: t.cpu() for b in self.export_weights() for n, t in b}  # in host memory, not the GPU's
+        if self.freeze_media_towers:  # not synced, but the directory is the whole model
+            hf.update((n, p.detach().cpu()) for n, p in self.front.tower_parameters())
         if torch.distributed.get_rank() == 0:
-            write_hf(directory, hf, self.hf_config, self.model_path)
+            write_hf(directory, hf, self.media_config or self.hf_config, self.model_path)
+            if self.media_config is not None:  # the media model's processor, for an engine that loads the directory
+                from transformers import AutoProcessor
+
+                AutoProcessor.from_pretrained(self.model_path).save_pretrained(directory)
 
     # -------------------------------------------------------------- checkpoints
     def save(self, directory: str) -> None:

@@ -1,0 +1,248 @@
+"""Media models (Qwen2.5-VL, Qwen3-VL, the Qwen2.5-Omni and Qwen3-Omni (MoE) thinkers) on megatron-core: the
+HF "media front" feeds megatron's language model.
+
+Only the language model runs in megatron (a GPTModel with M-RoPE, :mod:`relax.megatron.convert`). The
+vision tower, the placeholder scatter and the 3-D rope index stay transformers' own code, so they are
+exactly what the torch trainer and the HF engine compute: the HF model is loaded through relax-omni's
+model adapter, its decoder layers and LM head are dropped, its text embedding is replaced by megatron's
+(vocab-parallel) word embedding, and its language model by a stub that captures what HF would have fed
+it (``inputs_embeds``, the M-RoPE ``position_ids`` and, for Qwen3-VL, DeepStack's ``visual_pos_masks`` /
+``deepstack_visual_embeds``) and stops the forward there. Megatron then runs on those, right-padded
+(:mod:`relax.megatron.padding`), with:
+
+* :class:`MRoPE` as the rotary module: HF's frequency -> (T, H, W) axis map (chunked for Qwen2.5,
+  interleaved for Qwen3-VL / Qwen3-Omni; megatron's own ``MultimodalRotaryEmbedding`` only chunks) and HF's
+  inverse frequencies;
+* forward hooks on the first decoder layers that add DeepStack's visual embeddings after each of them,
+  as HF's ``_deepstack_process``.
+
+Qwen3-Omni's MoE experts, fused in transformers' memory, are split per expert for :mod:`relax.megatron.moe`
+(and exported per expert, as for Qwen3-MoE).
+
+The towers (vision; Omni: audio too) are HF modules on the first pipeline stage, replicated per TP rank
+(each computes the same, full gradients), trainable unless frozen; later stages keep only HF's rope index
+for their positions. Weight names: the in-memory HF names the torch trainer exports (``model.language_model.*``,
+``model.visual.*``, ``lm_head.weight``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+#: HF ``config.model_type`` -> what relax-megatron trains of it (the other media families are refused by name)
+SUPPORTED = ("qwen2_5_vl", "qwen3_vl", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
+PIPELINED = ("qwen2_5_vl", "qwen3_vl")  # later stages recompute the positions with HF's rope index alone
+LM_PREFIX = "model.language_model."  # the LM's in-memory HF names (transformers >= 5) ...
+MEGATRON_LM_PREFIX = "model."  # ... and the names :mod:`relax.megatron.convert` speaks
+FUSED_EXPERTS = "gate_up_proj"  # transformers' in-memory MoE experts: ``mlp.experts.gate_up_proj`` / ``down_proj``
+
+
+def is_media_model(hf_config: Any) -> bool:
+    """Whether the checkpoint takes media (a registered model adapter, as core decides)."""
+    from relax.core.multimodal_model import adapter_for
+
+    return adapter_for(getattr(hf_config, "model_type", None)) is not None
+
+
+def check_supported(hf_config: Any, dtype: str = "float32", distributed_optimizer: bool = False,
+                    pipeline_parallel: int = 1) -> None:  # fmt: skip
+    """Refuse, naming the family or field, a media model or layout the megatron trainer cannot run yet."""
+    family = hf_config.model_type
+    if family not in SUPPORTED:
+        raise ValueError(f"model_type {family!r}: the megatron trainer runs the media families {list(SUPPORTED)} "
+                         "only so far; use trainer.backend: torch (or fsdp) for this model")  # fmt: skip
+    if pipeline_parallel > 1 and family not in PIPELINED:  # a later stage's rope index would need the audio lengths
+        raise ValueError(f"pipeline_parallel={pipeline_parallel}: the megatron trainer runs {family} with "
+                         f"pipeline_parallel=1 only so far (pipelined media families: {list(PIPELINED)})")  # fmt: skip
+    if dtype != "float32" or distributed_optimizer:
+        raise ValueError(f"{family} on the megatron trainer: dtype float32 without distributed_optimizer only so far "
+                         f"(got dtype={dtype!r}, distributed_optimizer={distributed_optimizer})")  # fmt: skip
+
+
+def lm_config(hf_config: Any) -> Any:
+    """The language model's HF config (``text_config``), with the checkpoint's embedding tying."""
+    text = copy.deepcopy(hf_config.text_config)
+    text.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", text.tie_word_embeddings))
+    return text
+
+
+def lm_state(hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The LM weights of an in-memory HF state dict under the names :mod:`relax.megatron.convert` reads."""
+    out = {MEGATRON_LM_PREFIX + n[len(LM_PREFIX):]: t for n, t in hf_state.items() if n.startswith(LM_PREFIX)}
+    for name in [n for n in out if n.endswith(FUSED_EXPERTS)]:  # MoE (Qwen3-Omni): per expert, as checkpoints
+        layer = name[: -len(FUSED_EXPERTS)]
+        gate_up, down = out.pop(name), out.pop(layer + "down_proj")
+        for j, (fused, d) in enumerate(zip(gate_up, down, strict=True)):
+            gate, up = fused.chunk(2, 0)
+            out.update({f"{layer}{j}.gate_proj.weight": gate, f"{layer}{j}.up_proj.weight": up, f"{layer}{j}.down_proj.weight": d})
+    if "lm_head.weight" in hf_state:
+        out["lm_head.weight"] = hf_state["lm_head.weight"]
+    return out
+
+
+def hf_name(name: str) -> str:
+    """A name :func:`relax.megatron.convert.megatron_to_hf` writes -> the media checkpoint's HF name."""
+    return LM_PREFIX + name[len(MEGATRON_LM_PREFIX):] if name.startswith(MEGATRON_LM_PREFIX) else name
+
+
+def frequency_axes(section: tuple[int, ...], interleaved: bool) -> Tensor:
+    """(head_dim / 2,) M-RoPE axis (0 T, 1 H, 2 W) of each rotary frequency, as HF assigns them: chunks of
+    ``section`` (Qwen2.5-VL) or, interleaved (Qwen3-VL), H at 1, 4, .. < 3 * section[1] and W at
+    2, 5, .. < 3 * section[2], T elsewhere."""
+    total = sum(section)
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(3), torch.tensor(section))
+    axes = torch.zeros(total, dtype=torch.long)
+    for axis in (1, 2):
+        axes[axis : section[axis] * 3 : 3] = axis
+    return axes
+
+
+class MRoPE(torch.nn.Module):
+    """megatron's rotary module for a GPTModel with ``position_embedding_type="mrope"``: (3, B, S) positions
+    -> (S, B, 1, head_dim) angles, each frequency taking its HF axis (:func:`frequency_axes`)."""
+
+    def __init__(self, inv_freq: Tensor, section: tuple[int, ...], interleaved: bool) -> None:
+        super().__init__()
+        if sum(section) != inv_freq.numel():
+            raise ValueError(f"mrope_section={list(section)} must sum to head_dim / 2 = {inv_freq.numel()}")
+        self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)
+        self.register_buffer("axes", frequency_axes(section, interleaved), persistent=False)
+
+    def forward(self, position_ids: Tensor, mrope_section: Any = None, cp_group: Any = None) -> Tensor:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)  # (3, B, S, D/2), as HF
+        index = self.axes.to(freqs.device).view(1, 1, 1, -1).expand(1, *freqs.shape[1:])
+        picked = freqs.gather(0, index)[0]  # (B, S, D/2)
+        return torch.cat([picked, picked], -1).transpose(0, 1)[:, :, None, :].contiguous()
+
+
+class _Captured(Exception):  # noqa: N818 - control flow, not an error: the HF forward stops at the LM
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        super().__init__("captured")
+        self.kwargs = kwargs
+
+
+class _LanguageModelStub(torch.nn.Module):
+    """Stands in for HF's language model: captures its inputs and stops the forward."""
+
+    def forward(self, **kwargs: Any) -> Any:
+        raise _Captured(kwargs)
+
+
+class MediaFront(torch.nn.Module):
+    """The HF model's outer part (towers, scatter, rope index) on top of a megatron GPTModel.
+
+    First stage: :meth:`inputs` gives megatron's ``decoder_input`` and M-RoPE positions of the right-padded
+    rows (and DeepStack's embeddings, which hooks add while :meth:`deepstack` is entered); a later stage
+    only computes the positions (:meth:`positions`).
+    """
+
+    def __init__(self, model_path: str, gpt_model: Any, hf_config: Any, first_stage: bool = True) -> None:
+        super().__init__()
+        from relax.core.multimodal_model import adapter_for
+        from relax.megatron.convert import Dims
+
+        hf = adapter_for(hf_config.model_type).load(model_path, torch.float32)
+        inner = hf.model
+        self.hf_state = {n: t.detach() for n, t in hf.state_dict().items()}  # to load the LM from; dropped by the caller
+        inv_freq = inner.language_model.rotary_emb.inv_freq
+        dims = Dims.from_hf(lm_config(hf_config))
+        inner.language_model = _LanguageModelStub()
+        hf.lm_head = torch.nn.Identity()  # never reached: the stub stops the forward
+        self.first_stage = first_stage
+        if first_stage:
+            embed = gpt_model.embedding.word_embeddings  # the LM's one embedding: megatron's, vocab-parallel
+            inner.get_input_embeddings = lambda: embed  # an attribute, not a child: its weight stays megatron's
+        else:  # a later pipeline stage only needs the rope index (its positions): no towers
+            inner.visual = None
+        self.hf = hf
+        gpt_model.rotary_pos_emb = MRoPE(inv_freq, dims.mrope_section, dims.mrope_interleaved)
+        self.deepstack_layers = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or ())
+        self._deepstack: tuple[Tensor, list[Tensor]] | None = None
+        if first_stage:
+            layers = gpt_model.decoder.layers
+            if self.deepstack_layers > len(layers):
+                raise ValueError(f"pipeline_parallel: {hf_config.model_type}'s DeepStack feeds its first "
+                                 f"{self.deepstack_layers} decoder layers, but the first stage holds {len(layers)}; "
+                                 "use fewer pipeline stages")  # fmt: skip
+            for i in range(self.deepstack_layers):
+                layers[i].register_forward_hook(self._hook(i))
+
+    def tower_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """(HF name, parameter) of the towers: everything the front holds."""
+        return self.hf.named_parameters()
+
+    def _hook(self, index: int):
+        def add_visual(_module: Any, _args: Any, output: Any) -> Any:
+            if self._deepstack is None:
+                return output
+            mask, embeds = self._deepstack
+            hidden = output[0] if isinstance(output, tuple) else output
+            rows = hidden.transpose(0, 1).clone()  # (B, S, H): HF's row-major order of the masked positions
+            rows[mask] = rows[mask] + embeds[index].to(rows.dtype)
+            hidden = rows.transpose(0, 1).contiguous()
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        return add_visual
+
+    @contextmanager
+    def deepstack(self, mask: Tensor | None, embeds: list[Tensor] | None) -> Iterator[None]:
+        """While entered, the hooked decoder layers add ``embeds`` at ``mask`` (right-padded (B, S))."""
+        self._deepstack = None if mask is None or not embeds else (mask, embeds)
+        try:
+            yield
+        finally:
+            self._deepstack = None
+
+    def capture(self, batch: dict[str, Tensor]) -> dict[str, Any]:
+        """What HF's own forward feeds its language model for ``batch`` (left-padded, with media)."""
+        try:
+            self.hf(use_cache=False, **self._kwargs(batch))
+        except _Captured as done:
+            return done.kwargs
+        raise RuntimeError(f"{type(self.hf).__name__} never called its language model")
+
+    def _kwargs(self, batch: dict[str, Tensor]) -> dict[str, Any]:
+        from relax.core.data_multimodal import unpack_media
+        from relax.core.multimodal_model import media_forward_kwargs
+
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        width = ids.shape[1] - batch["responses"].shape[1]
+        return media_forward_kwargs(self.hf, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask"))
+
+    def positions(self, batch: dict[str, Tensor]) -> Tensor:
+        """(3, B, S) M-RoPE positions of the right-padded rows from HF's rope index alone (a later stage)."""
+        import inspect
+
+        from relax.megatron.padding import left_pads, rotate_left
+
+        kwargs = self._kwargs(batch)
+        rope_index = self.hf.model.get_rope_index
+        wanted = inspect.signature(rope_index).parameters
+        positions, _ = rope_index(**{k: v for k, v in kwargs.items() if k in wanted})
+        shift = left_pads(batch["attention_mask"])
+        return rotate_left(positions.permute(1, 2, 0), shift).permute(2, 0, 1).contiguous()
+
+    def inputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None, list[Tensor] | None]:
+        """(decoder_input (S, B, H), position_ids (3, B, S), DeepStack mask (B, S), DeepStack embeds) of the
+        batch's rows rotated to right padding."""
+        from relax.megatron.padding import left_pads, rotate_left
+
+        got = self.capture(batch)
+        embeds, positions = got["inputs_embeds"], got["position_ids"]
+        if positions.shape[0] == 4:  # Qwen3-VL may prepend the text positions
+            positions = positions[1:]
+        shift = left_pads(batch["attention_mask"])
+        embeds = rotate_left(embeds, shift)
+        positions = rotate_left(positions.permute(1, 2, 0), shift).permute(2, 0, 1)
+        mask, deep = got.get("visual_pos_masks"), got.get("deepstack_visual_embeds")
+        if mask is not None:
+            mask = rotate_left(mask, shift)
+        return embeds.transpose(0, 1).contiguous(), positions.contiguous(), mask, deep

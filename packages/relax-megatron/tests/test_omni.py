@@ -1,0 +1,198 @@
+"""Media models on the megatron trainer (omni.py, TP=1 in-process gloo): Qwen2.5-VL, Qwen3-VL and the
+Qwen2.5-Omni thinker score image, video (and audio) prompts as transformers does (core's torch trainer,
+fp32), export the checkpoint's HF weights bit-exactly, take the torch trainer's policy-gradient step and
+resume it from a dist checkpoint; unsupported families and layouts are refused by name. TP=2 and PP=2:
+test_tensor_parallel.py."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from relax.core.testing import torch_trainer
+from relax.core.testing.trainer import exported as _exported
+
+KW = {"lr": 1e-2, "micro_batch_size": 3, "eps": 1e-4}
+
+
+def exported(trainer) -> dict:
+    """The trainer's export, MoE experts (Qwen3-Omni) fused as transformers holds them in memory (what the
+    torch trainer exports; the megatron trainer exports one tensor per expert, as checkpoints and SGLang
+    name them)."""
+    out = _exported(trainer)
+    for up in [n for n in out if n.endswith(".0.up_proj.weight") and ".mlp.experts." in n]:
+        layer = up[: -len("0.up_proj.weight")]
+        count = sum(1 for n in out if n.startswith(layer) and n.endswith(".down_proj.weight"))
+        experts = range(count)
+        out[layer + "gate_up_proj"] = torch.stack([torch.cat([out.pop(f"{layer}{j}.gate_proj.weight"),
+                                                              out.pop(f"{layer}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
+        out[layer + "down_proj"] = torch.stack([out.pop(f"{layer}{j}.down_proj.weight") for j in experts])
+    return out
+
+
+def megatron_trainer(model_dir: str, **kw):
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.megatron.trainer import MegatronTrainer
+
+    return MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), **{**KW, **kw})
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen2_5_omni", "qwen3_omni"])
+def family(request, tmp_path_factory, vl_batch):
+    """(model_dir, media batch) of one tiny VL / Omni family (Omni: audio rows too)."""
+    from relax.core.testing.multimodal_models import OMNI_FAMILIES, tiny_multimodal_dir
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), request.param)
+    return model_dir, vl_batch(model_dir, audio=request.param in OMNI_FAMILIES)
+
+
+def test_logprobs_and_export_match_transformers(megatron_world, family):
+    """Image, video, image+video and text rows: logprobs equal the torch trainer's (transformers') within
+    1e-5; the export is the HF model's state dict, name for name and bit for bit (LM and towers)."""
+    from relax.core.data_multimodal import has_media
+
+    model_dir, batch = family
+    assert has_media(batch) and batch["attention_mask"][:, 0].min() == 0  # media, and left padding to undo
+    ref, meg = torch_trainer(model_dir, **KW), megatron_trainer(model_dir)
+    want = ref.forward_logprobs(batch)
+    got = meg.forward_logprobs(batch)
+    assert float(want.abs().sum()) > 1.0
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    mine, theirs = exported(meg), exported(ref)
+    assert sorted(mine) == sorted(theirs)
+    for name, tensor in theirs.items():
+        assert torch.equal(mine[name], tensor), name
+
+
+def test_one_step_matches_the_torch_trainer(megatron_world, family):
+    """One policy-gradient step (towers trainable): the same loss, grad norm and updated weights, towers included."""
+    model_dir, batch = family
+    ref, meg = torch_trainer(model_dir, **KW), megatron_trainer(model_dir)
+    old = ref.forward_logprobs(batch)
+    m_ref, m_meg = ref.train_step({**batch, "old_logprobs": old}), meg.train_step({**batch, "old_logprobs": old})
+    for key in ("loss", "entropy", "grad_norm"):
+        assert m_meg[key] == pytest.approx(m_ref[key], abs=1e-5), key
+    want, got = exported(ref), exported(meg)
+    before = exported(torch_trainer(model_dir))
+    tower = [n for n in want if ".visual." in n]
+    assert tower and max(float((want[n] - before[n]).abs().max()) for n in tower) > 1e-3  # the towers trained
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
+        torch.testing.assert_close(got[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_unsupported_media_layouts_are_refused_by_name():
+    from types import SimpleNamespace
+
+    from relax.megatron.omni import check_supported
+
+    with pytest.raises(ValueError, match="model_type 'qwen3_vl_moe': the megatron trainer runs the media"):
+        check_supported(SimpleNamespace(model_type="qwen3_vl_moe"))
+    with pytest.raises(ValueError, match="pipeline_parallel=2: the megatron trainer runs qwen2_5_omni_thinker with"):
+        check_supported(SimpleNamespace(model_type="qwen2_5_omni_thinker"), pipeline_parallel=2)
+    check_supported(SimpleNamespace(model_type="qwen3_vl"), pipeline_parallel=2)
+    with pytest.raises(ValueError, match="dtype float32 without distributed_optimizer only so far"):
+        check_supported(SimpleNamespace(model_type="qwen3_vl"), dtype="bfloat16")
+
+
+def test_mrope_frequency_axes_follow_hf():
+    """Chunked (Qwen2.5-VL) and interleaved (Qwen3-VL) frequency -> (T, H, W) axis maps, as HF applies them."""
+    from relax.megatron.omni import frequency_axes
+
+    assert frequency_axes((2, 3, 3), False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert frequency_axes((2, 3, 3), True).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert frequency_axes((24, 20, 20), True)[:6].tolist() == [0, 1, 2, 0, 1, 2]
+    assert frequency_axes((24, 20, 20), True)[60:].tolist() == [0, 0, 0, 0]
+
+
+def test_checkpoint_resumes_towers_and_save_hf_loads_in_transformers(megatron_world, family, tmp_path):
+    """A dist checkpoint after one step holds the towers and their Adam state next to megatron's weights: a
+    fresh trainer resumes to the same logprobs and second step; ``save_hf`` writes the whole model (processor
+    included), which core's torch trainer loads to the same logprobs."""
+    model_dir, batch = family
+    meg = megatron_trainer(model_dir)
+    meg.train_step(batch)
+    meg.save(str(tmp_path / "ckpt"))
+    after, second = meg.forward_logprobs(batch), meg.train_step(batch)
+    resumed = megatron_trainer(model_dir)
+    resumed.load(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(resumed.forward_logprobs(batch), after, atol=1e-6, rtol=0)
+    again = resumed.train_step(batch)
+    for key in ("loss", "grad_norm"):
+        assert again[key] == pytest.approx(second[key], abs=1e-6), key
+    want, got = exported(meg), exported(resumed)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    meg.save_hf(str(tmp_path / "hf"))
+    assert (tmp_path / "hf" / "preprocessor_config.json").is_file() or (tmp_path / "hf" / "processor_config.json").is_file()
+    torch.testing.assert_close(torch_trainer(str(tmp_path / "hf"), **KW).forward_logprobs(batch),
+                               meg.forward_logprobs(batch), atol=1e-5, rtol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_lm_round_trip_is_bit_exact_with_a_padded_vocabulary(tmp_path_factory, tp):
+    """Qwen2.5-VL's LM (q/k/v biases, vocabulary 71): HF -> megatron TP shards (rows zero-padded to a multiple
+    of TP) -> HF is the identity."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.megatron import convert, omni
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
+    config = omni.lm_config(AutoConfig.from_pretrained(model_dir))
+    hf = omni.lm_state(AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).state_dict())
+    shards = convert.hf_to_megatron(hf, config, tp)
+    assert config.vocab_size == 71 and shards[0]["embedding.word_embeddings.weight"].shape[0] == -(-71 // tp)
+    assert "decoder.layers.0.self_attention.linear_qkv.bias" in shards[0]
+    back = convert.megatron_to_hf(shards, config)
+    assert sorted(back) == sorted(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="use_audio_in_video needs ffmpeg")
+@pytest.mark.parametrize("omni_family", ["qwen2_5_omni", "qwen3_omni"])
+def test_audio_in_video_matches_transformers(megatron_world, tmp_path_factory, omni_family):
+    """A video whose soundtrack is interleaved with its frames (``use_audio_in_video``; two rows of different
+    lengths, so one is left-padded): the Omni thinkers' logprobs equal the torch trainer's (the adapter hands
+    the flag to HF's rope index on both sides; relax-omni's test_audio_in_video shows the flag matters)."""
+    from relax.core.context import PluginContext
+    from relax.core.data import Sample, collate
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni import synthetic
+    from relax.omni.adapters import AUDIO_IN_VIDEO
+    from relax.omni.processors import OmniProcessorParams, make_factory
+
+    root = tmp_path_factory.mktemp("aiv")
+    synthetic.moving_dot_video(root / "dot_sound.mp4", right=False, tone_hz=330.0)
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), omni_family)
+    params = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28,
+                                 video_max_pixels=56 * 56, max_frames=4, use_audio_in_video=True)  # fmt: skip
+    proc = make_factory(omni_family)(params, PluginContext(role="processor", model_path=model_dir))
+    processed = [proc.process([{"role": "user", "content": [{"type": "video", "video": str(root / "dot_sound.mp4")},
+                                                             {"type": "text", "text": text}]}], [], f"row {i}")
+                 for i, text in enumerate(["which way?", "which way does it go?"])]  # fmt: skip
+    assert all(p["inputs"][AUDIO_IN_VIDEO].tolist() == [1] for p in processed)
+    answer = proc.tokenizer.encode("left 2")
+    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=answer, mm_inputs=p["inputs"])
+               for i, p in enumerate(processed)]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    assert batch["attention_mask"][:, 0].min() == 0  # left padding to undo
+    want = torch_trainer(model_dir, **KW).forward_logprobs(batch)
+    torch.testing.assert_close(megatron_trainer(model_dir).forward_logprobs(batch), want, atol=1e-5, rtol=0)
+
+
+def test_frozen_towers_are_neither_trained_nor_exported(megatron_world, family):
+    """``freeze_media_towers``: the step leaves the towers as loaded (save_hf still writes them), the export
+    holds the language model only."""
+    model_dir, batch = family
+    meg = megatron_trainer(model_dir, freeze_media_towers=True)
+    towers = {n: p.detach().clone() for n, p in meg.front.tower_parameters()}
+    assert towers and not any(p.requires_grad for _, p in meg.front.tower_parameters())
+    meg.train_step(batch)
+    assert all(torch.equal(p, towers[n]) for n, p in meg.front.tower_parameters())
+    names = set(exported(meg))
+    assert names and not names & set(towers) and all(n.startswith(("model.language_model.", "lm_head.")) for n in names)
