@@ -51,14 +51,15 @@ def pp2_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint, pp2_checkpoint, r3_perturbed_dir,
-           r3_batch, vl_models, omni_moe):  # fmt: skip
+           r3_batch, vl_models, omni_moe, omni_dense):  # fmt: skip
     """One two-process launch for every check below (starting processes is the slow part): TP=2 (the
     trained trainer saved to ``tp2_checkpoint``), the same ranks at EP=2 and DP=2 x EP=2 with the tiny
-    Qwen3-MoE, with MoE routing replay at DP=2 x EP=2 and PP=2, the tiny VL models at TP=2 and the Qwen3-Omni
-    thinker at DP=2 x EP=2, then at PP=2 (saved to ``pp2_checkpoint``)
+    Qwen3-MoE, with MoE routing replay at DP=2 x EP=2 and PP=2, the tiny VL models (Qwen2.5-VL saved to
+    ``<tp2_checkpoint>-vl``) and the Qwen2.5-Omni thinker at TP=2 and the Qwen3-Omni thinker at DP=2 x EP=2, then at PP=2 (the Omni thinkers too) (saved to ``pp2_checkpoint``)
     and DP=2 (saved to ``<pp2_checkpoint>-dp``)."""
     data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0],
             "routing": {"batch": r3_batch, "moe_dir": r3_perturbed_dir}, "omni": vl_models, "omni_moe": omni_moe,
+            "omni_tp": {"qwen2_5_omni": omni_dense}, "omni_ckpt": {"qwen2_5_vl": str(tp2_checkpoint) + "-vl"}, "omni_thinkers": {"qwen2_5_omni": omni_dense, "qwen3_omni": omni_moe},
             "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint), "dp_batch": dp_batch(torch_reference[1])}}  # fmt: skip
     return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
 
@@ -300,6 +301,61 @@ def test_tp2_and_pp2_media_models_match_the_torch_trainer(tp2, vl_models, family
     assert sorted(got["weights"]) == sorted(want) and any(".visual." in n for n in want)
     for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
         torch.testing.assert_close(got["weights"][name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(megatron_world, tp2, vl_models, tp2_checkpoint,
+                                                                      tmp_path):  # fmt: skip
+    """``relax convert`` of the Qwen2.5-VL dist checkpoint the TP=2 ranks saved after their step (vocabulary 71
+    padded to 72 rows), in one process: an HF directory (towers and processor included) that transformers
+    loads, with the logprobs the TP=2 ranks computed after saving."""
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+
+    from relax.core.testing import torch_trainer
+    from relax.megatron.checkpoint import to_hf
+
+    model_dir, batch = vl_models["qwen2_5_vl"]
+    names = to_hf(str(tp2_checkpoint) + "-vl", str(tmp_path / "hf"))
+    with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
+        assert names == sorted(f.keys()) and f.get_slice("model.language_model.embed_tokens.weight").get_shape()[0] == 71
+    assert any(".visual." in n for n in names) and (tmp_path / "hf" / "processor_config.json").is_file()
+    assert type(AutoModelForImageTextToText.from_pretrained(tmp_path / "hf")).__name__.startswith("Qwen2_5_VL")
+    got = torch_trainer(str(tmp_path / "hf"), micro_batch_size=3).forward_logprobs(batch)
+    torch.testing.assert_close(got, tp2["omni"]["qwen2_5_vl"]["logprobs_after"], atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def omni_dense(tmp_path_factory, vl_batch):
+    """(model_dir, media batch with audio rows) of the tiny Qwen2.5-Omni (dense) thinker."""
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
+    return model_dir, vl_batch(model_dir, audio=True)
+
+
+def test_tp2_dense_omni_thinker_matches_the_torch_trainer(tp2, omni_dense):
+    """The Qwen2.5-Omni thinker at TP=2 (audio tower and rope index replicated, q/k/v biases sharded) on
+    image, video, audio and text rows: the torch trainer's logprobs. (Qwen3-Omni is MoE: TP=1 with EP.)"""
+    from relax.core.data_multimodal import has_media
+    from relax.core.testing import torch_trainer
+
+    model_dir, batch = omni_dense
+    assert has_media(batch) and "mm.input_features" in batch  # audio rows
+    want = torch_trainer(model_dir, micro_batch_size=3).forward_logprobs(batch)
+    assert float(want.abs().sum()) > 1.0
+    torch.testing.assert_close(tp2["omni_tp"]["qwen2_5_omni"], want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+def test_pp2_omni_thinkers_match_the_torch_trainer(tp2, omni_dense, omni_moe, family):
+    """The Omni thinkers at PP=2: the towers on the first stage; the second computes the M-RoPE positions with
+    HF's rope index from the batch's own grids and audio feature lengths (no tower runs there). Logprobs on
+    image, video, audio and text rows equal the torch trainer's."""
+    from relax.core.testing import torch_trainer
+
+    model_dir, batch = {"qwen2_5_omni": omni_dense, "qwen3_omni": omni_moe}[family]
+    want = torch_trainer(model_dir, micro_batch_size=3).forward_logprobs(batch)
+    torch.testing.assert_close(tp2["omni_thinkers_pp"][family], want, atol=1e-5, rtol=0)
 
 
 def test_dp2_ep2_moe_omni_thinker_matches_the_torch_trainer(tp2, omni_moe):

@@ -61,7 +61,12 @@ def main() -> None:
         for family, (model_dir, batch) in data.get("omni", {}).items():  # media models (omni.py) at TP = world size
             parallel_state.destroy_model_parallel()
             results.setdefault("omni", {})[family] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3,
-                                                                 tensor_parallel=args.world)  # fmt: skip
+                                                                 tensor_parallel=args.world,
+                                                                 ckpt=data.get("omni_ckpt", {}).get(family, ""))  # fmt: skip
+        for family, (model_dir, batch) in data.get("omni_tp", {}).items():  # dense Omni thinkers (audio) at TP: logprobs
+            parallel_state.destroy_model_parallel()
+            results.setdefault("omni_tp", {})[family] = logprobs_check(args, batch, model_dir,
+                                                                    tensor_parallel=args.world)  # fmt: skip
         if "omni_moe" in data:  # the MoE Omni thinker at DP = EP = world size
             parallel_state.destroy_model_parallel()
             model_dir, batch = data["omni_moe"]
@@ -77,6 +82,10 @@ def main() -> None:
             results["omni_pp"] = results.get("omni_pp", {})
             results["omni_pp"][family] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3,
                                                      pipeline_parallel=args.world)  # fmt: skip
+        for family, (model_dir, batch) in data.get("omni_thinkers", {}).items():  # the Omni thinkers at PP: logprobs
+            parallel_state.destroy_model_parallel()
+            results.setdefault("omni_thinkers_pp", {})[family] = logprobs_check(args, batch, model_dir,
+                                                                       pipeline_parallel=args.world)  # fmt: skip
     else:
         results = pipeline_checks(args, data["tokens"], data.get("batch"), args.ckpt)
     if args.rank == 0:
@@ -131,6 +140,15 @@ def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micr
         out["second"] = trainer.train_step(batch)  # what a resumed trainer must repeat
         out["weights_second"] = {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}
     return out
+
+
+def logprobs_check(args: argparse.Namespace, batch: dict, model_dir: str, **layout: int):
+    """A frozen ``MegatronTrainer``'s logprobs at ``layout``: a scoring check, cheaper than :func:`train_check`."""
+    from relax.megatron.trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(model_dir, rank=args.rank, world_size=args.world, master_addr="127.0.0.1",
+                              master_port=args.port, trainable=False, **layout)  # fmt: skip
+    return trainer.forward_logprobs(batch)
 
 
 def distopt_pipeline_check(args: argparse.Namespace) -> dict:

@@ -2,7 +2,8 @@
 
 One directory holds the model and AdamW state as sharded tensors (each TP rank writes its shard; a
 checkpoint saved at TP=2 loads at TP=1 and back: megatron reshards on load), the step (common) and
-every rank's RNG state, plus ``hf/`` (config and tokenizer) so that ``relax convert`` can rebuild
+every rank's RNG state (a media model's HF towers too, whole), plus ``hf/`` (config and tokenizer or
+processor) so that ``relax convert`` can rebuild
 the model without the run's model directory. The optimizer state is mapped onto the model's
 sharding with megatron's own helpers (``dist_checkpointing.optimizer``), as ``MegatronOptimizer`` does;
 a bf16 trainer's fp32 master weights are stored with their Adam moments (``precision.MASTER_KEY``).
@@ -156,11 +157,13 @@ def load_model(model: Any, state: dict[str, Any], path: Path) -> None:
 
 def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     """``relax convert``: the model of a megatron checkpoint as an HF directory (config, tokenizer,
-    safetensors), rebuilt in this process at TP=1 (gloo world of one). Returns the tensor names."""
+    safetensors; a media model's processor and towers too, under the checkpoint's own HF names), rebuilt in
+    this process at TP=1 (gloo world of one). Returns the tensor names."""
     from transformers import AutoConfig
 
     from megatron.core import dist_checkpointing
-    from relax.megatron import convert
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from relax.megatron import convert, omni
     from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
 
     src = Path(checkpoint)
@@ -169,13 +172,25 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     ensure_process_group(0, 1)
     initialize_model_parallel(1, 1)
     config = AutoConfig.from_pretrained(src / HF_DIR)
-    if getattr(config, "text_config", None) is not None:
-        raise ValueError(f"relax convert: {src} holds a {config.model_type} (media) model: converting those is not "
-                         "supported yet; the trainer's save_hf writes its HF directory")  # fmt: skip
-    model = convert.build_gpt_model(config)  # the local spec: a TE run's checkpoint converts on CPU too
-    loaded = dist_checkpointing.load({"model": local_keys_of(model, src, config)}, str(src))
+    media = omni.is_media_model(config)
+    lm = omni.lm_config(config) if media else config
+    saved = dist_checkpointing.load_tensors_metadata(str(src))
+    # the vocabulary rows as saved: padded to a multiple of the saving run's TP (the padding is dropped below)
+    embedding = saved.get("embedding.word_embeddings.weight")
+    rows = embedding.global_shape[0] if embedding is not None else None
+    model = convert.build_gpt_model(lm, vocab_rows=rows)  # the local spec: a TE run's checkpoint converts on CPU too
+    state = {"model": local_keys_of(model, src, lm)}
+    if media:  # the towers: whole tensors keyed ``towers.<HF name>`` (tower_tensors)
+        state["model"][TOWERS] = {
+            key[len(TOWERS) + 1 :]: ShardedTensor.from_rank_offsets(key, torch.empty(meta.global_shape, dtype=meta.dtype))
+            for key, meta in saved.items() if key.startswith(TOWERS + ".")
+        }  # fmt: skip
+    loaded = dist_checkpointing.load(state, str(src))
+    towers = loaded["model"].pop(TOWERS, {})
     load_model(model, loaded["model"], src)
-    hf = convert.megatron_to_hf([convert.weights_only(model.state_dict())], config)
+    hf = convert.megatron_to_hf([convert.weights_only(model.state_dict())], lm)
+    if media:
+        hf = {omni.hf_name(n): t for n, t in hf.items()} | towers
     write_hf(hf_dir, hf, config, str(src / HF_DIR))
     return sorted(hf)
 
@@ -198,14 +213,20 @@ def local_keys_of(model: Any, src: Path, hf_config: Any) -> dict[str, Any]:
 
 
 def write_hf(directory: str, tensors: dict[str, torch.Tensor] | None, hf_config: Any, tokenizer_path: str) -> None:
-    """An HF directory plain transformers loads: config, tokenizer (from ``tokenizer_path``) and, unless
-    ``tensors`` is None, the weights as safetensors."""
+    """An HF directory plain transformers loads: config, tokenizer (a media model's processor too; from
+    ``tokenizer_path``) and, unless ``tensors`` is None, the weights as safetensors."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
+
+    from relax.megatron.omni import is_media_model
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     hf_config.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out)
+    if is_media_model(hf_config):  # its processor, for an engine (or relax convert) that loads the directory
+        from transformers import AutoProcessor
+
+        AutoProcessor.from_pretrained(tokenizer_path).save_pretrained(out)
     if tensors is not None:
         save_file({n: t.contiguous() for n, t in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})

@@ -398,10 +398,12 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
 
 
 def build_gpt_model(
-    hf_config: Any, pre_process: bool = True, post_process: bool = True, layer_spec: str = "local", **overrides: Any
-) -> Any:
+    hf_config: Any, pre_process: bool = True, post_process: bool = True, layer_spec: str = "local",
+    vocab_rows: int | None = None, **overrides: Any,
+) -> Any:  # fmt: skip
     """An (unloaded) megatron-core ``GPTModel`` shaped like the HF Qwen3 model, for this rank, on the
-    ``local`` or Transformer Engine (``te``) layer spec (:mod:`relax.megatron.layer_specs`).
+    ``local`` or Transformer Engine (``te``) layer spec (:mod:`relax.megatron.layer_specs`); ``vocab_rows``:
+    the embedding's rows where a checkpoint padded them for another TP size (default: padded for this one).
 
     Needs ``megatron.core.parallel_state`` to be initialised (:func:`relax.megatron.parallel.initialize_model_parallel`,
     which also applies the CPU patches that running the model needs).
@@ -415,7 +417,7 @@ def build_gpt_model(
     return GPTModel(
         config,
         gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm),
-        vocab_size=d.padded_vocab(config.tensor_model_parallel_size),
+        vocab_size=vocab_rows or d.padded_vocab(config.tensor_model_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,

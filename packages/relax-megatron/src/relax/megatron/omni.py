@@ -21,7 +21,7 @@ Qwen3-Omni's MoE experts, fused in transformers' memory, are split per expert fo
 
 The towers (vision; Omni: audio too) are HF modules on the first pipeline stage, replicated per TP rank
 (each computes the same, full gradients), trainable unless frozen; later stages keep only HF's rope index
-for their positions. Weight names: the in-memory HF names the torch trainer exports (``model.language_model.*``,
+for their positions (from the whole batch every stage receives: grids and audio feature lengths). Weight names: the in-memory HF names the torch trainer exports (``model.language_model.*``,
 ``model.visual.*``, ``lm_head.weight``).
 """
 
@@ -38,7 +38,6 @@ Tensor = torch.Tensor
 
 #: HF ``config.model_type`` -> what relax-megatron trains of it (the other media families are refused by name)
 SUPPORTED = ("qwen2_5_vl", "qwen3_vl", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
-PIPELINED = ("qwen2_5_vl", "qwen3_vl")  # later stages recompute the positions with HF's rope index alone
 LM_PREFIX = "model.language_model."  # the LM's in-memory HF names (transformers >= 5) ...
 MEGATRON_LM_PREFIX = "model."  # ... and the names :mod:`relax.megatron.convert` speaks
 FUSED_EXPERTS = "gate_up_proj"  # transformers' in-memory MoE experts: ``mlp.experts.gate_up_proj`` / ``down_proj``
@@ -51,16 +50,12 @@ def is_media_model(hf_config: Any) -> bool:
     return adapter_for(getattr(hf_config, "model_type", None)) is not None
 
 
-def check_supported(hf_config: Any, dtype: str = "float32", distributed_optimizer: bool = False,
-                    pipeline_parallel: int = 1) -> None:  # fmt: skip
+def check_supported(hf_config: Any, dtype: str = "float32", distributed_optimizer: bool = False) -> None:
     """Refuse, naming the family or field, a media model or layout the megatron trainer cannot run yet."""
     family = hf_config.model_type
     if family not in SUPPORTED:
         raise ValueError(f"model_type {family!r}: the megatron trainer runs the media families {list(SUPPORTED)} "
                          "only so far; use trainer.backend: torch (or fsdp) for this model")  # fmt: skip
-    if pipeline_parallel > 1 and family not in PIPELINED:  # a later stage's rope index would need the audio lengths
-        raise ValueError(f"pipeline_parallel={pipeline_parallel}: the megatron trainer runs {family} with "
-                         f"pipeline_parallel=1 only so far (pipelined media families: {list(PIPELINED)})")  # fmt: skip
     if dtype != "float32" or distributed_optimizer:
         raise ValueError(f"{family} on the megatron trainer: dtype float32 without distributed_optimizer only so far "
                          f"(got dtype={dtype!r}, distributed_optimizer={distributed_optimizer})")  # fmt: skip
@@ -162,6 +157,8 @@ class MediaFront(torch.nn.Module):
             inner.get_input_embeddings = lambda: embed  # an attribute, not a child: its weight stays megatron's
         else:  # a later pipeline stage only needs the rope index (its positions): no towers
             inner.visual = None
+            if hasattr(inner, "audio_tower"):
+                inner.audio_tower = None
         self.hf = hf
         gpt_model.rotary_pos_emb = MRoPE(inv_freq, dims.mrope_section, dims.mrope_interleaved)
         self.deepstack_layers = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or ())
@@ -218,7 +215,8 @@ class MediaFront(torch.nn.Module):
         return media_forward_kwargs(self.hf, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask"))
 
     def positions(self, batch: dict[str, Tensor]) -> Tensor:
-        """(3, B, S) M-RoPE positions of the right-padded rows from HF's rope index alone (a later stage)."""
+        """(3, B, S) M-RoPE positions of the right-padded rows from HF's rope index alone (a later stage:
+        the batch's grids and audio feature lengths, no tower runs)."""
         import inspect
 
         from relax.megatron.padding import left_pads, rotate_left
@@ -226,6 +224,12 @@ class MediaFront(torch.nn.Module):
         kwargs = self._kwargs(batch)
         rope_index = self.hf.model.get_rope_index
         wanted = inspect.signature(rope_index).parameters
+        # what the Omni thinkers' forward derives for their rope index: audio lengths from the feature mask
+        # (every stage holds the whole batch, media included), the video's seconds per grid under its name
+        if "audio_seqlens" in wanted and kwargs.get("feature_attention_mask") is not None:
+            kwargs["audio_seqlens"] = kwargs["feature_attention_mask"].sum(1)
+        if "second_per_grids" in wanted and "video_second_per_grid" in kwargs:
+            kwargs["second_per_grids"] = kwargs["video_second_per_grid"]
         positions, _ = rope_index(**{k: v for k, v in kwargs.items() if k in wanted})
         shift = left_pads(batch["attention_mask"])
         return rotate_left(positions.permute(1, 2, 0), shift).permute(2, 0, 1).contiguous()

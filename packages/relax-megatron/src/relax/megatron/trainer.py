@@ -113,7 +113,7 @@ class MegatronTrainer:
         self.front = None  # media models (omni.py): HF's towers, scatter and rope index feeding megatron's LM
         self.media_config = None  # a media model's whole HF config (``hf_config`` is then its LM's)
         if omni.is_media_model(self.hf_config):
-            omni.check_supported(self.hf_config, dtype, self.distributed_optimizer, pipeline_parallel)
+            omni.check_supported(self.hf_config, dtype, self.distributed_optimizer)
             self.media_config, self.hf_config = self.hf_config, omni.lm_config(self.hf_config)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -488,11 +488,7 @@ class MegatronTrainer:
         if self.freeze_media_towers:  # not synced, but the directory is the whole model
             hf.update((n, p.detach().cpu()) for n, p in self.front.tower_parameters())
         if torch.distributed.get_rank() == 0:
-            write_hf(directory, hf, self.media_config or self.hf_config, self.model_path)
-            if self.media_config is not None:  # the media model's processor, for an engine that loads the directory
-                from transformers import AutoProcessor
-
-                AutoProcessor.from_pretrained(self.model_path).save_pretrained(directory)
+            write_hf(directory, hf, self.media_config or self.hf_config, self.model_path)  # with a media model's processor
 
     # -------------------------------------------------------------- checkpoints
     def save(self, directory: str) -> None:
