@@ -3,7 +3,8 @@
 Engines (continuous batching, long-tailed log-normal response lengths) and the trainer are Ray
 actors from ``bench/sim_plugin.py``; everything else -- transfer queue, router, staleness gate,
 partial rollout, weight sync -- is the real Relax code. Prints steps/s of each mode and staleness
-relative to colocate, plus the trainer's idle fraction.
+relative to colocate, plus the trainer's idle fraction and where a step's time goes (the trainer's
+wait for rows, its update, the weight publish, the rest of the driver's serial work).
 
     python bench/async_overlap.py [steps]
 """
@@ -32,7 +33,7 @@ SIM = [
 WARMUP = 2
 
 
-def measure(mode: str, staleness: int, steps: int, root: Path) -> tuple[float, float]:
+def measure(mode: str, staleness: int, steps: int, root: Path) -> tuple[float, float, str]:
     run_dir = root / f"{mode}-{staleness}"
     every = 1
     run(load_config(None, [*SIM, f"mode={mode}", f"max_staleness={staleness}", f"total_steps={steps}",
@@ -41,7 +42,17 @@ def measure(mode: str, staleness: int, steps: int, root: Path) -> tuple[float, f
     timed = rows[WARMUP:]
     seconds = timed[-1]["timestamp"] - rows[WARMUP - 1]["timestamp"]
     idle = sum(r.get("perf/trainer_idle_frac", 0.0) for r in timed) / len(timed)
-    return len(timed) / seconds, idle
+    return len(timed) / seconds, idle, breakdown(timed)
+
+
+def breakdown(rows: list[dict]) -> str:
+    """Mean seconds per step: waiting for rows, training, publishing weights, everything else."""
+    def mean(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in rows) / len(rows)
+
+    parts = {"wait": mean("time/trainer_wait_s"), "train": mean("time/train_s"), "sync": mean("time/sync_s")}
+    other = mean("time/step_s") - sum(parts.values())
+    return " ".join(f"{k} {v:.3f}" for k, v in {**parts, "other": other}.items())
 
 
 def main(argv: list[str]) -> None:
@@ -51,13 +62,13 @@ def main(argv: list[str]) -> None:
     start_loopback_ray(num_cpus=4)  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        base, _ = measure("colocate", 0, steps, root)
-        print(f"{'mode':<9} {'staleness':>9} {'steps/s':>8} {'vs colocate':>12} {'trainer idle':>13}")
+        base, _, _ = measure("colocate", 0, steps, root)
+        print(f"{'mode':<9} {'staleness':>9} {'steps/s':>8} {'vs colocate':>12} {'trainer idle':>13}  s/step: wait train sync other")
         print(f"{'colocate':<9} {0:>9} {base:>8.3f} {1.0:>11.2f}x {'-':>13}")
         best = {}
         for mode, staleness in [("async", 0), ("async", 1), ("async", 2), ("async", 4), ("hybrid", 1), ("hybrid", 2), ("hybrid", 4)]:
-            rate, idle = measure(mode, staleness, steps, root)
-            print(f"{mode:<9} {staleness:>9} {rate:>8.3f} {rate / base:>11.2f}x {idle:>12.1%}", flush=True)
+            rate, idle, parts = measure(mode, staleness, steps, root)
+            print(f"{mode:<9} {staleness:>9} {rate:>8.3f} {rate / base:>11.2f}x {idle:>12.1%}  {parts}", flush=True)
             if staleness >= 1:
                 best[(mode, staleness)] = (rate / base, idle)
     ray.shutdown()
