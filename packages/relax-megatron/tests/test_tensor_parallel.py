@@ -287,20 +287,30 @@ def test_tp2_and_pp2_media_models_match_the_torch_trainer(tp2, vl_models, family
     """Qwen2.5-VL (q/k/v biases sharded with their rows) and Qwen3-VL (DeepStack) at TP=2 ("omni") and PP=2
     ("omni_pp": the towers on the first stage, the rope index on both) on image, video and text rows: the
     torch trainer's logprobs, then its step (loss, grad norm, gathered weights, towers included)."""
+    got = tp2[layout][family]
+    want = _media_step_reference(got, *vl_models[family])
+    assert any(".visual." in n for n in want)
+    _assert_same_weights(got["weights"], want)
+
+
+def _media_step_reference(got: dict, model_dir: str, batch: dict) -> dict:
+    """The torch trainer on ``batch``: ``got``'s logprobs and step metrics must be its; returns its
+    exported weights after the step."""
     from relax.core.testing import torch_trainer
     from relax.core.testing.trainer import exported
 
-    model_dir, batch = vl_models[family]
-    got = tp2[layout][family]
     ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=3)
     torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), atol=1e-5, rtol=0)
     metrics = ref.train_step(batch)
     for key in ("loss", "entropy", "grad_norm"):
         assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
-    want = exported(ref)
-    assert sorted(got["weights"]) == sorted(want) and any(".visual." in n for n in want)
+    return exported(ref)
+
+
+def _assert_same_weights(mine: dict, want: dict) -> None:
+    assert sorted(mine) == sorted(want)
     for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
-        torch.testing.assert_close(got["weights"][name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(megatron_world, tp2, vl_models, tp2_checkpoint,
@@ -361,17 +371,8 @@ def test_pp2_omni_thinkers_match_the_torch_trainer(tp2, omni_dense, omni_moe, fa
 def test_dp2_ep2_moe_omni_thinker_matches_the_torch_trainer(tp2, omni_moe):
     """The Qwen3-Omni (MoE) thinker at DP=2 x EP=2 on image, video, audio and text rows: the torch trainer's
     logprobs and step (loss, grad norm, weights with the experts gathered over EP and the towers)."""
-    from relax.core.testing import torch_trainer
-    from relax.core.testing.trainer import exported
-
-    model_dir, batch = omni_moe
     got = tp2["omni_moe"]
-    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=3)
-    torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), atol=1e-5, rtol=0)
-    metrics = ref.train_step(batch)
-    for key in ("loss", "entropy", "grad_norm"):
-        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
-    want = exported(ref)
+    want = _media_step_reference(got, *omni_moe)
     mine = dict(got["weights"])
     for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:  # fuse, as transformers holds them
         layer = down[: -len("0.down_proj.weight")]
@@ -379,6 +380,5 @@ def test_dp2_ep2_moe_omni_thinker_matches_the_torch_trainer(tp2, omni_moe):
         mine[layer + "gate_up_proj"] = torch.stack([torch.cat([mine.pop(f"{layer}{j}.gate_proj.weight"),
                                                                mine.pop(f"{layer}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
         mine[layer + "down_proj"] = torch.stack([mine.pop(f"{layer}{j}.down_proj.weight") for j in experts])
-    assert sorted(mine) == sorted(want) and any(".audio_tower." in n for n in want)
-    for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
-        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    assert any(".audio_tower." in n for n in want)
+    _assert_same_weights(mine, want)
