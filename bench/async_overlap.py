@@ -4,7 +4,10 @@ Engines (continuous batching, long-tailed log-normal response lengths) and the t
 actors from ``bench/sim_plugin.py``; everything else -- transfer queue, router, staleness gate,
 partial rollout, weight sync -- is the real Relax code. Prints steps/s of each mode and staleness
 relative to colocate, plus the trainer's idle fraction and where a step's time goes (the trainer's
-wait for rows, its update, the weight publish, the rest of the driver's serial work).
+wait for rows, its update, the weight publish, the rest of the driver's serial work), next to the
+ceiling a driver that costs nothing would reach on the same model (``plugins/sim_bound.py``): at
+staleness 1-2 the trainer must still wait for a step's longest responses, which the gate does not let
+start earlier.
 
     python bench/async_overlap.py [steps]
 """
@@ -20,6 +23,8 @@ import sim_env  # noqa: F401  (first: points Ray workers at the sim plugin)
 
 # isort: split
 
+from sim_bound import ideal_ratio
+
 from relax.core.config import load_config
 from relax.core.controller.ray_start import start_loopback_ray
 from relax.core.controller.run import run
@@ -31,6 +36,7 @@ SIM = [
     "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "checkpoint.resume=never", "data.task_size=4000",
 ]
 WARMUP = 2
+ENGINES, SLOTS, ROWS = 2, 32, 16 * 8  # as SIM sets them (SLOTS: SimEngineParams' default)
 
 
 def measure(mode: str, staleness: int, steps: int, root: Path) -> tuple[float, float, str]:
@@ -63,12 +69,13 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         base, _, _ = measure("colocate", 0, steps, root)
-        print(f"{'mode':<9} {'staleness':>9} {'steps/s':>8} {'vs colocate':>12} {'trainer idle':>13}  s/step: wait train sync other")
-        print(f"{'colocate':<9} {0:>9} {base:>8.3f} {1.0:>11.2f}x {'-':>13}")
+        print(f"{'mode':<9} {'staleness':>9} {'steps/s':>8} {'vs colocate':>12} {'ceiling':>8} {'trainer idle':>13}  s/step: wait train sync other")
+        print(f"{'colocate':<9} {0:>9} {base:>8.3f} {1.0:>11.2f}x {1.0:>7.2f}x {'-':>13}")
         best = {}
         for mode, staleness in [("async", 0), ("async", 1), ("async", 2), ("async", 4), ("hybrid", 1), ("hybrid", 2), ("hybrid", 4)]:
             rate, idle, parts = measure(mode, staleness, steps, root)
-            print(f"{mode:<9} {staleness:>9} {rate:>8.3f} {rate / base:>11.2f}x {idle:>12.1%}  {parts}", flush=True)
+            ceiling = ideal_ratio(staleness, ROWS, ENGINES * SLOTS)
+            print(f"{mode:<9} {staleness:>9} {rate:>8.3f} {rate / base:>11.2f}x {ceiling:>7.2f}x {idle:>12.1%}  {parts}", flush=True)
             if staleness >= 1:
                 best[(mode, staleness)] = (rate / base, idle)
     ray.shutdown()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from relax.core.controller import recovery, stages
@@ -28,8 +29,12 @@ def pipelined_step(state: StepContext) -> dict[str, float]:
     pipe = state.pipeline
     step, started = state.step + 1, time.perf_counter()
 
-    # 1. rollout -> queue: the step's rows, scored (async: with reference logprobs and advantages)
-    rows, waited = pipe.take(step)
+    # 1. rollout -> queue: the step's rows, scored (async: with reference logprobs and advantages),
+    # collated; taken in the background during the previous update when that one prefetched them
+    prepare = collate_rows(state.pad_id)
+    rows, raw, waited = pipe.prefetch.get(step, prepare, cfg.queue.timeout_s)
+    if step < cfg.total_steps:  # the next step's take + collate overlap this step's update
+        pipe.prefetch.start(step + 1, prepare)
     metrics = {**pipe.rollout_stats.pop(step, {}), **rollout_metrics(rows, state.version), "time/trainer_wait_s": waited}
 
     # 2. filter groups (plugins' relax_filter_group), in group order as colocate trains them
@@ -39,7 +44,7 @@ def pipelined_step(state: StepContext) -> dict[str, float]:
 
     # 3. train: old logprobs (+ what the queue roles did not compute), advantages, one optimizer step
     if kept.samples:
-        train(state, pipe, kept, step, metrics)
+        train(state, pipe, kept, step, metrics, raw=raw if not dropped else None)
     else:
         recovery.commit_step(state, step, trained=False)
     pipe.done(rows)
@@ -59,10 +64,13 @@ def pipelined_step(state: StepContext) -> dict[str, float]:
     return metrics
 
 
-def train(state: StepContext, pipe: Pipeline, rows: StepRows, step: int, metrics: dict[str, float]) -> None:
-    """Forward what the queue roles did not compute, build the batch, run the committed update."""
+def train(
+    state: StepContext, pipe: Pipeline, rows: StepRows, step: int, metrics: dict[str, float], raw: dict | None = None
+) -> None:
+    """Forward what the queue roles did not compute, build the batch, run the committed update
+    (``raw``: ``rows`` already collated)."""
     cfg, samples = state.cfg, rows.samples
-    raw = collate(samples, state.pad_id)
+    raw = raw if raw is not None else collate(samples, state.pad_id)
     width = raw["responses"].shape[1]
     with stages.timed(metrics, "logprob"):
         fwd = stages.forward_batch(state.roles, raw, cfg, with_reference=not pipe.use_reference)
@@ -76,6 +84,21 @@ def train(state: StepContext, pipe: Pipeline, rows: StepRows, step: int, metrics
     metrics.update(adv_metrics)
     with stages.timed(metrics, "train"):
         metrics.update({f"train/{k}": float(v) for k, v in recovery.train(state, batch, step).items()})
+
+
+def collate_rows(pad_id: int) -> Callable[[StepRows], dict | None]:
+    """What the prefetch prepares ahead of the step: its samples collated. Depends only on the rows,
+    never on the trainer's state, so it may run during the previous update. None (the step collates
+    its kept groups itself) for an empty step, or rows that do not collate: a filter may drop the bad
+    group, and otherwise the step raises the error where it always did."""
+
+    def prepare(rows: StepRows) -> dict | None:
+        try:
+            return collate(rows.samples, pad_id) if rows.samples else None
+        except Exception:
+            return None
+
+    return prepare
 
 
 def start_pipeline(state: StepContext) -> Pipeline:

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,7 @@ class Pipeline:
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
         self.rollout_stats: dict[int, dict[str, float]] = {}
+        self.prefetch = StepPrefetch(self.take, self._timeout_message)
         self._last_rates: tuple[float, dict[str, float]] = (time.perf_counter(), {})
         self.threads: list[threading.Thread] = []
         self.threads += [self._spawn("rollout", self._produce), self._spawn("reward", self._reward_pump)]
@@ -219,21 +221,25 @@ class Pipeline:
 
     # ------------------------------------------------------------------ trainer side
     def take(self, step: int) -> tuple[StepRows, float]:
-        """Block for ``step``'s rows (whole groups with every trainer column); returns them, in group
-        order with rewards merged into the samples, and the wait."""
+        """Block for ``step``'s rows (whole groups with every trainer column) until they are all there
+        or the pipeline stops; returns them, in group order with rewards merged into the samples, and
+        the wait. The trainer calls it through :attr:`prefetch`, which bounds the wait."""
         started = time.perf_counter()
-        deadline = time.monotonic() + self.cfg.queue.timeout_s
         while True:
             self._check()
+            if self.stop.is_set():
+                raise RuntimeError(f"the async pipeline closed while the trainer waited for step {step}'s rows")
             try:
                 batch = self.queue.get("trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=step)
                 return StepRows.of(batch), time.perf_counter() - started
             except TimeoutError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"trainer waited {self.cfg.queue.timeout_s:.0f}s for {self.step_rows} rows with "
-                        f"{self.trainer_columns}; queue: {self.queue.metrics()}"
-                    ) from None
+                continue
+
+    def _timeout_message(self) -> str:
+        return (
+            f"trainer waited {self.cfg.queue.timeout_s:.0f}s for {self.step_rows} rows with "
+            f"{self.trainer_columns}; queue: {self.queue.metrics()}"
+        )
 
     def done(self, rows: StepRows) -> None:
         """The trainer is finished with ``rows`` (trained or dropped): the queue may evict them."""
@@ -262,10 +268,52 @@ class Pipeline:
         self.stop.set()
         with self.gate:
             self.gate.notify_all()
+        self.prefetch.close()  # its take sees ``stop`` within POLL_S and ends
         deadline = time.monotonic() + CLOSE_S  # threads are daemons: a stuck one cannot hold up shutdown
         for thread in self.threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.queue.close()  # the Ray queue kills its actor (idempotent: emergency checkpoint, then shutdown)
+
+
+class StepPrefetch:
+    """The next step's rows taken (and ``prepare``-d, e.g. collated) by one background thread while the
+    trainer runs the current step, so the trainer does not sit idle through the driver's take and
+    collate between two updates. Each step is taken once, in order, from its own queue partition:
+    exactly the rows the step would have taken itself, only earlier. Whatever depends on the trainer's
+    state (metrics against its version, filters, old logprobs) stays in the step, after the take."""
+
+    def __init__(self, take: Callable[[int], tuple[StepRows, float]], timeout_message: Callable[[], str]) -> None:
+        self._take, self._timeout_message = take, timeout_message
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-prefetch")
+        self._pending: dict[int, Future] = {}
+
+    def start(self, step: int, prepare: Callable[[StepRows], Any]) -> None:
+        """Begin taking ``step``'s rows now (no-op if already begun)."""
+        if step not in self._pending:
+            self._pending[step] = self._executor.submit(self._take_prepared, step, prepare)
+
+    def _take_prepared(self, step: int, prepare: Callable[[StepRows], Any]) -> tuple[StepRows, Any]:
+        rows, _ = self._take(step)
+        return rows, prepare(rows)
+
+    def get(self, step: int, prepare: Callable[[StepRows], Any], timeout_s: float) -> tuple[StepRows, Any, float]:
+        """``step``'s rows and ``prepare(rows)``, prefetched if :meth:`start` ran for it, else taken now;
+        plus how long the caller blocked (the trainer's wait for data). Raises what the take raised,
+        or ``TimeoutError`` after ``timeout_s``."""
+        started = time.perf_counter()
+        future = self._pending.pop(step, None)
+        if future is None:
+            future = self._executor.submit(self._take_prepared, step, prepare)
+        try:
+            rows, prepared = future.result(timeout=timeout_s)
+        except TimeoutError:
+            if not future.done():
+                raise TimeoutError(self._timeout_message()) from None
+            raise  # the take's own TimeoutError
+        return rows, prepared, time.perf_counter() - started
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def merge_rewards(batch: Batch) -> list[Sample]:
