@@ -206,3 +206,45 @@ def test_frozen_towers_are_neither_trained_nor_exported(megatron_world, family):
     assert all(torch.equal(p, towers[n]) for n, p in meg.front.tower_parameters())
     names = set(exported(meg))
     assert names and not names & set(towers) and all(n.startswith(("model.language_model.", "lm_head.")) for n in names)
+
+
+TOWERS = {"vision": "model.visual.", "audio": "model.audio_tower."}  # the in-memory HF names of each kind
+
+
+@pytest.mark.parametrize("kind", ["vision", "audio"])
+def test_one_kind_of_tower_frozen_is_neither_trained_nor_exported(megatron_world, kind, vl_batch, tmp_path_factory,
+                                                                  tmp_path):  # fmt: skip
+    """``freeze_vision`` / ``freeze_audio`` on the Qwen2.5-Omni thinker: the step leaves that tower as loaded,
+    the export leaves it out and ``save_hf`` still writes it; the other tower trains and is exported."""
+    from safetensors.torch import load_file
+
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
+    meg = megatron_trainer(model_dir, **{f"freeze_{kind}": True})
+    frozen, other = TOWERS[kind], TOWERS["audio" if kind == "vision" else "vision"]
+    loaded = {n: p.detach().clone() for n, p in meg.front.tower_parameters()}
+    locked = {n for n, p in meg.front.tower_parameters() if not p.requires_grad}
+    assert locked and locked == {n for n in loaded if n.startswith(frozen)}
+    meg.train_step(vl_batch(model_dir, audio=True))
+    now = dict(meg.front.tower_parameters())
+    assert all(torch.equal(now[n], loaded[n]) for n in locked), f"the frozen {kind} tower changed"
+    assert any(not torch.equal(now[n], loaded[n]) for n in loaded if n.startswith(other)), f"{other}* not trained"
+    names = set(exported(meg))
+    assert not names & locked and {n for n in names if n.startswith(other)} == {n for n in loaded if n.startswith(other)}
+    meg.save_hf(str(tmp_path / "hf"))
+    saved = load_file(tmp_path / "hf" / "model.safetensors")
+    assert set(saved) == names | locked and all(torch.equal(saved[n], loaded[n]) for n in locked)
+
+
+def test_a_freeze_switch_for_a_tower_the_model_lacks_names_the_field(megatron_world, tmp_path_factory, tiny_qwen3):
+    """``freeze_audio`` on a VL model, ``freeze_vision`` on a text model: the wrong model for the run, refused
+    naming the field; ``freeze_media_towers`` on a text model freezes nothing, as before."""
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+
+    vl_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
+    with pytest.raises(ValueError, match=r"freeze_audio: true, but the model \(model_type 'qwen2_5_vl'\) has no audio"):
+        megatron_trainer(vl_dir, freeze_audio=True)
+    with pytest.raises(ValueError, match=r"freeze_vision: true, but the model \(model_type 'qwen3'\) has no vision"):
+        megatron_trainer(tiny_qwen3[0], freeze_vision=True)
+    assert megatron_trainer(tiny_qwen3[0], freeze_media_towers=True).front is None

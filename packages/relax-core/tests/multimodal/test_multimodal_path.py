@@ -130,6 +130,7 @@ def test_frozen_towers_are_not_trained_nor_synced(media, tmp_path_factory):
     samples = samples_for(processed, results)
     batch = collate(samples, engine.pad_token_id)
     trainer = torch_trainer(model_dir, micro_batch_size=4, freeze_media_towers=True)
+    assert trainer.frozen_towers == {"vision", "audio"}
     loaded = {n: t.clone() for n, t in trainer.model.state_dict().items()}
     advantages = torch.tensor([1.0 if s.reward else -1.0 for s in samples])[:, None].expand_as(batch["response_mask"])
     trainer.train_step({**batch, "advantages": advantages.contiguous()})
@@ -143,6 +144,57 @@ def test_frozen_towers_are_not_trained_nor_synced(media, tmp_path_factory):
     engine.update_weights(synced, version=1)
     new_results = run_async(engine.generate(requests_for(processed, version=1)), 120)
     assert_parity(trainer, collate(samples_for(processed, new_results), engine.pad_token_id), new_results)
+
+
+TOWERS = {"vision": "model.visual.", "audio": "model.audio_tower."}  # the in-memory HF names of each kind
+
+
+def fixed_batch(model_dir: str, media: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Every kind of row of ``rows_for`` with G fixed responses each (no rollout), rewards 1 / 0: advantages +-1."""
+    processor = TinyMediaProcessor(model_dir)
+    processed = [processor.process(m, [], f"rows.jsonl:{i + 1}") for i, m in enumerate(rows_for("qwen2_5_omni", media))]
+    answers = [processor.hf.tokenizer.encode(t) for t in ("a red dot", "a tone")]
+    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, index_in_group=j, response_ids=answers[j],
+                      mm_inputs=p["inputs"], reward=float(j == 0))
+               for i, p in enumerate(processed) for j in range(G)]  # fmt: skip
+    batch = collate(samples, processor.hf.tokenizer.pad_token_id)
+    advantages = torch.tensor([1.0 if s.reward else -1.0 for s in samples])[:, None].expand_as(batch["response_mask"])
+    return {**batch, "advantages": advantages.contiguous()}
+
+
+@pytest.mark.parametrize("kind", ["vision", "audio"])
+def test_one_kind_of_tower_frozen_is_neither_trained_nor_synced(kind, media, tmp_path_factory):
+    """``freeze_vision`` / ``freeze_audio`` on the Qwen2.5-Omni thinker: the step leaves that tower as loaded
+    and the export leaves it out; the other tower trains and is exported, the language model too."""
+    from relax.core.testing.trainer import exported
+
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
+    trainer = torch_trainer(model_dir, micro_batch_size=4, **{f"freeze_{kind}": True})
+    assert trainer.frozen_towers == {kind}
+    frozen, other = TOWERS[kind], TOWERS["audio" if kind == "vision" else "vision"]
+    loaded = {n: t.clone() for n, t in trainer.model.state_dict().items()}
+    assert any(n.startswith(frozen) for n in loaded) and any(n.startswith(other) for n in loaded)
+    trainer.train_step(fixed_batch(model_dir, media))
+    now = trainer.model.state_dict()
+    assert all(torch.equal(now[n], loaded[n]) for n in now if n.startswith(frozen)), f"the frozen {kind} tower changed"
+    for prefix in (other, "model.language_model."):
+        assert any(not torch.equal(now[n], loaded[n]) for n in now if n.startswith(prefix)), f"{prefix}* not trained"
+    names = set(exported(trainer))
+    assert not any(n.startswith(frozen) for n in names)
+    assert {n for n in names if n.startswith(other)} == {n for n in now if n.startswith(other)}
+
+
+def test_a_freeze_switch_for_a_tower_the_model_lacks_names_the_field(tmp_path_factory):
+    """``freeze_audio`` on a VL model (no audio tower) is a wrong model for the run: refused naming the field;
+    ``freeze_media_towers`` freezes what the model has (its vision tower), as before."""
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
+    with pytest.raises(ValueError, match=r"trainer\.backend_params\.freeze_audio: true, but the model \(model_type "
+                                         r"'qwen2_5_vl'\) has no audio tower \(its towers: \['vision'\]\)"):
+        torch_trainer(model_dir, freeze_audio=True)
+    trainer = torch_trainer(model_dir, freeze_media_towers=True)
+    assert trainer.frozen_towers == {"vision"}
+    assert {n for n, p in trainer.model.named_parameters() if not p.requires_grad} == {
+        n for n, _ in trainer.model.named_parameters() if n.startswith(TOWERS["vision"])}
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_omni"])

@@ -38,8 +38,11 @@ class TorchTrainerParams:
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
     world_size: int = 1  # data-parallel ranks (gloo on CPU, NCCL on GPU), each a Ray actor
     num_cpus: float = 1.0  # reserved per rank
-    # VL / Omni models: keep the vision / audio towers as loaded (not trained, not sent in weight syncs)
+    # VL / Omni models: keep the vision / audio towers as loaded (not trained, not sent in weight syncs):
+    # both (a model without towers is no error), or one kind (a model without that tower is an error)
     freeze_media_towers: bool = False
+    freeze_vision: bool = False
+    freeze_audio: bool = False
 
     def validate(self) -> list[str]:
         return [] if self.world_size >= 1 else [f"world_size: must be >= 1, got {self.world_size}"]

@@ -11,6 +11,7 @@ holds no model-family code: the names below are what the trainer and the HF engi
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -90,19 +91,61 @@ def load_model(model_path: str, dtype: str) -> Any:
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
 
 
-def is_tower(name: str, model: Any = None) -> bool:
-    """Whether weight ``name`` belongs to a media encoder of ``model`` (any registered adapter's when None)."""
+def _tower_prefixes(adapters_: list[ModelAdapter], kinds: Collection[str] | None) -> tuple[str, ...]:
+    return tuple(p for a in adapters_ for kind, prefixes in a.tower_kinds.items()
+                 if kinds is None or kind in kinds for p in prefixes)  # fmt: skip
+
+
+def is_tower(name: str, model: Any = None, kinds: Collection[str] | None = None) -> bool:
+    """Whether weight ``name`` belongs to a media encoder of ``model`` (any registered adapter's when None),
+    of one of ``kinds`` (``"vision"``, ``"audio"``; None: any kind)."""
     adapter = model_adapter(model) if model is not None else None
     found = [adapter] if adapter is not None else ([] if model is not None else adapters())
-    return any(name.startswith(tuple(a.tower_prefixes)) for a in found)
+    return name.startswith(_tower_prefixes(found, kinds))
 
 
-def freeze_towers(model: Any) -> bool:
-    """Stop gradients into the media towers; False when the model has none (a text-only LM)."""
-    towers = [p for n, p in model.named_parameters() if is_tower(n, model)]
-    for p in towers:
-        p.requires_grad_(False)
-    return bool(towers)
+def tower_kinds(model: Any) -> frozenset[str]:
+    """The kinds of media tower ``model`` holds weights of (none for a text-only LM)."""
+    adapter = model_adapter(model)
+    names = [n for n, _ in model.named_parameters()] if adapter is not None else []
+    return frozenset(kind for kind, prefixes in (adapter.tower_kinds.items() if adapter is not None else ())
+                     if any(n.startswith(tuple(prefixes)) for n in names))  # fmt: skip
+
+
+def kinds_to_freeze(present: Collection[str], model_type: str | None, *, freeze_media_towers: bool = False,
+                    freeze_vision: bool = False, freeze_audio: bool = False) -> frozenset[str]:
+    """The tower kinds a trainer keeps as loaded, from its ``trainer.backend_params`` switches and the kinds
+    the model has (``present``): every one with ``freeze_media_towers`` (none is no error: a text-only LM),
+    else those switched on. A ``freeze_<kind>: true`` for a tower the model lacks is an error naming the field:
+    whoever set it expects a model with that tower, and has another."""
+    asked = {kind for kind, on in (("vision", freeze_vision), ("audio", freeze_audio)) if on}
+    for kind in sorted(asked - set(present)):
+        raise ValueError(f"trainer.backend_params.freeze_{kind}: true, but the model (model_type {model_type!r}) has "
+                         f"no {kind} tower (its towers: {sorted(present) or 'none'}); use a model with one, or "
+                         f"set freeze_{kind}: false")  # fmt: skip
+    return frozenset(present) if freeze_media_towers else frozenset(asked)
+
+
+def freeze_switches(params: Any) -> dict[str, bool]:
+    """A trainer's ``trainer.backend_params`` freeze switches as keywords (False where it has none)."""
+    return {key: bool(getattr(params, key, False)) for key in ("freeze_media_towers", "freeze_vision", "freeze_audio")}
+
+
+def freeze_towers(model: Any, kinds: Collection[str] | None = None) -> frozenset[str]:
+    """Stop gradients into the media towers of ``kinds`` (None: every kind); the kinds frozen (none for a
+    text-only LM)."""
+    frozen = tower_kinds(model) if kinds is None else tower_kinds(model) & frozenset(kinds)
+    for name, p in model.named_parameters():
+        if is_tower(name, model, frozen):
+            p.requires_grad_(False)
+    return frozen
+
+
+def freeze_towers_by_switch(model: Any, **switches: bool) -> frozenset[str]:
+    """Freeze the towers the ``trainer.backend_params`` switches (``freeze_switches``) pick for ``model``
+    (``kinds_to_freeze``: a switch for a tower it lacks is an error); the kinds frozen."""
+    kinds = kinds_to_freeze(tower_kinds(model), getattr(model.config, "model_type", None), **switches)
+    return freeze_towers(model, kinds)
 
 
 def media_token_ids(config: Any) -> list[int]:

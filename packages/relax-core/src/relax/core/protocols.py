@@ -328,9 +328,10 @@ class ModelAdapter(Protocol):
     ``AutoModelForCausalLM``); a model that takes media does, so that core stays free of family code.
     The trainer and the HF engine call the same methods, so rollout and training see one model."""
 
-    #: weight-name prefixes of the media encoders: frozen by ``trainer.freeze_media_towers``, then left
-    #: out of weight syncs and exports
-    tower_prefixes: tuple[str, ...]
+    #: weight-name prefixes of the media encoders by kind (``"vision"``, ``"audio"``, ...): a kind is frozen
+    #: by ``trainer.backend_params.freeze_<kind>`` (every kind by ``freeze_media_towers``), then left out
+    #: of weight syncs and exports
+    tower_kinds: dict[str, tuple[str, ...]]
     #: processed-input keys that are per-prompt flags for the forward (not media tensors); engines that
     #: cannot honour them refuse the prompt naming the key
     media_flags: tuple[str, ...]

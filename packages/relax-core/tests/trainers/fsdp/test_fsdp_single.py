@@ -106,6 +106,45 @@ class TestAgainstTheTorchTrainer(TinyModelFixtures):
         assert changed["bfloat16"] == pytest.approx(changed["float32"], abs=0.03), changed
 
 
+def test_freeze_audio_keeps_the_audio_tower_as_loaded_and_out_of_the_export(tmp_path_factory):
+    """``freeze_audio`` (Qwen2.5-Omni thinker, image and audio rows): the audio tower gets no update and is not
+    exported; the vision tower trains and is exported."""
+    import numpy as np
+    from PIL import Image
+
+    from relax.core.data import Sample, collate
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.core.testing.multimodal_processor import TinyMediaProcessor
+
+    root = tmp_path_factory.mktemp("freeze")
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
+    rng = np.random.default_rng(0)
+    Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
+    np.save(root / "tone.npy", np.sin(np.arange(8000) * 0.05).astype("float32"))
+    processor = TinyMediaProcessor(model_dir)
+    processed = [processor.process([{"role": "user", "content": [item, {"type": "text", "text": "what?"}]}], [], kind)
+                 for kind, item in (("image", {"type": "image", "image": str(root / "img.png")}),
+                                    ("audio", {"type": "audio", "audio": str(root / "tone.npy")}))]  # fmt: skip
+    answers = [processor.hf.tokenizer.encode(t) for t in ("a dot", "a tone")]
+    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=a, mm_inputs=p["inputs"])
+               for i, p in enumerate(processed) for a in answers]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    batch["advantages"] = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None] * batch["response_mask"]
+    t = fsdp_trainer(model_dir, FSDPParams(freeze_audio=True))
+    try:
+        assert t.frozen_towers == {"audio"}
+        before = exported(t)
+        loaded = {n: p.detach().clone() for n, p in t.model.named_parameters() if n.startswith("model.audio_tower.")}
+        t.train_step(dict(batch))
+        after = exported(t)
+        assert loaded and all(torch.equal(p.detach(), loaded[n]) for n, p in t.model.named_parameters() if n in loaded)
+        assert not any(n.startswith("model.audio_tower.") for n in after) and after.keys() == before.keys()
+        vision = [n for n in after if n.startswith("model.visual.")]
+        assert vision and any(not torch.equal(after[n], before[n]) for n in vision), "the vision tower did not train"
+    finally:
+        t.close()
+
+
 def test_even_replica_rows_gives_every_rank_the_same_rows_and_pads_with_masked_ones():
     from relax.core.data import Sample, collate
 

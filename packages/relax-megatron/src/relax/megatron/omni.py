@@ -100,6 +100,18 @@ def frequency_axes(section: tuple[int, ...], interleaved: bool) -> Tensor:
     return axes
 
 
+def freeze(front: MediaFront | None, hf_config: Any, **switches: bool) -> None:
+    """Keep the towers the ``trainer.backend_params`` switches pick as loaded (core's ``kinds_to_freeze``:
+    ``freeze_media_towers`` every kind, ``freeze_vision`` / ``freeze_audio`` one, which the checkpoint must
+    have: a text model (no ``front``) has none): no gradient, and :meth:`MediaFront.tower_parameters` tells
+    the trainer which to leave out of training and exports."""
+    from relax.core.multimodal_model import freeze_towers, kinds_to_freeze
+
+    kinds = kinds_to_freeze(front.tower_kinds if front is not None else (), hf_config.model_type, **switches)
+    if front is not None:
+        front.frozen = freeze_towers(front.hf, kinds)
+
+
 class MRoPE(torch.nn.Module):
     """megatron's rotary module for a GPTModel with ``position_embedding_type="mrope"``: (3, B, S) positions
     -> (S, B, 1, head_dim) angles, each frequency taking its HF axis (:func:`frequency_axes`)."""
@@ -141,12 +153,14 @@ class MediaFront(torch.nn.Module):
 
     def __init__(self, model_path: str, gpt_model: Any, hf_config: Any, first_stage: bool = True) -> None:
         super().__init__()
-        from relax.core.multimodal_model import adapter_for
+        from relax.core.multimodal_model import adapter_for, tower_kinds
         from relax.megatron.convert import Dims
 
         hf = adapter_for(hf_config.model_type).load(model_path, torch.float32)
+        self.tower_kinds = tower_kinds(hf)  # the checkpoint's, on every stage (later ones drop the towers)
+        self.frozen: frozenset[str] = frozenset()  # tower kinds kept as loaded (:func:`freeze`)
         inner = hf.model
-        self.hf_state = {n: t.detach() for n, t in hf.state_dict().items()}  # to load the LM from; dropped by the caller
+        self.hf_state = {n: t.detach() for n, t in hf.state_dict().items()}  # the LM's, until :meth:`take_lm_weights`
         inv_freq = inner.language_model.rotary_emb.inv_freq
         dims = Dims.from_hf(lm_config(hf_config))
         inner.language_model = _LanguageModelStub()
@@ -172,9 +186,17 @@ class MediaFront(torch.nn.Module):
             for i in range(self.deepstack_layers):
                 layers[i].register_forward_hook(self._hook(i))
 
-    def tower_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        """(HF name, parameter) of the towers: everything the front holds."""
-        return self.hf.named_parameters()
+    def tower_parameters(self, frozen: bool | None = None) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """(HF name, parameter) of the towers: everything the front holds; ``frozen`` True / False: only
+        those of the kinds :func:`freeze` froze / of the others."""
+        from relax.core.multimodal_model import is_tower
+
+        named = self.hf.named_parameters()
+        return named if frozen is None else ((n, p) for n, p in named if is_tower(n, self.hf, self.frozen) == frozen)
+
+    def take_lm_weights(self) -> dict[str, Tensor]:
+        """The LM's weights of the loaded checkpoint (:func:`lm_state`), once: the front drops its copy."""
+        return lm_state(self.__dict__.pop("hf_state"))
 
     def _hook(self, index: int):
         def add_visual(_module: Any, _args: Any, output: Any) -> Any:
@@ -250,3 +272,20 @@ class MediaFront(torch.nn.Module):
         if mask is not None:
             mask = rotate_left(mask, shift)
         return embeds.transpose(0, 1).contiguous(), positions.contiguous(), mask, deep
+
+    def lm_forward(self, model: Any, batch: dict[str, Tensor]) -> Tensor:
+        """This stage's megatron forward (``model``) of a media model's rows, right-padded: the front gives the
+        LM's input embeddings and M-RoPE positions (a later stage, fed hidden states by the previous one, only
+        the positions); a micro-batch without media takes megatron's embedding and the batch's positions on
+        all three axes (what HF does for text rows given 2-D positions)."""
+        from relax.core.data_multimodal import has_media
+        from relax.megatron.padding import right_padded
+
+        input_ids, position_ids = right_padded(batch)
+        if not has_media(batch):
+            return model(input_ids, position_ids[None].expand(3, -1, -1), attention_mask=None)
+        if not self.first_stage:
+            return model(input_ids, self.positions(batch), attention_mask=None)
+        decoder_input, positions, mask, deep = self.inputs(batch)
+        with self.deepstack(mask, deep):
+            return model(input_ids, positions, attention_mask=None, decoder_input=decoder_input)

@@ -34,8 +34,11 @@ class MegatronParams:
     # longest any collective of the trainer's process groups may wait (None: trainer.timeout_s); a save_hf
     # gathers the whole model on every rank while rank 0 writes it
     timeout_s: float | None = None
-    # media models (Qwen2.5-VL, Qwen3-VL): keep the vision tower's weights as loaded (not trained, not synced)
+    # media models (Qwen-VL, Qwen-Omni): keep the towers' weights as loaded (not trained, not synced): every
+    # tower (a model without towers is no error), or the vision / audio one only (a model without it is an error)
     freeze_media_towers: bool = False
+    freeze_vision: bool = False
+    freeze_audio: bool = False
 
     def validate(self) -> list[str]:
         errors = [
@@ -122,6 +125,8 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         timeout_s=params.timeout_s or spec.optim.timeout_s,
         layer_spec=params.layer_spec,
         freeze_media_towers=params.freeze_media_towers,
+        freeze_vision=params.freeze_vision,
+        freeze_audio=params.freeze_audio,
     )
 
 

@@ -67,7 +67,7 @@ class MegatronTrainer:
         distributed_optimizer: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         layer_spec: str = "auto",
-        freeze_media_towers: bool = False,
+        freeze_media_towers: bool = False, freeze_vision: bool = False, freeze_audio: bool = False,
         **overrides: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -132,10 +132,7 @@ class MegatronTrainer:
                                              use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
         if self.media_config is not None:
             self.front = omni.MediaFront(model_path, self.model, self.media_config, first_stage=self.first_stage)
-            hf_weights = omni.lm_state(self.front.hf_state)
-            del self.front.hf_state
-        else:
-            hf_weights = convert.read_hf_checkpoint(model_path)
+        hf_weights = self.front.take_lm_weights() if self.front is not None else convert.read_hf_checkpoint(model_path)
         convert.load_hf_into(self.model, hf_weights, self.hf_config, self.tp, self.tp_rank,
                              pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
         del hf_weights
@@ -144,15 +141,16 @@ class MegatronTrainer:
         self.model.requires_grad_(trainable)
         if self.front is not None:
             self.front.to(self.device).eval()
-            self.front.requires_grad_(trainable and not freeze_media_towers)
+            self.front.requires_grad_(trainable)
         # frozen towers are neither trained nor exported (the rollout engine loaded them already), as in core
-        self.freeze_media_towers = freeze_media_towers and self.front is not None
+        omni.freeze(self.front, self.media_config or self.hf_config, freeze_media_towers=freeze_media_towers,
+                    freeze_vision=freeze_vision, freeze_audio=freeze_audio)  # fmt: skip
         self.ddp = None  # megatron's DDP wrapper: with the distributed optimizer only
         self.masters = None  # bf16 without it: fp32 master weights (precision.py)
         # what the gradient code reduces and clips, by parameter name: the model's parameters, or their masters
         self.grad_params: list[tuple[str, torch.nn.Parameter]] = list(self.model.named_parameters())
-        if self.front is not None and trainable and not freeze_media_towers:  # HF-named tower weights, replicated per TP rank
-            self.grad_params += [(TOWER + n, p) for n, p in self.front.tower_parameters()]
+        if self.front is not None and trainable:  # HF-named tower weights, replicated per TP rank
+            self.grad_params += [(TOWER + n, p) for n, p in self.front.tower_parameters(frozen=False)]
         if self.distributed_optimizer:
             from relax.megatron import distopt
 
@@ -199,28 +197,13 @@ class MegatronTrainer:
         """This stage's forward on the right-padded rows, causal attention with no mask tensor (padding.py):
         logits on the last stage, hidden states on the others; MoE routers replay ``routed_experts`` when
         the batch has them and the trainer replays (routing.py)."""
-        if self.front is not None:
-            return self._media_forward(model, batch)
+        if self.front is not None:  # a media model: HF's front feeds megatron's LM (omni.py)
+            return self.front.lm_forward(model, batch)
         input_ids, position_ids = right_padded(batch)
         if self.routing is None:
             return model(input_ids, position_ids, attention_mask=None)
         with self.routing.applied(batch):
             return model(input_ids, position_ids, attention_mask=None)
-
-    def _media_forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A media model's forward: HF's front gives the LM's input embeddings and M-RoPE positions
-        (omni.py); a micro-batch without media takes megatron's embedding and the batch's positions on all
-        three axes (what HF does for text rows given 2-D positions)."""
-        from relax.core.data_multimodal import has_media
-
-        input_ids, position_ids = right_padded(batch)
-        if not has_media(batch):
-            return model(input_ids, position_ids[None].expand(3, -1, -1), attention_mask=None)
-        if not self.first_stage:  # the hidden states come from the previous stage: only the positions are needed
-            return model(input_ids, self.front.positions(batch), attention_mask=None)
-        decoder_input, positions, mask, deep = self.front.inputs(batch)
-        with self.front.deepstack(mask, deep):
-            return model(input_ids, positions, attention_mask=None, decoder_input=decoder_input)
 
     def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
         resp = batch["responses"]
@@ -474,8 +457,8 @@ class MegatronTrainer:
                 shards = gather_tp_shards(unit, width, group)
                 for name, tensor in convert.megatron_to_hf(shards, self.hf_config, partial=True).items():
                     yield (omni.hf_name(name) if self.front is not None else name), tensor
-            if self.front is not None and not self.freeze_media_towers:  # replicated: every rank holds them whole
-                yield from ((n, p.detach()) for n, p in self.front.tower_parameters())
+            if self.front is not None:  # replicated: every rank holds them whole
+                yield from ((n, p.detach()) for n, p in self.front.tower_parameters(frozen=False))
 
         yield from buckets(named(), bucket_bytes)
 
@@ -485,8 +468,8 @@ class MegatronTrainer:
         from relax.megatron.checkpoint import write_hf
 
         hf = {n: t.cpu() for b in self.export_weights() for n, t in b}  # in host memory, not the GPU's
-        if self.freeze_media_towers:  # not synced, but the directory is the whole model
-            hf.update((n, p.detach().cpu()) for n, p in self.front.tower_parameters())
+        if self.front is not None:  # frozen towers: not synced, but the directory is the whole model
+            hf.update((n, p.detach().cpu()) for n, p in self.front.tower_parameters(frozen=True))
         if torch.distributed.get_rank() == 0:
             write_hf(directory, hf, self.media_config or self.hf_config, self.model_path)  # with a media model's processor
 

@@ -2,7 +2,8 @@
 
 Core's trainer and HF engine run these models only through this adapter (``relax.core.protocols.
 ModelAdapter``): load (image-text-to-text, each audio encoded alone), forward kwargs for media, the
-M-RoPE decode positions, the media towers' weight prefixes and token ids, and the audio-in-video flag.
+M-RoPE decode positions, the media towers' weight prefixes (by kind: vision, audio) and token ids, and the
+audio-in-video flag.
 
 Both sides pass the processor's media inputs and the token-type ids and leave ``position_ids`` to the
 model, which computes the 3-D M-RoPE positions with its own rope-index function from the ids, the
@@ -16,7 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -44,8 +45,11 @@ def _token_id(config: Any, kind: str) -> int | None:
 class QwenMediaAdapter:
     """``ModelAdapter`` of the Qwen2.5-VL / Qwen3-VL / Qwen2.5-Omni / Qwen3-Omni thinkers."""
 
-    tower_prefixes: tuple[str, ...] = ("visual.", "audio_tower.", "model.visual.", "model.audio_tower.",
-                                       "thinker.visual.", "thinker.audio_tower.")
+    #: the towers' weight-name prefixes (in memory: ``model.*``; older layouts: bare or under ``thinker.``)
+    tower_kinds: ClassVar[dict[str, tuple[str, ...]]] = {
+        "vision": ("visual.", "model.visual.", "thinker.visual."),
+        "audio": ("audio_tower.", "model.audio_tower.", "thinker.audio_tower."),
+    }
     media_flags: tuple[str, ...] = (AUDIO_IN_VIDEO,)
 
     def load(self, model_path: str, dtype: torch.dtype) -> Any:

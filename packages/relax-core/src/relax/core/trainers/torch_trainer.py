@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from relax.core.algorithms import logprobs_from_logits
-from relax.core.multimodal_model import freeze_towers, is_tower
+from relax.core.multimodal_model import freeze_switches, freeze_towers_by_switch, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import replica_rows, shard_bounds, take_rows
 from relax.core.routing_replay import RoutingReplay
@@ -73,6 +73,8 @@ class TorchTrainer:
         critic: Critic | None = None,
         data_parallel: DataParallel | None = None,
         freeze_media_towers: bool = False,
+        freeze_vision: bool = False,
+        freeze_audio: bool = False,
         share_prompts: bool = True,
         lora: Any = None,
         **overrides: Any,
@@ -93,11 +95,12 @@ class TorchTrainer:
         self._adapters_held = threading.RLock()  # a hosting actor runs old- and reference-logprob forwards at once
         self.model = load_model(model_path, "float32" if trainable and self.lora is None else dtype)
         self.model.requires_grad_(trainable)
+        # VL / Omni: the towers (and their mergers) of these kinds stay as loaded and are left out of weight syncs
+        self.frozen_towers = freeze_towers_by_switch(self.model, freeze_media_towers=freeze_media_towers,
+                                                     freeze_vision=freeze_vision, freeze_audio=freeze_audio)  # fmt: skip
         if self.lora is not None:  # the base frozen in dtype, the adapters trainable in fp32
             self.model = lora_adapters.add_adapters(self.model, self.lora)
         self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
-        # VL / Omni: the vision / audio towers (and their mergers) stay as loaded and are left out of weight syncs
-        self.freeze_media_towers = freeze_media_towers and freeze_towers(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = (
             adamw(params, self.device, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
@@ -258,7 +261,7 @@ class TorchTrainer:
         """HF-named state, tied weights once (first name wins, as in ``save_pretrained``)."""
         seen: set[int] = set()
         for name, tensor in self.model.state_dict().items():
-            if self.freeze_media_towers and is_tower(name):
+            if self.frozen_towers and is_tower(name, self.model, self.frozen_towers):
                 continue  # frozen: the engines' copies are the loaded ones already
             if tensor.data_ptr() not in seen:
                 seen.add(tensor.data_ptr())
@@ -353,8 +356,7 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     spec, t = ctx.train, ctx.train.optim
     dtype = params.dtype or ctx.dtype
     trainable = spec.trainable
-    kwargs: dict[str, Any] = dict(dtype=dtype, device=params.device,
-                                  freeze_media_towers=getattr(params, "freeze_media_towers", False))  # fmt: skip
+    kwargs: dict[str, Any] = dict(dtype=dtype, device=params.device, **freeze_switches(params))
     objective = build_policy_objective(spec.algorithm) if trainable else None
     if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
         if spec.algorithm.critic.enable and trainable:

@@ -29,7 +29,9 @@ class FSDPParams:
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False
     cpu_offload: bool = False
-    freeze_media_towers: bool = False
+    freeze_media_towers: bool = False  # VL / Omni: keep every media tower as loaded (untrained, unsynced)
+    freeze_vision: bool = False  # ... the vision tower only (a model without one is an error)
+    freeze_audio: bool = False  # ... the audio tower only (a model without one is an error)
     share_prompts: bool = False
 
     def validate(self) -> list[str]:

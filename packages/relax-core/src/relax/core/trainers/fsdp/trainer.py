@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from relax.core.multimodal_model import freeze_towers, is_tower
+from relax.core.multimodal_model import freeze_switches, freeze_towers_by_switch, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import even_replica_rows, shard_bounds
 from relax.core.routing_replay import RoutingReplay
@@ -82,10 +82,10 @@ class FSDPTrainer:
         # the fp32 master copy, sharded below; LoRA: the frozen base in the compute dtype
         hf = load_model(model_path, "float32" if self.lora is None else dtype)
         hf.requires_grad_(trainable and self.lora is None)
+        self.frozen_towers = freeze_towers_by_switch(hf, **freeze_switches(p))  # kinds kept as loaded, unsynced
         # LoRA: the adapters join the HF modules in place (peft), so the blocks below shard with theirs
         self.model = hf if self.lora is None else lora_adapters.add_adapters(hf, self.lora)
         self.model.eval()  # no dropout: training and scoring forwards agree
-        self.freeze_media_towers = p.freeze_media_towers and freeze_towers(hf)
         # media towers stay whole on every rank (see shard_model); on the device, as loaded
         self.replicated = [q for n, q in hf.named_parameters() if is_tower(n, hf)]
         for q in self.replicated:
@@ -240,7 +240,7 @@ class FSDPTrainer:
         ``save_pretrained``); the same names in the same order on every rank."""
         seen: set[int] = set()
         for name, value in self.model.state_dict(keep_vars=True).items():
-            if id(value) in seen or (self.freeze_media_towers and is_tower(name)):
+            if id(value) in seen or (self.frozen_towers and is_tower(name, self.model, self.frozen_towers)):
                 continue
             seen.add(id(value))
             yield name, value
