@@ -1,5 +1,6 @@
 """Fixtures for relax-sglang tests: the server environment (built from nothing when missing, reused when
-present) and one shared SGLang server per session on the kit's tiny Qwen3."""
+present), one shared SGLang server per session on the kit's tiny Qwen3, and a megatron world for the tests
+that sync the megatron trainer's weights into a server."""
 
 from __future__ import annotations
 
@@ -44,3 +45,26 @@ def sglang_engine(sglang_python, tiny_dirs, tmp_path_factory):
     engine = shared_engine(tiny_dirs[0], str(tmp_path_factory.getbasetemp() / "sglang-run"))
     yield engine
     close_shared()
+
+
+@pytest.fixture(scope="module")
+def megatron_world(tmp_path_factory):
+    """torch.distributed (gloo, world of one) + megatron's parallel state TP=1 PP=1, torn down after the
+    module (as relax-megatron's own tests do), so the rest of the session sees an untouched torch. Skips
+    the test where relax-megatron's megatron-core is not installed."""
+    pytest.importorskip("megatron.core", reason="relax-megatron's megatron-core is not installed")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from relax.megatron import cpu_compat
+    from relax.megatron.parallel import initialize_model_parallel
+
+    store = tmp_path_factory.mktemp("megatron-gloo") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+        cpu_compat.remove()

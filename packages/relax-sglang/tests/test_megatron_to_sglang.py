@@ -34,27 +34,6 @@ def _greedy(engine) -> list:
 
 
 @pytest.fixture(scope="module")
-def megatron_world(tmp_path_factory):
-    """torch.distributed (gloo, world of one) + megatron's parallel state TP=1 PP=1, torn down after the
-    module (as relax-megatron's own tests do), so the rest of the session sees an untouched torch."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from relax.megatron import cpu_compat
-    from relax.megatron.parallel import initialize_model_parallel
-
-    store = tmp_path_factory.mktemp("megatron-gloo") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-        cpu_compat.remove()
-
-
-@pytest.fixture(scope="module")
 def trained(megatron_world, tiny_dirs):
     """(the megatron trainer after one step, the HF engine's greedy results on its exported weights, the
     HF engine's on the original weights)."""

@@ -23,8 +23,10 @@ import os, sys
 import sglang.srt.models.qwen3_omni_moe as omni
 from sglang.srt.arg_groups import choices
 import sglang.srt.multimodal.processors.qwen_vl as qwen_vl
+import sglang.srt.managers.scheduler_components.weight_updater as updater
 print("patched", getattr(omni.Qwen3OmniMoeThinkerForConditionalGeneration.get_audio_feature, "relax_patched", False)
-      and getattr(qwen_vl.preprocess_video, "relax_patched", False))
+      and getattr(qwen_vl.preprocess_video, "relax_patched", False)
+      and getattr(updater.SchedulerWeightUpdaterManager.record_weight_version_after_update, "relax_patched", False))
 print("cpu shim", "torch_native" in choices.DETERMINISTIC_ATTENTION_BACKEND_CHOICES)
 print("theirs", os.environ.get("THEIRS_RAN"))
 """

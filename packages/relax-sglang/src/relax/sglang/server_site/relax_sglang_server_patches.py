@@ -29,6 +29,13 @@ Host buffers of a CPU server unpinned. Replaces: ``pool_host.common.ALLOC_MEMORY
 ``relax.sglang.routing``) allocates its host cache through it and a CPU-only torch cannot pin memory ("Torch
 not compiled with CUDA enabled" at start-up); a server on device ``cpu`` has no accelerator to pin for.
 
+Media embeddings of the old weights dropped on a weight update. Wraps: the scheduler's
+``SchedulerWeightUpdaterManager.record_weight_version_after_update`` (every successful disk, tensor,
+distributed or IPC update calls it), which now also clears ``mm_schedule.embedding_cache``. Why: SGLang keeps
+each image's / video's vision-tower output keyed by the input's hash, across weight updates and
+``/flush_cache``, so after a sync of trained towers a prompt whose image it had seen got the old tower's
+embeddings under the new version's tag (other greedy tokens than the trainer's weights give).
+
 Installed lazily (the model module is patched right after it is first imported), so a server that never
 loads it pays nothing. This file must not import Relax: it runs in the server's environment.
 """
@@ -121,6 +128,21 @@ def relax_videos_as_sent(qwen_vl) -> None:
     qwen_vl._get_processor_video_config = processor_video_config
 
 
+def clear_media_embeddings_on_update(weight_updater) -> None:
+    cls = weight_updater.SchedulerWeightUpdaterManager
+    original = cls.record_weight_version_after_update
+
+    def record_weight_version_after_update(self, weight_version):
+        from sglang.srt.managers import mm_schedule
+
+        if mm_schedule.embedding_cache is not None:  # the old weights' embeddings (see the module docstring)
+            mm_schedule.embedding_cache.clear()
+        return original(self, weight_version)
+
+    record_weight_version_after_update.relax_patched = True
+    cls.record_weight_version_after_update = record_weight_version_after_update
+
+
 _pending: dict[str, list[Callable[[Any], None]]] = {}
 
 
@@ -170,3 +192,4 @@ def install() -> None:
         after_import("sglang.srt.models.qwen3_omni_moe", encode_audio_per_item)
         after_import("sglang.srt.multimodal.processors.qwen_vl", relax_videos_as_sent)
         after_import("sglang.srt.mem_cache.pool_host.common", unpinned_cpu_host_buffers)
+        after_import("sglang.srt.managers.scheduler_components.weight_updater", clear_media_embeddings_on_update)
