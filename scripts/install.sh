@@ -25,3 +25,6 @@ else
   echo "install: /opt/wheels has no CPU torch wheel; using PyPI torch (group cuda)" >&2
   uv sync --frozen --no-group cpu --group cuda "$@"
 fi
+# The workspace's own packages are editable installs, which UV_COMPILE_BYTECODE skips: compile them too, so
+# that every process (Ray workers included) reads their bytecode even where PYTHONDONTWRITEBYTECODE is set.
+.venv/bin/python -m compileall -q packages/*/src >/dev/null
