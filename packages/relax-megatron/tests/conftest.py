@@ -21,23 +21,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # without it a megatron step is ~
 def _world(tmp_path_factory, backend: str):
     """``torch.distributed`` (``backend``, world size 1; NCCL on cuda:0) + megatron parallel state, TP=1, PP=1."""
     import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
 
-    from relax.megatron import cpu_compat
-    from relax.megatron.parallel import initialize_model_parallel
+    from relax.megatron.parallel import world_of_one
 
     if backend == "nccl":
         torch.cuda.set_device(0)
-    store = tmp_path_factory.mktemp(backend) / "store"
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
+    with world_of_one(str(tmp_path_factory.mktemp(backend) / "store"), backend):
         yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-        cpu_compat.remove()  # on a GPU machine: at most the MoE router's (without Transformer Engine)
 
 
 @pytest.fixture(scope="module")

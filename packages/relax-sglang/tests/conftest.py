@@ -53,18 +53,7 @@ def megatron_world(tmp_path_factory):
     module (as relax-megatron's own tests do), so the rest of the session sees an untouched torch. Skips
     the test where relax-megatron's megatron-core is not installed."""
     pytest.importorskip("megatron.core", reason="relax-megatron's megatron-core is not installed")
-    import torch.distributed as dist
-    from megatron.core import parallel_state
+    from relax.megatron.parallel import world_of_one
 
-    from relax.megatron import cpu_compat
-    from relax.megatron.parallel import initialize_model_parallel
-
-    store = tmp_path_factory.mktemp("megatron-gloo") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
+    with world_of_one(str(tmp_path_factory.mktemp("megatron-gloo") / "store")):
         yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-        cpu_compat.remove()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,6 +54,25 @@ def initialize_model_parallel(
                                                  expert_model_parallel_size=expert_parallel,
                                                  distributed_timeout_minutes=timeout_minutes(timeout_s))  # fmt: skip
     mtp.model_parallel_cuda_manual_seed(seed)
+
+
+@contextlib.contextmanager
+def world_of_one(store_path: str, backend: str = "gloo") -> Iterator[None]:
+    """``torch.distributed`` (``backend``, world size 1) + megatron's parallel state at TP=1 PP=1, torn down
+    afterwards with the CPU patches, so whatever runs next sees an untouched torch (tests, one process)."""
+    import torch.distributed as dist
+
+    from megatron.core import parallel_state
+    from relax.megatron import cpu_compat
+
+    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=0, world_size=1)
+    try:
+        initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+        cpu_compat.remove()  # on a GPU machine: at most the MoE router's (without Transformer Engine)
 
 
 def timeout_minutes(timeout_s: float) -> int:
