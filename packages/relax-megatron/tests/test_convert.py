@@ -120,12 +120,26 @@ def test_moe_round_trip_is_bit_exact_and_shards_the_experts(tiny_qwen3_moe, ep):
     _assert_same(back, hf)
 
 
+def test_moe_at_tp2_shards_attention_and_keeps_experts_whole(tiny_qwen3_moe):
+    """TP=2 x EP=2: shard ``t * ep + e`` has TP rank ``t``'s attention rows and EP rank ``e``'s two whole experts
+    (expert tensor parallelism 1); the TP shards and the EP ranks' experts map back to HF bit-exactly."""
+    _, config, hf = tiny_qwen3_moe
+    shards = convert.hf_to_megatron(hf, config, tp=2, ep=2)
+    assert len(shards) == 4
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert torch.equal(shards[1][qkv], shards[0][qkv]) and not torch.equal(shards[2][qkv], shards[0][qkv])
+    fc1 = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+    assert shards[1][fc1].shape == (2 * config.moe_intermediate_size, config.hidden_size)  # whole, not TP-split
+    assert torch.equal(shards[3][fc1], shards[1][fc1]) and not torch.equal(shards[1][fc1], shards[0][fc1])
+    back = convert.megatron_to_hf([shards[0], shards[2]], config, expert_shards=shards[:2])
+    assert sorted(back) == sorted(convert.hf_weight_names(config))
+    _assert_same(back, hf)
+
+
 def test_moe_bad_layouts_name_what_is_wrong(tiny_qwen3, tiny_qwen3_moe):
     _, moe_config, moe_hf = tiny_qwen3_moe
     with pytest.raises(ValueError, match="expert_parallel=3 must divide num_experts=4"):
         convert.hf_to_megatron(moe_hf, moe_config, ep=3)
-    with pytest.raises(ValueError, match="tensor_parallel=2: Qwen3-MoE runs with tensor_parallel=1"):
-        convert.hf_to_megatron(moe_hf, moe_config, tp=2)
     _, config, hf = tiny_qwen3
     with pytest.raises(ValueError, match="expert_parallel=2 needs an MoE model"):
         convert.hf_to_megatron(hf, config, ep=2)

@@ -70,3 +70,14 @@ def test_a_frozen_reference_replays_and_a_non_replaying_one_ignores_the_routing(
         reference.forward_logprobs({**r3_batch, "routed_experts": r3_batch["routed_experts"][:, :, :1]})
     own = megatron_trainer(r3_perturbed_dir, trainable=False, routing_replay=False)
     torch.testing.assert_close(own.forward_logprobs(r3_batch), r3_torch["free"], atol=1e-5, rtol=0)
+
+
+def test_sequence_slice_pads_with_unrecorded_tokens_and_splits():
+    """Sequence parallelism: a TP rank's routers see its slice of the sequence-major tokens, the sequence
+    padded (as the trainer pads it) with unrecorded (-1) ids."""
+    from relax.megatron.routing import sequence_slice
+
+    tokens = torch.arange(6)[:, None, None]  # S=3 positions x B=2 rows, sequence-major
+    assert sequence_slice(tokens, 2, 2, 0).flatten().tolist() == [0, 1, 2, 3]
+    assert sequence_slice(tokens, 2, 2, 1).flatten().tolist() == [4, 5, -1, -1]
+    assert sequence_slice(tokens[:4], 2, 2, 1).flatten().tolist() == [2, 3]  # S=2: no padding

@@ -4,7 +4,8 @@ Vocab-parallel logprobs and entropy equal transformers' (no full-logit gather: e
 vocabulary), TP-gathered weights map back to the HF checkpoint bit-exactly, a TP=2 train step matches
 core's torch trainer, PP=2 logprobs equal transformers' and PP=2, DP=2 and (MoE) DP=2 x EP=2 train steps
 match the torch trainer (with MoE routing replay too, at DP=2 x EP=2 and PP=2); TP=2, PP=2 and DP=2 dist
-checkpoints load in one process."""
+checkpoints load in one process. Qwen3-MoE and the Qwen3-Omni (MoE) thinker at TP=2 run with sequence
+parallelism and match transformers / the torch trainer too."""
 
 from __future__ import annotations
 
@@ -49,17 +50,39 @@ def pp2_checkpoint(tmp_path_factory):
     return tmp_path_factory.mktemp("pp2") / "checkpoint"
 
 
+def odd_width(batch: dict, pad_id: int = 0) -> dict:
+    """``batch`` with one more left-padding column (an odd sequence length: sequence parallelism at TP=2 pads
+    it to a multiple of 2), without ``old_logprobs`` (each model scores its own)."""
+    out = {k: v for k, v in batch.items() if k != "old_logprobs"}
+    for key, value in (("input_ids", pad_id), ("attention_mask", 0), ("position_ids", 0)):
+        out[key] = torch.cat([torch.full_like(batch[key][:, :1], value), batch[key]], 1)
+    assert out["input_ids"].shape[1] % 2 == 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def moe_tp_batch(torch_reference):
+    return odd_width(torch_reference[1])
+
+
+@pytest.fixture(scope="module")
+def omni_moe_tp(omni_moe):
+    """(model_dir, media batch of odd width) of the tiny Qwen3-Omni (MoE) thinker, for TP=2."""
+    return omni_moe[0], odd_width(omni_moe[1])
+
+
 @pytest.fixture(scope="module")
 def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint, pp2_checkpoint, r3_perturbed_dir,
-           r3_batch, vl_models, omni_moe, omni_dense):  # fmt: skip
+           r3_batch, vl_models, omni_moe, omni_dense, moe_tp_batch, omni_moe_tp):  # fmt: skip
     """One two-process launch for every check below (starting processes is the slow part): TP=2 (the
     trained trainer saved to ``tp2_checkpoint``), the same ranks at EP=2 and DP=2 x EP=2 with the tiny
     Qwen3-MoE, with MoE routing replay at DP=2 x EP=2 and PP=2, the tiny VL models (Qwen2.5-VL saved to
     ``<tp2_checkpoint>-vl``) and the Qwen2.5-Omni thinker at TP=2 and the Qwen3-Omni thinker at DP=2 x EP=2, then at PP=2 (the Omni thinkers too) (saved to ``pp2_checkpoint``)
-    and DP=2 (saved to ``<pp2_checkpoint>-dp``)."""
+    and DP=2 (saved to ``<pp2_checkpoint>-dp``); Qwen3-MoE and the Qwen3-Omni thinker at TP=2 (sequence parallelism)."""
     data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0],
             "routing": {"batch": r3_batch, "moe_dir": r3_perturbed_dir}, "omni": vl_models, "omni_moe": omni_moe,
             "omni_tp": {"qwen2_5_omni": omni_dense}, "omni_ckpt": {"qwen2_5_vl": str(tp2_checkpoint) + "-vl"}, "omni_thinkers": {"qwen2_5_omni": omni_dense, "qwen3_omni": omni_moe},
+            "moe_tp": (tiny_qwen3_moe[0], moe_tp_batch, str(tp2_checkpoint) + "-moe"), "omni_moe_tp": omni_moe_tp,
             "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint), "dp_batch": dp_batch(torch_reference[1])}}  # fmt: skip
     return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
 
@@ -270,12 +293,13 @@ def test_dp2_ep2_moe_step_matches_the_torch_trainer(tiny_qwen3_moe, tp2, torch_r
         torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("layout", ["ep", "pp"])
-def test_routing_replay_at_dp2_ep2_and_pp2_matches_the_torch_trainer(tp2, r3_torch, assert_r3_step, layout):
+@pytest.mark.parametrize("layout", ["ep", "pp", "tp"])
+def test_routing_replay_at_dp2_ep2_pp2_and_tp2_matches_the_torch_trainer(tp2, r3_torch, assert_r3_step, layout):
     """MoE routing replay (test_routing_replay.py's batch and perturbed routers) at DP=2 x EP=2 (each replica
-    routes its own rows before the dispatcher exchanges them; the mismatch counts summed over the world) and
-    PP=2 (each stage replays its own layer's routing, under 1F1B): logprobs, step and routing metrics of the
-    torch trainer replaying the same routing."""
+    routes its own rows before the dispatcher exchanges them; the mismatch counts summed over the world), PP=2
+    (each stage replays its own layer's routing, under 1F1B) and TP=2 (sequence parallelism: each TP rank
+    replays its slice of the sequence): logprobs, step and routing metrics of the torch trainer replaying the
+    same routing."""
     got = tp2["routing"][layout]
     torch.testing.assert_close(got["logprobs"], r3_torch["replayed"], atol=1e-5, rtol=0)
     assert_r3_step(got)
@@ -345,7 +369,7 @@ def omni_dense(tmp_path_factory, vl_batch):
 
 def test_tp2_dense_omni_thinker_matches_the_torch_trainer(tp2, omni_dense):
     """The Qwen2.5-Omni thinker at TP=2 (audio tower and rope index replicated, q/k/v biases sharded) on
-    image, video, audio and text rows: the torch trainer's logprobs. (Qwen3-Omni is MoE: TP=1 with EP.)"""
+    image, video, audio and text rows: the torch trainer's logprobs. (Qwen3-Omni at TP=2: below.)"""
     from relax.core.data_multimodal import has_media
     from relax.core.testing import torch_trainer
 
@@ -368,11 +392,14 @@ def test_pp2_omni_thinkers_match_the_torch_trainer(tp2, omni_dense, omni_moe, fa
     torch.testing.assert_close(tp2["omni_thinkers_pp"][family], want, atol=1e-5, rtol=0)
 
 
-def test_dp2_ep2_moe_omni_thinker_matches_the_torch_trainer(tp2, omni_moe):
-    """The Qwen3-Omni (MoE) thinker at DP=2 x EP=2 on image, video, audio and text rows: the torch trainer's
-    logprobs and step (loss, grad norm, weights with the experts gathered over EP and the towers)."""
-    got = tp2["omni_moe"]
-    want = _media_step_reference(got, *omni_moe)
+@pytest.mark.parametrize("layout", ["omni_moe", "omni_moe_tp"])
+def test_dp2_ep2_and_tp2_moe_omni_thinker_match_the_torch_trainer(tp2, omni_moe, omni_moe_tp, layout):
+    """The Qwen3-Omni (MoE) thinker at DP=2 x EP=2, and at TP=2 (sequence parallelism: an odd sequence padded,
+    HF's merged embeddings scattered over the TP ranks, DeepStack's visual embeddings sliced per rank, the
+    experts whole on each rank), on image, video, audio and text rows: the torch trainer's logprobs and step
+    (loss, grad norm, weights with the experts gathered and the towers)."""
+    got = tp2[layout]
+    want = _media_step_reference(got, *(omni_moe if layout == "omni_moe" else omni_moe_tp))
     mine = dict(got["weights"])
     for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:  # fuse, as transformers holds them
         layer = down[: -len("0.down_proj.weight")]
@@ -382,3 +409,69 @@ def test_dp2_ep2_moe_omni_thinker_matches_the_torch_trainer(tp2, omni_moe):
         mine[layer + "down_proj"] = torch.stack([mine.pop(f"{layer}{j}.down_proj.weight") for j in experts])
     assert any(".audio_tower." in n for n in want)
     _assert_same_weights(mine, want)
+
+
+def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batch, fuse_experts):
+    """Qwen3-MoE at TP=2: sequence parallelism (on by itself: megatron's MoE layer needs it; an odd sequence
+    padded to a multiple of 2), experts whole on each TP rank. Frozen at EP=1 and at EP=2 (the same two ranks
+    also expert-parallel): transformers' logprobs within 1e-5 and an HF-exact export. Trained at EP=1 (norm,
+    router and expert gradients summed over the TP ranks): core's torch trainer's logprobs, loss, entropy,
+    grad norm and updated weights (2e-4, as the other MoE steps)."""
+    from relax.core.testing import torch_trainer
+    from relax.core.testing.trainer import exported
+
+    model_dir, config, hf = tiny_qwen3_moe
+    got = tp2["moe_tp"]
+    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=4)
+    want_logprobs = ref.forward_logprobs(moe_tp_batch)
+    assert float(want_logprobs.abs().sum()) > 1.0
+    for ep in (1, 2):
+        frozen = got[f"frozen_ep{ep}"]
+        torch.testing.assert_close(frozen["logprobs"], want_logprobs, atol=1e-5, rtol=0)
+        assert sorted(frozen["hf"]) == sorted(hf)
+        for name, tensor in hf.items():
+            assert torch.equal(frozen["hf"][name], tensor), (ep, name)
+    torch.testing.assert_close(got["logprobs"], want_logprobs, atol=1e-5, rtol=0)
+    metrics = ref.train_step(moe_tp_batch)
+    for key in ("loss", "entropy", "grad_norm"):
+        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
+    want, mine = exported(ref), fuse_experts(got["weights"], config)
+    assert sorted(mine) == sorted(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_tp2_moe_checkpoint_loads_at_tp1_and_converts_to_hf(megatron_world, tiny_qwen3_moe, tp2, tp2_checkpoint,
+                                                           moe_tp_batch, tmp_path):  # fmt: skip
+    """The Qwen3-MoE dist checkpoint the TP=2 (sequence-parallel) ranks saved after their step: one TP=1 trainer
+    loads it to the logprobs the ranks computed after saving, and ``relax convert`` writes the ranks'
+    exported weights bit-exactly."""
+    from safetensors.torch import load_file
+
+    from relax.megatron.checkpoint import to_hf
+    from relax.megatron.trainer import MegatronTrainer
+
+    got, ckpt = tp2["moe_tp"], str(tp2_checkpoint) + "-moe"
+    trainer = MegatronTrainer(tiny_qwen3_moe[0], micro_batch_size=4)
+    trainer.load(ckpt)
+    assert trainer.update.step == 1
+    torch.testing.assert_close(trainer.forward_logprobs(moe_tp_batch), got["logprobs_after"], atol=1e-5, rtol=0)
+    names = to_hf(ckpt, str(tmp_path / "hf"))
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(names) == sorted(written) == sorted(got["weights"])
+    for name, tensor in got["weights"].items():
+        assert torch.equal(written[name], tensor), name
+
+
+def test_tp2_sequence_parallel_dense_model_matches_transformers(tiny_qwen3, tp2, moe_tp_batch):
+    """``sequence_parallel: true`` on the dense Qwen3 at TP=2 (an odd sequence padded to a multiple of 2): the
+    torch trainer's logprobs within 1e-5 and an HF-exact export."""
+    from relax.core.testing import torch_trainer
+
+    _, _, hf = tiny_qwen3
+    got = tp2["dense_sp"]
+    torch.testing.assert_close(got["logprobs"], torch_trainer(tiny_qwen3[0]).forward_logprobs(moe_tp_batch),
+                               atol=1e-5, rtol=0)  # fmt: skip
+    assert sorted(got["hf"]) == sorted(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(got["hf"][name], tensor), name

@@ -56,13 +56,19 @@ def test_backend_params_reject_unsupported_layouts():
     assert MegatronParams().validate() == []
     assert MegatronParams(tensor_parallel=0).validate() == ["tensor_parallel: must be >= 1, got 0"]
     (cp,) = MegatronParams(context_parallel=2).validate()
-    assert "need Transformer Engine" in cp
+    assert "needs Transformer Engine" in cp
+    assert MegatronParams(tensor_parallel=2, sequence_parallel=True).validate() == []  # local spec: no TE needed
+    (sp,) = MegatronParams(sequence_parallel=True).validate()
+    assert sp == "sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)"
+    (sp_pp,) = MegatronParams(tensor_parallel=2, pipeline_parallel=2, sequence_parallel=True).validate()
+    assert sp_pp.startswith("sequence_parallel: not supported with pipeline_parallel > 1")
     assert MegatronParams(tensor_parallel=2).validate() == []
     assert MegatronParams(tensor_parallel=2, pipeline_parallel=2, data_parallel=2).validate() == []
     assert MegatronParams(data_parallel=0).validate() == ["data_parallel: must be >= 1, got 0"]
     (ep,) = MegatronParams(expert_parallel=2, data_parallel=3).validate()
-    assert "expert_parallel=2: must divide data_parallel=3" in ep
+    assert "expert_parallel=2: must divide tensor_parallel x data_parallel=3" in ep
     assert MegatronParams(expert_parallel=2, data_parallel=4).validate() == []  # EP carved from DP
+    assert MegatronParams(expert_parallel=2, tensor_parallel=2).validate() == []  # ... or from TP (experts whole)
     (dist_opt,) = MegatronParams(distributed_optimizer=True).validate()
     assert "distributed_optimizer: not supported" in dist_opt and "CUDA parameters" in dist_opt
     assert MegatronParams(distributed_optimizer=True, device="cuda", data_parallel=2).validate() == []
@@ -193,3 +199,14 @@ def test_rank_rows_pads_every_replica_to_the_same_rows():
     assert first["responses"].tolist() == [[0, 1], [2, 3], [0, 1]] and first["temperature"] == 0.7
     assert first["response_mask"].tolist() == [[1, 1], [1, 1], [0, 0]]
     assert second["responses"].tolist() == [[4, 5], [6, 7], [8, 9]] and second["response_mask"].sum() == 6
+
+
+def test_trainer_names_what_sequence_parallelism_cannot_run(tiny_qwen3, tiny_qwen3_moe):
+    """Refused before any process group is joined: sequence parallelism without TP, and (asked for, or on by
+    itself for an MoE model at TP > 1) with pipeline stages."""
+    from relax.megatron.trainer import MegatronTrainer
+
+    with pytest.raises(ValueError, match="sequence_parallel: needs tensor_parallel > 1"):
+        MegatronTrainer(tiny_qwen3[0], sequence_parallel=True)
+    with pytest.raises(ValueError, match="pipeline_parallel=2 with sequence parallelism"):
+        MegatronTrainer(tiny_qwen3_moe[0], tensor_parallel=2, pipeline_parallel=2, world_size=4)

@@ -12,7 +12,10 @@ logprobs of the tokens (forward only), then with a batch the same ``MegatronTrai
 size (saved to ``--ckpt``; again in bf16; then built with the distributed optimizer's config), then at DP = world size (two micro-batches per replica; saved to
 ``<ckpt>-dp``). With ``routing`` = {"batch", "moe_dir"} in the tensor mode's input (a batch carrying
 ``routed_experts``), the ranks also take the trainer check with MoE routing replay at DP = EP = world size, then
-at PP = world size. Rank 0 saves the results to ``--out``.
+at PP = world size. ``moe_tp`` = (model_dir, batch, ckpt) / ``omni_moe_tp`` = (model_dir, batch): Qwen3-MoE / the Qwen3-Omni
+thinker at TP = world size (sequence parallelism): a trainer check (Qwen3-MoE: saved to ``ckpt``), and for
+Qwen3-MoE frozen trainers' logprobs and exports at EP = 1 and EP = TP, then the dense model's with
+``sequence_parallel`` asked for. Rank 0 saves the results to ``--out``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ def main() -> None:
             moe_batch = {k: v for k, v in data["batch"].items() if k != "old_logprobs"}  # the MoE model's own
             results["moe_train"] = train_check(args, moe_batch, model_dir=data["moe_dir"], data_parallel=args.world,
                                                expert_parallel=args.world)  # fmt: skip
+        if "moe_tp" in data:  # Qwen3-MoE at TP = world size (sequence parallelism; experts whole on each TP rank)
+            parallel_state.destroy_model_parallel()
+            moe_dir, moe_batch, ckpt = data["moe_tp"]
+            results["moe_tp"] = train_check(args, moe_batch, model_dir=moe_dir, tensor_parallel=args.world, ckpt=ckpt)
+            for ep in (1, args.world):  # frozen: logprobs and the export, at EP = 1 and EP = TP (the same ranks)
+                parallel_state.destroy_model_parallel()
+                results["moe_tp"][f"frozen_ep{ep}"] = frozen_check(args, moe_batch, moe_dir, tensor_parallel=args.world,
+                                                                   expert_parallel=ep)  # fmt: skip
+            parallel_state.destroy_model_parallel()  # the dense Qwen3 with sequence parallelism asked for
+            results["dense_sp"] = frozen_check(args, moe_batch, args.model_dir, tensor_parallel=args.world,
+                                               sequence_parallel=True)  # fmt: skip
         if "routing" in data:  # MoE routing replay on the perturbed Qwen3-MoE: DP = EP = world size, then PP
             parallel_state.destroy_model_parallel()
             routing = data["routing"]
@@ -58,6 +72,9 @@ def main() -> None:
             parallel_state.destroy_model_parallel()
             results["routing"]["pp"] = train_check(args, routing["batch"], model_dir=routing["moe_dir"],
                                                    pipeline_parallel=args.world, routing_replay=True)  # fmt: skip
+            parallel_state.destroy_model_parallel()  # and at TP (sequence parallelism: each rank routes its slice)
+            results["routing"]["tp"] = train_check(args, routing["batch"], model_dir=routing["moe_dir"],
+                                                   tensor_parallel=args.world, routing_replay=True)  # fmt: skip
         for family, (model_dir, batch) in data.get("omni", {}).items():  # media models (omni.py) at TP = world size
             parallel_state.destroy_model_parallel()
             results.setdefault("omni", {})[family] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3,
@@ -67,6 +84,11 @@ def main() -> None:
             parallel_state.destroy_model_parallel()
             results.setdefault("omni_tp", {})[family] = logprobs_check(args, batch, model_dir,
                                                                     tensor_parallel=args.world)  # fmt: skip
+        if "omni_moe_tp" in data:  # the MoE Omni thinker at TP = world size (sequence parallelism, DeepStack sliced)
+            parallel_state.destroy_model_parallel()
+            model_dir, batch = data["omni_moe_tp"]
+            results["omni_moe_tp"] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3,
+                                                 tensor_parallel=args.world)  # fmt: skip
         if "omni_moe" in data:  # the MoE Omni thinker at DP = EP = world size
             parallel_state.destroy_model_parallel()
             model_dir, batch = data["omni_moe"]
@@ -149,6 +171,16 @@ def logprobs_check(args: argparse.Namespace, batch: dict, model_dir: str, **layo
     trainer = MegatronTrainer(model_dir, rank=args.rank, world_size=args.world, master_addr="127.0.0.1",
                               master_port=args.port, trainable=False, **layout)  # fmt: skip
     return trainer.forward_logprobs(batch)
+
+
+def frozen_check(args: argparse.Namespace, batch: dict, model_dir: str, **layout: int | bool) -> dict:
+    """A frozen ``MegatronTrainer``'s logprobs and HF-named export at ``layout``."""
+    from relax.megatron.trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(model_dir, rank=args.rank, world_size=args.world, master_addr="127.0.0.1",
+                              master_port=args.port, trainable=False, **layout)  # fmt: skip
+    return {"logprobs": trainer.forward_logprobs(batch),
+            "hf": {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}}
 
 
 def distopt_pipeline_check(args: argparse.Namespace) -> dict:

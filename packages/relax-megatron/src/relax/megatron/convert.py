@@ -148,13 +148,15 @@ def hf_weight_names(hf_config: Any) -> list[str]:
 
 def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: int = 1) -> list[dict[str, Tensor]]:
     """HF Qwen3 state dict -> one megatron GPTModel state dict per TP rank (``result[rank]``); for a
-    Qwen3-MoE model (TP=1) one per expert-parallel rank, each with its ``experts / ep`` local experts."""
+    Qwen3-MoE model one per (TP rank ``t``, expert-parallel rank ``e``) at ``result[t * ep + e]``: the TP
+    shard of the attention and embeddings with EP rank ``e``'s ``experts / ep`` whole local experts (expert
+    tensor parallelism 1: :mod:`relax.megatron.moe`)."""
     d = Dims.from_hf(hf_config)
     d.check_tp(tp)
     if ep > 1 or d.experts:
         from relax.megatron.moe import check_ep, experts_to_megatron
 
-        check_ep(d, tp, ep)
+        check_ep(d, ep)
     expert_parts: list[dict[str, Tensor]] = [{} for _ in range(ep)]  # MoE: each EP rank's local experts
     missing = sorted(set(hf_weight_names(hf_config)) - set(hf))
     if missing:
@@ -193,23 +195,25 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     replicate("decoder.final_layernorm.weight", hf["model.norm.weight"])
     if not d.tied:
         put("output_layer.weight", _vocab_split(hf["lm_head.weight"], d, tp))
-    if d.experts:  # TP=1: the one shard, with each EP rank's experts
-        return [{**shards[0], **part} for part in expert_parts]
+    if d.experts:  # each TP shard with each EP rank's experts
+        return [{**shard, **part} for shard in shards for part in expert_parts]
     return shards
 
 
-def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, partial: bool = False) -> dict[str, Tensor]:
-    """Megatron state dicts of every TP rank (in rank order; Qwen3-MoE: of every EP rank) -> the HF
-    Qwen3 state dict.
+def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, partial: bool = False,
+                   expert_shards: Sequence[Mapping[str, Tensor]] | None = None) -> dict[str, Tensor]:  # fmt: skip
+    """Megatron state dicts of every TP rank (in rank order) -> the HF Qwen3 state dict. Qwen3-MoE: the
+    experts from ``expert_shards`` (every EP rank's, in rank order); without them ``shards`` are the EP
+    ranks' of a TP=1 model (its non-expert weights whole on each).
 
     Tied embeddings give no ``lm_head.weight`` (as ``save_pretrained`` writes them). ``partial``: the
     shards hold some units only (e.g. one layer, see :func:`export_units`); convert those.
     """
     d = Dims.from_hf(hf_config)
-    tp = 1 if d.experts else len(shards)  # MoE shards are EP ranks: non-expert weights are whole on each
+    if d.experts and expert_shards is None:
+        shards, expert_shards = shards[:1], shards
+    tp = len(shards)
     d.check_tp(tp)
-    if d.experts:
-        shards = [shards[0]] + [{n: t for n, t in s.items() if ".mlp.experts." in n} for s in shards[1:]]
 
     def cat(name: str, dim: int) -> Tensor:
         return torch.cat([s[name] for s in shards[:tp]], dim=dim)
@@ -242,7 +246,8 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, parti
         if d.experts:
             from relax.megatron.moe import experts_to_hf
 
-            hf.update(experts_to_hf(shards, h, m, d))
+            hf[h + "mlp.gate.weight"] = one(m + "mlp.router.weight")
+            hf.update(experts_to_hf(expert_shards, h, m, d))
             continue
         halves = [torch.chunk(s[m + "mlp.linear_fc1.weight"], 2, 0) for s in shards]
         hf[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves], 0)
@@ -414,9 +419,15 @@ def build_gpt_model(
     config = transformer_config(hf_config, **overrides)
     d = Dims.from_hf(hf_config)
     d.check_tp(config.tensor_model_parallel_size)
+    spec = gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm,
+                          sequence_parallel=config.sequence_parallel and layer_spec == "local")  # fmt: skip
+    if config.sequence_parallel and layer_spec == "local":
+        from relax.megatron.layer_specs import block_spec
+
+        spec = block_spec(spec, config)
     return GPTModel(
         config,
-        gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm),
+        spec,
         vocab_size=vocab_rows or d.padded_vocab(config.tensor_model_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
@@ -435,7 +446,7 @@ def load_hf_into(
     weight must be covered."""
     from relax.megatron.layer_specs import to_te_names, uses_te_names
 
-    shard = to_stage(hf_to_megatron(hf, hf_config, tp, ep)[max(tp_rank, ep_rank)], hf_config, pp, pp_rank)
+    shard = to_stage(hf_to_megatron(hf, hf_config, tp, ep)[tp_rank * ep + ep_rank], hf_config, pp, pp_rank)
     expected = set(weights_only(model.state_dict()))
     if uses_te_names(expected):  # the Transformer Engine spec: norms fused into the next linear layer
         shard = to_te_names(shard, moe=bool(Dims.from_hf(hf_config).experts))

@@ -58,14 +58,61 @@ def resolve_layer_spec(choice: str, device_type: str, te_available: bool | None 
     return "te" if device_type == "cuda" and have_te else "local"
 
 
-def gpt_layer_spec(kind: str, num_experts: int | None, qk_layernorm: bool = True) -> Any:
-    """megatron's GPT decoder-layer spec for Qwen3 (RMSNorm, per-head q/k norms; Qwen2 LMs: none), TE or local."""
+def gpt_layer_spec(kind: str, num_experts: int | None, qk_layernorm: bool = True, sequence_parallel: bool = False) -> Any:
+    """megatron's GPT decoder-layer spec for Qwen3 (RMSNorm, per-head q/k norms; Qwen2 LMs: none), TE or local.
+
+    ``sequence_parallel`` (local spec): megatron's torch norm wrapper refuses it by assertion only (an RMSNorm
+    normalises each token alone, so a sequence slice is fine); :class:`SequenceParallelNorm` stands in for it
+    and marks its weight ``sequence_parallel`` (its gradient is then summed over TP); see :func:`block_spec`."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     if kind == "te":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, qk_layernorm=qk_layernorm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_layernorm,
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_layernorm,
                                                     normalization="RMSNorm")  # fmt: skip
+    if not sequence_parallel:
+        return spec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    return _swapped(spec, WrappedTorchNorm, SequenceParallelNorm)
+
+
+def block_spec(layer_spec: Any, config: Any) -> Any:
+    """A whole block's submodules from a :func:`gpt_layer_spec` with sequence parallelism (local spec): its
+    final norm a :class:`SequenceParallelNorm` too (megatron picks its own norm for a plain layer spec)."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(config),
+                                      layer_norm=SequenceParallelNorm)  # fmt: skip
+
+
+class SequenceParallelNorm:
+    """megatron's ``WrappedTorchNorm`` (torch's RMSNorm / LayerNorm) for a sequence-parallel model: the weight
+    is marked ``sequence_parallel`` as megatron's fused norms mark theirs (its gradient is a per-slice sum)."""
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **_unused: Any) -> Any:
+        import torch
+
+        kind = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}[config.normalization]
+        norm = kind(normalized_shape=hidden_size, eps=eps)
+        for p in norm.parameters():
+            p.sequence_parallel = True
+        return norm
+
+
+def _swapped(spec: Any, old: Any, new: Any) -> Any:
+    """``spec`` (megatron ``ModuleSpec`` / submodule dataclasses, nested) with every ``old`` module replaced."""
+    import dataclasses
+
+    if spec is old:
+        return new
+    if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+        return spec
+    changes = {f.name: _swapped(getattr(spec, f.name), old, new) for f in dataclasses.fields(spec)}
+    return dataclasses.replace(spec, **{k: v for k, v in changes.items() if v is not getattr(spec, k)})
 
 
 def _renamed(name: str, pairs: list[tuple[str, str]]) -> str:

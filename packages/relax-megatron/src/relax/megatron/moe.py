@@ -4,7 +4,15 @@ settings of the model config (the attention and norms map as for dense Qwen3 in 
 * HF ``mlp.gate`` (the router, ``[experts, hidden]``) is megatron's ``mlp.router``.
 * HF expert ``j``'s ``gate_proj`` / ``up_proj`` fuse into ``mlp.experts.local_experts.<k>.linear_fc1``
   (``[gate; up]``), ``down_proj`` is ``linear_fc2``. Expert parallelism: EP rank ``r`` holds experts
-  ``r * E/ep ... (r+1) * E/ep - 1`` as local experts ``0 ... E/ep - 1``; everything else is replicated.
+  ``r * E/ep ... (r+1) * E/ep - 1`` as local experts ``0 ... E/ep - 1``; everything else is replicated
+  (TP-sharded as in a dense model at TP > 1).
+* Tensor parallelism: expert tensor parallelism 1 (megatron's ``expert_tensor_parallel_size``): each TP
+  rank holds its experts whole, so the mapping of the experts does not depend on TP. Megatron's MoE layer
+  needs sequence parallelism at TP > 1 (``moe_layer.py``); each TP rank then routes its own slice of the
+  sequence. At EP = 1 its experts see those tokens only, so their gradients are summed over the
+  expert-data-parallel group, which holds the TP ranks; with EP > 1 (carved from TP x DP) the allgather
+  dispatcher brings the tokens of the whole TP x EP group to each expert. ETP = TP would shard the experts'
+  fc1 / fc2 across TP as well, for nothing at these expert sizes but extra mapping and gathers.
 * Routing: Qwen3-MoE takes a softmax over all experts, then the top k, renormalised when
   ``norm_topk_prob``. Megatron's top-k then softmax equals the renormalised form; with
   ``moe_router_pre_softmax`` (softmax first) the plain one. No load-balancing loss at train time here
@@ -34,11 +42,9 @@ def moe_dims(hf_config: Any) -> dict[str, Any]:
     }
 
 
-def check_ep(d: Any, tp: int, ep: int) -> None:
+def check_ep(d: Any, ep: int) -> None:
     if not d.experts:
         raise ValueError(f"expert_parallel={ep} needs an MoE model (this one is dense)")
-    if tp != 1:
-        raise ValueError(f"tensor_parallel={tp}: Qwen3-MoE runs with tensor_parallel=1 (expert_parallel instead)")
     if ep < 1 or d.experts % ep:
         raise ValueError(f"expert_parallel={ep} must divide num_experts={d.experts}")
 
@@ -59,9 +65,10 @@ def experts_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, ep: in
 
 
 def experts_to_hf(shards: Sequence[Mapping[str, Tensor]], h: str, m: str, d: Any) -> dict[str, Tensor]:
-    """Inverse of :func:`experts_to_megatron` over every EP rank's shard (in rank order)."""
+    """Inverse of :func:`experts_to_megatron` over every EP rank's shard (in rank order), but for the
+    router (replicated: the caller takes it from any rank)."""
     per = d.experts // len(shards)
-    hf = {h + "mlp.gate.weight": shards[0][m + "mlp.router.weight"].clone()}
+    hf: dict[str, Tensor] = {}
     for rank, shard in enumerate(shards):
         for k in range(per):
             e = f"{h}mlp.experts.{rank * per + k}."
@@ -85,4 +92,5 @@ def moe_config(d: Any) -> dict[str, Any]:
         "moe_aux_loss_coeff": 0.0,
         "moe_token_dispatcher_type": "allgather",
         "moe_grouped_gemm": False,
+        "expert_tensor_parallel_size": 1,
     }

@@ -143,6 +143,26 @@ class _LanguageModelStub(torch.nn.Module):
         raise _Captured(kwargs)
 
 
+class _WholeSequenceEmbedding:
+    """megatron's vocab-parallel embedding as HF's front calls it, under sequence parallelism too: the
+    lookup all-reduced over TP for the whole sequence (B, S, H), not reduce-scattered into megatron's
+    (S / TP, B, H) slices (:meth:`MediaFront.lm_forward` scatters the merged embeddings itself)."""
+
+    def __init__(self, embed: Any) -> None:
+        self.embed = embed
+
+    @property
+    def weight(self) -> Tensor:
+        return self.embed.weight
+
+    def __call__(self, input_ids: Tensor) -> Tensor:
+        saved, self.embed.reduce_scatter_embeddings = self.embed.reduce_scatter_embeddings, False
+        try:
+            return self.embed(input_ids)
+        finally:
+            self.embed.reduce_scatter_embeddings = saved
+
+
 class MediaFront(torch.nn.Module):
     """The HF model's outer part (towers, scatter, rope index) on top of a megatron GPTModel.
 
@@ -168,12 +188,16 @@ class MediaFront(torch.nn.Module):
         self.first_stage = first_stage
         if first_stage:
             embed = gpt_model.embedding.word_embeddings  # the LM's one embedding: megatron's, vocab-parallel
-            inner.get_input_embeddings = lambda: embed  # an attribute, not a child: its weight stays megatron's
+            whole = _WholeSequenceEmbedding(embed)  # sequence parallelism: not reduce-scattered for HF's scatter
+            inner.get_input_embeddings = lambda: whole if embed.reduce_scatter_embeddings else embed  # not a child
         else:  # a later pipeline stage only needs the rope index (its positions): no towers
             inner.visual = None
             if hasattr(inner, "audio_tower"):
                 inner.audio_tower = None
         self.hf = hf
+        # sequence parallelism (TP > 1): megatron's layers see this TP rank's slice of the sequence
+        self.sequence_parallel = bool(gpt_model.config.sequence_parallel)
+        self.tp = gpt_model.config.tensor_model_parallel_size
         gpt_model.rotary_pos_emb = MRoPE(inv_freq, dims.mrope_section, dims.mrope_interleaved)
         self.deepstack_layers = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or ())
         self._deepstack: tuple[Tensor, list[Tensor]] | None = None
@@ -204,6 +228,14 @@ class MediaFront(torch.nn.Module):
                 return output
             mask, embeds = self._deepstack
             hidden = output[0] if isinstance(output, tuple) else output
+            if self.sequence_parallel:  # (S / TP, B, H): this rank's slice of the visual embeddings, added
+                from megatron.core.tensor_parallel import scatter_to_sequence_parallel_region
+
+                full = hidden.new_zeros(*mask.shape, hidden.shape[-1])  # (B, S, H), the sequence padded
+                full[mask] = embeds[index].to(full.dtype)
+                # backward: every rank's slice gathered, so each replicated tower gets the whole gradient
+                hidden = hidden + scatter_to_sequence_parallel_region(full.transpose(0, 1).contiguous())
+                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
             rows = hidden.transpose(0, 1).clone()  # (B, S, H): HF's row-major order of the masked positions
             rows[mask] = rows[mask] + embeds[index].to(rows.dtype)
             hidden = rows.transpose(0, 1).contiguous()
@@ -279,13 +311,23 @@ class MediaFront(torch.nn.Module):
         the positions); a micro-batch without media takes megatron's embedding and the batch's positions on
         all three axes (what HF does for text rows given 2-D positions)."""
         from relax.core.data_multimodal import has_media
-        from relax.megatron.padding import right_padded
+        from relax.megatron.padding import pad_to_multiple, right_padded
 
         input_ids, position_ids = right_padded(batch)
+        width, tp = input_ids.shape[1], self.tp if self.sequence_parallel else 1
+        input_ids = pad_to_multiple(input_ids, 1, tp)  # sequence parallelism: cut again below (PP = 1: logits)
         if not has_media(batch):
-            return model(input_ids, position_ids[None].expand(3, -1, -1), attention_mask=None)
-        if not self.first_stage:
-            return model(input_ids, self.positions(batch), attention_mask=None)
-        decoder_input, positions, mask, deep = self.inputs(batch)
-        with self.deepstack(mask, deep):
-            return model(input_ids, positions, attention_mask=None, decoder_input=decoder_input)
+            out = model(input_ids, pad_to_multiple(position_ids, 1, tp)[None].expand(3, -1, -1), attention_mask=None)
+        elif not self.first_stage:
+            out = model(input_ids, self.positions(batch), attention_mask=None)
+        else:
+            decoder_input, positions, mask, deep = self.inputs(batch)
+            if self.sequence_parallel:  # megatron scatters its own embedding's output, not a decoder_input
+                from megatron.core.tensor_parallel import scatter_to_sequence_parallel_region
+
+                decoder_input = scatter_to_sequence_parallel_region(pad_to_multiple(decoder_input, 0, tp))
+                positions = pad_to_multiple(positions, 2, tp)
+                mask = None if mask is None else pad_to_multiple(mask, 1, tp)
+            with self.deepstack(mask, deep):
+                out = model(input_ids, positions, attention_mask=None, decoder_input=decoder_input)
+        return out[:, :width] if self.sequence_parallel else out

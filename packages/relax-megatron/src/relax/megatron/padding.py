@@ -49,3 +49,14 @@ def response_logits(logits: Tensor, batch: dict[str, Tensor]) -> Tensor:
         return logits[:, prompt_len - 1 : prompt_len - 1 + responses]
     rows = torch.arange(responses, device=logits.device)[None] + (prompt_len - 1 - shift)[:, None]
     return logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def pad_to_multiple(t: Tensor, dim: int, multiple: int) -> Tensor:
+    """``t`` with zeros appended along ``dim`` up to a multiple of ``multiple``: sequence parallelism splits the
+    sequence over the TP ranks. Trailing columns of right-padded rows: no valid token attends to them."""
+    extra = -t.shape[dim] % multiple
+    if not extra:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t, t.new_zeros(shape)], dim)

@@ -50,8 +50,10 @@ def initialize_model_parallel(
         if have != (tensor_parallel, pipeline_parallel, expert_parallel):
             raise RuntimeError(f"megatron parallel state is already initialised with (TP, PP, EP)={have}")
     else:
+        # expert tensor parallelism 1: an MoE layer's experts whole on each TP rank (moe.py)
         parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel,
                                                  expert_model_parallel_size=expert_parallel,
+                                                 expert_tensor_parallel_size=1,
                                                  distributed_timeout_minutes=timeout_minutes(timeout_s))  # fmt: skip
     mtp.model_parallel_cuda_manual_seed(seed)
 
@@ -75,13 +77,35 @@ def world_of_one(store_path: str, backend: str = "gloo") -> Iterator[None]:
         cpu_compat.remove()  # on a GPU machine: at most the MoE router's (without Transformer Engine)
 
 
+def check_layout(world_size: int, tp: int, pp: int, dp: int, ep: int) -> None:
+    """The rank layout's arithmetic, each error naming the fields."""
+    if world_size != tp * pp * dp:
+        raise ValueError(f"world_size={world_size} != tensor_parallel={tp} x pipeline_parallel={pp} x "
+                         f"data_parallel={dp}")  # fmt: skip
+    if (tp * dp) % ep:
+        raise ValueError(f"expert_parallel={ep} must divide tensor_parallel x data_parallel={tp * dp}: expert-"
+                         "parallel ranks are carved from those, as in megatron (expert tensor parallelism 1)")  # fmt: skip
+
+
+def sequence_parallel_on(asked: bool, tp: int, pp: int, moe: bool) -> bool:
+    """Whether the sequence splits over the TP ranks: when asked, and by itself for an MoE model at TP > 1
+    (megatron's MoE layer needs it there, ``moe_layer.py``)."""
+    if asked and tp == 1:
+        raise ValueError("sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)")
+    on = tp > 1 and (asked or moe)
+    if on and pp > 1:
+        raise ValueError(f"pipeline_parallel={pp} with sequence parallelism (sequence_parallel, or an MoE model at "
+                         "tensor_parallel > 1): not supported yet; use pipeline_parallel: 1")  # fmt: skip
+    return on
+
+
 def timeout_minutes(timeout_s: float) -> int:
     """megatron's ``distributed_timeout_minutes`` for a timeout in seconds (whole minutes, at least 1)."""
     return max(1, math.ceil(timeout_s / 60))
 
 
 def model_overrides(pipeline_parallel: int, expert_parallel: int, dtype: torch.dtype,
-                    per_token_loss: bool) -> dict[str, Any]:  # fmt: skip
+                    per_token_loss: bool, sequence_parallel: bool = False) -> dict[str, Any]:  # fmt: skip
     """The layout and precision fields of the model's ``TransformerConfig``, one dict (each key once).
 
     ``calculate_per_token_loss``: core's objective already divides by step-global token counts, so
@@ -96,6 +120,8 @@ def model_overrides(pipeline_parallel: int, expert_parallel: int, dtype: torch.d
         out.update(params_dtype=torch.bfloat16, bf16=True)
     if expert_parallel > 1:
         out["expert_model_parallel_size"] = expert_parallel
+    if sequence_parallel:  # TP > 1: activations outside attention / MLP split along the sequence (padding.py)
+        out["sequence_parallel"] = True
     return out
 
 

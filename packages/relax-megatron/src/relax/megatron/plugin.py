@@ -18,9 +18,12 @@ class MegatronParams:
     pipeline_parallel: int = 1  # PP stages (1F1B): one rank actor each
     # data-parallel replicas (megatron's world = TP x PP x DP rank actors); each takes its share of the rows
     data_parallel: int = 1
-    expert_parallel: int = 1  # MoE expert-parallel ranks, carved from the DP ones (must divide data_parallel)
+    # MoE expert-parallel ranks, carved from the TP x DP ones (must divide tensor_parallel x data_parallel)
+    expert_parallel: int = 1
     context_parallel: int = 1  # needs Transformer Engine (not on CPU)
-    sequence_parallel: bool = False  # needs Transformer Engine (not on CPU)
+    # split the activations outside attention / MLP along the sequence over the TP ranks (needs
+    # tensor_parallel > 1 and pipeline_parallel 1); always on for an MoE model at tensor_parallel > 1
+    sequence_parallel: bool = False
     distributed_optimizer: bool = False  # megatron's DistributedOptimizer, sharded over DP: device cuda only
     num_cpus: float = 1.0  # reserved per rank
     # cpu (gloo, float32), or cuda / cuda:N: each rank actor reserves one GPU and uses NCCL (not yet run
@@ -54,9 +57,13 @@ class MegatronParams:
             errors.append(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype == "bfloat16" and not self.device.startswith("cuda"):
             errors.append("dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only")
-        if self.context_parallel > 1 or self.sequence_parallel:
-            errors.append("context_parallel / sequence_parallel: need Transformer Engine, which relax-megatron "
-                          "does not wire for them yet; set context_parallel: 1, sequence_parallel: false")  # fmt: skip
+        if self.context_parallel > 1:
+            errors.append("context_parallel: needs Transformer Engine, which relax-megatron does not wire for it "
+                          "yet; set context_parallel: 1")  # fmt: skip
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            errors.append("sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)")
+        if self.sequence_parallel and self.pipeline_parallel > 1:
+            errors.append("sequence_parallel: not supported with pipeline_parallel > 1 yet")
         if self.layer_spec == "te" and not self.device.startswith("cuda"):
             errors.append("layer_spec: te needs device: cuda (Transformer Engine has no CPU kernels)")
         if self.timeout_s is not None and not self.timeout_s > 0:
@@ -65,9 +72,10 @@ class MegatronParams:
             from relax.megatron.distopt import CPU_REASON
 
             errors.append(CPU_REASON)
-        if self.data_parallel % self.expert_parallel:
-            errors.append(f"expert_parallel={self.expert_parallel}: must divide data_parallel={self.data_parallel} "
-                          "(expert-parallel ranks are carved from the data-parallel ones, as in megatron)")  # fmt: skip
+        if (self.tensor_parallel * self.data_parallel) % self.expert_parallel:
+            errors.append(f"expert_parallel={self.expert_parallel}: must divide tensor_parallel x data_parallel="
+                          f"{self.tensor_parallel * self.data_parallel} (expert-parallel ranks are carved from those, "
+                          "as in megatron with expert tensor parallelism 1)")  # fmt: skip
         return errors
 
     def validate_run(self, cfg: Any) -> list[str]:
@@ -124,6 +132,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         distributed_optimizer=params.distributed_optimizer,
         timeout_s=params.timeout_s or spec.optim.timeout_s,
         layer_spec=params.layer_spec,
+        sequence_parallel=params.sequence_parallel and spec.trainable,
         freeze_media_towers=params.freeze_media_towers,
         freeze_vision=params.freeze_vision,
         freeze_audio=params.freeze_audio,

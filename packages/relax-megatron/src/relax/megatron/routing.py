@@ -37,6 +37,16 @@ def token_routing(routed: Tensor, attention_mask: Tensor) -> Tensor:
     return rows.transpose(0, 1).reshape(-1, *routed.shape[2:])
 
 
+def sequence_slice(tokens: Tensor, rows: int, tp: int, tp_rank: int) -> Tensor:
+    """TP rank ``tp_rank``'s share of sequence-major ``(S * rows, ...)`` ids under sequence parallelism: the
+    sequence padded to a multiple of ``tp`` with unrecorded (-1) tokens (as the trainer pads it), then split."""
+    extra = -(tokens.shape[0] // rows) % tp * rows
+    if extra:
+        tokens = torch.cat([tokens, tokens.new_full((extra, *tokens.shape[1:]), -1)])
+    per = tokens.shape[0] // tp
+    return tokens[tp_rank * per : (tp_rank + 1) * per]
+
+
 class _LayerReplay:
     """One router's replay: megatron's ``RouterReplay.get_replay_topk`` interface. Without a target the model's
     own top k; with one, the recorded experts for tokens that have a record, counting (token) mismatches when
@@ -78,6 +88,7 @@ class MegatronRouting:
             router.router_replay = slot
         self._forced: bool | None = None
         self._counts: list[Tensor] = []
+        self.sequence_split: tuple[int, int] | None = None  # (TP, TP rank) under sequence parallelism
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, replay: bool, num_layers: int) -> MegatronRouting | None:
@@ -105,6 +116,8 @@ class MegatronRouting:
             raise ValueError(f"routing replay: routed_experts {tuple(routed.shape)} should be (rows, tokens, "
                              f"{self.num_layers} MoE layers, k) for input_ids {tuple(batch['input_ids'].shape)}")  # fmt: skip
         tokens = token_routing(routed, batch["attention_mask"])
+        if self.sequence_split is not None:  # sequence parallelism: this TP rank's routers route its slice only
+            tokens = sequence_slice(tokens, routed.shape[0], *self.sequence_split)
         for slot, layer in zip(self.slots, self.layers, strict=True):
             slot.target, slot.replay = tokens[:, layer], replay
             slot.counts = self._counts if self._forced is not None else None

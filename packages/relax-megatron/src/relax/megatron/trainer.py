@@ -18,11 +18,15 @@ reduction and fp32 Adam state (:mod:`relax.megatron.precision`; megatron's Distr
 same with ``distributed_optimizer``). Attention: right-padded rows and megatron's causal mask type, no
 dense mask (:mod:`relax.megatron.padding`); the layer spec is Transformer Engine's when it is installed
 (:mod:`relax.megatron.layer_specs`). MoE routing replay: a batch's ``routed_experts`` go to the routers
-of every forward when the settings say so (:mod:`relax.megatron.routing`).
+of every forward when the settings say so (:mod:`relax.megatron.routing`). Sequence parallelism (asked for,
+or by itself for an MoE model at TP > 1, which megatron's MoE layer needs): the sequence is padded to a
+multiple of TP and split over the TP ranks outside attention and the MLPs; the norms' and routers' gradients
+are summed over TP, the experts' (whole on each TP rank) over the expert-data-parallel group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -35,8 +39,20 @@ from relax.core.policy_update.batching import split_rows
 from relax.core.trainers.export import NamedTensors, buckets
 from relax.megatron import convert, omni
 from relax.megatron.logprobs import logprobs_and_entropy
-from relax.megatron.padding import response_logits, right_padded
-from relax.megatron.parallel import DEFAULT_TIMEOUT_S
+from relax.megatron.padding import pad_to_multiple, response_logits, right_padded
+from relax.megatron.parallel import (
+    DEFAULT_TIMEOUT_S,
+    all_reduce_grads,
+    check_layout,
+    ensure_process_group,
+    gather_rows,
+    gather_tp_shards,
+    initialize_model_parallel,
+    model_overrides,
+    rank_device,
+    rank_rows,
+    sequence_parallel_on,
+)
 from relax.megatron.routing import MegatronRouting, routing_metrics
 
 TOWER = "front."  # grad_params name prefix of a media tower weight (omni.py)
@@ -67,6 +83,7 @@ class MegatronTrainer:
         distributed_optimizer: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         layer_spec: str = "auto",
+        sequence_parallel: bool = False,
         freeze_media_towers: bool = False, freeze_vision: bool = False, freeze_audio: bool = False,
         **overrides: Any,
     ) -> None:
@@ -74,20 +91,13 @@ class MegatronTrainer:
 
         from megatron.core import parallel_state
         from relax.megatron.layer_specs import resolve_layer_spec
-        from relax.megatron.parallel import (
-            ensure_process_group,
-            initialize_model_parallel,
-            model_overrides,
-            rank_device,
-        )
 
         self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
-        if world_size != tensor_parallel * pipeline_parallel * data_parallel:
-            raise ValueError(f"world_size={world_size} != tensor_parallel={tensor_parallel} x pipeline_parallel="
-                             f"{pipeline_parallel} x data_parallel={data_parallel}")  # fmt: skip
-        if data_parallel % expert_parallel:
-            raise ValueError(f"expert_parallel={expert_parallel} must divide data_parallel={data_parallel}: "
-                             "expert-parallel ranks are carved from the data-parallel ones, as in megatron")  # fmt: skip
+        check_layout(world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
+        hf_config = AutoConfig.from_pretrained(model_path)
+        lm = omni.lm_config(hf_config) if omni.is_media_model(hf_config) else hf_config
+        self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel, pipeline_parallel,
+                                                      moe=bool(convert.Dims.from_hf(lm).experts))  # fmt: skip
         if dtype not in ("float32", "bfloat16"):  # bf16 on CPU runs here (the tests), the plugin refuses it
             raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 or bfloat16")
         self.device = rank_device(device, rank)
@@ -109,7 +119,7 @@ class MegatronTrainer:
         initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=s.seed, expert_parallel=expert_parallel,
                                   timeout_s=timeout_s)  # fmt: skip
         self.model_path = model_path
-        self.hf_config = AutoConfig.from_pretrained(model_path)
+        self.hf_config = hf_config
         self.front = None  # media models (omni.py): HF's towers, scatter and rope index feeding megatron's LM
         self.media_config = None  # a media model's whole HF config (``hf_config`` is then its LM's)
         if omni.is_media_model(self.hf_config):
@@ -126,7 +136,8 @@ class MegatronTrainer:
         self.ep, self.ep_rank = expert_parallel, parallel_state.get_expert_model_parallel_rank()
         self.ep_group = parallel_state.get_expert_model_parallel_group()
         # megatron's DDP (distributed optimizer) then sums gradients over DP, as our own path does
-        layout = model_overrides(pipeline_parallel, expert_parallel, self.dtype, per_token_loss=self.distributed_optimizer)
+        layout = model_overrides(pipeline_parallel, expert_parallel, self.dtype, per_token_loss=self.distributed_optimizer,
+                                 sequence_parallel=self.sequence_parallel)  # fmt: skip
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
                                              layer_spec=self.layer_spec, tensor_model_parallel_size=tensor_parallel,
                                              use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
@@ -169,6 +180,8 @@ class MegatronTrainer:
             self.optimizer = None
         # MoE routing replay: a batch's ``routed_experts`` fed to this stage's routers (routing.py); None: dense
         self.routing = MegatronRouting.for_model(self.model, s.routing_replay, self.hf_config.num_hidden_layers)
+        if self.routing is not None and self.sequence_parallel:  # each TP rank routes its slice of the sequence
+            self.routing.sequence_split = (self.tp, self.tp_rank)
         # core's loop; its ``step`` (train_step calls) is what a checkpoint stores
         self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=False)
 
@@ -200,10 +213,12 @@ class MegatronTrainer:
         if self.front is not None:  # a media model: HF's front feeds megatron's LM (omni.py)
             return self.front.lm_forward(model, batch)
         input_ids, position_ids = right_padded(batch)
-        if self.routing is None:
-            return model(input_ids, position_ids, attention_mask=None)
-        with self.routing.applied(batch):
-            return model(input_ids, position_ids, attention_mask=None)
+        width = input_ids.shape[1]
+        if self.sequence_parallel:  # the sequence splits over the TP ranks (PP = 1: logits), padded, cut again
+            input_ids, position_ids = pad_to_multiple(input_ids, 1, self.tp), pad_to_multiple(position_ids, 1, self.tp)
+        with self.routing.applied(batch) if self.routing is not None else contextlib.nullcontext():
+            out = model(input_ids, position_ids, attention_mask=None)
+        return out[:, :width] if self.sequence_parallel else out
 
     def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
         resp = batch["responses"]
@@ -222,8 +237,6 @@ class MegatronTrainer:
         masked; with DP each replica scores its rows and every rank gets all of them."""
         if self.dp == 1:
             return self._replica_scores(batch, score, count)
-        from relax.megatron.parallel import gather_rows, rank_rows
-
         local = self._replica_scores(rank_rows(batch, self.dp, self.dp_rank), score, count)
         return [gather_rows(t, batch["responses"].shape[0], self.dp, self.dp_group) for t in local]
 
@@ -282,8 +295,6 @@ class MegatronTrainer:
     # ------------------------------------------------------- ModelStep (the loop's calls)
     def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This replica's rows, padded to the same count on every replica (``parallel.rank_rows``)."""
-        from relax.megatron.parallel import rank_rows
-
         return rank_rows(batch, self.dp, self.dp_rank)
 
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -312,7 +323,7 @@ class MegatronTrainer:
             from relax.megatron import distopt
 
             return distopt.reduce_grads(self.ddp, self.optimizer)
-        self._sum_qk_norm_grads()
+        self._sum_tensor_parallel_replica_grads()
         self._sum_tied_embedding_grads()
         self._sum_data_parallel_grads()
         return self._clip_grad_norm(max_norm)
@@ -348,15 +359,15 @@ class MegatronTrainer:
         torch.distributed.all_reduce(summed, group=self.dp_group)
         return summed.tolist()
 
-    def _sum_qk_norm_grads(self) -> None:
-        """Qwen3's q/k norms are replicated but each TP rank applies them to its own heads: their gradient
-        is the sum over ranks. What megatron's ``finalize_model_grads`` does
-        (``_allreduce_non_tensor_model_parallel_grads``), without its DDP wrapper."""
+    def _sum_tensor_parallel_replica_grads(self) -> None:
+        """Weights replicated over TP whose copies each see part of the work: Qwen3's q/k norms (each rank
+        applies them to its own heads) and, with sequence parallelism, the norms and MoE routers (marked
+        ``sequence_parallel``: each rank's slice of the sequence). Their gradient is the sum over the TP
+        ranks: what megatron's ``finalize_model_grads`` does (``_allreduce_non_tensor_model_parallel_grads``)."""
         if self.tp == 1:
             return
-        for name, param in self.grad_params:
-            if param.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
-                torch.distributed.all_reduce(param.grad, group=self.tp_group)
+        all_reduce_grads([p for n, p in self.grad_params if p.requires_grad and (
+            getattr(p, "sequence_parallel", False) or "q_layernorm" in n or "k_layernorm" in n)], self.tp_group)  # fmt: skip
 
     def _sum_tied_embedding_grads(self) -> None:
         """PP with tied embeddings: the first stage's embedding and the last stage's output layer are one
@@ -372,23 +383,22 @@ class MegatronTrainer:
             weight.grad = torch.zeros_like(weight)
         torch.distributed.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
-    def _is_expert(self, name: str) -> bool:
-        """An expert weight sharded over the EP ranks (each rank holds its own experts)."""
-        return self.ep > 1 and ".mlp.experts." in name
+    @staticmethod
+    def _is_expert(name: str) -> bool:
+        """An MoE expert's weight (whole on each rank that holds it: expert tensor parallelism 1)."""
+        return ".mlp.experts." in name
 
     def _sum_data_parallel_grads(self) -> None:
-        """Each replica back-propagated its own rows: sum the gradients over the data-parallel ranks
-        (expert weights over the expert-data-parallel ranks: with EP the dispatcher already brought every
-        EP rank's tokens to an expert)."""
-        if self.dp == 1:
-            return
+        """Each replica back-propagated its own rows: sum the gradients over the data-parallel ranks; expert
+        weights over the expert-data-parallel ranks (megatron's groups: with EP the dispatcher already brought
+        every EP rank's tokens to an expert; with sequence parallelism at EP = 1 each TP rank's experts saw
+        that rank's tokens only, and the TP ranks are in the group)."""
         from megatron.core import parallel_state
-        from relax.megatron.parallel import all_reduce_grads
-
         named = [(n, p) for n, p in self.grad_params if p.requires_grad]
-        all_reduce_grads([p for n, p in named if not self._is_expert(n)], self.dp_group)
-        if 1 < self.ep < self.dp:
-            experts = [p for n, p in named if self._is_expert(n)]
+        if self.dp > 1:
+            all_reduce_grads([p for n, p in named if not self._is_expert(n)], self.dp_group)
+        experts = [p for n, p in named if self._is_expert(n)]
+        if experts and parallel_state.get_expert_data_parallel_world_size() > 1:
             all_reduce_grads(experts, parallel_state.get_expert_data_parallel_group())
 
     def _clip_grad_norm(self, max_norm: float) -> float:
@@ -409,10 +419,11 @@ class MegatronTrainer:
             torch.distributed.all_reduce(total, group=group)
             return total
 
-        owned = [(n, p) for n, p in named if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
-        total = square([p.grad for n, p in owned if not self._is_expert(n)], parallel_state.get_model_parallel_group())
-        if self.ep > 1:
-            experts = [p.grad for n, p in owned if self._is_expert(n)]
+        owned = [(n, p) for n, p in named if param_is_not_shared(p)]
+        total = square([p.grad for n, p in owned if not self._is_expert(n) and param_is_not_tensor_parallel_duplicate(p)],
+                       parallel_state.get_model_parallel_group())  # fmt: skip
+        experts = [p.grad for n, p in owned if self._is_expert(n)]  # each expert once per EP x PP group (ETP = 1)
+        if experts:
             total = total + square(experts, parallel_state.get_expert_tensor_model_pipeline_parallel_group())
         norm = float(total.sqrt())
         coef = max_norm / (norm + 1e-6)
@@ -431,8 +442,6 @@ class MegatronTrainer:
         moves them to the host itself), CPU on CPU. They may be views of the live weights: a receiver
         copies a bucket before the next train step."""
         from relax.megatron.layer_specs import from_te_names
-        from relax.megatron.parallel import gather_tp_shards
-
         local = convert.weights_only(self.model.state_dict())
         if self.layer_spec == "te":  # the mapping speaks the local spec's names
             local = from_te_names(local)
@@ -451,11 +460,13 @@ class MegatronTrainer:
                 source = stage_units(units, local)
             else:
                 source = ({n: local[n].detach() for n in unit} for unit in units)
-            # a unit's shards: the EP ranks' (MoE, TP=1: each holds its experts) or the TP ranks'
-            width, group = (self.ep, self.ep_group) if self.ep > 1 else (self.tp, self.tp_group)
+            # a unit's shards: the TP ranks' and, for experts, the EP ranks' (each holds its experts whole)
             for unit in source:
-                shards = gather_tp_shards(unit, width, group)
-                for name, tensor in convert.megatron_to_hf(shards, self.hf_config, partial=True).items():
+                experts = {n: t for n, t in unit.items() if self._is_expert(n)}
+                shards = gather_tp_shards({n: t for n, t in unit.items() if n not in experts}, self.tp, self.tp_group)
+                expert_shards = gather_tp_shards(experts, self.ep, self.ep_group) if experts else []
+                for name, tensor in convert.megatron_to_hf(shards, self.hf_config, partial=True,
+                                                           expert_shards=expert_shards).items():  # fmt: skip
                     yield (omni.hf_name(name) if self.front is not None else name), tensor
             if self.front is not None:  # replicated: every rank holds them whole
                 yield from ((n, p.detach()) for n, p in self.front.tower_parameters(frozen=False))
