@@ -97,3 +97,25 @@ def test_audio_and_video_prompts_through_the_engine_equal_hf(omni_engine, tmp_pa
         gaps.append((torch.tensor(res.logprobs) - want_lps).abs().max().item())
     print(f"SGLang vs HF forward logprob gaps: {gaps}")
     assert max(gaps) < 1e-4, f"SGLang vs HF forward logprobs differ by {gaps}"  # measured 2.4e-7 .. 4.8e-7
+
+
+
+def test_a_trained_thinker_is_refused_before_it_reaches_the_server(omni_engine):
+    """SGLang serves Qwen3-Omni whole (``thinker.*``, the checkpoint's expert layout) and skips names it does not hold:
+    a trainer's export of the thinker (transformers' in-memory names) would leave the weights as they were under the new
+    version, or kill the server on a fused expert's shape (both seen). The engine refuses it, naming what to use; the
+    server keeps serving, and the checkpoint's own names still load."""
+    from relax.core.testing.models import load_hf_weights
+    from relax.sglang.testing import load_weights
+
+    engine, thinker_dir = omni_engine
+    served = engine.weight_version()
+    exported = list(load_hf_weights(thinker_dir).items())[:3]  # thinker names, as a trainer exports them
+    with pytest.raises(ValueError, match="cannot be synced into SGLang yet; use rollout.engine: hf"):
+        engine.update_weights(exported, served + 1)
+    with pytest.raises(ValueError, match="cannot be synced into SGLang yet"):
+        engine.update_weights_from_disk(str(thinker_dir), served + 1)
+    assert engine.health()["ok"] and engine.weight_version() == served
+    server_dir = engine.model_path
+    load_weights(engine, server_dir, served + 1)  # the served checkpoint's own (``thinker.``) names
+    assert engine.weight_version() == served + 1
