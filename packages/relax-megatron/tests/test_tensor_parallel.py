@@ -115,12 +115,7 @@ def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tp2):
 def _assert_same_step(got: dict, ref, batch: dict) -> None:
     """``got`` (a multi-process trainer's step) has the loss, entropy, grad norm and gathered updated
     weights of core's torch trainer ``ref`` stepping on ``batch``."""
-    from relax.core.testing.trainer import exported
-
-    metrics = ref.train_step(batch)
-    for key in ("loss", "entropy", "grad_norm"):
-        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
-    want = exported(ref)
+    want = _stepped_reference(got, ref, batch)
     assert sorted(got["weights"]) == sorted(want)
     for name, tensor in want.items():
         torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
@@ -277,20 +272,13 @@ def test_dp2_ep2_moe_step_matches_the_torch_trainer(tiny_qwen3_moe, tp2, torch_r
     the EP ranks' expert norms): the old logprobs, loss, grad norm and EP-gathered updated weights of core's
     torch trainer stepping on the whole batch (within 1e-5; 2e-4 for weights as in the TP=1 MoE test)."""
     from relax.core.testing import torch_trainer
-    from relax.core.testing.trainer import exported
 
     model_dir, config, _ = tiny_qwen3_moe
     batch = {k: v for k, v in torch_reference[1].items() if k != "old_logprobs"}
     ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=4)
     got = tp2["moe_train"]
     torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), atol=1e-5, rtol=0)
-    metrics = ref.train_step(batch)
-    for key in ("loss", "entropy", "grad_norm"):
-        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
-    want, mine = exported(ref), fuse_experts(got["weights"], config)
-    assert sorted(mine) == sorted(want)
-    for name, tensor in want.items():
-        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    _assert_same_weights(fuse_experts(got["weights"], config), _stepped_reference(got, ref, batch))
 
 
 @pytest.mark.parametrize("layout", ["ep", "pp", "tp"])
@@ -321,10 +309,17 @@ def _media_step_reference(got: dict, model_dir: str, batch: dict) -> dict:
     """The torch trainer on ``batch``: ``got``'s logprobs and step metrics must be its; returns its
     exported weights after the step."""
     from relax.core.testing import torch_trainer
-    from relax.core.testing.trainer import exported
 
     ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=3)
     torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), atol=1e-5, rtol=0)
+    return _stepped_reference(got, ref, batch)
+
+
+def _stepped_reference(got: dict, ref, batch: dict) -> dict:
+    """Step core's torch trainer ``ref`` on ``batch``: ``got``'s step metrics must be its; returns its exported
+    weights after the step."""
+    from relax.core.testing.trainer import exported
+
     metrics = ref.train_step(batch)
     for key in ("loss", "entropy", "grad_norm"):
         assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
@@ -418,7 +413,6 @@ def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batc
     router and expert gradients summed over the TP ranks): core's torch trainer's logprobs, loss, entropy,
     grad norm and updated weights (2e-4, as the other MoE steps)."""
     from relax.core.testing import torch_trainer
-    from relax.core.testing.trainer import exported
 
     model_dir, config, hf = tiny_qwen3_moe
     got = tp2["moe_tp"]
@@ -432,13 +426,7 @@ def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batc
         for name, tensor in hf.items():
             assert torch.equal(frozen["hf"][name], tensor), (ep, name)
     torch.testing.assert_close(got["logprobs"], want_logprobs, atol=1e-5, rtol=0)
-    metrics = ref.train_step(moe_tp_batch)
-    for key in ("loss", "entropy", "grad_norm"):
-        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
-    want, mine = exported(ref), fuse_experts(got["weights"], config)
-    assert sorted(mine) == sorted(want)
-    for name, tensor in want.items():
-        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    _assert_same_weights(fuse_experts(got["weights"], config), _stepped_reference(got, ref, moe_tp_batch))
 
 
 def test_tp2_moe_checkpoint_loads_at_tp1_and_converts_to_hf(megatron_world, tiny_qwen3_moe, tp2, tp2_checkpoint,
