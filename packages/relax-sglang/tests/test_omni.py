@@ -1,18 +1,13 @@
-"""Audio and video through SGLang over HTTP on a tiny Qwen3-Omni thinker (its own server launch, ~76-95 s on the 2-core
-machine: over the suite's budget, so it runs only with ``RELAX_SGLANG_OMNI=1``)."""
+"""Audio and video through SGLang over HTTP on a tiny Qwen3-Omni thinker, and trained thinkers (the megatron
+trainer's and core's torch trainer's) synced into it through each ``sglang_*`` transport (one server launch for the
+module, ~25-90 s on the 2-core machine)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch
-
-pytestmark = pytest.mark.skipif(
-    os.environ.get("RELAX_SGLANG_OMNI") != "1",
-    reason="launches a Qwen3-Omni SGLang server (~76-95 s on 2 CPU cores); set RELAX_SGLANG_OMNI=1 to run",
-)
 
 
 @pytest.fixture(scope="module")
@@ -99,23 +94,127 @@ def test_audio_and_video_prompts_through_the_engine_equal_hf(omni_engine, tmp_pa
     assert max(gaps) < 1e-4, f"SGLang vs HF forward logprobs differ by {gaps}"  # measured 2.4e-7 .. 4.8e-7
 
 
+@pytest.fixture(scope="module")
+def sync_batch(omni_engine, tmp_path_factory):
+    """(audio, image and video prompts stopping at generated media tokens (a case the engines need not agree on),
+    a policy-gradient batch on them, core's HF engine's greedy results on them with the original weights)."""
+    from transformers import AutoConfig, AutoProcessor
 
-def test_a_trained_thinker_is_refused_before_it_reaches_the_server(omni_engine):
-    """SGLang serves Qwen3-Omni whole (``thinker.*``, the checkpoint's expert layout) and skips names it does not hold:
-    a trainer's export of the thinker (transformers' in-memory names) would leave the weights as they were under the new
-    version, or kill the server on a fused expert's shape (both seen). The engine refuses it, naming what to use; the
-    server keeps serving, and the checkpoint's own names still load."""
+    from relax.core.data import Sample, collate
+    from relax.core.engines.hf import HFRolloutEngine
+    from relax.core.protocols import GenerationRequest, SamplingParams
+    from relax.core.testing.multimodal import write_media
+    from relax.omni import synthetic
+    from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+
+    _, thinker_dir = omni_engine
+    root = tmp_path_factory.mktemp("omni-sync-media")
+    synthetic.two_tones(root / "a.wav", 440.0, 220.0, seconds=0.6)
+    synthetic.moving_dot_video(root / "v.mp4", right=True, frames=8)
+    image = write_media(root)["image"]
+    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(thinker_dir), FAMILIES["qwen3_omni"], OmniProcessorParams())
+    rows = [[{"type": "audio", "audio": str(root / "a.wav")}, {"type": "text", "text": "what?"}],
+            [{"type": "image", "image": image}, {"type": "text", "text": "and"}],
+            [{"type": "video", "video": str(root / "v.mp4")}, {"type": "text", "text": "where?"}]]
+    config = AutoConfig.from_pretrained(thinker_dir)
+    stops = tuple(getattr(config, f"{k}_token_id") for k in ("image", "video", "audio", "vision_start", "vision_end",
+                                                              "audio_start", "audio_end"))  # fmt: skip
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True, stop_token_ids=stops)
+    prompts = []
+    for i, content in enumerate(rows):
+        p = proc.process([{"role": "user", "content": content}], [], f"t.jsonl:{i + 1}")
+        prompts.append(GenerationRequest(f"s{i}", list(p["prompt_ids"]), greedy, media=p["inputs"]))
+    answer = proc.tokenizer.encode("a tone and a dot moving right")
+    samples = [Sample(prompt_ids=r.prompt_ids, group_id=i, response_ids=answer[i : i + 3], mm_inputs=r.media)
+               for i, r in enumerate(prompts)]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    batch["advantages"] = torch.tensor([1.0, -0.5, 1.0])[:, None] * batch["response_mask"]
+    return prompts, batch, _generate(HFRolloutEngine(thinker_dir), prompts)
+
+
+@pytest.fixture(scope="module", params=["megatron", "torch"])
+def trained_thinker(request, omni_engine, sync_batch):
+    """(the trainer after one policy-gradient step on ``sync_batch`` (towers trainable), the HF engine's greedy
+    results with its exported weights). The megatron trainer exports experts one by one, core's torch trainer
+    fused as transformers holds them: both layouts the transports map."""
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.engines.hf import HFRolloutEngine
+    from relax.core.testing.trainer import exported
+
+    _, thinker_dir = omni_engine
+    prompts, batch, original = sync_batch
+    objective = build_policy_objective(AlgorithmConfig())
+    if request.param == "megatron":
+        request.getfixturevalue("megatron_world")
+        from relax.megatron.trainer import MegatronTrainer
+
+        trainer = MegatronTrainer(thinker_dir, objective=objective, lr=1e-2, micro_batch_size=3)
+    else:
+        from relax.core.trainers.torch_trainer import TorchTrainer
+
+        trainer = TorchTrainer(thinker_dir, objective=objective, lr=1e-2, micro_batch_size=3)
+    trainer.train_step({**batch, "old_logprobs": trainer.forward_logprobs(batch)})
+    weights = exported(trainer)
+    fused = any(n.endswith("experts.gate_up_proj") for n in weights)
+    assert fused == (request.param == "torch"), sorted(weights)[:8]
+    towers = [n for n in weights if n.startswith(("model.visual.", "model.audio_tower."))]
+    hf = HFRolloutEngine(thinker_dir)
+    hf.update_weights({n: t for n, t in weights.items() if n not in towers}, 1)
+    without_towers = _generate(hf, prompts)
+    hf.update_weights(weights, 2)
+    want = _generate(hf, prompts)
+    assert sum(len(r.response_ids) for r in want) >= 6, [r.response_ids for r in want]  # enough tokens to compare
+    # the towers' share of the change alone moves the outputs: a sync that dropped them would fail
+    assert _moved(want, without_towers) > 1e-3 and _moved(want, original) > 1e-3
+    return trainer, want
+
+
+def _generate(engine, requests: list) -> list:
+    return asyncio.run(asyncio.wait_for(engine.generate(requests), 300))
+
+
+def _moved(a: list, b: list) -> float:
+    """The largest per-token logprob change between two runs of the same requests (inf: other tokens)."""
+    if [r.response_ids for r in a] != [r.response_ids for r in b]:
+        return float("inf")
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra.logprobs, rb.logprobs, strict=True))
+
+
+def _assert_serves(engine, prompts: list, want: list, version: int | None = None) -> None:
+    for req, g, w in zip(prompts, _generate(engine, prompts), want, strict=True):
+        assert g.response_ids == w.response_ids, f"{req.request_id}: SGLang {g.response_ids} vs HF {w.response_ids}"
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=0)
+        assert version is None or g.versions == [version] * len(g.response_ids), g.versions
+
+
+@pytest.mark.parametrize("transport", ["sglang_tensor", "sglang_disk", "sglang_distributed"])
+def test_a_trained_thinker_is_served_exactly_through_each_transport(transport, omni_engine, sync_batch, trained_thinker):
+    """A trained Qwen3-Omni thinker (LM, MoE experts, vision and audio towers, one step of the megatron trainer or
+    core's torch trainer) through the transport: SGLang serves Qwen3-Omni whole (``thinker.*``, the checkpoint's
+    per-expert layout) and skips names it does not hold, so the transport maps the export
+    (``relax.sglang.served_layout``). The HF engine's greedy tokens and logprobs on audio, image and video prompts,
+    every token of the new version; then the served checkpoint again, whose outputs the server gives again."""
     from relax.core.testing.models import load_hf_weights
     from relax.sglang.testing import load_weights
+    from relax.sglang.transports import SGLangDiskSync, SGLangDistributedSync, SGLangTensorSync
 
     engine, thinker_dir = omni_engine
-    served = engine.weight_version()
-    exported = list(load_hf_weights(thinker_dir).items())[:3]  # thinker names, as a trainer exports them
-    with pytest.raises(ValueError, match="cannot be synced into SGLang yet; use rollout.engine: hf"):
-        engine.update_weights(exported, served + 1)
-    with pytest.raises(ValueError, match="cannot be synced into SGLang yet"):
-        engine.update_weights_from_disk(str(thinker_dir), served + 1)
-    assert engine.health()["ok"] and engine.weight_version() == served
-    server_dir = engine.model_path
-    load_weights(engine, server_dir, served + 1)  # the served checkpoint's own (``thinker.``) names
-    assert engine.weight_version() == served + 1
+    prompts, _, original = sync_batch
+    trainer, want = trained_thinker
+    _assert_serves(engine, prompts, original)
+    make = {"sglang_tensor": SGLangTensorSync, "sglang_disk": SGLangDiskSync, "sglang_distributed": SGLangDistributedSync}
+    sync = make[transport](timeout_s=120, bucket_bytes=1 << 18)
+    version = engine.weight_version() + 1
+    try:
+        stats = sync.sync(trainer, [engine], version)
+        assert stats["buckets"] >= 2 and stats["bytes"] > 0, stats
+        _assert_serves(engine, prompts, want, version)
+    finally:
+        sync.close()
+        load_weights(engine, engine.model_path, version + 1)  # the served checkpoint's own (``thinker.``) names
+    _assert_serves(engine, prompts, original)
+    exported = list(load_hf_weights(thinker_dir).items())[:3]  # a direct call with the thinker's own names
+    with pytest.raises(ValueError, match="whose loader takes checkpoint names under 'thinker.'"):
+        engine.update_weights(exported, version + 2)
+    assert engine.health()["ok"] and engine.weight_version() == version + 1

@@ -199,7 +199,8 @@ class MediaFront(torch.nn.Module):
         self.sequence_parallel = bool(gpt_model.config.sequence_parallel)
         self.tp = gpt_model.config.tensor_model_parallel_size
         gpt_model.rotary_pos_emb = MRoPE(inv_freq, dims.mrope_section, dims.mrope_interleaved)
-        self.deepstack_layers = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or ())
+        deepstack = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or ())
+        self.deepstack_layers = min(deepstack, gpt_model.config.num_layers)  # HF's: one per layer there is
         self._deepstack: tuple[Tensor, list[Tensor]] | None = None
         if first_stage:
             layers = gpt_model.decoder.layers

@@ -44,7 +44,7 @@ from relax.sglang.media import MediaRequest, check_prompt_tokens, load_image_spe
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.payload import cut_at_stop_ids, generate_payload, parse_output, parse_version, result
 from relax.sglang.routing import SERVER_FLAG, RoutingLayout
-from relax.sglang.served_names import check_served_names, refusal, served_architecture
+from relax.sglang.served_layout import check_served_names, safetensors_names, served_architecture
 from relax.sglang.server import ServerError, ServerProcess
 from relax.sglang.server_site.relax_sglang_version_guard import endpoints_problem
 
@@ -126,7 +126,7 @@ class SGLangEngine:
         self._pending = adapters.PendingAdapter()
         self.last_sync_bytes = 0  # bytes of the last adapter loaded into the server(s)
         self.params, self.model_path, self.index = params, model_path, index
-        self._wrapped = served_architecture(model_path)  # Qwen3-Omni served whole: its loader's names (served_names)
+        self.served_architecture = served_architecture(model_path)  # one whose loader takes its own names (served_layout)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
         self.servers: list[ServerProcess] = []  # launched ones (none when attached by URL)
         self.router: Any = None  # the sglang-router process in front of them (router: sglang)
@@ -363,7 +363,7 @@ class SGLangEngine:
             self._pending.add(list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors), self.name)
             return
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-        check_served_names((n for n, _ in items), self._wrapped, self.name)
+        check_served_names((n for n, _ in items), self.served_architecture, self.name)
         items = staged(items, self.params.device)  # kept alive until the server has answered (CUDA IPC)
         body = {"serialized_named_tensors": [serialize_tensors(items)] * self.params.tp_size,
                 "weight_version": str(version), "flush_cache": self._may_flush()}  # fmt: skip
@@ -373,8 +373,8 @@ class SGLangEngine:
     def update_weights_from_disk(self, path: str, version: int) -> None:
         """Load a whole HF checkpoint directory written by the trainer (``sglang_disk``)."""
         self._refuse_full_weights("update_weights_from_disk")
-        if self._wrapped:  # the trainer's own HF directory: the thinker alone
-            raise ValueError(refusal(self._wrapped, self.name, f"the directory {path}"))
+        if self.served_architecture:  # e.g. the trainer's own HF directory of the thinker alone
+            check_served_names(safetensors_names(path), self.served_architecture, self.name)
         body = {"model_path": path, "weight_version": str(version), "flush_cache": self._may_flush()}
         self._each("/update_weights_from_disk", body)
         self._version = version
@@ -399,7 +399,7 @@ class SGLangEngine:
     def update_weights_from_distributed(self, layout: list[tuple[str, str, list[int]]], group: str, version: int) -> None:
         """Receive one bucket broadcast by the trainer (rank 0) over ``group``: (name, dtype, shape) each."""
         self._refuse_full_weights("update_weights_from_distributed")
-        check_served_names((n for n, _, _ in layout), self._wrapped, self.name)
+        check_served_names((n for n, _, _ in layout), self.served_architecture, self.name)
         body = {"names": [n for n, _, _ in layout], "dtypes": [d for _, d, _ in layout],
                 "shapes": [list(s) for _, _, s in layout], "group_name": group, "weight_version": str(version),
                 "flush_cache": self._may_flush()}  # fmt: skip

@@ -13,6 +13,9 @@ outside it), and after ``end`` each server must report the new ``weight_version`
 - ``sglang_distributed``: the trainer is rank 0 of a torch.distributed group that every server joins
   (``/init_weights_update_group``; gloo on CPU, NCCL on GPU); per bucket the servers are told the layout
   (``/update_weights_from_distributed``) and the trainer broadcasts each tensor.
+
+Each asks the engines what their servers run first and sends the export in that model's loader layout
+(``relax.sglang.served_layout``: Qwen3-Omni, served whole, takes the thinker's checkpoint names).
 """
 
 from __future__ import annotations
@@ -30,11 +33,35 @@ from relax.core.weight_sync.base import bucket_nbytes
 from relax.core.weight_sync.broadcast import broadcast, listen
 from relax.core.weight_sync.disk import DiskReceiver
 from relax.core.weight_sync.transport import Peers
+from relax.sglang.served_layout import LAYOUTS, ServedExport
 
 ENGINES = ("sglang",)
 
 
-class SGLangDiskReceiver(DiskReceiver):
+class ServedArchitecture:
+    """Receiver side of :func:`served_export`."""
+
+    engine: Any
+
+    def served_architecture(self) -> str | None:
+        return self.engine.served_architecture
+
+
+def served_export(trainer: Any, peers: Peers) -> Any:
+    """``trainer`` exporting in the layout the engines' servers load (they must agree: one model)."""
+    served = set(peers.call("served_architecture", what="served_architecture").values())
+    if len(served) > 1:
+        raise WeightSyncError(f"the engines serve different architectures ({sorted(map(str, served))}): one sync "
+                              "sends one model")
+    architecture = served.pop() if served else None
+    return trainer if architecture is None else ServedExport(trainer, LAYOUTS[architecture])
+
+
+class SGLangReceiver(ServedArchitecture, Receiver):
+    pass
+
+
+class SGLangDiskReceiver(ServedArchitecture, DiskReceiver):
     """Core's disk receiver (its checks, e.g. that this node sees the directory), loading through the server."""
 
     def load(self, path: str, version: int) -> None:
@@ -48,12 +75,19 @@ class SGLangDiskSync(DiskSync):
     receiver_cls = SGLangDiskReceiver
     engines = ENGINES
 
+    def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
+        return super().send(served_export(trainer, peers), peers, version)
+
 
 class SGLangTensorSync(InProcessSync):
     """Each bucket to each engine's process, then into its server as shared-memory tensors."""
 
     name = "sglang_tensor"
+    receiver_cls = SGLangReceiver
     engines = ENGINES
+
+    def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
+        return super().send(served_export(trainer, peers), peers, version)
 
 
 @dataclass(frozen=True)
@@ -105,7 +139,7 @@ def trainer_group(store: Any, world: int, name: str, backend: str, timeout_s: fl
     return group
 
 
-class SGLangDistributedReceiver(Receiver):
+class SGLangDistributedReceiver(ServedArchitecture, Receiver):
     def tp_size(self) -> int:
         """The ranks this engine adds to the group (every server's TP ranks)."""
         return int(self.engine.weight_update_ranks())
@@ -141,7 +175,7 @@ class SGLangDistributedSync(InProcessSync):
         try:
             self._ensure_group(peers)
             device = group_device(self.params.backend)
-            for i, bucket in enumerate(trainer.export_weights(self.bucket_bytes)):
+            for i, bucket in enumerate(served_export(trainer, peers).export_weights(self.bucket_bytes)):
                 layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in bucket]
                 pending = peers.start("receive", layout, self._name, version)
                 timeout = datetime.timedelta(seconds=self.timeout_s)
