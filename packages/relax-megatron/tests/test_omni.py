@@ -142,6 +142,33 @@ checkpoint (the same files and names; the checkpoint's logprobs)."""
                                atol=1e-5, rtol=0)  # fmt: skip
 
 
+def test_a_checkpoint_keeps_each_parameters_adam_step(megatron_world, omni_moe, vl_batch, tmp_path):
+    """AdamW skips a parameter without a gradient (the audio tower on a mini-batch without audio), so parameters
+    stand at different steps: the checkpoint keeps each one's (it refused to save before), and a resumed trainer
+    takes the same next step. Loaded with the whole Qwen3-Omni checkpoint it comes in (the thinker inside)."""
+    from relax.core.testing.multimodal_models import wrap_whole_omni
+
+    model_dir, with_audio = omni_moe
+    whole = wrap_whole_omni(model_dir, tmp_path / "whole", "qwen3_omni")
+    meg = megatron_trainer(whole)
+    meg.train_step(vl_batch(model_dir))  # images and video only: no gradient reaches the audio tower
+    meg.train_step(with_audio)
+    steps = {float(s["step"]) for s in meg.optimizer.state.values()}
+    assert steps == {1.0, 2.0}, steps
+    meg.save(str(tmp_path / "ckpt"))
+    second = meg.train_step(with_audio)
+    resumed = megatron_trainer(whole)
+    resumed.load(str(tmp_path / "ckpt"))
+    by_param = lambda t: [float(t.optimizer.state[p]["step"]) for g in t.optimizer.param_groups for p in g["params"]]  # noqa: E731
+    assert by_param(resumed) == [s - 1 for s in by_param(meg)]
+    again = resumed.train_step(with_audio)
+    for key in ("loss", "grad_norm"):
+        assert again[key] == pytest.approx(second[key], abs=1e-6), key
+    want, got = exported(meg), exported(resumed)
+    for name, tensor in want.items():  # a tower resumed at the wrong step would take another bias-corrected step
+        torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_lm_round_trip_is_bit_exact_with_a_padded_vocabulary(tmp_path_factory, tp):
     """Qwen2.5-VL's LM (q/k/v biases, vocabulary 71): HF -> megatron TP shards (rows zero-padded to a multiple

@@ -135,8 +135,9 @@ def sync_batch(omni_engine, tmp_path_factory):
 @pytest.fixture(scope="module", params=["megatron", "torch"])
 def trained_thinker(request, omni_engine, sync_batch):
     """(the trainer after one policy-gradient step on ``sync_batch`` (towers trainable), the HF engine's greedy
-    results with its exported weights). The megatron trainer exports experts one by one, core's torch trainer
-    fused as transformers holds them: both layouts the transports map."""
+    results with its exported weights). The megatron trainer loads the whole Qwen3-Omni checkpoint and exports
+    experts one by one, core's torch trainer the thinker's and exports them fused as transformers holds them:
+    both layouts the transports map."""
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.core.engines.hf import HFRolloutEngine
@@ -149,7 +150,8 @@ def trained_thinker(request, omni_engine, sync_batch):
         request.getfixturevalue("megatron_world")
         from relax.megatron.trainer import MegatronTrainer
 
-        trainer = MegatronTrainer(thinker_dir, objective=objective, lr=1e-2, micro_batch_size=3)
+        # from the whole checkpoint the server runs, as a user trains the released model
+        trainer = MegatronTrainer(omni_engine[0].model_path, objective=objective, lr=1e-2, micro_batch_size=3)
     else:
         from relax.core.trainers.torch_trainer import TorchTrainer
 
@@ -218,3 +220,39 @@ def test_a_trained_thinker_is_served_exactly_through_each_transport(transport, o
     with pytest.raises(ValueError, match="whose loader takes checkpoint names under 'thinker.'"):
         engine.update_weights(exported, version + 2)
     assert engine.health()["ok"] and engine.weight_version() == version + 1
+
+
+def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(ray_session, omni_engine, tmp_path):
+    """``examples/quickstart_omni_audio.yaml`` (its tones and shapes) on the whole Qwen3-Omni checkpoint, as a user
+    runs the released model: the megatron trainer loads its thinker, the module's SGLang server (attached by URL)
+    rolls out audio and image prompts, and every step's weights reach the server through ``sglang_tensor`` (async,
+    staleness 1)."""
+    import json
+    from pathlib import Path
+
+    from relax.core.config import load_config
+    from relax.core.controller.run import run
+    from relax.sglang.testing import load_weights
+
+    engine, _ = omni_engine
+    steps, run_dir = 3, tmp_path / "run"
+    load_weights(engine, engine.model_path, 0)  # the run starts at version 0: so must the server
+    example = Path(__file__).resolve().parents[3] / "examples" / "quickstart_omni_audio.yaml"
+    cfg = load_config(str(example), [
+        f"run_dir={run_dir}", f"model.path={engine.model_path}", "data.processor=qwen3_omni", f"total_steps={steps}",
+        "mode=async", "max_staleness=1", "rollout.engine=sglang", f"rollout.engine_params.urls=[{engine.url}]",
+        "weight_sync.transport=sglang_tensor", "trainer.backend=megatron", "rollout.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4", "trainer.micro_batch_size=16", "logging.progress=false",
+        "logging.console=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0",
+        "checkpoint.save_hf_final=false",
+    ])  # fmt: skip
+    try:
+        run(cfg)
+        served = int(engine.client.get("/model_info")["weight_version"])
+    finally:
+        load_weights(engine, engine.model_path, steps + 1)  # later tests see the original
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(0.0 <= r["reward/mean"] <= 1.0 and r["response/length_mean"] > 0 for r in rows), rows
+    assert served == steps, f"the server serves weight version {served} after {steps} synced steps"
+    assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in rows), [r["staleness/max"] for r in rows]

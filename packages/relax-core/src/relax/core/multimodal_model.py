@@ -66,6 +66,16 @@ def media_flag_keys() -> frozenset[str]:
     return frozenset(flag for adapter in adapters() for flag in adapter.media_flags)
 
 
+def model_config(model_path: str) -> Any:
+    """The HF config of the model :func:`load_model` returns: the checkpoint's, or the one its adapter loads
+    from it (``ModelAdapter.loaded_config``: a whole Qwen-Omni checkpoint's thinker)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    loaded = getattr(adapter_for(config.model_type), "loaded_config", None)
+    return config if loaded is None else loaded(config)
+
+
 def is_multimodal_model(model_path: str) -> bool:
     """True when the checkpoint's model type has a registered adapter (it takes media)."""
     from transformers import AutoConfig

@@ -340,6 +340,11 @@ class ModelAdapter(Protocol):
         """The model for training and rollout, with any patch it needs applied."""
         ...
 
+    def loaded_config(self, config: Any) -> Any:
+        """The HF config of the model :meth:`load` returns, from the checkpoint's (e.g. the thinker's of a
+        whole Qwen-Omni checkpoint). Optional: core uses the checkpoint's config where an adapter has none."""
+        ...
+
     def media_token_ids(self, config: Any) -> list[int]:
         """Placeholder and start/end token ids of every media kind (a response never adds media)."""
         ...

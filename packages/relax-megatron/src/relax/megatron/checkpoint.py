@@ -1,8 +1,8 @@
 """Megatron ``dist_checkpointing`` checkpoints of a :class:`~relax.megatron.trainer.MegatronTrainer`.
 
 One directory holds the model and AdamW state as sharded tensors (each TP rank writes its shard; a
-checkpoint saved at TP=2 loads at TP=1 and back: megatron reshards on load), the step (common) and
-every rank's RNG state (a media model's HF towers too, whole), plus ``hf/`` (config and tokenizer or
+checkpoint saved at TP=2 loads at TP=1 and back: megatron reshards on load), the step (common), every rank's
+AdamW steps per parameter and RNG state (a media model's HF towers too, whole), plus ``hf/`` (config and tokenizer or
 processor) so that ``relax convert`` can rebuild
 the model without the run's model directory. The optimizer state is mapped onto the model's
 sharding with megatron's own helpers (``dist_checkpointing.optimizer``), as ``MegatronOptimizer`` does;
@@ -83,15 +83,18 @@ def sharded_state(trainer: Any, loading: bool = False, stateless: frozenset[int]
             _ensure_adam_state(trainer.optimizer, stateless)
         masters = getattr(trainer, "masters", None)
         optim = trainer.optimizer.state_dict() if masters is None else master_state(trainer.optimizer, masters)
-        steps = {float(s["step"]) for s in optim["state"].values()}
-        if len(steps) > 1:
-            raise ValueError(f"AdamW parameters are at different steps {sorted(steps)}: cannot save one common step")
+        # per parameter: AdamW skips one without a gradient (a tower whose media a mini-batch lacks, an expert
+        # no token reached), so steps differ; one object per rank, restored into the layout that saved them
+        steps = {int(i): float(s["step"]) for i, s in optim["state"].items()}
+        state["adam_steps"] = ShardedObject("adam_steps", steps, (trainer.pp, trainer.tp, trainer.dp),
+                                            (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank), replica_id=0)  # fmt: skip
+        state["per_parameter_steps"] = True
         # the model parameters in the optimizer's order (bf16: those of its fp32 masters), for their sharding
         params = ([p for group in trainer.optimizer.param_groups for p in group["params"]] if masters is None
                   else masters.params)  # fmt: skip
         optim_state_to_sharding_state(optim, get_param_id_to_sharded_param_map(model, params), exclude_keys=("step",))
         state["optimizer"] = optim
-        state["adam_step"] = steps.pop() if steps else 0.0
+        state["adam_step"] = max(steps.values(), default=0.0)  # marks a trainable checkpoint; the step elsewhere
     return state
 
 
@@ -120,6 +123,8 @@ def load(trainer: Any, directory: str) -> None:
     state = sharded_state(trainer, loading=True, stateless=_stateless_towers(trainer, path))
     if list(common.get("layout", ())) != layout(trainer):
         state.pop("rng")
+    if list(common.get("layout", ())) != layout(trainer) or not common.get("per_parameter_steps"):
+        state.pop("adam_steps", None)  # other ranks (or none saved): the latest step for every parameter
     if trainer.optimizer is not None and "adam_step" not in common:
         raise ValueError(f"checkpoint {path} has no optimizer state (saved by a frozen trainer)")
     loaded = dist_checkpointing.load(state, str(path))
@@ -134,9 +139,9 @@ def load(trainer: Any, directory: str) -> None:
     elif trainer.optimizer is not None:
         from relax.megatron.precision import restore_masters
 
-        optim = loaded["optimizer"]
-        for param_state in optim["state"].values():
-            param_state["step"] = torch.tensor(float(loaded["adam_step"]))
+        optim, steps = loaded["optimizer"], loaded.get("adam_steps", {})
+        for i, param_state in optim["state"].items():
+            param_state["step"] = torch.tensor(steps.get(int(i), float(loaded["adam_step"])))
         if getattr(trainer, "masters", None) is not None:
             optim = restore_masters(optim, trainer.masters)
         trainer.optimizer.load_state_dict(optim)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from relax.core.multimodal_model import model_config
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import split_rows
 from relax.core.trainers.export import NamedTensors, buckets
@@ -87,14 +88,12 @@ class MegatronTrainer:
         freeze_media_towers: bool = False, freeze_vision: bool = False, freeze_audio: bool = False,
         **overrides: Any,
     ) -> None:
-        from transformers import AutoConfig
-
         from megatron.core import parallel_state
         from relax.megatron.layer_specs import resolve_layer_spec
 
         self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
         check_layout(world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
-        hf_config = AutoConfig.from_pretrained(model_path)
+        hf_config = model_config(model_path)  # a whole Qwen-Omni checkpoint: its thinker's
         lm = omni.lm_config(hf_config) if omni.is_media_model(hf_config) else hf_config
         self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel, pipeline_parallel,
                                                       moe=bool(convert.Dims.from_hf(lm).experts))  # fmt: skip

@@ -27,8 +27,13 @@ from relax.core.data_multimodal import model_inputs
 #: one entry per video; the model's rope index must be told, or audio and video positions come out wrong
 AUDIO_IN_VIDEO = "use_audio_in_video"
 
+#: whole Qwen-Omni checkpoints as released (thinker, talker, vocoder) -> the thinker's class: Relax trains and
+#: rolls out the thinker, loaded from the checkpoint's ``thinker.*`` weights (SGLang serves the whole one)
+WHOLE_OMNI = {"qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+              "qwen3_omni_moe": "Qwen3OmniMoeThinkerForConditionalGeneration"}
+
 #: the HF ``config.model_type`` of every checkpoint this adapter runs
-MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
+MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", *WHOLE_OMNI)
 
 MEDIA_TOKEN_KINDS = ("image", "video", "audio", "vision_start", "vision_end", "audio_start", "audio_end")
 
@@ -53,14 +58,25 @@ class QwenMediaAdapter:
     media_flags: tuple[str, ...] = (AUDIO_IN_VIDEO,)
 
     def load(self, model_path: str, dtype: torch.dtype) -> Any:
-        """``AutoModelForImageTextToText``, each audio encoded alone (``encode_audio_per_item``)."""
-        from transformers import AutoModelForImageTextToText
+        """``AutoModelForImageTextToText`` (a whole Omni checkpoint's thinker), each audio encoded alone
+        (``encode_audio_per_item``)."""
+        import transformers
 
         from relax.omni.audio_per_item import encode_audio_per_item
 
-        model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
+        config = transformers.AutoConfig.from_pretrained(model_path)
+        if config.model_type in WHOLE_OMNI:  # talker and vocoder weights are left unloaded
+            thinker = getattr(transformers, WHOLE_OMNI[config.model_type])
+            model = thinker.from_pretrained(model_path, config=config.thinker_config, key_mapping={r"^thinker\.": ""},
+                                            dtype=dtype)  # fmt: skip
+        else:
+            model = transformers.AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
         encode_audio_per_item(model)
         return model
+
+    def loaded_config(self, config: Any) -> Any:
+        """The config of the model :meth:`load` returns: a whole Omni checkpoint's thinker's."""
+        return config.thinker_config if config.model_type in WHOLE_OMNI else config
 
     def media_token_ids(self, config: Any) -> list[int]:
         return [i for i in (_token_id(config, k) for k in MEDIA_TOKEN_KINDS) if i is not None]

@@ -114,9 +114,9 @@ class SGLangEngine:
             params = dataclasses.replace(params, python=server_python(Path(run_dir) / "logs" / "sglang-server-env-build.log"))
         self._routing: RoutingLayout | None = None
         if record_routing:
-            from transformers import AutoConfig
+            from relax.core.multimodal_model import model_config
 
-            self._routing = RoutingLayout.from_config(AutoConfig.from_pretrained(model_path))
+            self._routing = RoutingLayout.from_config(model_config(model_path))
             if SERVER_FLAG not in params.extra_args:
                 params = dataclasses.replace(params, extra_args=[*params.extra_args, SERVER_FLAG])
         if lora is not None and not params.urls and "--enable-lora" not in params.extra_args:

@@ -63,9 +63,8 @@ def tiny_omni_dirs(root: str | Path, seed: int = 1) -> tuple[str, str]:
 
     import torch
     import transformers
-    from safetensors.torch import load_file, save_file
 
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir, wrap_whole_omni
 
     target = Path(root) / f"relax-tiny-sglang-qwen3_omni-seed{seed}"
     thinker = target / "thinker"
@@ -80,16 +79,10 @@ def tiny_omni_dirs(root: str | Path, seed: int = 1) -> tuple[str, str]:
     tmp = Path(f"{target}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp / "thinker")
-    wrapped = {"architectures": ["Qwen3OmniMoeForConditionalGeneration"], "model_type": "qwen3_omni_moe",
-               "thinker_config": json.loads((tmp / "thinker" / "config.json").read_text()),
-               "enable_audio_output": False}  # fmt: skip
-    (tmp / "config.json").write_text(json.dumps(wrapped, indent=1))
-    weights = load_file(tmp / "thinker" / "model.safetensors")
-    save_file({f"thinker.{k}": v for k, v in weights.items()}, tmp / "model.safetensors")
     for name in ("chat_template.jinja", "generation_config.json", "processor_config.json", "tokenizer.json",
                  "tokenizer_config.json"):  # fmt: skip
-        shutil.copy(base / name, tmp / name)
         shutil.copy(base / name, tmp / "thinker" / name)
+    wrap_whole_omni(tmp / "thinker", tmp, "qwen3_omni")
     tmp.rename(target)
     return str(target), str(thinker)
 

@@ -217,3 +217,31 @@ def tiny_multimodal_dir(root: str | os.PathLike[str], family: str, seed: int = M
         if not (target / "config.json").exists():
             build_tiny_multimodal(target, family, seed)
     return str(target)
+
+
+#: Omni family -> (model_type, architecture) of its whole checkpoint as released (thinker, talker, vocoder)
+WHOLE_OMNI = {"qwen2_5_omni": ("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration"),
+              "qwen3_omni": ("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration")}
+
+
+def wrap_whole_omni(thinker_dir: str | os.PathLike[str], directory: str | os.PathLike[str], family: str) -> str:
+    """Write ``thinker_dir`` (a tiny ``family`` thinker) as the whole Omni checkpoint it comes in: the config's
+    ``thinker_config``, every weight under ``thinker.`` (no talker: ``enable_audio_output`` false), the same
+    tokenizer and processor files."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model_type, architecture = WHOLE_OMNI[family]
+    src, out = Path(thinker_dir), Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for file in src.iterdir():
+        if file.is_file() and file.suffix != ".safetensors" and file.name != "config.json":
+            shutil.copy(file, out / file.name)
+    thinker = json.loads((src / "config.json").read_text())
+    whole = {"architectures": [architecture], "model_type": model_type, "thinker_config": thinker,
+             "enable_audio_output": False}  # fmt: skip
+    (out / "config.json").write_text(json.dumps(whole, indent=1))
+    save_file({f"thinker.{k}": v for k, v in load_file(src / "model.safetensors").items()}, out / "model.safetensors")
+    return str(out)

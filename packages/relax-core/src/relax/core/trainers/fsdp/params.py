@@ -64,9 +64,11 @@ class FSDPParams:
 def model_parameters(model_path: str) -> int:
     """Parameters of the model at ``model_path``, counted on the meta device (nothing allocated)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
+    from relax.core.multimodal_model import model_config
+
+    config = model_config(model_path)  # a whole Qwen-Omni checkpoint: its thinker's, the model trained
     with torch.device("meta"):
         try:
             model = AutoModelForCausalLM.from_config(config)
