@@ -15,7 +15,8 @@ import pytest
 from relax.core.config import load_config
 from relax.core.controller.hosting import in_driver
 from relax.core.controller.run import run
-from relax.core.recipes import RECIPES, prepare_smoke
+from relax.core.recipes import DATASETS, RECIPES, prepare_smoke
+from relax.core.testing.multimodal_models import WHOLE_OMNI
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +53,6 @@ def test_recipe_passes_relax_validate(tmp_path_factory, tmp_path, recipe, capsys
     model and data pointed at local stand-ins: the tiny model of its family and its converted fixture rows."""
     from relax.core.cli import main
     from relax.core.quickstart_model import ensure_quickstart_model
-    from relax.core.recipes import DATASETS
     from relax.core.testing.multimodal_models import tiny_multimodal_dir
 
     spec = DATASETS[RECIPES[recipe].dataset]
@@ -81,6 +81,9 @@ def test_smoke_variant_runs(tmp_path, recipe):
     cfg = load_config(REPO / spec.smoke, [*QUIET, f"run_dir={tmp_path / 'run'}"], check_paths=True)
     assert in_driver(cfg)  # colocate with a reward declared in_driver (relax-rewards'): every role here, no Ray
     assert Path(cfg.data.path).parent.name.startswith(f"{spec.dataset}-smoke")  # inputs built it
+    whole = WHOLE_OMNI.get(DATASETS[spec.dataset].smoke_model)
+    if whole:  # an Omni recipe's model comes whole (thinker, talker): so does the smoke's, its thinker trained
+        assert json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"] == whole[0]
     report = json.loads((Path(cfg.data.path).parent / "prepare_report.json").read_text())
     assert report["rows"] == 8 and sum(report["skipped"].values()) >= 2  # the malformed fixture rows were skipped
     summary = run(cfg)

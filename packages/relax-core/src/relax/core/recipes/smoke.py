@@ -47,9 +47,11 @@ def smoke_inputs(spec: DatasetSpec, params: SmokeInputsParams) -> dict[str, str]
 
         model = ensure_quickstart_model()
     else:
-        from relax.core.testing.multimodal_models import tiny_multimodal_dir
+        from relax.core.testing.multimodal_models import WHOLE_OMNI, tiny_multimodal_dir, tiny_whole_omni_dir
 
-        model = tiny_multimodal_dir(root / "models", spec.smoke_model)
+        # an Omni recipe trains the whole checkpoint as released: so does its smoke variant (the thinker inside)
+        tiny = tiny_whole_omni_dir if spec.smoke_model in WHOLE_OMNI else tiny_multimodal_dir
+        model = tiny(root / "models", spec.smoke_model)
     made = {"model.path": model, "data.path": str(data_dir / "train.jsonl")}
     if spec.media:
         made["data.processor_params.media_root"] = str(data_dir)

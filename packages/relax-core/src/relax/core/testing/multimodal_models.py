@@ -245,3 +245,14 @@ def wrap_whole_omni(thinker_dir: str | os.PathLike[str], directory: str | os.Pat
     (out / "config.json").write_text(json.dumps(whole, indent=1))
     save_file({f"thinker.{k}": v for k, v in load_file(src / "model.safetensors").items()}, out / "model.safetensors")
     return str(out)
+
+
+def tiny_whole_omni_dir(root: str | os.PathLike[str], family: str, seed: int = MODEL_SEED) -> str:
+    """Path of the tiny ``family`` thinker wrapped as its whole Omni checkpoint (:func:`wrap_whole_omni`) under
+    ``root``, built on first use."""
+    target = Path(root) / f"relax-tiny-whole-{family}-f{BUILD_FORMAT}-seed{seed}"
+    thinker = tiny_multimodal_dir(root, family, seed)  # takes the lock itself
+    with _lock:
+        if not (target / "config.json").exists():
+            wrap_whole_omni(thinker, target, family)
+    return str(target)
