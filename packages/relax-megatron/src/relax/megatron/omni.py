@@ -50,15 +50,15 @@ def is_media_model(hf_config: Any) -> bool:
     return adapter_for(getattr(hf_config, "model_type", None)) is not None
 
 
-def check_supported(hf_config: Any, dtype: str = "float32", distributed_optimizer: bool = False) -> None:
+def check_supported(hf_config: Any, distributed_optimizer: bool = False) -> None:
     """Refuse, naming the family or field, a media model or layout the megatron trainer cannot run yet."""
     family = hf_config.model_type
     if family not in SUPPORTED:
         raise ValueError(f"model_type {family!r}: the megatron trainer runs the media families {list(SUPPORTED)} "
                          "only so far; use trainer.backend: torch (or fsdp) for this model")  # fmt: skip
-    if dtype != "float32" or distributed_optimizer:
-        raise ValueError(f"{family} on the megatron trainer: dtype float32 without distributed_optimizer only so far "
-                         f"(got dtype={dtype!r}, distributed_optimizer={distributed_optimizer})")  # fmt: skip
+    if distributed_optimizer:  # megatron's DDP buffers hold megatron's parameters, not the HF towers
+        raise ValueError(f"{family} on the megatron trainer: trainer.backend_params.distributed_optimizer is not "
+                         "supported for media models yet (bf16 trains with fp32 master weights without it)")
 
 
 def lm_config(hf_config: Any) -> Any:
@@ -210,6 +210,12 @@ class MediaFront(torch.nn.Module):
                                  "use fewer pipeline stages")  # fmt: skip
             for i in range(self.deepstack_layers):
                 layers[i].register_forward_hook(self._hook(i))
+
+    def cast_parameters(self, dtype: torch.dtype) -> None:
+        """The towers' weights in ``dtype`` (bf16 training); buffers such as rotary frequencies stay as loaded,
+        as ``from_pretrained(dtype=...)`` keeps them."""
+        for param in self.hf.parameters():
+            param.data = param.data.to(dtype)
 
     def tower_parameters(self, frozen: bool | None = None) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """(HF name, parameter) of the towers: everything the front holds; ``frozen`` True / False: only

@@ -122,7 +122,7 @@ class MegatronTrainer:
         self.front = None  # media models (omni.py): HF's towers, scatter and rope index feeding megatron's LM
         self.media_config = None  # a media model's whole HF config (``hf_config`` is then its LM's)
         if omni.is_media_model(self.hf_config):
-            omni.check_supported(self.hf_config, dtype, self.distributed_optimizer)
+            omni.check_supported(self.hf_config, self.distributed_optimizer)
             self.media_config, self.hf_config = self.hf_config, omni.lm_config(self.hf_config)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -151,6 +151,7 @@ class MegatronTrainer:
         self.model.requires_grad_(trainable)
         if self.front is not None:
             self.front.to(self.device).eval()
+            self.front.cast_parameters(self.dtype)  # bf16: the towers too (their fp32 masters below)
             self.front.requires_grad_(trainable)
         # frozen towers are neither trained nor exported (the rollout engine loaded them already), as in core
         omni.freeze(self.front, self.media_config or self.hf_config, freeze_media_towers=freeze_media_towers,
@@ -171,7 +172,7 @@ class MegatronTrainer:
             if self.dtype != torch.float32:
                 from relax.megatron.precision import MasterWeights
 
-                self.masters = MasterWeights(self.model.named_parameters())
+                self.masters = MasterWeights(self.grad_params)  # the towers' included
                 self.grad_params = self.masters.named()
             params = [p for _, p in self.grad_params]
             self.optimizer = torch.optim.AdamW(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
