@@ -395,15 +395,39 @@ def test_dp2_ep2_and_tp2_moe_omni_thinker_match_the_torch_trainer(tp2, omni_moe,
     (loss, grad norm, weights with the experts gathered and the towers)."""
     got = tp2[layout]
     want = _media_step_reference(got, *(omni_moe if layout == "omni_moe" else omni_moe_tp))
-    mine = dict(got["weights"])
-    for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:  # fuse, as transformers holds them
+    assert any(".audio_tower." in n for n in want)
+    _assert_same_weights(_fused(got["weights"]), want)
+
+
+def _fused(weights: dict) -> dict:
+    """An export's per-expert weights fused as transformers holds them in memory (what the torch trainer exports)."""
+    mine = dict(weights)
+    for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:
         layer = down[: -len("0.down_proj.weight")]
         experts = range(sum(1 for n in mine if n.startswith(layer) and n.endswith(".down_proj.weight")))
         mine[layer + "gate_up_proj"] = torch.stack([torch.cat([mine.pop(f"{layer}{j}.gate_proj.weight"),
                                                                mine.pop(f"{layer}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
         mine[layer + "down_proj"] = torch.stack([mine.pop(f"{layer}{j}.down_proj.weight") for j in experts])
-    assert any(".audio_tower." in n for n in want)
-    _assert_same_weights(mine, want)
+    return mine
+
+
+@pytest.fixture(scope="module")
+def sp_pp(run_ranks, tiny_qwen3, tiny_qwen3_moe, moe_tp_batch, omni_moe_tp):
+    """One four-process launch: Qwen3-MoE and the Qwen3-Omni thinker at TP=2 x PP=2, sequence parallelism across
+    the stages (each stage sends the next its TP rank's slice of the sequence, padded to a multiple of TP)."""
+    return run_ranks("sp_pp", tiny_qwen3[0], {"moe": (tiny_qwen3_moe[0], moe_tp_batch), "omni_moe": omni_moe_tp},
+                     world=4)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["moe", "omni_moe"])
+def test_tp2_pp2_moe_with_sequence_parallelism_matches_the_torch_trainer(sp_pp, name, tiny_qwen3_moe, moe_tp_batch,
+                                                                         omni_moe_tp):  # fmt: skip
+    """MoE at TP > 1 needs sequence parallelism; with PP=2 too (an odd sequence; the Omni thinker on image, video,
+    audio and text rows, later stages computing their M-RoPE positions): the torch trainer's logprobs and step
+    (loss, entropy, grad norm; weights within AdamW's first-step 2e-4, experts gathered over both stages)."""
+    got = sp_pp[name]
+    model_dir, batch = (tiny_qwen3_moe[0], moe_tp_batch) if name == "moe" else omni_moe_tp
+    _assert_same_weights(_fused(got["weights"]), _media_step_reference(got, model_dir, batch))
 
 
 def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batch, fuse_experts):

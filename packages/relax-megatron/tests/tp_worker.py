@@ -15,7 +15,8 @@ size (saved to ``--ckpt``; again in bf16; then built with the distributed optimi
 at PP = world size. ``moe_tp`` = (model_dir, batch, ckpt) / ``omni_moe_tp`` = (model_dir, batch): Qwen3-MoE / the Qwen3-Omni
 thinker at TP = world size (sequence parallelism): a trainer check (Qwen3-MoE: saved to ``ckpt``), and for
 Qwen3-MoE frozen trainers' logprobs and exports at EP = 1 and EP = TP, then the dense model's with
-``sequence_parallel`` asked for. Rank 0 saves the results to ``--out``.
+``sequence_parallel`` asked for. ``--mode sp_pp`` (world 4), on {name: (model_dir, batch)}: a trainer check of each
+at TP=2 x PP=2 (sequence parallelism across pipeline stages). Rank 0 saves the results to ``--out``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--input", required=True)
-    ap.add_argument("--mode", choices=["tensor", "pipeline"], required=True)
+    ap.add_argument("--mode", choices=["tensor", "pipeline", "sp_pp"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--without", default="", help="a cpu_compat patch to remove (checks it is still needed)")
     ap.add_argument("--ckpt", default="", help="save the TP (tensor mode) or PP (pipeline mode) trainer here")
@@ -108,6 +109,12 @@ def main() -> None:
             parallel_state.destroy_model_parallel()
             results.setdefault("omni_thinkers_pp", {})[family] = logprobs_check(args, batch, model_dir,
                                                                        pipeline_parallel=args.world)  # fmt: skip
+    elif args.mode == "sp_pp":
+        results = {}
+        for name, (model_dir, batch) in data.items():
+            parallel_state.destroy_model_parallel()
+            results[name] = train_check(args, batch, model_dir=model_dir, micro_batch_size=3, tensor_parallel=2,
+                                        pipeline_parallel=args.world // 2)  # fmt: skip
     else:
         results = pipeline_checks(args, data["tokens"], data.get("batch"), args.ckpt)
     if args.rank == 0:

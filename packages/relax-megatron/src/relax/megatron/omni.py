@@ -322,11 +322,11 @@ class MediaFront(torch.nn.Module):
 
         input_ids, position_ids = right_padded(batch)
         width, tp = input_ids.shape[1], self.tp if self.sequence_parallel else 1
-        input_ids = pad_to_multiple(input_ids, 1, tp)  # sequence parallelism: cut again below (PP = 1: logits)
+        input_ids = pad_to_multiple(input_ids, 1, tp)  # sequence parallelism: the logits cut again below
         if not has_media(batch):
             out = model(input_ids, pad_to_multiple(position_ids, 1, tp)[None].expand(3, -1, -1), attention_mask=None)
         elif not self.first_stage:
-            out = model(input_ids, self.positions(batch), attention_mask=None)
+            out = model(input_ids, pad_to_multiple(self.positions(batch), 2, tp), attention_mask=None)
         else:
             decoder_input, positions, mask, deep = self.inputs(batch)
             if self.sequence_parallel:  # megatron scatters its own embedding's output, not a decoder_input
@@ -337,4 +337,4 @@ class MediaFront(torch.nn.Module):
                 mask = None if mask is None else pad_to_multiple(mask, 1, tp)
             with self.deepstack(mask, deep):
                 out = model(input_ids, positions, attention_mask=None, decoder_input=decoder_input)
-        return out[:, :width] if self.sequence_parallel else out
+        return out[:, :width] if self.sequence_parallel and model.post_process else out  # not a stage's hidden states

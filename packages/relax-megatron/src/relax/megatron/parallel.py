@@ -87,16 +87,12 @@ def check_layout(world_size: int, tp: int, pp: int, dp: int, ep: int) -> None:
                          "parallel ranks are carved from those, as in megatron (expert tensor parallelism 1)")  # fmt: skip
 
 
-def sequence_parallel_on(asked: bool, tp: int, pp: int, moe: bool) -> bool:
+def sequence_parallel_on(asked: bool, tp: int, moe: bool) -> bool:
     """Whether the sequence splits over the TP ranks: when asked, and by itself for an MoE model at TP > 1
     (megatron's MoE layer needs it there, ``moe_layer.py``)."""
     if asked and tp == 1:
         raise ValueError("sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)")
-    on = tp > 1 and (asked or moe)
-    if on and pp > 1:
-        raise ValueError(f"pipeline_parallel={pp} with sequence parallelism (sequence_parallel, or an MoE model at "
-                         "tensor_parallel > 1): not supported yet; use pipeline_parallel: 1")  # fmt: skip
-    return on
+    return tp > 1 and (asked or moe)
 
 
 def timeout_minutes(timeout_s: float) -> int:

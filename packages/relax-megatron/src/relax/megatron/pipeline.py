@@ -19,25 +19,27 @@ Tensor = torch.Tensor
 
 def run_schedule(
     model: Any, micros: Sequence[dict[str, Tensor]], forward: Callable[[Any, dict[str, Tensor]], Tensor],
-    finish: Callable[[dict[str, Tensor], Tensor], tuple[Tensor, Any]], forward_only: bool,
+    finish: Callable[[dict[str, Tensor], Tensor], tuple[Tensor, Any]], forward_only: bool, seq_multiple: int = 1,
 ) -> list[Any]:
     """1F1B over ``micros``: ``forward(model, sub)`` runs this stage; on the last stage
     ``finish(sub, logits)`` returns (loss to back-propagate, a record). Returns the records in order on
     the last stage, ``[]`` elsewhere. The loss is not rescaled (``calculate_per_token_loss``): core's
     objective already divides by step-global token counts. The schedule sends fixed-shape activations,
-    so a shorter last micro-batch gets a schedule of its own (gradients accumulate across the two)."""
+    so a shorter last micro-batch gets a schedule of its own (gradients accumulate across the two).
+    ``seq_multiple``: the stages pad the sequence to a multiple of it (sequence parallelism: TP), and megatron
+    sizes what it sends by the padded length (split over the TP ranks)."""
     records: list[Any] = []
     start = 0
     while start < len(micros):
         end = start + 1
         while end < len(micros) and micros[end]["input_ids"].shape == micros[start]["input_ids"].shape:
             end += 1
-        records += _schedule(model, micros[start:end], forward, finish, forward_only)
+        records += _schedule(model, micros[start:end], forward, finish, forward_only, seq_multiple)
         start = end
     return records
 
 
-def _schedule(model, micros, forward, finish, forward_only) -> list[Any]:
+def _schedule(model, micros, forward, finish, forward_only, seq_multiple) -> list[Any]:
     from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
 
     data = iter(micros)
@@ -53,7 +55,8 @@ def _schedule(model, micros, forward, finish, forward_only) -> list[Any]:
 
     return forward_backward_pipelining_without_interleaving(
         forward_step_func=step, data_iterator=data, model=[model], num_microbatches=len(micros),
-        seq_length=micros[0]["input_ids"].shape[1], micro_batch_size=micros[0]["input_ids"].shape[0],
+        seq_length=-(-micros[0]["input_ids"].shape[1] // seq_multiple) * seq_multiple,
+        micro_batch_size=micros[0]["input_ids"].shape[0],
         forward_only=forward_only,
     )  # fmt: skip
 

@@ -62,8 +62,6 @@ class MegatronParams:
                           "yet; set context_parallel: 1")  # fmt: skip
         if self.sequence_parallel and self.tensor_parallel == 1:
             errors.append("sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)")
-        if self.sequence_parallel and self.pipeline_parallel > 1:
-            errors.append("sequence_parallel: not supported with pipeline_parallel > 1 yet")
         if self.layer_spec == "te" and not self.device.startswith("cuda"):
             errors.append("layer_spec: te needs device: cuda (Transformer Engine has no CPU kernels)")
         if self.timeout_s is not None and not self.timeout_s > 0:

@@ -95,7 +95,7 @@ class MegatronTrainer:
         check_layout(world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
         hf_config = model_config(model_path)  # a whole Qwen-Omni checkpoint: its thinker's
         lm = omni.lm_config(hf_config) if omni.is_media_model(hf_config) else hf_config
-        self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel, pipeline_parallel,
+        self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel,
                                                       moe=bool(convert.Dims.from_hf(lm).experts))  # fmt: skip
         if dtype not in ("float32", "bfloat16"):  # bf16 on CPU runs here (the tests), the plugin refuses it
             raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 or bfloat16")
@@ -214,11 +214,11 @@ class MegatronTrainer:
             return self.front.lm_forward(model, batch)
         input_ids, position_ids = right_padded(batch)
         width = input_ids.shape[1]
-        if self.sequence_parallel:  # the sequence splits over the TP ranks (PP = 1: logits), padded, cut again
+        if self.sequence_parallel:  # the sequence splits over the TP ranks, padded; the logits cut again
             input_ids, position_ids = pad_to_multiple(input_ids, 1, self.tp), pad_to_multiple(position_ids, 1, self.tp)
         with self.routing.applied(batch) if self.routing is not None else contextlib.nullcontext():
             out = model(input_ids, position_ids, attention_mask=None)
-        return out[:, :width] if self.sequence_parallel else out
+        return out[:, :width] if self.sequence_parallel and self.last_stage else out
 
     def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
         resp = batch["responses"]
@@ -253,7 +253,8 @@ class MegatronTrainer:
                 from relax.megatron.pipeline import from_last_stage, run_schedule
 
                 records = run_schedule(self.model, micros, self._forward,
-                                       lambda sub, logits: (torch.zeros(()), masked(sub, logits)), forward_only=True)  # fmt: skip
+                                       lambda sub, logits: (torch.zeros(()), masked(sub, logits)), forward_only=True,
+                                       seq_multiple=self.tp if self.sequence_parallel else 1)  # fmt: skip
         if self.pp == 1:
             return [torch.cat([r[i] for r in records]) for i in range(count)]
         shape = tuple(batch["responses"].shape)
@@ -316,7 +317,9 @@ class MegatronTrainer:
             return records
         from relax.megatron.pipeline import from_last_stage, run_schedule
 
-        return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False))[1]
+        multiple = self.tp if self.sequence_parallel else 1
+        return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False,
+                                                seq_multiple=multiple))[1]
 
     def finish_gradients(self, max_norm: float) -> float:
         if self.ddp is not None:  # megatron's DDP: its finalize_model_grads does the sums below; clips in apply
