@@ -95,8 +95,8 @@ class MegatronTrainer:
         check_layout(world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
         hf_config = model_config(model_path)  # a whole Qwen-Omni checkpoint: its thinker's
         lm = omni.lm_config(hf_config) if omni.is_media_model(hf_config) else hf_config
-        self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel,
-                                                      moe=bool(convert.Dims.from_hf(lm).experts))  # fmt: skip
+        self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel, bool(convert.Dims.from_hf(lm).experts))
+        self.seq_multiple = tensor_parallel if self.sequence_parallel else 1  # the stages pad the sequence to it
         if dtype not in ("float32", "bfloat16"):  # bf16 on CPU runs here (the tests), the plugin refuses it
             raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 or bfloat16")
         self.device = rank_device(device, rank)
@@ -254,7 +254,7 @@ class MegatronTrainer:
 
                 records = run_schedule(self.model, micros, self._forward,
                                        lambda sub, logits: (torch.zeros(()), masked(sub, logits)), forward_only=True,
-                                       seq_multiple=self.tp if self.sequence_parallel else 1)  # fmt: skip
+                                       seq_multiple=self.seq_multiple)  # fmt: skip
         if self.pp == 1:
             return [torch.cat([r[i] for r in records]) for i in range(count)]
         shape = tuple(batch["responses"].shape)
@@ -317,9 +317,8 @@ class MegatronTrainer:
             return records
         from relax.megatron.pipeline import from_last_stage, run_schedule
 
-        multiple = self.tp if self.sequence_parallel else 1
         return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False,
-                                                seq_multiple=multiple))[1]
+                                                seq_multiple=self.seq_multiple))[1]
 
     def finish_gradients(self, max_norm: float) -> float:
         if self.ddp is not None:  # megatron's DDP: its finalize_model_grads does the sums below; clips in apply
