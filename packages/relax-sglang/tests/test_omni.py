@@ -222,16 +222,21 @@ def test_a_trained_thinker_is_served_exactly_through_each_transport(transport, o
     assert engine.health()["ok"] and engine.weight_version() == version + 1
 
 
-def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(ray_session, omni_engine, tmp_path):
+def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(ray_session, omni_engine, sync_batch,
+                                                                                 tmp_path):
     """``examples/quickstart_omni_audio.yaml`` (its tones and shapes) on the whole Qwen3-Omni checkpoint, as a user
     runs the released model: the megatron trainer loads its thinker, the module's SGLang server (attached by URL)
     rolls out audio and image prompts, and every step's weights reach the server through ``sglang_tensor`` (async,
-    staleness 1)."""
+    staleness 1). The run's final HF directory, and ``relax convert`` of its last checkpoint, are the whole
+    checkpoint again: the server loads the directory from disk and serves the HF engine's greedy tokens."""
     import json
     from pathlib import Path
 
     from relax.core.config import load_config
     from relax.core.controller.run import run
+    from relax.core.convert import convert
+    from relax.core.engines.hf import HFRolloutEngine
+    from relax.core.testing.models import load_hf_weights
     from relax.sglang.testing import load_weights
 
     engine, _ = omni_engine
@@ -244,15 +249,31 @@ def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(r
         "weight_sync.transport=sglang_tensor", "trainer.backend=megatron", "rollout.prompts_per_step=4",
         "rollout.n_samples_per_prompt=4", "trainer.micro_batch_size=16", "logging.progress=false",
         "logging.console=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0",
-        "checkpoint.save_hf_final=false",
     ])  # fmt: skip
+    final, converted = run_dir / "final_hf", tmp_path / "converted"
     try:
         run(cfg)
         served = int(engine.client.get("/model_info")["weight_version"])
+        convert(str(next((run_dir / "checkpoints").glob("step_*"))), str(converted))  # a megatron dist checkpoint
+        prompts, _, original = sync_batch
+        for i, hf_dir in enumerate((final, converted)):  # SGLang's own loader reads the directory ...
+            version = steps + 2 * i + 1
+            load_weights(engine, engine.model_path, version)  # ... over the original weights, which it serves
+            _assert_serves(engine, prompts, original)
+            engine.begin_weight_update(version + 1)
+            engine.update_weights_from_disk(str(hf_dir), version + 1)
+            engine.end_weight_update(version + 1)
+            want = _generate(HFRolloutEngine(str(hf_dir)), prompts)
+            assert _moved(want, original) > 1e-3  # the run's three steps changed what the prompts get
+            _assert_serves(engine, prompts, want, version + 1)
     finally:
-        load_weights(engine, engine.model_path, steps + 1)  # later tests see the original
+        load_weights(engine, engine.model_path, steps + 5)  # later tests see the original
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(0.0 <= r["reward/mean"] <= 1.0 and r["response/length_mean"] > 0 for r in rows), rows
     assert served == steps, f"the server serves weight version {served} after {steps} synced steps"
     assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in rows), [r["staleness/max"] for r in rows]
+    whole, trained, again = (load_hf_weights(d) for d in (engine.model_path, final, converted))
+    assert set(trained) == set(whole) == set(again), (set(trained) ^ set(whole), set(again) ^ set(whole))  # as released
+    assert all(torch.equal(trained[n], again[n]) for n in trained)
+    assert any(not torch.equal(trained[n], whole[n]) for n in whole)

@@ -76,6 +76,16 @@ def model_config(model_path: str) -> Any:
     return config if loaded is None else loaded(config)
 
 
+def restore_layout(directory: str, model_path: str) -> bool:
+    """After ``save_hf`` or ``relax convert`` wrote ``directory``: where the adapter of ``model_path``'s family
+    loaded only part of that checkpoint (a whole Qwen-Omni's thinker), it writes ``directory`` back into the
+    checkpoint's layout (``ModelAdapter.restore_layout``). True when it did."""
+    from transformers import AutoConfig
+
+    restore = getattr(adapter_for(AutoConfig.from_pretrained(model_path).model_type), "restore_layout", None)
+    return bool(restore is not None and restore(directory, model_path))
+
+
 def is_multimodal_model(model_path: str) -> bool:
     """True when the checkpoint's model type has a registered adapter (it takes media)."""
     from transformers import AutoConfig

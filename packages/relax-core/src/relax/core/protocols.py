@@ -345,6 +345,12 @@ class ModelAdapter(Protocol):
         whole Qwen-Omni checkpoint). Optional: core uses the checkpoint's config where an adapter has none."""
         ...
 
+    def restore_layout(self, directory: str, model_path: str) -> bool:
+        """Write ``directory`` (the loaded model, saved by ``save_hf`` or ``relax convert``) back into the layout of
+        the checkpoint at ``model_path`` where :meth:`load` took only part of it (a whole Qwen-Omni's thinker);
+        False when there is nothing to do. Optional."""
+        ...
+
     def media_token_ids(self, config: Any) -> list[int]:
         """Placeholder and start/end token ids of every media kind (a response never adds media)."""
         ...

@@ -4,6 +4,8 @@ checkpointing that changes memory, not results, and the typed ``trainer.backend_
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -203,3 +205,11 @@ def test_relax_convert_writes_an_fsdp_checkpoint_as_a_transformers_model(tmp_pat
         assert torch.equal(got[name], tensor), name
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "again")]) == 2  # an HF dir is no checkpoint
     assert "no registered checkpoint format recognises" in capsys.readouterr().out
+    # the model the run started from: the checkpoint records it (a whole Qwen-Omni comes back whole); gone, or
+    # a --model that is not there, is said, never silently ignored
+    (tmp_path / "step_1" / "controller.json").write_text(json.dumps({"step": 1, "model_path": str(tmp_path / "moved")}))
+    with pytest.warns(UserWarning, match="moved is gone: .* holds the trained model as loaded"):
+        assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf2")]) == 0
+    assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf3"), "--model", str(tmp_path / "nope")]) == 2
+    assert "--model" in capsys.readouterr().out and not (tmp_path / "hf3").exists()
+    assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf3"), "--model", model_dir]) == 0

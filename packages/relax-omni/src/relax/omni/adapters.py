@@ -78,6 +78,12 @@ class QwenMediaAdapter:
         """The config of the model :meth:`load` returns: a whole Omni checkpoint's thinker's."""
         return config.thinker_config if config.model_type in WHOLE_OMNI else config
 
+    def restore_layout(self, directory: str, model_path: str) -> bool:
+        """A thinker saved from a whole Omni checkpoint becomes that checkpoint again (``relax.omni.whole``)."""
+        from relax.omni.whole import rewrap_whole
+
+        return rewrap_whole(directory, model_path)
+
     def media_token_ids(self, config: Any) -> list[int]:
         return [i for i in (_token_id(config, k) for k in MEDIA_TOKEN_KINDS) if i is not None]
 

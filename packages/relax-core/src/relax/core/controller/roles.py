@@ -105,6 +105,7 @@ class TrainerRole:
     def __init__(self, cfg: RelaxConfig, ctx: PluginContext, num_threads: int | None = None):
         _limit_threads(num_threads)
         self.trainer = build_plugin(cfg, "trainer", ctx)
+        self.model_path = ctx.model_path
         self.peers = None  # WorkerGroup of ranks 1.. when this actor is rank 0 of a worker group
         self._fan_out = threading.Lock()  # one fan-out at a time: every rank sees the calls in one order
 
@@ -166,7 +167,13 @@ class TrainerRole:
         self._all("load", directory)
 
     def save_hf(self, directory: str) -> None:
+        """The trainer's HF directory, in the layout of the checkpoint the run started from (a whole
+        Qwen-Omni checkpoint comes back whole: ``multimodal_model.restore_layout``)."""
+        from relax.core.multimodal_model import restore_layout
+
         self._all("save_hf", directory)
+        if self.model_path is not None:
+            restore_layout(directory, self.model_path)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.trainer, method)(*args, **kwargs)

@@ -164,6 +164,7 @@ class RunState:
         state = {
             "step": self.step,
             "version": self.version,
+            "model_path": self.model_path,  # what relax convert writes the trainer's model back into
             "next_group_id": next_group_id,
             "dataset": dataset_state,
             "py_random": random.getstate(),
