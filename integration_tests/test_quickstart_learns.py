@@ -12,8 +12,9 @@ from relax.core.controller.hosting import in_driver
 from relax.core.controller.run import run
 
 pytestmark = pytest.mark.slow
-STEPS, TARGET, WINDOW = 70, 0.8, 5  # 36-38 steps in bench/vs_trl.py (2026-12-01); seed 1 took > 55 once in the
-# full suite (best 5-step mean 0.725: its trajectory differs there from a lone run, which reaches 0.8 by step 36)
+STEPS, TARGET, WINDOW = 100, 0.8, 5  # seeds 0-12 reach it in 36-58 steps here (2026-12-03); a run is deterministic
+# on one machine, but another CPU's kernels round differently and take it elsewhere: on CI's, seed 1 had a best
+# 5-step mean of 0.725 in 55 steps once, 0.781 in 70 another time (it reaches 0.8 by step 36 here)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -26,4 +27,6 @@ def test_the_quickstart_reaches_reward_0_8(tmp_path, seed):
     rewards = [json.loads(line)["reward/mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     means = [sum(rewards[i - WINDOW : i]) / WINDOW for i in range(WINDOW, len(rewards) + 1)]
     assert len(rewards) == STEPS and means[0] < 0.5, means[:3]  # it starts far from the target ...
-    assert max(means) >= TARGET, f"seed {seed}: best {WINDOW}-step mean {max(means):.3f} in {STEPS} steps"  # ... and gets there
+    assert max(means) >= TARGET, (  # ... and gets there
+        f"seed {seed}: best {WINDOW}-step mean {max(means):.3f} in {STEPS} steps; every 10th: {[round(m, 2) for m in means[::10]]}"
+    )
