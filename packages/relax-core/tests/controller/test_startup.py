@@ -46,6 +46,9 @@ def test_startup_line_names_each_phase_and_the_total():
     line = clock.summary()
     assert line.startswith("first step 1.") and "s after launch: python + imports 1.0 |" in line
     assert "model, tokenizer, data 0.2 (alongside) | roles 0.0" in line
+    called = StartupClock()  # run() from a longer-lived process: from the call, the process's earlier work apart
+    called.mark("roles")
+    assert called.summary().startswith("first step 0.0 s after run(): roles 0.0")
 
 
 def test_early_start_delivers_its_roles_error_once_and_keeps_the_ray_it_joined(ray_session, tmp_path):

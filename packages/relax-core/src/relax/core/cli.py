@@ -64,7 +64,7 @@ def _start_ray_early(argv: list[str]):
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from relax.core.controller.startup import EarlyStart
+    from relax.core.controller.startup import EarlyStart, process_start_time
 
     # main() already tried (ns.early, maybe None); a direct call starts Ray here
     early = ns.early if hasattr(ns, "early") else EarlyStart.before_config(*_config_args(ns))
@@ -92,7 +92,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         where = " (every role in this process: rollout.host=driver, no Ray)" if local else ""
         print(f"relax: running {cfg.name!r} in {cfg.mode} mode{where} for {cfg.total_steps} steps -> {cfg.run_dir}",
               flush=True)
-        summary = run(cfg, early=early)
+        summary = run(cfg, early=early, launched=process_start_time())
     except BaseException as exc:  # Ctrl-C too: one line and how to resume, the traceback to a file
         return _report_failure(exc, ns, cfg)
     last = summary.get("last_metrics", {})

@@ -245,7 +245,7 @@ def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(i) for i in x) if isinstance(x, list) else x
 
 
-def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None) -> dict[str, Any]:
+def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None, launched: float | None = None) -> dict[str, Any]:
     """Run training to ``cfg.total_steps``; returns a summary (run dir, final model dir, last metrics).
 
     Faults: SIGINT/SIGTERM interrupt the run (see ``controller.signals``); on any failure an
@@ -255,11 +255,13 @@ def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None) -> dict[str, 
     completely (``controller.teardown``) however the run ends.
 
     ``early``: Ray and the roles already starting in a thread (``relax run``, see
-    ``startup.EarlyStart``); the run takes them over."""
+    ``startup.EarlyStart``); the run takes them over. ``launched``: when the process started (``relax run``),
+    for the first step's start-up line; without it, the line counts from this call."""
     cfg = driver_paths(with_inputs(cfg))  # inputs.name: a plugin's model and data, built on first use; paths
     # absolute: the roles run elsewhere (other nodes, other current directories)
-    clock = startup.StartupClock()
-    clock.mark("python + imports")
+    clock = startup.StartupClock(launched)
+    if launched is not None:
+        clock.mark("python + imports")
     with signals.guarded():
         setup = startup.BackgroundSetup(cfg)  # no Ray needed: runs while Ray starts
         try:

@@ -36,11 +36,14 @@ def process_start_time() -> float | None:
 
 
 class StartupClock:
-    """Named phases since launch; ``overlapped`` phases ran alongside another and are shown apart."""
+    """Named phases since ``launched`` (the process's launch, ``relax run``) or else since the clock was made
+    (a ``run()`` call from a longer-lived process: its earlier work is not start-up); ``overlapped`` phases ran
+    alongside another and are shown apart."""
 
     def __init__(self, launched: float | None = None):
         now = time.time()
-        self.launched = launched or process_start_time() or now
+        self.since = "launch" if launched else "run()"
+        self.launched = launched or now
         self.last = self.launched
         self.phases: list[tuple[str, float, bool]] = []
         self.reported = False
@@ -56,7 +59,7 @@ class StartupClock:
 
     def summary(self) -> str:
         parts = [f"{name} {s:.1f}" + (" (alongside)" if side else "") for name, s, side in self.phases]
-        return f"first step {time.time() - self.launched:.1f} s after launch: " + " | ".join(parts)
+        return f"first step {time.time() - self.launched:.1f} s after {self.since}: " + " | ".join(parts)
 
     def report(self) -> None:
         self.reported = True
