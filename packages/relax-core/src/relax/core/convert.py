@@ -31,7 +31,7 @@ def _restore(hf_dir: str, source: str | None) -> None:
         restore_layout(hf_dir, source)
     elif source is not None:
         warnings.warn(f"relax convert: the run's model {source} is gone: {hf_dir} holds the trained model as loaded "
-                      "(of a whole Qwen-Omni checkpoint, its thinker alone); --model names where it is now",
+                      "(where its model adapter loaded part of a checkpoint, that part alone); --model names where it is now",
                       stacklevel=3)  # fmt: skip
 
 
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a trainer checkpoint (<run_dir>/checkpoints/step_N, or its trainer/ directory)")
     parser.add_argument("hf_dir", help="where to write the HF model directory")
     parser.add_argument("--model", default=None, help="the model the run started from, if moved since (default: the "
-                        "path the checkpoint records; a whole Qwen-Omni checkpoint is written back whole)")
+                        "path the checkpoint records; what was trained is written back into its layout)")
 
 
 def cmd_convert(ns: argparse.Namespace) -> int:
