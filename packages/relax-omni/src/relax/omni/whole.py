@@ -10,6 +10,7 @@ thinker's dtype as saved) and any source file the directory lacks (e.g. Qwen2.5-
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -82,14 +83,12 @@ def rewrap_whole(directory: str | Path, model_path: str | Path) -> bool:
     if missing := thinker_names - set(renamed.values()):  # checked before a file changes
         raise ValueError(f"{out} lacks {len(missing)} of the thinker's weights in {source} (e.g. {min(missing)!r})")
     weight_map: dict[str, str] = {}
-    for file in thinker_files:  # the thinker's shards, renamed in place
-        tensors = {renamed[name]: t for name, t in load_file(file).items()}
-        save_file(tensors, file, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, file.name))
-    for name, tensors in _rest(source):
+    total = 0  # tensor bytes, as the index counts them
+    shards = ((file.name, {renamed[n]: t for n, t in load_file(file).items()}) for file in thinker_files)
+    for name, tensors in itertools.chain(shards, _rest(source)):  # the thinker's renamed in place, then the rest
         save_file(tensors, out / name, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
-    total = sum((out / f).stat().st_size for f in set(weight_map.values()))
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
     (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     for key in ("dtype", "torch_dtype"):  # the thinker's weights are as trained; the rest keep the source's
         if key in saved:
