@@ -91,6 +91,9 @@ def path_errors(cfg: Any) -> list[str]:
     errors = []
     if cfg.data.path is not None:
         errors += data_path_errors("data.path", cfg.data.path)
+    for name, eval_set in cfg.eval.sets.items():  # held-out sets: readable like the training data
+        if eval_set.path is not None:
+            errors += data_path_errors(f"eval.sets.{name}.path", eval_set.path)
     if cfg.model.path is not None:
         errors += model_dir_errors("model.path", cfg.model.path, tokenizer=True)
     a = cfg.algorithm

@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert = sub.add_parser("convert", help="write a trainer checkpoint (fsdp, megatron, ...) as an HF model directory")
     add_arguments(convert)
     convert.set_defaults(fn=cmd_convert)
+    from relax.core.eval_command import add_arguments as add_eval_arguments
+    from relax.core.eval_command import cmd_eval
+
+    evaluate = sub.add_parser("eval", help="evaluate a model, run or checkpoint on the config's eval sets (no training)")
+    add_eval_arguments(evaluate)
+    evaluate.set_defaults(fn=cmd_eval)
     from relax.core.recipes.commands import add_recipe_commands
 
     add_recipe_commands(sub)  # relax data prepare, relax init

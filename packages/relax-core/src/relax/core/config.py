@@ -18,6 +18,7 @@ from relax.core.algorithms.validate import algorithm_config_errors
 from relax.core.config_build import build_dataclass, merge_trees, parse_overrides
 from relax.core.control.settings import AutoscalerConfig, ControlConfig, control_errors
 from relax.core.errors import ConfigError
+from relax.core.evaluation.settings import eval_errors, eval_plugin_errors
 
 __all__ = [
     "AlgorithmConfig",
@@ -26,6 +27,8 @@ __all__ = [
     "ConfigError",
     "ControlConfig",
     "DataConfig",
+    "EvalConfig",
+    "EvalSetConfig",
     "KLConfig",
     "LoggingConfig",
     "ModelConfig",
@@ -63,6 +66,7 @@ class DataConfig:
     # quick-start task (used only when path is None)
     task_size: int = 2000
     task_max_operand: int = 9
+    task_heldout: int = 0  # problems kept out of training, written as the held-out split (eval.sets.<name>.path: null)
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,32 @@ class LoggingConfig:
     progress: bool = True
     webhook_url: str | None = None  # JSON POST on completion/failure (kept; notify_urls covers more events)
     notify_urls: list[str] = field(default_factory=list)  # Apprise URLs: start, failure, recovery, scaling, completion
+    log_samples: int = 0  # K training samples per step to <run_dir>/samples.jsonl (+ a W&B table, TensorBoard text)
+
+
+@dataclass(frozen=True)
+class EvalSetConfig:
+    """One held-out set (``eval.sets.<name>``, docs/evaluation.md); null fields take the run's own."""
+
+    path: str | None = None  # .jsonl/.parquet like data.path; null = the quick-start task's held-out split
+    prompt_key: str | None = None  # null: data.prompt_key (and so on for the label)
+    label_key: str | None = None
+    source_key: str | None = "data_source"  # a row column naming its source: metrics per source too
+    reward: RewardConfig | None = None  # null: the run's reward section
+    environment: EnvironmentConfig | None = None  # null: the run's environment (agentic sets)
+    n_samples: int = 1  # responses per prompt (the k of pass@k, mean@k, maj@k)
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int | None = None  # null: rollout.max_new_tokens
+    max_prompts: int | None = None  # the first N usable rows only (a cheap subset)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    sets: dict[str, EvalSetConfig] = field(default_factory=dict)
+    every_n_steps: int = 0  # 0: only before_train / at_end
+    before_train: bool = True  # step 0: the starting model's score
+    at_end: bool = True  # after the last step (once, also when every_n_steps divides it)
 
 
 @dataclass(frozen=True)
@@ -242,6 +272,7 @@ class RelaxConfig:
     queue: QueueConfig = field(default_factory=QueueConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (relax.core.evaluation)
     ray: RayConfig = field(default_factory=RayConfig)
     control: ControlConfig = field(default_factory=ControlConfig)  # REST control plane (relax.core.control)
 
@@ -267,6 +298,9 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_pat
         errors.extend(_semantic_errors(cfg))
         if check_plugins:
             errors.extend(_plugin_errors(cfg))
+            from relax.core.plugins import get_plugin_manager
+
+            errors.extend(eval_plugin_errors(cfg, get_plugin_manager(), build_section))
             if not errors:
                 cfg = _typed_plugin_sections(cfg, errors)
                 cfg = _derived_reward_timeout(cfg, data)
@@ -382,6 +416,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         ("trainer.max_restarts", cfg.trainer.max_restarts, True),
         ("checkpoint.save_every", cfg.checkpoint.save_every, True),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last, False),
+        ("logging.log_samples", cfg.logging.log_samples, True),
         ("data.max_prompt_length", cfg.data.max_prompt_length, False),
         ("algorithm.kl.coef", cfg.algorithm.kl.coef, True),
         ("environment.max_turns", cfg.environment.max_turns, False),
@@ -407,6 +442,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     errors.extend(algorithm_config_errors(cfg))
     errors.extend(control_errors(cfg))
     errors.extend(_lora_errors(cfg))
+    errors.extend(eval_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
         errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")
     if cfg.mode == "colocate" and cfg.weight_sync.every_n_steps != 1:

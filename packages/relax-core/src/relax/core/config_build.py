@@ -51,6 +51,9 @@ def _convert(value: Any, tp: Any, path: str, errors: list[str]) -> Any:
         if not isinstance(value, dict):
             errors.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
             return None
+        item_tp = typing.get_args(tp)[1] if typing.get_args(tp) else Any
+        if dataclasses.is_dataclass(item_tp):  # named sections (eval.sets.<name>): each one typed
+            return {k: _convert(v, item_tp, f"{path}.{k}", errors) for k, v in value.items()}
         return dict(value)
     if tp is Any:
         return value

@@ -23,6 +23,11 @@ def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         if dataclasses.is_dataclass(tp):
             rows += _rows(tp, f"{prefix}{f.name}.")
             continue
+        item = typing.get_args(tp)[-1] if typing.get_origin(tp) is dict else None
+        if dataclasses.is_dataclass(item):  # named sections (eval.sets): the mapping, then one entry's fields
+            rows.append((f"{prefix}{f.name}", f"dict[str, {item.__name__}]", "{}"))
+            rows += _rows(item, f"{prefix}{f.name}.<name>.")
+            continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         rows.append((f"{prefix}{f.name}", _type(tp), repr(default)))
     return rows

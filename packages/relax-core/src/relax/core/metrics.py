@@ -78,6 +78,15 @@ class _Jsonl:
         self.file.close()
 
 
+def _markdown(rows: list[list[Any]], columns: list[str]) -> str:
+    """A Markdown table (TensorBoard's text plugin renders it); cells on one line, pipes escaped."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", "\u21b5")
+
+    return "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+                      *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)])
+
+
 class _TensorBoard:
     def __init__(self, log_dir: Path, resume_step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -92,6 +101,9 @@ class _TensorBoard:
 
         values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
         self.writer.file_writer.add_summary(Summary(value=values), step)
+
+    def log_table(self, step: int, name: str, rows: list[list[Any]], columns: list[str]) -> None:
+        self.writer.add_text(name, _markdown(rows, columns), step)
 
     def close(self) -> None:
         self.writer.close()
@@ -127,6 +139,11 @@ class _Wandb:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
+
+    def log_table(self, step: int, name: str, rows: list[list[Any]], columns: list[str]) -> None:
+        import wandb
+
+        self.run.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -208,6 +225,13 @@ class MetricsLogger:
                 raise TypeError(f"metric {k!r} at step {step} is not a number: {v!r}") from None
         for sink in self._sinks:
             sink.log(step, clean)
+
+    def log_table(self, step: int, name: str, rows: list[list[Any]], columns: list[str]) -> None:
+        """Rows of text and numbers (sampled completions) to the backends that show tables: a W&B table,
+        TensorBoard text; the others keep what the caller writes itself (``samples.jsonl``)."""
+        for sink in self._sinks:
+            if hasattr(sink, "log_table"):
+                sink.log_table(step, name, rows, columns)
 
     def close(self) -> None:
         sinks, self._sinks = self._sinks, []

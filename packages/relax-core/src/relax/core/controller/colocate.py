@@ -95,6 +95,8 @@ def _train(state: StepContext, step: int, train_samples: list[Sample], metrics: 
     old_lp, ref_lp = extra.pop("old_logprobs", None), extra.pop("ref_logprobs", None)
     batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra)
     metrics.update(adv_metrics)
+    if state.sample_log is not None:  # logging.log_samples: what the model wrote, with its reward and advantage
+        state.sample_log.record(step, train_samples, batch["advantages"], batch["response_mask"])
     with stages.timed(metrics, "train"):
         train_metrics = recovery.train(state, batch, step)
     for key in ("logprob_abs_diff", "k3_kl"):  # the trainer scored the old logprobs: its mismatch

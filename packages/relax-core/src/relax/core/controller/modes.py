@@ -82,6 +82,8 @@ def train(
         raw=raw, advantages=rows.column("advantages", width) if pipe.advantage_role else None,
     )
     metrics.update(adv_metrics)
+    if state.sample_log is not None:  # logging.log_samples
+        state.sample_log.record(step, samples, batch["advantages"], batch["response_mask"])
     with stages.timed(metrics, "train"):
         metrics.update({f"train/{k}": float(v) for k, v in recovery.train(state, batch, step).items()})
 

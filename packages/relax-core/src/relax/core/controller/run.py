@@ -64,6 +64,8 @@ class RunState:
     pipeline: Pipeline | None  # async/hybrid modes create it on their first step
     fused_old_logprobs: bool | None  # colocate asks the trainer once (controller.colocate)
     metrics: Any  # relax.core.metrics.MetricsLogger
+    evaluator: Any  # relax.core.controller.evaluator.Evaluator: the eval sets and their schedule
+    sample_log: Any  # relax.core.evaluation.sample_log.SampleLog (logging.log_samples), or None
 
     def __init__(
         self,
@@ -133,8 +135,15 @@ class RunState:
                 project=lc.wandb_project,
                 run_name=cfg.name,
                 config=cfg.to_dict(),
-                resume_step=self.step,
+                resume_step=self.step if resume_from is not None else -1,  # fresh: no row kept, step 0's eval neither
             )
+            from relax.core.controller.evaluator import Evaluator
+            from relax.core.evaluation.sample_log import SampleLog
+
+            resumed = self.step if resume_from is not None else None
+            self.evaluator = Evaluator(cfg, self.tokenizer, self.stop_token_ids, self.model_path, self.roles.reward,
+                                       self.turns, self.roles.engines, resume_step=resumed)
+            self.sample_log = SampleLog(self.run_dir, lc.log_samples, self.metrics, resumed) if lc.log_samples else None
         except BaseException:  # e.g. a resume that fails: nothing started may outlive the attempt
             self._release_roles()
             raise
@@ -185,7 +194,16 @@ class RunState:
         """Stop and kill rollout engine ``index``; its in-flight requests go to the other engines."""
         self.fleet.remove_engine(index)
 
+    def evaluate_before_train(self) -> None:
+        """``eval.before_train``: the starting model's scores, logged as step 0 (a resumed run has them)."""
+        if self.step == 0 and self.evaluator.due(0):
+            metrics = {"step": 0.0, "policy_version": float(self.version), **self.evaluator.evaluate(self.fleet.router, 0, self.version)}
+            self.metrics.log(0, metrics)
+            self.last_metrics = dict(metrics)
+
     def end_step(self, metrics: dict[str, float]) -> None:
+        if self.evaluator.due(self.step):  # after the step's weight sync: the engines hold the new weights
+            metrics.update(self.evaluator.evaluate(self.fleet.router, self.step, self.version))
         metrics["step"] = float(self.step)
         metrics["policy_version"] = float(self.version)
         metrics.update(self.first_metrics)
@@ -193,7 +211,7 @@ class RunState:
         from relax.core.data_multimodal import draw_counts
 
         metrics.update(draw_counts(self.dataset))  # media prompts are skipped / filtered as they are drawn
-        self.last_metrics = dict(metrics)
+        self.last_metrics = {**self.evaluator.latest, **metrics}  # the REST status shows the latest eval between evals
         self.metrics.log(self.step, metrics)
         get_plugin_manager().hook.relax_on_step_end(step=self.step, metrics=dict(metrics))
         every = self.cfg.checkpoint.save_every
@@ -214,7 +232,8 @@ class RunState:
             from relax.core.metrics_plot import plot_curves
 
             agentic = ("episode/tool_calls_mean",) if self.cfg.environment.name else ()  # multi-turn: tool use too
-            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS + agentic)
+            evals = tuple(f"eval/{name}/accuracy" for name in self.cfg.eval.sets)  # held-out scores beside the reward
+            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS + evals + agentic)
         return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step}
 
     def shutdown(self) -> None:
@@ -225,6 +244,7 @@ class RunState:
             ("the engine fleet", self.fleet.close),  # no more replacements; streams waiting for an engine stop
             ("the async pipeline", self.pipeline.close if self.pipeline is not None else None),
             ("the environment", self.turns.close if self.turns is not None else None),
+            ("the eval sets", self.evaluator.close if hasattr(self, "evaluator") else None),
         ])
         self._release_roles()
         if self.started_ray:
@@ -310,6 +330,7 @@ def _run_attempt(
         last: dict[str, float] = {}
         bar = tqdm(total=cfg.total_steps, initial=state.step, desc="train steps", disable=not cfg.logging.progress, unit="step")
         started = time.perf_counter()
+        state.evaluate_before_train()
         while state.step < cfg.total_steps:
             handle.control.apply(state)  # plugins' pause / checkpoint / engine requests, between steps
             last = step_fns[cfg.mode](state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -61,20 +62,37 @@ def resolve_model_path(cfg: RelaxConfig) -> str:
 
 
 def resolve_data_path(cfg: RelaxConfig, run_dir: Path) -> str:
+    """``data.path``, or the quick-start task written into ``<run_dir>/data`` (without its ``data.task_heldout``
+    held-out problems, written beside it: :func:`heldout_data_path`)."""
     if cfg.data.path:
         return cfg.data.path
-    from relax.core.tasks.arithmetic import write_arithmetic_jsonl
+    from relax.core.tasks.arithmetic import heldout_rows, write_arithmetic_jsonl
 
-    path = run_dir / "data" / "arithmetic.jsonl"
-    if not path.exists():  # written aside and renamed: a concurrent reader never sees a partial file
-        import os
-        import threading
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.part")
-        write_arithmetic_jsonl(part, n=cfg.data.task_size, seed=cfg.seed, max_operand=cfg.data.task_max_operand)
-        os.replace(part, path)
+    d, held = cfg.data, cfg.data.task_heldout
+    path = run_dir / "data" / (f"arithmetic_train_h{held}.jsonl" if held else "arithmetic.jsonl")
+    _write_once(path, lambda part: write_arithmetic_jsonl(part, n=d.task_size, seed=cfg.seed, max_operand=d.task_max_operand,
+                                                          heldout=held))
+    if held:
+        rows = heldout_rows(held, cfg.seed, d.task_max_operand)
+        _write_once(heldout_data_path(cfg, run_dir), lambda part: part.write_text("".join(json.dumps(r) + "\n" for r in rows)))
     return str(path)
+
+
+def heldout_data_path(cfg: RelaxConfig, run_dir: Path | None = None) -> Path:
+    """The quick-start task's held-out split (``eval.sets.<name>.path: null``)."""
+    return Path(run_dir or cfg.run_dir) / "data" / f"arithmetic_heldout_h{cfg.data.task_heldout}.jsonl"
+
+
+def _write_once(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(part)`` then rename to ``path``, unless it exists: a concurrent reader never sees a partial file."""
+    if path.exists():
+        return
+    import threading
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+    write(part)
+    os.replace(part, path)
 
 
 def build_dataset(cfg: RelaxConfig, tokenizer: Any, data_path: str, model_path: str):
