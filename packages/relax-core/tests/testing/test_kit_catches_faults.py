@@ -206,10 +206,10 @@ class FaultyTrainer(TorchTrainer):
         super().__init__(model_dir, objective=objective, lr=1e-2, micro_batch_size=4, **kw)
         self.fault = fault
 
-    def _response_logits(self, batch):
+    def _stats(self, batch, **kw):
         if self.fault == "attends_to_padding":
             batch = {**batch, "attention_mask": torch.ones_like(batch["attention_mask"])}
-        return super()._response_logits(batch)
+        return super()._stats(batch, **kw)
 
     def forward_logprobs(self, batch):
         if self.fault == "unmasked":

@@ -6,6 +6,7 @@ import torch
 
 from relax.core.data import Sample, collate
 from relax.core.quickstart_model import build_tiny_model
+from relax.core.testing.trainer import learning_metrics
 from relax.core.trainers.shared_prefix import distinct_prompts, shared_prefix_logits
 from relax.core.trainers.torch_trainer import TorchTrainer
 
@@ -97,7 +98,7 @@ def test_train_steps_match_the_plain_forward(model_dir):
     for share in (False, True):
         trainer = TorchTrainer(model_dir, objective=ppo_objective, lr=1e-3, micro_batch_size=8, num_minibatches=2,
                                share_prompts=share)  # fmt: skip
-        results.append((trainer.train_step(dict(batch)), params(trainer)))
+        results.append((learning_metrics(trainer.train_step(dict(batch))), params(trainer)))
     (plain_metrics, plain_params), (shared_metrics, shared_params) = results
     assert plain_metrics.keys() == shared_metrics.keys()
     for key in plain_metrics:

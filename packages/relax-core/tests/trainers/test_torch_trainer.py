@@ -64,7 +64,8 @@ def test_positive_advantage_raises_logprob_and_metrics_are_real(model_dir, batch
     assert after[~pos & (mask > 0)].mean() < before[~pos & (mask > 0)].mean()
     first = metrics[0]
     assert set(first) == {"loss", "grad_norm", "lr", "entropy", "ratio_mean", "skipped_nonfinite",
-                          "rollout_logprob_abs_diff", "rollout_k3_kl"}  # old logprobs computed here
+                          "rollout_logprob_abs_diff", "rollout_k3_kl",  # old logprobs computed here
+                          "perf/micro_batches", "perf/padding_frac", "perf/peak_rss_gb"}
     assert first["entropy"] == pytest.approx(expected_entropy, abs=1e-5)
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # first step is on-policy
     assert first["lr"] == 1e-2 and first["grad_norm"] > 0 and first["skipped_nonfinite"] == 0.0

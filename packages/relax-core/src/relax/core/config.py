@@ -16,6 +16,7 @@ import yaml
 from relax.core.algorithms.config import AlgorithmConfig, KLConfig
 from relax.core.algorithms.validate import algorithm_config_errors
 from relax.core.config_build import build_dataclass, merge_trees, parse_overrides
+from relax.core.config_lengths import length_errors
 from relax.core.control.settings import AutoscalerConfig, ControlConfig, control_errors
 from relax.core.errors import ConfigError
 from relax.core.evaluation.settings import eval_errors, eval_plugin_errors
@@ -156,6 +157,11 @@ class TrainerConfig:
     min_lr_ratio: float = 0.0
     micro_batch_size: int = 16
     num_minibatches: int = 1
+    # real lengths (docs/long-sequences.md); 0: micro_batch_size rows, N: at most N tokens (every pass)
+    max_tokens_per_micro_batch: int = 0
+    pack_sequences: bool = False  # a micro-batch's rows as one sequence, no padding (attention stays per row)
+    logits_chunk_tokens: int = 1024  # logprobs/entropy over this many tokens at a time (0: all at once)
+    recompute: Literal["off", "full", "selective"] = "off"  # activation recompute (selective: megatron only)
     # False: use the engine's rollout logprobs as the PPO "old" policy (skips one forward pass)
     recompute_old_logprobs: bool = True
     # a non-finite loss or gradient stops the run naming the step; true: skip that update instead
@@ -402,6 +408,8 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         ("trainer.lr", cfg.trainer.lr, False),
         ("trainer.micro_batch_size", cfg.trainer.micro_batch_size, False),
         ("trainer.num_minibatches", cfg.trainer.num_minibatches, False),
+        ("trainer.max_tokens_per_micro_batch", cfg.trainer.max_tokens_per_micro_batch, True),
+        ("trainer.logits_chunk_tokens", cfg.trainer.logits_chunk_tokens, True),
         ("trainer.warmup_steps", cfg.trainer.warmup_steps, True),
         ("trainer.grad_clip", cfg.trainer.grad_clip, True),
         ("reward.timeout_s", cfg.reward.timeout_s, False),
@@ -442,6 +450,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     errors.extend(algorithm_config_errors(cfg))
     errors.extend(control_errors(cfg))
     errors.extend(_lora_errors(cfg))
+    errors.extend(length_errors(cfg))
     errors.extend(eval_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
         errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")

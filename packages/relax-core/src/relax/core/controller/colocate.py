@@ -102,7 +102,7 @@ def _train(state: StepContext, step: int, train_samples: list[Sample], metrics: 
     for key in ("logprob_abs_diff", "k3_kl"):  # the trainer scored the old logprobs: its mismatch
         if f"rollout_{key}" in train_metrics:
             metrics[f"rollout/train_{key}"] = float(train_metrics.pop(f"rollout_{key}"))
-    metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
+    metrics.update(stages.train_metrics(train_metrics))
 
 
 def colocate_step(state: StepContext) -> dict[str, float]:

@@ -85,7 +85,7 @@ def train(
     if state.sample_log is not None:  # logging.log_samples
         state.sample_log.record(step, samples, batch["advantages"], batch["response_mask"])
     with stages.timed(metrics, "train"):
-        metrics.update({f"train/{k}": float(v) for k, v in recovery.train(state, batch, step).items()})
+        metrics.update(stages.train_metrics(recovery.train(state, batch, step)))
 
 
 def collate_rows(pad_id: int) -> Callable[[StepRows], dict | None]:

@@ -40,6 +40,12 @@ def timed(metrics: dict[str, float], name: str):
     metrics[f"time/{name}_s"] = metrics.get(f"time/{name}_s", 0.0) + time.perf_counter() - start
 
 
+def train_metrics(values: dict[str, Any]) -> dict[str, float]:
+    """A train step's metrics under ``train/``; the trainer's own ``perf/*`` (memory, micro-batches,
+    padding) keep their names, beside the run's other ``perf/*``."""
+    return {k if k.startswith("perf/") else f"train/{k}": float(v) for k, v in values.items()}
+
+
 @contextmanager
 def engine_memory_released(fleet: Any, cfg: RelaxConfig, metrics: dict[str, float]):
     """``rollout.release_memory`` (colocate): every serving engine frees its accelerator memory for the

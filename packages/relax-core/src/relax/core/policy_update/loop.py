@@ -17,12 +17,23 @@ import torch
 from relax.core.algorithms import PolicyLossInputs, mismatch_metrics
 from relax.core.policy_update.backend import Batch, ModelStep
 from relax.core.policy_update.batching import split_rows, take_rows
+from relax.core.policy_update.memory import peak_metrics, reset_peaks
 from relax.core.policy_update.schedule import lr_factor
 from relax.core.policy_update.settings import UpdateSettings
+from relax.core.policy_update.token_budget import (
+    ROWS,
+    balanced_order,
+    masked_micro_batch,
+    row_tokens,
+    scatter_rows,
+    select_rows,
+    token_micro_batches,
+)
 
 Objective = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, Any]]]
 OPTIONAL_COLUMNS = ("rollout_logprobs", "ref_logprobs", "teacher_logprobs")
 _LOSS, _ENTROPY = "\0loss", "\0entropy"  # the loop's own sums in a micro-batch record
+_POSITIONS, _REAL, _MICROS = "\0positions", "\0real", "\0micros"  # and of the micro-batches' shapes
 
 
 class NonFiniteError(FloatingPointError):
@@ -64,6 +75,7 @@ class PolicyUpdate:
         """
         if self.objective is None:
             raise RuntimeError("train_step needs a trainable trainer with an objective")
+        reset_peaks()
         computed = "old_logprobs" not in batch  # scored here: report how far the rollout's were
         minis, scored = self._minibatches(batch)
         lr = self.current_lr()
@@ -81,7 +93,7 @@ class PolicyUpdate:
             metrics.update(self._rollout_mismatch(minis[:scored]))
         if self.critic is not None:
             metrics["actor_updated"] = float(train_actor)
-        return {**metrics, "lr": lr}
+        return {**metrics, "lr": lr, **peak_metrics()}
 
     # ------------------------------------------------------------ old logprobs
     def _score(self, rows: Batch) -> torch.Tensor:
@@ -93,7 +105,7 @@ class PolicyUpdate:
         rows = batch["responses"].shape[0]
         size = math.ceil(rows / self.settings.num_minibatches)
         if self.backend.dp_size > 1:  # each replica scores its own rows of every mini-batch, before any update
-            minis = [self.backend.local_rows(mini) for mini in split_rows(batch, size)]
+            minis = [self.backend.local_rows(self._balanced(mini)) for mini in split_rows(batch, size)]
             for mini in minis:
                 if "old_logprobs" not in mini:
                     mini["old_logprobs"] = self._score(mini)
@@ -111,6 +123,28 @@ class PolicyUpdate:
             for i, mini in enumerate(minis[first:]):
                 mini["old_logprobs"] = rest[i * size : (i + 1) * size]
         return minis, len(minis)
+
+    def _balanced(self, mini: Batch) -> Batch:
+        """With a token budget, ``mini``'s rows reordered so every replica's share holds similar tokens."""
+        if not self.settings.max_tokens_per_micro_batch:
+            return mini
+        order = balanced_order([int(n) for n in row_tokens(mini).tolist()], self.backend.dp_size)
+        return select_rows(mini, torch.tensor(order, dtype=torch.long))
+
+    def _micro_batches(self, mini: Batch) -> list[Batch]:
+        """``micro_batch_size`` rows at a time, or with ``max_tokens_per_micro_batch`` token-budget
+        micro-batches, as many on every replica (a replica short of its peers' count runs fully masked
+        ones: under FSDP each forward is a collective)."""
+        budget = self.settings.max_tokens_per_micro_batch
+        if not budget:
+            return list(split_rows(mini, self.settings.micro_batch_size))
+        micros = token_micro_batches(mini, budget)
+        if self.backend.dp_size > 1:
+            counts = [0.0] * self.backend.dp_size
+            counts[self.backend.dp_rank] = float(len(micros))
+            most = int(max(self.backend.all_reduce_sum(counts)))
+            micros += [masked_micro_batch(mini) for _ in range(most - len(micros))]
+        return micros
 
     def _rollout_mismatch(self, minis: list[Batch]) -> dict[str, float]:
         """Rollout vs trainer old logprobs over the whole batch (token means; summed over replicas)."""
@@ -130,12 +164,12 @@ class PolicyUpdate:
         mask = mini["response_mask"]  # this replica's rows; the counts cover every replica's
         tokens, seqs = backend.all_reduce_sum([float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())])
         backend.zero_grad()
-        fused: list[torch.Tensor] = []  # old logprobs taken from this forward (see train_step)
+        fused: list[tuple[Batch, torch.Tensor]] = []  # old logprobs taken from this forward (see train_step)
 
         def loss_fn(micro: Batch, logprobs: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             if "old_logprobs" not in micro:  # exactly what score returns for these rows
                 micro["old_logprobs"] = torch.where(micro["response_mask"] > 0, logprobs.detach(), 0.0)
-                fused.append(micro["old_logprobs"])
+                fused.append((micro, micro["old_logprobs"]))
             inputs = PolicyLossInputs(
                 logprobs=logprobs, old_logprobs=micro["old_logprobs"], advantages=micro["advantages"],
                 response_mask=micro["response_mask"], entropy=entropy, loss_agg_mode=s.loss_agg_mode,
@@ -148,10 +182,13 @@ class PolicyUpdate:
             record[_ENTROPY] = float((entropy.detach() * micro["response_mask"]).sum())
             return loss, record
 
-        records = backend.forward_backward(list(split_rows(mini, s.micro_batch_size)), loss_fn)
+        micros = self._micro_batches(mini)
+        records = backend.forward_backward(micros, loss_fn)
+        records.append(_shape_record(micros, packed=getattr(backend, "packs_sequences", False)))
         keys = sorted({k for r in records for k in r})
         sums = dict(zip(keys, backend.all_reduce_sum([sum(r.get(k, 0.0) for r in records) for k in keys]), strict=True))
         loss_sum, entropy_sum = sums.pop(_LOSS), sums.pop(_ENTROPY)
+        positions, real, count = sums.pop(_POSITIONS), sums.pop(_REAL), sums.pop(_MICROS)
         grad_norm = backend.finish_gradients(s.grad_clip if s.grad_clip and s.grad_clip > 0 else float("inf"))
         skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
         if skipped:  # a NaN/inf update would destroy the weights: dropped, or the run stops
@@ -161,9 +198,11 @@ class PolicyUpdate:
         elif problem := backend.apply_gradients(lr):
             self._nonfinite(problem, skippable=False)  # weights already non-finite: skipping cannot help
         if fused:
-            mini["old_logprobs"] = torch.cat(fused)
+            mini["old_logprobs"] = self._reassembled(mini, fused)
         denom = max(tokens, 1.0)
         return {
+            "perf/micro_batches": count / backend.dp_size,  # per replica
+            "perf/padding_frac": 1.0 - real / positions if positions else 0.0,
             **{k: v if k.endswith("loss") else v / denom for k, v in sums.items()},
             "loss": loss_sum,
             "grad_norm": grad_norm,
@@ -171,10 +210,24 @@ class PolicyUpdate:
             "skipped_nonfinite": float(skipped),
         }
 
+    @staticmethod
+    def _reassembled(mini: Batch, fused: list[tuple[Batch, torch.Tensor]]) -> torch.Tensor:
+        """The fused old logprobs of ``mini``'s micro-batches in ``mini``'s row order and width."""
+        if ROWS not in fused[0][0]:
+            return torch.cat([value for _, value in fused])
+        return scatter_rows(fused, *mini["responses"].shape)
+
     def _nonfinite(self, what: str, skippable: bool) -> None:
         if not (self.settings.skip_nonfinite and skippable):
             hint = "; trainer.skip_nonfinite=true skips such updates instead of stopping" if skippable else ""
             raise NonFiniteError(f"train step {self.step + 1}: {what}. Lower trainer.lr or check rewards and advantages{hint}")
+
+
+def _shape_record(micros: list[Batch], packed: bool) -> dict[str, float]:
+    """Positions the model runs (packed: the real tokens only), real tokens and micro-batches, to sum."""
+    real = sum(float(m["attention_mask"].sum()) for m in micros)
+    positions = real if packed else float(sum(m["attention_mask"].numel() for m in micros))
+    return {_POSITIONS: positions, _REAL: real, _MICROS: float(len(micros))}
 
 
 def _weighted(obj_metrics: dict[str, Any], tokens: float) -> dict[str, float]:

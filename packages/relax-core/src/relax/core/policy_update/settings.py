@@ -39,6 +39,12 @@ class UpdateSettings:
     skip_nonfinite: bool = False
     critic_warmup_steps: int = 0
     routing_replay: bool = False  # forwards use the rollout's MoE routing (relax.core.routing_replay)
+    # real lengths (docs/long-sequences.md): micro-batches of at most this many tokens (0: micro_batch_size
+    # rows); rows packed into one sequence without padding; logits of this many tokens at a time (0: all)
+    max_tokens_per_micro_batch: int = 0
+    pack_sequences: bool = False
+    logits_chunk_tokens: int = 1024
+    recompute: str = "off"  # activation recompute: off | full | selective (a backend names what it offers)
 
     def __post_init__(self) -> None:
         check_schedule(self.lr_schedule)
@@ -56,6 +62,8 @@ class UpdateSettings:
             skip_nonfinite=t.skip_nonfinite, critic_warmup_steps=spec.algorithm.critic.warmup_steps,
             # the rollout's routing is the policy's: a distillation teacher (another model) never replays it
             routing_replay=ctx.role != "teacher" and replays(getattr(spec.algorithm, "routing_replay", "off"), spec.trainable),
+            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch, pack_sequences=t.pack_sequences,
+            logits_chunk_tokens=t.logits_chunk_tokens, recompute=t.recompute,
         )  # fmt: skip
 
     def with_overrides(self, **overrides: Any) -> UpdateSettings:

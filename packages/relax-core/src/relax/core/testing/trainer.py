@@ -35,6 +35,12 @@ def exported(trainer: Any, bucket_bytes: int = 1 << 40) -> dict[str, torch.Tenso
     return out
 
 
+def learning_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A train step's metrics without the ``perf/*`` ones (memory peaks, micro-batch shapes): what two
+    layouts of the same update (world sizes, a resume, prompt sharing) must agree on."""
+    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+
+
 def make_samples(tokenizer: Any, rows: int = 8, seed: int = 0) -> list[Sample]:
     """Samples of random ordinary tokens: prompts 3-6 and responses 2-6 tokens long."""
     gen = torch.Generator().manual_seed(seed)

@@ -1,14 +1,19 @@
-"""The model step every HF-model backend shares: logits of a batch's response tokens, masked
-logprobs without grad, and forward + backward over micro-batches.
+"""The model step every HF-model backend shares: per-token stats of a batch's response tokens,
+masked logprobs without grad, and forward + backward over micro-batches.
 
 Backends differ in where the weights live (one device, FSDP shards) and how gradients are reduced,
 not in how an HF causal / VL / Omni model scores a response, so the torch and FSDP trainers both
-compose these pieces (a ``logits_fn`` is a backend's ``batch -> (B, R, V)`` logits, overridable).
+compose these pieces (a ``stats_fn`` is a backend's ``batch -> (k, B, R)`` stats, overridable).
+
+Real lengths (docs/long-sequences.md): the stats come from the head's input hidden states a chunk of
+tokens at a time (``token_stats``: no ``(tokens x V)`` fp32 tensor beyond one chunk), text rows can run
+packed without padding (``packing``), and micro-batches can be sized in tokens (``token_budget``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -18,52 +23,109 @@ from relax.core.data_multimodal import has_media, unpack_media
 from relax.core.multimodal_model import media_forward_kwargs
 from relax.core.policy_update import LossFn
 from relax.core.policy_update.batching import split_rows
+from relax.core.policy_update.token_budget import masked_micro_batch, scatter_rows, token_micro_batches
 from relax.core.routing_replay import RoutingReplay
+from relax.core.trainers.packing import enable_packing, pack_rows, packed_forward
 from relax.core.trainers.shared_prefix import shared_prefix_logits
+from relax.core.trainers.token_stats import HeadPassthrough, chunked_token_stats, head_is_plain
 
 Batch = dict[str, Any]
-LogitsFn = Callable[[Batch], torch.Tensor]
+#: ``stats_fn(batch, entropy=..., sum_pi_squared=...) -> (k, B, R)``: logprobs, then the stats asked for
+StatsFn = Callable[..., torch.Tensor]
 
 
 class ResponseLogits:
-    """``batch -> (B, R, V)`` logits predicting each response token (positions P-1 .. P+R-2), divided
-    by ``temperature`` (so logprobs match a sampler at that temperature, as verl does).
+    """A batch's response tokens under the model: ``__call__`` gives the (B, R, V) logits predicting each
+    response token (positions P-1 .. P+R-2), :meth:`stats` their per-token logprobs / entropy without
+    them; both at ``temperature`` (logits divided by it, so logprobs match a sampler at that
+    temperature, as verl does).
 
     ``share_prompts``: rows with the same prompt (a GRPO group) run it once per micro-batch
     (``relax.core.trainers.shared_prefix``); switched off for good the first time the model's cache
-    cannot repeat rows (sliding window, ...). Media rows always take the plain forward, with the
-    model's own media kwargs and 3-D rope positions.
+    cannot repeat rows (sliding window, ...). ``pack``: text rows run packed, no padding
+    (``relax.core.trainers.packing``; replaces prompt sharing). ``chunk_tokens``: the head runs on this
+    many tokens at a time in :meth:`stats` (0: all). Media rows always take the plain padded forward,
+    with the model's own media kwargs and 3-D rope positions; so do rows replaying MoE routing.
     """
 
-    def __init__(self, model: torch.nn.Module, temperature: float = 1.0, share_prompts: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        temperature: float = 1.0,
+        share_prompts: bool = True,
+        *,
+        chunk_tokens: int = 1024,
+        pack: bool = False,
+    ) -> None:
         self.model, self.temperature, self.share_prompts = model, temperature, share_prompts
+        self.chunk_tokens = chunk_tokens
         # MoE routing replay: a batch's ``routed_experts`` replayed (or measured) here; None: a dense model
         self.routing: RoutingReplay | None = None
+        self.heads = HeadPassthrough(model) if head_is_plain(model) else None  # None: stats from full logits
+        self.pack = pack
+        if pack:
+            enable_packing(model)
 
     def __call__(self, batch: Batch, replay: bool | None = None) -> torch.Tensor:
         """``replay``: override the routing-replay setting for this forward (a batch with ``routed_experts``)."""
-        routed = batch.get("routed_experts")
-        if routed is not None and self.routing is not None:  # whole rows: the routing is per (row, position)
-            with self.routing.applied(routed, replay):
-                return self._logits(batch, shared=False)
-        return self._logits(batch, shared=True)
+        with self._routing(batch, replay):
+            return self._scaled(self._outputs(batch))
 
-    def _logits(self, batch: Batch, shared: bool) -> torch.Tensor:
+    def stats(
+        self, batch: Batch, *, entropy: bool = True, sum_pi_squared: bool = False, replay: bool | None = None
+    ) -> torch.Tensor:
+        """(k, B, R) fp32: the response tokens' logprobs, then (as asked) their entropy and ``sum_v pi(v)^2``."""
+        tokens = batch["responses"]
+        with self._routing(batch, replay):
+            if self.heads is None:  # logits transformed after the head: from the full logits
+                return _full_stats(self(batch, replay), tokens, entropy, sum_pi_squared)
+            kw = dict(temperature=self.temperature, chunk_tokens=self.chunk_tokens, entropy=entropy, sum_pi_squared=sum_pi_squared)
+            if self.pack and not has_media(batch) and not self._replays(batch):
+                return self._packed_stats(batch, kw)
+            with self.heads.hidden_out():
+                hidden = self._outputs(batch)
+            flat = chunked_token_stats(self.heads.head, hidden.flatten(0, 1), tokens.flatten(), **kw)
+            return flat.view(-1, *tokens.shape)
+
+    def _packed_stats(self, batch: Batch, kw: dict[str, Any]) -> torch.Tensor:
+        packed = pack_rows(batch)
+        with self.heads.hidden_out():
+            hidden = packed_forward(self.model, packed).logits[0]
+        valid = packed.targets >= 0
+        stats = chunked_token_stats(self.heads.head, hidden[packed.targets[valid]], batch["responses"][valid], **kw)
+        out = stats.new_zeros((stats.shape[0], *packed.targets.shape))
+        out[:, valid] = stats
+        return out
+
+    def _replays(self, batch: Batch) -> bool:
+        return batch.get("routed_experts") is not None and self.routing is not None
+
+    def _routing(self, batch: Batch, replay: bool | None) -> Any:
+        if self._replays(batch):  # whole padded rows: the routing is per (row, position)
+            return self.routing.applied(batch["routed_experts"], replay)
+        return nullcontext()
+
+    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
+    def _outputs(self, batch: Batch) -> torch.Tensor:
+        """The model's ``logits`` at the positions predicting the response tokens: (B, R, V), or (B, R, H)
+        hidden states inside ``heads.hidden_out()``."""
         resp_len = batch["responses"].shape[1]
         media = has_media(batch)
-        logits = None if media or not shared else self._shared_prompt_logits(batch, resp_len)
-        if logits is None:
+        out = None if media or self._replays(batch) else self._shared_prompt_outputs(batch, resp_len)
+        if out is None:
             kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
             if media:
                 ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
                 kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width,
                                               observed=batch.get("observation_mask"))
-            out = self.model(use_cache=False, logits_to_keep=resp_len + 1, **kwargs)
-            logits = out.logits[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
-        return logits if self.temperature == 1.0 else logits / self.temperature
+            out = self.model(use_cache=False, logits_to_keep=resp_len + 1, **kwargs).logits
+            out = out[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
+        return out
 
-    def _shared_prompt_logits(self, batch: Batch, resp_len: int) -> torch.Tensor | None:
-        if not self.share_prompts:
+    def _shared_prompt_outputs(self, batch: Batch, resp_len: int) -> torch.Tensor | None:
+        if not self.share_prompts or self.pack:  # packing replaces prompt sharing
             return None
         try:
             return shared_prefix_logits(self.model, batch, resp_len)
@@ -72,31 +134,58 @@ class ResponseLogits:
             return None
 
 
-def score_rows(logits_fn: LogitsFn, batch: Batch, micro_batch_size: int, sum_pi_squared: bool = False) -> torch.Tensor:
+def _full_stats(logits: torch.Tensor, tokens: torch.Tensor, entropy: bool, sum_pi_squared: bool) -> torch.Tensor:
+    if sum_pi_squared:
+        logprobs, sum_sq = logprobs_and_sum_pi_squared(logits, tokens)
+    else:
+        logprobs, sum_sq = logprobs_from_logits(logits, tokens), None
+    out = [logprobs] + ([entropy_from_logits(logits.float())] if entropy else [])
+    return torch.stack(out + ([sum_sq] if sum_sq is not None else []))
+
+
+def scoring_micro_batches(
+    batch: Batch, rows: int, max_tokens: int = 0, equalize: Callable[[int], int] | None = None
+) -> list[Batch]:
+    """``rows`` rows at a time, or with ``max_tokens`` token-budget micro-batches (``token_budget``);
+    ``equalize(count) -> count``: the most any replica runs (fully masked ones make up the difference)."""
+    if not max_tokens:
+        return list(split_rows(batch, rows))
+    micros = token_micro_batches(batch, max_tokens)
+    most = equalize(len(micros)) if equalize is not None else len(micros)
+    return micros + [masked_micro_batch(batch) for _ in range(most - len(micros))]
+
+
+def score_rows(
+    stats_fn: StatsFn,
+    batch: Batch,
+    micro_batch_size: int,
+    sum_pi_squared: bool = False,
+    *,
+    max_tokens: int = 0,
+    equalize: Callable[[int], int] | None = None,
+) -> torch.Tensor:
     """(B, R) fp32 logprobs of the responses, or with ``sum_pi_squared`` (B, 2, R) logprobs and
-    ``sum_v pi(v)^2``; 0 where ``response_mask`` is 0; no grad, micro-batched; a CPU tensor."""
-    chunks = []
+    ``sum_v pi(v)^2``; 0 where ``response_mask`` is 0; no grad, micro-batched (rows, or tokens with
+    ``max_tokens``); a CPU tensor."""
+    pieces = []
     with torch.no_grad():
-        for sub in split_rows(batch, micro_batch_size):
-            logits, keep = logits_fn(sub), sub["response_mask"] > 0
-            if sum_pi_squared:
-                out = torch.stack(logprobs_and_sum_pi_squared(logits, sub["responses"]), dim=1)
-                keep = keep[:, None]
-            else:
-                out = logprobs_from_logits(logits, sub["responses"])
-            del logits
-            chunks.append(torch.where(keep, out, torch.zeros_like(out)))
-    return torch.cat(chunks).cpu()
+        for sub in scoring_micro_batches(batch, micro_batch_size, max_tokens, equalize):
+            stats = stats_fn(sub, entropy=False, sum_pi_squared=sum_pi_squared)
+            pieces.append((sub, torch.where(sub["response_mask"] > 0, stats, torch.zeros_like(stats))))
+    if max_tokens:  # token-budget micro-batches: rows back in the batch's order, each stat on its own
+        shape = batch["responses"].shape
+        out = torch.stack([scatter_rows([(m, p[i]) for m, p in pieces], *shape) for i in range(pieces[0][1].shape[0])])
+    else:
+        out = torch.cat([p for _, p in pieces], dim=1)
+    return (out.transpose(0, 1) if sum_pi_squared else out[0]).cpu()
 
 
-def forward_backward(logits_fn: LogitsFn, micro_batches: Sequence[Batch], loss_fn: LossFn) -> list[dict[str, float]]:
+def forward_backward(stats_fn: StatsFn, micro_batches: Sequence[Batch], loss_fn: LossFn) -> list[dict[str, float]]:
     """``ModelStep.forward_backward`` for an HF model: fp32 logprobs and entropy of each micro-batch
     (with grad), ``loss_fn``, backward (gradients accumulate); the records in order."""
     records = []
     for sub in micro_batches:
-        logits = logits_fn(sub)
-        logprobs = logprobs_from_logits(logits, sub["responses"])
-        entropy = entropy_from_logits(logits.float())
+        logprobs, entropy = stats_fn(sub, entropy=True)
         loss, record = loss_fn(sub, logprobs, entropy)
         loss.backward()
         records.append(record)

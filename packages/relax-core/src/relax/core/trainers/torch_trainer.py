@@ -28,6 +28,7 @@ from relax.core.trainers.critic import Critic
 from relax.core.trainers.data_parallel import DataParallel
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.optim import adamw, clip_gradients, step_checked
+from relax.core.trainers.recompute import recompute_blocks
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 from relax.core.trainers.routing import routing_metrics
 
@@ -111,7 +112,12 @@ class TorchTrainer:
         if data_parallel is not None and critic is not None:
             raise ValueError("the torch trainer's critic is not data-parallel: use world_size 1 with algorithm.critic")
         self.dp = data_parallel
-        self.response_logits = ResponseLogits(self.model, s.temperature, share_prompts)
+        self.recomputed = recompute_blocks(self.model, s.recompute if trainable else "off")  # the blocks it wraps
+        # a recomputed block re-runs with the KV cache the shared-prompt forward has since extended: not both
+        share_prompts = share_prompts and not self.recomputed
+        self.response_logits = ResponseLogits(
+            self.model, s.temperature, share_prompts, chunk_tokens=s.logits_chunk_tokens, pack=s.pack_sequences
+        )
         self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
         self.update = PolicyUpdate(self, s, objective if trainable else None, critic=critic,
                                    fuse_old_logprobs=self.fuses_old_logprobs())  # fmt: skip
@@ -138,6 +144,15 @@ class TorchTrainer:
         """(B, R, V) logits predicting each response token (``ResponseLogits``), in ``dtype``."""
         with self._autocast():
             return self.response_logits(batch)
+
+    def _stats(self, batch: dict[str, Any], **kw: Any) -> torch.Tensor:
+        """(k, B, R) per-token stats of the response tokens (``ResponseLogits.stats``), fp32."""
+        with self._autocast():
+            return self.response_logits.stats(batch, **kw)
+
+    @property
+    def packs_sequences(self) -> bool:
+        return self.response_logits.pack
 
     def _autocast(self) -> torch.autocast:
         mixed = self.compute_dtype != torch.float32 and next(self.model.parameters()).dtype == torch.float32
@@ -190,7 +205,9 @@ class TorchTrainer:
 
     def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
         """(B, R) logprobs, or with ``sum_pi_squared`` (B, 2, R) logprobs and sum_v pi^2; masked, CPU."""
-        return score_rows(self._response_logits, self._on_device(batch), self.settings.micro_batch_size, sum_pi_squared)
+        s = self.settings
+        batch = self._on_device(batch)
+        return score_rows(self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=s.max_tokens_per_micro_batch)
 
     def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward_logprobs`` of the reference policy: with LoRA the base with the adapters disabled
@@ -233,8 +250,8 @@ class TorchTrainer:
     def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
         if self.lora is not None and self.lora.dropout > 0:  # the training forwards only (see fuses_old_logprobs)
             with lora_adapters.dropout_active(self.model):
-                return forward_backward(self._response_logits, micro_batches, loss_fn)
-        return forward_backward(self._response_logits, micro_batches, loss_fn)
+                return forward_backward(self._stats, micro_batches, loss_fn)
+        return forward_backward(self._stats, micro_batches, loss_fn)
 
     def _params_with_grads(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.grad is not None]

@@ -92,14 +92,20 @@ class FSDPTrainer:
             q.data = q.data.to(self.device)
         self.mesh = device_mesh(self.device.type, world_size, p.replicate)
         param_dtype = self.compute_dtype if self.lora is None else None  # LoRA: each weight in its own dtype
+        if s.recompute not in ("off", "full"):
+            raise ValueError(f"trainer.recompute: {s.recompute!r} is megatron's; the fsdp backend offers off | full")
+        recompute = trainable and (p.activation_checkpointing or s.recompute == "full")
         self.units = shard_model(self.model, self.mesh, param_dtype, replicated=set(self.replicated),
                                  reshard_after_forward=p.reshard_after_forward,
-                                 activation_checkpointing=p.activation_checkpointing, cpu_offload=p.cpu_offload)  # fmt: skip
+                                 activation_checkpointing=recompute, cpu_offload=p.cpu_offload)  # fmt: skip
         trained = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = (
             torch.optim.AdamW(trained, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay) if trainable else None
         )
-        self.response_logits = ResponseLogits(self.model, s.temperature, p.share_prompts)
+        self.response_logits = ResponseLogits(  # recompute re-runs blocks with a since-extended KV cache: no sharing
+            self.model, s.temperature, p.share_prompts and not recompute, chunk_tokens=s.logits_chunk_tokens,
+            pack=s.pack_sequences,
+        )
         self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
         self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=self.fuses_old_logprobs())
 
@@ -132,8 +138,18 @@ class FSDPTrainer:
     def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
-    def _logits(self, batch: dict[str, Any]) -> torch.Tensor:
-        return self.response_logits(batch)
+    def _stats(self, batch: dict[str, Any], **kw: Any) -> torch.Tensor:
+        return self.response_logits.stats(batch, **kw)
+
+    @property
+    def packs_sequences(self) -> bool:
+        return self.response_logits.pack
+
+    def _most_micro_batches(self, count: int) -> int:
+        """The most micro-batches any rank runs (each forward is a collective: every rank runs as many)."""
+        counts = [0.0] * self.world_size
+        counts[self.rank] = float(count)
+        return int(max(self.all_reduce_sum(counts)))
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """(B, R) masked fp32 logprobs of the whole batch on rank 0 (None on the other ranks): each
@@ -155,7 +171,11 @@ class FSDPTrainer:
         return torch.cat(parts).cpu()
 
     def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
-        return score_rows(self._logits, self._on_device(batch), self.settings.micro_batch_size, sum_pi_squared)
+        s, batch = self.settings, self._on_device(batch)
+        budget = s.max_tokens_per_micro_batch
+        return score_rows(
+            self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=budget, equalize=self._most_micro_batches
+        )
 
     def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """``forward_logprobs`` of the reference policy: with LoRA the base with the adapters disabled
@@ -185,8 +205,8 @@ class FSDPTrainer:
         micro_batches = [self._on_device(m) for m in micro_batches]
         if self.lora is not None and self.lora.dropout > 0:  # the training forwards only (see fuses_old_logprobs)
             with lora_adapters.dropout_active(self.model):
-                return forward_backward(self._logits, micro_batches, loss_fn)
-        return forward_backward(self._logits, micro_batches, loss_fn)
+                return forward_backward(self._stats, micro_batches, loss_fn)
+        return forward_backward(self._stats, micro_batches, loss_fn)
 
     def finish_gradients(self, max_norm: float) -> float:
         """FSDP2 already summed each sharded gradient into its shard during backward; the replicated

@@ -1,0 +1,130 @@
+"""Real lengths on the torch trainer: chunked logprobs/entropy, packed rows, token-budget micro-batches
+and activation recompute each give the values and the update of the plain padded path."""
+
+import pytest
+import torch
+
+from relax.core.algorithms import entropy_from_logits, logprobs_from_logits
+from relax.core.data import Sample, collate
+from relax.core.quickstart_model import build_tiny_model
+from relax.core.testing.moe_models import tiny_moe_dir
+from relax.core.testing.trainer import learning_metrics
+from relax.core.trainers.token_stats import chunked_token_stats
+from relax.core.trainers.torch_trainer import TorchTrainer
+
+from .test_torch_trainer import assert_params_close, params, ppo_objective
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("text"), seed=3, initializer_range=0.3)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return tiny_moe_dir(tmp_path_factory.mktemp("moe"), seed=3)
+
+
+def long_tailed(rows: int = 10, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Rows of 2-5 prompt and 1-4 response tokens, one row's response 8x longer (the long tail);
+    two rows share each prompt (GRPO groups)."""
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(rows):
+        prompt = torch.randint(4, 20, (2 + (i // 2) % 4,), generator=torch.Generator().manual_seed(i // 2)).tolist()
+        length = 32 if i == 3 else 1 + (i * 5) % 4
+        samples.append(Sample(prompt_ids=prompt, group_id=i // 2, response_ids=torch.randint(4, 20, (length,), generator=gen).tolist()))
+    batch = collate(samples, pad_id=0)
+    batch["advantages"] = torch.where(torch.arange(rows)[:, None] % 3 == 0, 1.0, -0.4) * batch["response_mask"]
+    return batch
+
+
+def make(model_dir, **kw):
+    # lr 1e-3 / eps 1e-4: float noise in a near-zero gradient moves a weight by at most ~lr * noise / eps
+    kw = {"objective": ppo_objective, "lr": 1e-3, "eps": 1e-4, "micro_batch_size": 4, "num_minibatches": 2, **kw}
+    return TorchTrainer(model_dir, **kw)
+
+
+def test_chunked_stats_equal_full_logits_values_and_gradients():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(37, 16, requires_grad=True)
+    tokens = torch.randint(0, 50, (37,))
+    weights = torch.randn(2, 37)
+
+    def grads(stats):
+        (stats * weights).sum().backward()
+        out = hidden.grad.clone(), head.weight.grad.clone()
+        hidden.grad, head.weight.grad = None, None
+        return out
+
+    logits = head(hidden) / 0.7
+    full = torch.stack([logprobs_from_logits(logits, tokens), entropy_from_logits(logits)])
+    want = full.detach(), *grads(full)
+    for chunk in (5, 16, 0):  # uneven chunks, and one chunk
+        got = chunked_token_stats(head, hidden, tokens, temperature=0.7, chunk_tokens=chunk)
+        torch.testing.assert_close(got.detach(), want[0], atol=1e-6, rtol=0)
+        for g, w in zip(grads(got), want[1:], strict=True):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["text", "moe"])
+def test_packed_logprobs_equal_the_padded_ones(family, text_dir, moe_dir):
+    model_dir = text_dir if family == "text" else moe_dir
+    batch = long_tailed()
+    padded = make(model_dir, share_prompts=False).forward_logprobs(batch)
+    packed = make(model_dir, pack_sequences=True, max_tokens_per_micro_batch=40).forward_logprobs(batch)
+    assert padded.abs().sum() > 0
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
+
+
+def step(model_dir, batch, **kw):
+    trainer = make(model_dir, **kw)
+    metrics = trainer.train_step(dict(batch))
+    return metrics, params(trainer)
+
+
+@pytest.mark.parametrize("variant", [
+    {"max_tokens_per_micro_batch": 40},
+    {"max_tokens_per_micro_batch": 40, "pack_sequences": True},
+    {"pack_sequences": True, "logits_chunk_tokens": 7},
+    {"recompute": "full", "logits_chunk_tokens": 3},
+])  # fmt: skip
+def test_a_training_step_equals_the_fixed_row_padded_step(variant, text_dir):
+    batch = long_tailed()
+    want_metrics, want_params = step(text_dir, batch, logits_chunk_tokens=0)  # today's path: full logits
+    got_metrics, got_params = step(text_dir, batch, **variant)
+    for key, value in learning_metrics(want_metrics).items():
+        assert got_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert_params_close(got_params, want_params, atol=1e-5)
+
+
+def test_token_budget_metrics_show_fewer_padded_positions(text_dir):
+    batch = long_tailed()
+    fixed, _ = step(text_dir, batch)
+    budget, _ = step(text_dir, batch, max_tokens_per_micro_batch=40)
+    packed, _ = step(text_dir, batch, max_tokens_per_micro_batch=40, pack_sequences=True)
+    assert fixed["perf/padding_frac"] > 0.5 > budget["perf/padding_frac"]  # the long tail pads every fixed-row micro-batch
+    assert packed["perf/padding_frac"] == 0.0
+    assert fixed["perf/micro_batches"] == 2  # 5 rows per mini-batch, 4 per micro-batch
+    assert packed["perf/peak_rss_gb"] > 0
+
+
+def test_full_recompute_runs_each_block_twice_per_training_forward(text_dir):
+    batch = long_tailed(rows=4)
+    counts = {}
+    for mode in ("off", "full"):
+        trainer = make(text_dir, recompute=mode, num_minibatches=1, micro_batch_size=4)
+        calls = []
+        layers = trainer.model.model.layers
+        for layer in layers:  # a submodule's hook: the recomputed forward calls the block's forward directly
+            layer.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        batch_with_old = {**batch, "old_logprobs": trainer.forward_logprobs(batch)}
+        calls.clear()
+        trainer.train_step(batch_with_old)
+        counts[mode] = len(calls)
+    assert counts["off"] == len(layers) * 2  # prompt-shared forward: the prompts, then the responses
+    assert counts["full"] == 2 * len(layers)  # one plain forward (recompute turns prompt sharing off), again in backward
+    assert [len(make(text_dir, recompute=m).recomputed) for m in ("off", "full")] == [0, len(layers)]
+    with pytest.raises(ValueError, match="trainer.recompute: 'selective'"):
+        make(text_dir, recompute="selective")
