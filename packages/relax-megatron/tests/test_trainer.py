@@ -206,3 +206,33 @@ def test_trainer_names_what_sequence_parallelism_cannot_run(tiny_qwen3):
 
     with pytest.raises(ValueError, match="sequence_parallel: needs tensor_parallel > 1"):
         MegatronTrainer(tiny_qwen3[0], sequence_parallel=True)
+
+
+class TestRealLengths(TinyModelFixtures):
+    @pytest.mark.parametrize("variant", [{"recompute": "full"}, {"recompute": "selective"},
+                                         {"max_tokens_per_micro_batch": 16}])  # fmt: skip
+    def test_a_step_equals_the_plain_fixed_row_step(self, megatron_world, model_dir, tokenizer, variant):
+        """Activation recompute (megatron's full / selective) and token-budget micro-batches change memory,
+        not the update."""
+        from relax.core.testing.trainer import learning_metrics
+
+        batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
+        plain, other = megatron_trainer(model_dir, eps=1e-4), megatron_trainer(model_dir, eps=1e-4, **variant)
+        config = other.model.config
+        assert config.recompute_granularity == variant.get("recompute")
+        want, got = learning_metrics(plain.train_step(dict(batch))), learning_metrics(other.train_step(dict(batch)))
+        for key in ("loss", "entropy", "grad_norm"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        for name, tensor in exported(other).items():
+            torch.testing.assert_close(tensor, exported(plain)[name], atol=2e-4, rtol=0)
+
+
+def test_the_run_check_names_what_megatron_does_not_do_with_real_lengths():
+    from relax.core.config import load_config
+    from relax.megatron.plugin import MegatronParams
+
+    cfg = load_config(None, ["trainer.pack_sequences=true", "trainer.max_tokens_per_micro_batch=4096"])
+    (pack,) = MegatronParams().validate_run(cfg)
+    assert pack.startswith("trainer.pack_sequences: the megatron trainer does not pack")
+    errors = MegatronParams(pipeline_parallel=2).validate_run(cfg)
+    assert any(e.startswith("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule") for e in errors)

@@ -27,7 +27,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # build runs in
 KW = {"lr": 1e-3, "micro_batch_size": 2, "num_minibatches": 2, "eps": 1e-4}
 
 
-def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None, replicate: int = 1):
+def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None, replicate: int = 1, **settings):
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.core.trainers.fsdp.params import FSDPParams
@@ -35,7 +35,7 @@ def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None
 
     return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
                        params=FSDPParams(world_size=world, replicate=replicate),
-                       master_addr="127.0.0.1" if port else None, master_port=port, **KW)  # fmt: skip
+                       master_addr="127.0.0.1" if port else None, master_port=port, **KW, **settings)  # fmt: skip
 
 
 def state_bytes(trainer) -> dict[str, int]:
@@ -105,10 +105,17 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "text-hsdp"])
+#: world 2's own settings per variant: the same step in another layout
+VARIANTS = {"hsdp": {"replicate": 2}, "packed": {"max_tokens_per_micro_batch": 12, "pack_sequences": True}}
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "text-hsdp", "text-packed"])
 def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
-    """``text-hsdp``: a 2 x 1 (replicate x shard) HSDP mesh: replicas, each with the whole model."""
-    make_model, make_batch_for = FAMILIES[family.removesuffix("-hsdp")]
+    """``text-hsdp``: a 2 x 1 (replicate x shard) HSDP mesh: replicas, each with the whole model.
+    ``text-packed``: world 2 packs its rows into token-budget micro-batches (ranks run as many; rows
+    balanced by tokens), world 1 runs padded fixed-row micro-batches."""
+    family, _, variant = family.partition("-")
+    make_model, make_batch_for = FAMILIES[family]
     model_dir = make_model(tmp_path)
     batch = make_batch_for(model_dir, tmp_path)
     single = build(model_dir)
@@ -119,7 +126,7 @@ def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
         want_w = exported(single)
     finally:
         single.close()
-    world2.build(partial(build, replicate=2 if family.endswith("-hsdp") else 1), model_dir)
+    world2.build(partial(build, **VARIANTS.get(variant, {})), model_dir)
     torch.testing.assert_close(world2.call("forward_logprobs", batch), want_lp, atol=1e-5, rtol=0)
     got = world2.call("train_step", dict(batch))
     for key in ("loss", "entropy", "grad_norm"):

@@ -101,7 +101,7 @@ def timeout_minutes(timeout_s: float) -> int:
 
 
 def model_overrides(pipeline_parallel: int, expert_parallel: int, dtype: torch.dtype,
-                    per_token_loss: bool, sequence_parallel: bool = False) -> dict[str, Any]:  # fmt: skip
+                    per_token_loss: bool, sequence_parallel: bool = False, recompute: str = "off") -> dict[str, Any]:  # fmt: skip
     """The layout and precision fields of the model's ``TransformerConfig``, one dict (each key once).
 
     ``calculate_per_token_loss``: core's objective already divides by step-global token counts, so
@@ -118,7 +118,17 @@ def model_overrides(pipeline_parallel: int, expert_parallel: int, dtype: torch.d
         out["expert_model_parallel_size"] = expert_parallel
     if sequence_parallel:  # TP > 1: activations outside attention / MLP split along the sequence (padding.py)
         out["sequence_parallel"] = True
+    out.update(RECOMPUTE[recompute])
     return out
+
+
+#: ``trainer.recompute`` as megatron's TransformerConfig fields: ``full`` re-runs every layer in backward
+#: (one layer per checkpoint), ``selective`` only core attention (the part whose activations grow with length^2)
+RECOMPUTE: dict[str, dict[str, Any]] = {
+    "off": {},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+    "selective": {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+}
 
 
 def rank_device(device: str, rank: int) -> torch.device:

@@ -78,7 +78,15 @@ class MegatronParams:
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what this trainer cannot do yet."""
-        return [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []
+        errors = [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []
+        if cfg.trainer.pack_sequences:
+            errors.append("trainer.pack_sequences: the megatron trainer does not pack rows yet (megatron's THD "
+                          "layout needs Transformer Engine); use trainer.max_tokens_per_micro_batch, which sizes "
+                          "and trims its micro-batches, or trainer.backend torch / fsdp for packing")  # fmt: skip
+        if cfg.trainer.max_tokens_per_micro_batch and self.pipeline_parallel > 1:
+            errors.append("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
+                          "of one shape; with pipeline_parallel > 1 use trainer.micro_batch_size")  # fmt: skip
+        return errors
 
 
 #: why ``trainer.lora`` is refused on this trainer

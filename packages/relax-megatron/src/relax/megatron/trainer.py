@@ -136,7 +136,8 @@ class MegatronTrainer:
         self.ep_group = parallel_state.get_expert_model_parallel_group()
         # megatron's DDP (distributed optimizer) then sums gradients over DP, as our own path does
         layout = model_overrides(pipeline_parallel, expert_parallel, self.dtype, per_token_loss=self.distributed_optimizer,
-                                 sequence_parallel=self.sequence_parallel)  # fmt: skip
+                                 sequence_parallel=self.sequence_parallel,
+                                 recompute=self.settings.recompute if trainable else "off")  # fmt: skip
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
                                              layer_spec=self.layer_spec, tensor_model_parallel_size=tensor_parallel,
                                              use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
