@@ -42,6 +42,20 @@ def eval_rewards():
         table.pop(name, None)
 
 
+class _StatusObserver:
+    """The run handle's metrics after step 3, which evaluates nothing (what the control plane's status serves)."""
+
+    handle = None
+    metrics: dict = {}
+
+    def relax_on_run_start(self, run):
+        self.handle = run
+
+    def relax_on_step_end(self, step, metrics):
+        if step == 3:
+            self.metrics = dict(self.handle.metrics)
+
+
 def _sets(tmp: Path) -> list[str]:
     (tmp / "empty.jsonl").write_text("\n")
     return ["eval.sets.heldout.path=null",
@@ -62,8 +76,16 @@ def trained(tmp_path_factory, eval_rewards):
     run_dir = tmp_path_factory.mktemp("eval-run")
     cfg = load_config(None, [*SMALL, "total_steps=4", f"run_dir={run_dir}", *_sets(run_dir)])
     assert in_driver(cfg)
-    run(cfg)
+    seen = _StatusObserver()
+    get_plugin_manager().pm.register(seen, name="eval-status-observer")
+    try:
+        run(cfg)
+    finally:
+        get_plugin_manager().pm.unregister(seen)
     first = _rows(run_dir)
+    at_2 = next(r for r in first if r["step"] == 2)
+    assert seen.metrics["step"] == 3 and "eval/heldout/accuracy" not in first[3]  # step 3's own row has none, but
+    assert seen.metrics["eval/heldout/accuracy"] == at_2["eval/heldout/accuracy"]  # the status keeps step 2's result
     run(load_config(None, [*SMALL, "total_steps=6", f"run_dir={run_dir}", *_sets(run_dir)]))
     return run_dir, first
 

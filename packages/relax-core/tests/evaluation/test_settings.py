@@ -26,11 +26,11 @@ def test_every_bad_field_is_named():
     msg = _errors("eval.every_n_steps=-1", "eval.sets.a.path=x.jsonl", "eval.sets.a.n_samples=0",
                   "eval.sets.b.path=x.jsonl", "eval.sets.b.temperature=-1", "eval.sets.b.top_p=2",
                   "eval.sets.c.path=x.jsonl", "eval.sets.c.n_samples=4", "eval.sets.d.path=x.txt",
-                  "eval.sets.e.path=null")
+                  "eval.sets.e.path=null", "data.task_heldout=-1")
     for expected in ("eval.every_n_steps: must be >= 0", "eval.sets.a.n_samples: must be >= 1",
                      "eval.sets.b.temperature: must be >= 0", "eval.sets.b.top_p: must be in (0, 1]",
                      "eval.sets.c.n_samples: 4 greedy responses", "eval.sets.d.path: 'x.txt' must be a .jsonl",
-                     "eval.sets.e.path: null means the quick-start task's held-out split"):
+                     "eval.sets.e.path: null means the quick-start task's held-out split", "data.task_heldout: must be >= 0"):
         assert expected in msg, (expected, msg)
     assert "eval.sets.f.nope: unknown key; allowed keys: path," in _errors("eval.sets.f.path=x.jsonl", "eval.sets.f.nope=1")
 

@@ -131,7 +131,7 @@ class RunState:
             self.metrics = MetricsLogger(
                 self.run_dir,
                 backends=backends,
-                console_keys=CONSOLE_KEYS,
+                console_keys=CONSOLE_KEYS + tuple(f"eval/{name}/accuracy" for name in cfg.eval.sets),
                 project=lc.wandb_project,
                 run_name=cfg.name,
                 config=cfg.to_dict(),

@@ -14,6 +14,8 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 def eval_errors(cfg: Any) -> list[str]:
     """Problems in ``eval`` (and ``logging.log_samples``) knowable without plugins or files."""
     ev, errors = cfg.eval, []
+    if cfg.data.task_heldout < 0:
+        errors.append(f"data.task_heldout: must be >= 0, got {cfg.data.task_heldout}")
     if ev.every_n_steps < 0:
         errors.append(f"eval.every_n_steps: must be >= 0 (0: only before_train / at_end), got {ev.every_n_steps}")
     if ev.sets and not (ev.every_n_steps or ev.before_train or ev.at_end):
@@ -36,7 +38,7 @@ def eval_errors(cfg: Any) -> list[str]:
             errors.append(f"{where}.n_samples: {s.n_samples} greedy responses are one response {s.n_samples} times; "
                           "set temperature > 0 for pass@k")
         if s.path is None:
-            if cfg.data.path is not None or not cfg.data.task_heldout:
+            if cfg.data.path is not None or cfg.data.task_heldout <= 0:
                 errors.append(f"{where}.path: null means the quick-start task's held-out split, which needs "
                               "data.path: null and data.task_heldout > 0; name a .jsonl/.parquet file")
         elif Path(s.path).suffix not in SUFFIXES and not Path(s.path).is_dir():
