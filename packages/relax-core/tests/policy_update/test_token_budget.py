@@ -7,6 +7,7 @@ from relax.core.data import Sample, collate
 from relax.core.policy_update.token_budget import (
     ROWS,
     balanced_order,
+    pack_by_padded_tokens,
     pack_by_tokens,
     row_tokens,
     scatter_rows,
@@ -62,3 +63,15 @@ def test_micro_batches_cover_each_row_once_within_budget_and_scatter_back():
         torch.testing.assert_close(m["advantages"], batch["advantages"][m[ROWS], : m["advantages"].shape[1]])
     back = scatter_rows([(m, m["advantages"]) for m in micros], *batch["responses"].shape)
     assert torch.equal(back, batch["advantages"])
+
+
+def test_padded_groups_keep_long_rows_from_padding_short_ones():
+    """(prompt, response) widths: a padded micro-batch costs rows x (longest prompt + longest response)."""
+    widths = [(4, 60), (4, 2), (3, 3), (4, 60), (2, 1), (4, 4)]
+    groups = pack_by_padded_tokens(widths, max_tokens=70)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    for g in groups:
+        rect = len(g) * (max(widths[i][0] for i in g) + max(widths[i][1] for i in g))
+        assert rect <= 70 or len(g) == 1
+    assert [0] in groups and [3] in groups  # each long row alone: with any short one it would be 2 x 64
+    assert pack_by_tokens([sum(w) for w in widths], 70)[0] == [0, 1]  # real tokens alone would mix them

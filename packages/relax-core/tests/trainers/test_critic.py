@@ -133,3 +133,24 @@ def test_from_config_builds_the_critic(model_dir, batch):
     assert trainer_from_config(RelaxConfig(), model_dir).critic is None
     with pytest.raises(RuntimeError, match="critic"):
         trainer_from_config(RelaxConfig(), model_dir).forward_values(batch)
+
+
+def test_token_budget_micro_batches_give_the_same_values_and_update(tmp_path):
+    """``trainer.max_tokens_per_micro_batch`` on the critic: rows grouped by tokens, the same values in
+    the batch's row order and the same update as row-count micro-batches."""
+    from transformers import AutoTokenizer
+
+    from relax.core.quickstart_model import build_tiny_model
+    from relax.core.testing import make_batch, make_samples
+
+    model_dir = build_tiny_model(tmp_path / "m", seed=2)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    batch = make_batch(make_samples(tokenizer, rows=8, seed=4), tokenizer.pad_token_id)
+    plain, budget = Critic(model_dir, lr=1e-3, micro_batch_size=3), Critic(model_dir, lr=1e-3, micro_batch_size=3, max_tokens=14)
+    values = plain.forward_values(batch)
+    torch.testing.assert_close(budget.forward_values(batch), values, atol=1e-6, rtol=0)
+    batch = {**batch, "values": values, "returns": values + batch["advantages"]}
+    want, got = plain.update(batch), budget.update(batch)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    torch.testing.assert_close(budget.forward_values(batch), plain.forward_values(batch), atol=1e-5, rtol=0)

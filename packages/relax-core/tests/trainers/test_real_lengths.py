@@ -89,6 +89,7 @@ def step(model_dir, batch, **kw):
     {"max_tokens_per_micro_batch": 40, "pack_sequences": True},
     {"pack_sequences": True, "logits_chunk_tokens": 7},
     {"recompute": "full", "logits_chunk_tokens": 3},
+    {"recompute": "full", "pack_sequences": True, "max_tokens_per_micro_batch": 40, "logits_chunk_tokens": 5},
 ])  # fmt: skip
 def test_a_training_step_equals_the_fixed_row_padded_step(variant, text_dir):
     batch = long_tailed()
@@ -118,7 +119,7 @@ def test_full_recompute_runs_each_block_twice_per_training_forward(text_dir):
         calls = []
         layers = trainer.model.model.layers
         for layer in layers:  # a submodule's hook: the recomputed forward calls the block's forward directly
-            layer.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+            layer.mlp.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
         batch_with_old = {**batch, "old_logprobs": trainer.forward_logprobs(batch)}
         calls.clear()
         trainer.train_step(batch_with_old)

@@ -21,11 +21,10 @@ from relax.core.policy_update.memory import peak_metrics, reset_peaks
 from relax.core.policy_update.schedule import lr_factor
 from relax.core.policy_update.settings import UpdateSettings
 from relax.core.policy_update.token_budget import (
-    ROWS,
     balanced_order,
+    in_row_order,
     masked_micro_batch,
     row_tokens,
-    scatter_rows,
     select_rows,
     token_micro_batches,
 )
@@ -138,7 +137,7 @@ class PolicyUpdate:
         budget = self.settings.max_tokens_per_micro_batch
         if not budget:
             return list(split_rows(mini, self.settings.micro_batch_size))
-        micros = token_micro_batches(mini, budget)
+        micros = token_micro_batches(mini, budget, packed=getattr(self.backend, "packs_sequences", False))
         if self.backend.dp_size > 1:
             counts = [0.0] * self.backend.dp_size
             counts[self.backend.dp_rank] = float(len(micros))
@@ -198,7 +197,7 @@ class PolicyUpdate:
         elif problem := backend.apply_gradients(lr):
             self._nonfinite(problem, skippable=False)  # weights already non-finite: skipping cannot help
         if fused:
-            mini["old_logprobs"] = self._reassembled(mini, fused)
+            mini["old_logprobs"] = in_row_order(fused, *mini["responses"].shape)
         denom = max(tokens, 1.0)
         return {
             "perf/micro_batches": count / backend.dp_size,  # per replica
@@ -209,13 +208,6 @@ class PolicyUpdate:
             "entropy": entropy_sum / denom,
             "skipped_nonfinite": float(skipped),
         }
-
-    @staticmethod
-    def _reassembled(mini: Batch, fused: list[tuple[Batch, torch.Tensor]]) -> torch.Tensor:
-        """The fused old logprobs of ``mini``'s micro-batches in ``mini``'s row order and width."""
-        if ROWS not in fused[0][0]:
-            return torch.cat([value for _, value in fused])
-        return scatter_rows(fused, *mini["responses"].shape)
 
     def _nonfinite(self, what: str, skippable: bool) -> None:
         if not (self.settings.skip_nonfinite and skippable):

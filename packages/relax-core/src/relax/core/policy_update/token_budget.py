@@ -47,6 +47,24 @@ def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return [sorted(g) for g in groups]
 
 
+def pack_by_padded_tokens(widths: list[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Groups for a padded micro-batch, whose cost is rows x (longest prompt + longest response) of
+    the group, not its real tokens: rows by total length, longest first, each group filled while that
+    rectangle stays within ``max_tokens`` (a long row never pads a group of short ones)."""
+    order = sorted(range(len(widths)), key=lambda i: (-sum(widths[i]), i))
+    groups: list[list[int]] = []
+    prompt = response = 0
+    for i in order:
+        p, r = max(prompt, widths[i][0]), max(response, widths[i][1])
+        if groups and (len(groups[-1]) + 1) * (p + r) <= max_tokens:
+            groups[-1].append(i)
+            prompt, response = p, r
+        else:
+            groups.append([i])
+            prompt, response = widths[i]
+    return [sorted(g) for g in groups]
+
+
 def balanced_order(lengths: list[int], world_size: int) -> list[int]:
     """A row permutation whose contiguous data-parallel shares (``batching.shard_bounds``: sizes differ
     by at most one) carry similar token counts: longest rows first, each to the share with the fewest
@@ -95,12 +113,24 @@ def trim_columns(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def token_micro_batches(batch: dict[str, Any], max_tokens: int) -> list[dict[str, Any]]:
-    """``batch``'s rows as micro-batches of at most ``max_tokens`` real tokens (one row alone when it
-    is longer), each trimmed to its own columns and tagged with its rows (``ROWS``) and ``WIDTH``."""
-    lengths = [int(n) for n in row_tokens(batch).tolist()]
+def row_widths(batch: dict[str, Any]) -> list[tuple[int, int]]:
+    """(prompt tokens, response positions) per row: the columns a trimmed micro-batch keeps for it."""
+    mask = batch["attention_mask"]
+    split = mask.shape[1] - batch["responses"].shape[1]
+    prompts, responses = mask[:, :split].sum(dim=-1).tolist(), mask[:, split:].sum(dim=-1).tolist()
+    return [(int(p), int(r)) for p, r in zip(prompts, responses, strict=True)]
+
+
+def token_micro_batches(batch: dict[str, Any], max_tokens: int, packed: bool = True) -> list[dict[str, Any]]:
+    """``batch``'s rows as micro-batches of at most ``max_tokens`` tokens (one row alone when it is
+    longer), each trimmed to its own columns and tagged with its rows (``ROWS``) and ``WIDTH``. ``packed``:
+    the backend runs a micro-batch's real tokens only; else its padded rectangle counts."""
+    if packed:
+        groups = pack_by_tokens([int(n) for n in row_tokens(batch).tolist()], max_tokens)
+    else:
+        groups = pack_by_padded_tokens(row_widths(batch), max_tokens)
     out = []
-    for group in pack_by_tokens(lengths, max_tokens):
+    for group in groups:
         index = torch.tensor(group, dtype=torch.long)
         micro = trim_columns(select_rows(batch, index))
         micro[ROWS], micro[WIDTH] = index, batch["responses"].shape[1]
@@ -127,3 +157,11 @@ def scatter_rows(pieces: list[tuple[dict[str, Any], torch.Tensor]], rows: int, w
         if index.numel():
             out[index, : value.shape[1]] = value
     return out
+
+
+def in_row_order(pieces: list[tuple[dict[str, Any], torch.Tensor]], rows: int, width: int) -> torch.Tensor:
+    """Per-micro-batch (b, r) results as one (rows, width) tensor: concatenated for row-count micro-batches
+    (consecutive rows, full width), scattered back (``scatter_rows``) for token-budget ones."""
+    if ROWS in pieces[0][0]:
+        return scatter_rows(pieces, rows, width)
+    return torch.cat([value for _, value in pieces])

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from relax.core.algorithms import clipped_value_loss
-from relax.core.policy_update.batching import split_rows
+from relax.core.policy_update.token_budget import in_row_order
+from relax.core.trainers.response_forward import scoring_micro_batches
 
 
 class ValueModel(nn.Module):
@@ -61,6 +62,7 @@ class Critic:
         micro_batch_size: int = 16,
         dtype: str = "float32",
         device: str | torch.device = "cpu",
+        max_tokens: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.model = ValueModel(model_path, getattr(torch, dtype)).to(self.device).eval()
@@ -69,16 +71,20 @@ class Critic:
         )
         self.grad_clip, self.value_clip = grad_clip, value_clip
         self.loss_agg_mode, self.micro_batch_size = loss_agg_mode, micro_batch_size
+        self.max_tokens = max_tokens  # trainer.max_tokens_per_micro_batch: token-budget micro-batches (padded)
+
+    def _micro_batches(self, batch: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return scoring_micro_batches(batch, self.micro_batch_size, self.max_tokens)
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) values, 0 where ``response_mask`` is 0; CPU tensor."""
-        chunks = []
+        pieces = []
         with torch.no_grad():
-            for sub in split_rows(batch, self.micro_batch_size):
+            for sub in self._micro_batches(batch):
                 sub = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in sub.items()}
                 values = self.model(sub)
-                chunks.append(torch.where(sub["response_mask"] > 0, values, torch.zeros_like(values)))
-        return torch.cat(chunks).cpu()
+                pieces.append((sub, torch.where(sub["response_mask"] > 0, values, torch.zeros_like(values))))
+        return in_row_order(pieces, *batch["responses"].shape).cpu()
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One optimizer step on a mini-batch with ``values`` (at rollout time) and ``returns``.
@@ -91,7 +97,7 @@ class Critic:
         seqs = float((mask.sum(dim=-1) > 0).sum())
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, clip_sum, value_sum = 0.0, 0.0, 0.0
-        for sub in split_rows(batch, self.micro_batch_size):
+        for sub in self._micro_batches(batch):
             sub_mask = sub["response_mask"]
             values = self.model(sub)
             loss, metrics = clipped_value_loss(

@@ -30,8 +30,8 @@ def _attention(
 ) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    bounds = kwargs.pop("cu_seq_lens_q", None)
-    if bounds is None or not _PACKED.get():
+    bounds = kwargs.pop("cu_seq_lens_q", None)  # only a packed forward passes it (and its recompute, later)
+    if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs = {k: kwargs[k] for k in ("dropout", "scaling") if k in kwargs}
     edges = bounds.tolist()

@@ -144,13 +144,14 @@ def _full_stats(logits: torch.Tensor, tokens: torch.Tensor, entropy: bool, sum_p
 
 
 def scoring_micro_batches(
-    batch: Batch, rows: int, max_tokens: int = 0, equalize: Callable[[int], int] | None = None
+    batch: Batch, rows: int, max_tokens: int = 0, equalize: Callable[[int], int] | None = None, packed: bool = False
 ) -> list[Batch]:
-    """``rows`` rows at a time, or with ``max_tokens`` token-budget micro-batches (``token_budget``);
-    ``equalize(count) -> count``: the most any replica runs (fully masked ones make up the difference)."""
+    """``rows`` rows at a time, or with ``max_tokens`` token-budget micro-batches (``token_budget``;
+    ``packed``: real tokens count, else padded rectangles); ``equalize(count) -> count``: the most any
+    replica runs (fully masked ones make up the difference)."""
     if not max_tokens:
         return list(split_rows(batch, rows))
-    micros = token_micro_batches(batch, max_tokens)
+    micros = token_micro_batches(batch, max_tokens, packed)
     most = equalize(len(micros)) if equalize is not None else len(micros)
     return micros + [masked_micro_batch(batch) for _ in range(most - len(micros))]
 
@@ -163,13 +164,14 @@ def score_rows(
     *,
     max_tokens: int = 0,
     equalize: Callable[[int], int] | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     """(B, R) fp32 logprobs of the responses, or with ``sum_pi_squared`` (B, 2, R) logprobs and
     ``sum_v pi(v)^2``; 0 where ``response_mask`` is 0; no grad, micro-batched (rows, or tokens with
     ``max_tokens``); a CPU tensor."""
     pieces = []
     with torch.no_grad():
-        for sub in scoring_micro_batches(batch, micro_batch_size, max_tokens, equalize):
+        for sub in scoring_micro_batches(batch, micro_batch_size, max_tokens, equalize, packed):
             stats = stats_fn(sub, entropy=False, sum_pi_squared=sum_pi_squared)
             pieces.append((sub, torch.where(sub["response_mask"] > 0, stats, torch.zeros_like(stats))))
     if max_tokens:  # token-budget micro-batches: rows back in the batch's order, each stat on its own

@@ -207,7 +207,8 @@ class TorchTrainer:
         """(B, R) logprobs, or with ``sum_pi_squared`` (B, 2, R) logprobs and sum_v pi^2; masked, CPU."""
         s = self.settings
         batch = self._on_device(batch)
-        return score_rows(self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=s.max_tokens_per_micro_batch)
+        budget = s.max_tokens_per_micro_batch
+        return score_rows(self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=budget, packed=self.packs_sequences)
 
     def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward_logprobs`` of the reference policy: with LoRA the base with the adapters disabled
@@ -395,6 +396,7 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
             value_clip=c.value_clip,
             loss_agg_mode=c.loss_agg_mode,
             micro_batch_size=t.micro_batch_size,
+            max_tokens=t.max_tokens_per_micro_batch,
             dtype=dtype,
             device=params.device,
         )

@@ -174,7 +174,8 @@ class FSDPTrainer:
         s, batch = self.settings, self._on_device(batch)
         budget = s.max_tokens_per_micro_batch
         return score_rows(
-            self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=budget, equalize=self._most_micro_batches
+            self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=budget, equalize=self._most_micro_batches,
+            packed=self.packs_sequences,
         )
 
     def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
