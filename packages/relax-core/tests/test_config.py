@@ -58,6 +58,10 @@ BAD = [
     (["data.path=data.csv"], "data.path: 'data.csv' must be a .jsonl, .json or .parquet file"),
     (["checkpoint.resume=/no/such/dir"], "checkpoint.resume: '/no/such/dir' is neither 'auto', 'never' nor an existing directory"),
     (["logging.wandb=yes please"], "logging.wandb: expected bool, got str 'yes please'"),
+    (["trainer.max_tokens_per_micro_batch=40", "data.max_prompt_length=32", "rollout.max_new_tokens=16"],
+     "trainer.max_tokens_per_micro_batch: 40 is less than the longest row a step can hold (data.max_prompt_length "
+     "32 + rollout.max_new_tokens 16 = 48); raise it to at least 48"),
+    (["trainer.recompute=some"], "trainer.recompute: 'some' is not allowed; allowed values: 'off', 'full', 'selective'"),
 ]
 
 
