@@ -24,7 +24,8 @@ def test_agentic_eval_reports_turns_and_tool_calls(tmp_path):
     cfg = load_config(EXAMPLES / "quickstart_agent.yaml", [
         f"model.path={ensure_agent_model()}", f"data.path={train}", f"run_dir={tmp_path / 'run'}", "total_steps=1",
         "rollout.prompts_per_step=4", "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
-        "logging.plot=false", "checkpoint.save_hf_final=false", f"eval.sets.tools.path={held}", "eval.sets.tools.max_prompts=8",
+        "logging.plot=false", "checkpoint.save_hf_final=false", f"eval.sets.tools.path={held}",
+        "eval.sets.tools.max_prompts=8",
     ])
     run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -30,8 +30,10 @@ def test_async_run_evaluates_with_version_tagged_results(ray_session, tmp_path):
         version = r["eval/heldout/version"]
         # the engines' weights: never newer than the trainer's, at most one publish behind (max_staleness=1)
         assert r["policy_version"] - 1 <= version <= r["policy_version"], (step, version, r["policy_version"])
-        assert r["eval/heldout/sample_version_min"] == r["eval/heldout/sample_version_max"] == version  # one version throughout
+        # one version throughout the evaluation
+        assert r["eval/heldout/sample_version_min"] == r["eval/heldout/sample_version_max"] == version
         assert r["eval/sampled/samples"] == 12 and r["eval/heldout/failed"] == r["eval/sampled/failed"] == 0
-        completions = [json.loads(line) for line in (tmp_path / "eval" / "heldout" / f"step_{int(step)}.jsonl").read_text().splitlines()]
+        lines = (tmp_path / "eval" / "heldout" / f"step_{int(step)}.jsonl").read_text().splitlines()
+        completions = [json.loads(line) for line in lines]
         assert len(completions) == 6 and {c["version"] for c in completions} == {version}
     assert evals[0]["eval/heldout/version"] == 0

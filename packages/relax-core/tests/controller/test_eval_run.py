@@ -110,7 +110,8 @@ def test_failing_sets_are_marked_with_their_reason_and_training_goes_on(trained)
         row = next(r for r in first if r["step"] == step)
         assert {row[f"eval/{name}/failed"] for name in ("broken", "stuck", "gone", "empty")} == {1.0}
         assert row["eval/heldout/failed"] == 0.0
-    reasons = {name: (run_dir / "eval" / name / "step_2.failed.txt").read_text() for name in ("broken", "stuck", "gone", "empty")}
+    names = ("broken", "stuck", "gone", "empty")
+    reasons = {name: (run_dir / "eval" / name / "step_2.failed.txt").read_text() for name in names}
     assert "judge unreachable" in reasons["broken"]
     assert "timed out" in reasons["stuck"]
     assert "gone.jsonl" in reasons["gone"] and "no such file" in reasons["gone"]
@@ -119,7 +120,6 @@ def test_failing_sets_are_marked_with_their_reason_and_training_goes_on(trained)
 
 def test_completions_on_disk_are_the_greedy_answers_of_the_saved_model(trained):
     """Step 6's greedy completions are what an independent ``transformers`` ``generate`` writes with final_hf."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run_dir, _ = trained
@@ -129,7 +129,8 @@ def test_completions_on_disk_are_the_greedy_answers_of_the_saved_model(trained):
     tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
     for r in rows:
         ids = tok(r["prompt"], add_special_tokens=False, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=3, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        out = model.generate(ids, max_new_tokens=3, do_sample=False, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id)
         assert tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True) == r["response"]
         assert r["score"] == float(r["response"].strip().startswith(r["label"]) and r["answer"] == r["label"])
 
@@ -193,7 +194,8 @@ def test_relax_eval_exits_1_naming_a_failed_set(trained, tmp_path, capsys, eval_
     from relax.core.cli import main
 
     run_dir, _ = trained
-    args = [f"run_dir={tmp_path}", "data.task_heldout=6", "eval.sets.broken.path=null", "eval.sets.broken.reward.name=eval_raises"]
+    args = [f"run_dir={tmp_path}", "data.task_heldout=6", "eval.sets.broken.path=null",
+            "eval.sets.broken.reward.name=eval_raises"]
     assert main(["eval", *args, "--model", str(run_dir / "final_hf")]) == 1
     captured = capsys.readouterr()
     assert "broken           FAILED" in captured.out and "judge unreachable" in captured.err

@@ -45,5 +45,6 @@ def test_one_source_or_none_gives_no_breakdown_and_greedy_has_no_majority():
 
 def test_completion_rows_carry_score_answer_and_version():
     rows = completion_rows([_group(0, ["7", "x"], "7", "math")], step=4, version=3, source_key="data_source")
-    assert [(r["response"], r["score"], r["answer"], r["source"]) for r in rows] == [("7", 1.0, "7", "math"), ("x", 0.0, "x", "math")]
+    got = [(r["response"], r["score"], r["answer"], r["source"]) for r in rows]
+    assert got == [("7", 1.0, "7", "math"), ("x", 0.0, "x", "math")]
     assert {(r["step"], r["version"], r["min_version"]) for r in rows} == {(4, 3, 3)}

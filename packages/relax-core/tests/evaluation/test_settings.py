@@ -30,7 +30,8 @@ def test_every_bad_field_is_named():
     for expected in ("eval.every_n_steps: must be >= 0", "eval.sets.a.n_samples: must be >= 1",
                      "eval.sets.b.temperature: must be >= 0", "eval.sets.b.top_p: must be in (0, 1]",
                      "eval.sets.c.n_samples: 4 greedy responses", "eval.sets.d.path: 'x.txt' must be a .jsonl",
-                     "eval.sets.e.path: null means the quick-start task's held-out split", "data.task_heldout: must be >= 0"):
+                     "eval.sets.e.path: null means the quick-start task's held-out split",
+                     "data.task_heldout: must be >= 0"):
         assert expected in msg, (expected, msg)
     assert "eval.sets.f.nope: unknown key; allowed keys: path," in _errors("eval.sets.f.path=x.jsonl", "eval.sets.f.nope=1")
 

@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs="*", help="config.yaml [key.path=value ...] (its eval.sets are evaluated)")
     parser.add_argument("--model", default=None, help="HF model dir, run dir (final_hf) or checkpoint (default: model.path)")
     parser.add_argument("--out", default=None, help="where the files go (default: <run_dir>/relax_eval)")
-    parser.add_argument("--step", type=int, default=None, help="the step the files are named by (default: the checkpoint's, else 0)")
+    parser.add_argument("--step", type=int, default=None,
+                        help="the step the files are named by (default: the checkpoint's, else 0)")
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -43,7 +44,8 @@ def _torch_checkpoint_to_hf(checkpoint: Path, out: Path) -> None:
 
     source = read_controller_state(checkpoint).get("model_path")
     if not source or not Path(source).is_dir():
-        raise EvalInputError(f"--model {checkpoint}: the model the run started from ({source}) is gone; convert it with relax convert")
+        raise EvalInputError(f"--model {checkpoint}: the model the run started from ({source}) is gone; "
+                             "convert it with relax convert")
     state = torch.load(checkpoint / "trainer" / "trainer_state.pt", map_location="cpu", weights_only=True)
     if state.get("lora", False):
         raise EvalInputError(f"--model {checkpoint}: a LoRA checkpoint; evaluate the run's final_hf instead")
@@ -61,7 +63,7 @@ def resolve_model(arg: str, out: Path) -> tuple[str, int]:
     if (path / "config.json").is_file():
         return str(path), 0
     if (path / "final_hf" / "config.json").is_file():
-        steps = [_checkpoint_step(c) for c in sorted((path / "checkpoints").glob("step_*"))] if (path / "checkpoints").is_dir() else []
+        steps = [_checkpoint_step(c) for c in sorted((path / "checkpoints").glob("step_*"))]
         return str(path / "final_hf"), max([s for s in steps if s is not None], default=0)
     step = _checkpoint_step(path)
     if step is None:
@@ -98,7 +100,8 @@ def evaluate_model(cfg: Any, model_arg: str | None, out: Path, step: int | None 
     out.mkdir(parents=True, exist_ok=True)
     model_path, found_step = resolve_model(model_arg, out) if model_arg else (resolve_model_path(cfg), 0)
     step = found_step if step is None else step
-    sets = {n: s if s.path is not None else dataclasses.replace(s, path=str(_heldout(cfg))) for n, s in cfg.eval.sets.items()}
+    sets = {n: s if s.path is not None else dataclasses.replace(s, path=str(_heldout(cfg)))
+            for n, s in cfg.eval.sets.items()}
     cfg = dataclasses.replace(cfg, run_dir=str(out), model=dataclasses.replace(cfg.model, path=model_path),
                               eval=dataclasses.replace(cfg.eval, sets=sets))
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -47,9 +47,10 @@ def set_config(cfg: RelaxConfig, spec: EvalSetConfig) -> RelaxConfig:
     metadata = [*d.metadata_keys, *([spec.source_key] if spec.source_key and spec.source_key not in d.metadata_keys else [])]
     data = replace(d, path=spec.path, prompt_key=spec.prompt_key or d.prompt_key, label_key=spec.label_key or d.label_key,
                    metadata_keys=metadata, shuffle=False)
-    rollout = replace(cfg.rollout, n_samples_per_prompt=spec.n_samples, temperature=spec.temperature or 1.0, top_p=spec.top_p,
-                      max_new_tokens=spec.max_new_tokens or cfg.rollout.max_new_tokens)
-    return replace(cfg, data=data, rollout=rollout, reward=spec.reward or cfg.reward, environment=spec.environment or cfg.environment)
+    rollout = replace(cfg.rollout, n_samples_per_prompt=spec.n_samples, top_p=spec.top_p,
+                      max_new_tokens=spec.max_new_tokens or cfg.rollout.max_new_tokens)  # the temperature: in params
+    return replace(cfg, data=data, rollout=rollout, reward=spec.reward or cfg.reward,
+                   environment=spec.environment or cfg.environment)
 
 
 class Evaluator:
@@ -71,7 +72,8 @@ class Evaluator:
         """A resumed run evaluates again what came after its checkpoint: earlier results only are kept."""
         index = self.root / "results.jsonl"
         if index.exists():
-            kept = [ln for ln in index.read_text(encoding="utf-8").splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            lines = index.read_text(encoding="utf-8").splitlines()
+            kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] <= step]
             index.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
 
     def due(self, step: int) -> bool:
@@ -117,7 +119,8 @@ class Evaluator:
         metrics.update(failed=0.0, version=float(version), time_s=time.perf_counter() - started,
                        sample_version_min=float(min(versions, default=version)),
                        sample_version_max=float(max(versions, default=version)))
-        write_jsonl(self.root / name / f"step_{step}.jsonl", completion_rows(regrouped, step, version, loaded.spec.source_key))
+        rows = completion_rows(regrouped, step, version, loaded.spec.source_key)
+        write_jsonl(self.root / name / f"step_{step}.jsonl", rows)
         self._record(name, step, version, "ok", None, metrics)
         return {f"eval/{name}/{k}": v for k, v in metrics.items()}
 
@@ -129,7 +132,8 @@ class Evaluator:
         self._record(name, step, version, "failed", reason, {})
         return {f"eval/{name}/failed": 1.0, f"eval/{name}/version": float(version)}
 
-    def _record(self, name: str, step: int, version: int, status: str, reason: str | None, metrics: dict[str, float]) -> None:
+    def _record(self, name: str, step: int, version: int, status: str, reason: str | None,
+                metrics: dict[str, float]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         row = {"step": step, "set": name, "version": version, "status": status, "reason": reason, "metrics": metrics}
         with (self.root / "results.jsonl").open("a", encoding="utf-8") as fh:
@@ -189,7 +193,8 @@ class Evaluator:
 
         derive = getattr(cfg.reward.params, "group_timeout_s", None)  # the hub derives its bound from its own limits
         if callable(derive):
-            cfg = replace(cfg, reward=replace(cfg.reward, timeout_s=max(cfg.reward.timeout_s, float(derive(cfg.rollout.n_samples_per_prompt)))))
+            timeout_s = max(cfg.reward.timeout_s, float(derive(cfg.rollout.n_samples_per_prompt)))
+            cfg = replace(cfg, reward=replace(cfg.reward, timeout_s=timeout_s))
         ctx = reward_context(cfg, self.model_path, list(self.engines or []))
         if ray.is_initialized():
             return start_reward(cfg, ctx)
@@ -204,9 +209,9 @@ class Evaluator:
         closing.run_all([("eval turns", lambda: [t.close() for t in turns if t is not None])])
         if own:
             closing.close_roles(own, self.cfg.rollout.control_timeout_s)
-            from relax.core.weight_sync.base import is_actor
-
             import ray
+
+            from relax.core.weight_sync.base import is_actor
 
             for handle in own:
                 if is_actor(handle):

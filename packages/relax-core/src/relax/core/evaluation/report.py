@@ -80,7 +80,8 @@ def set_metrics(groups: Sequence[Sequence[Any]], source_key: str | None) -> dict
     return out
 
 
-def completion_rows(groups: Sequence[Sequence[Any]], step: int, version: int, source_key: str | None) -> list[dict[str, Any]]:
+def completion_rows(groups: Sequence[Sequence[Any]], step: int, version: int,
+                    source_key: str | None) -> list[dict[str, Any]]:
     """One JSON-ready row per response: prompt, response, label, score and reward components, the weight
     versions that wrote it, the answer majority voting saw."""
     rows = []
