@@ -27,14 +27,15 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # build runs in
 KW = {"lr": 1e-3, "micro_batch_size": 2, "num_minibatches": 2, "eps": 1e-4}
 
 
-def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None, replicate: int = 1, **settings):
+def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None, replicate: int = 1,
+          context_parallel: int = 1, **settings):  # fmt: skip
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.core.trainers.fsdp.params import FSDPParams
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
     return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
-                       params=FSDPParams(world_size=world, replicate=replicate),
+                       params=FSDPParams(world_size=world, replicate=replicate, context_parallel=context_parallel),
                        master_addr="127.0.0.1" if port else None, master_port=port, **KW, **settings)  # fmt: skip
 
 
@@ -106,14 +107,16 @@ FAMILIES = {
 
 
 #: world 2's own settings per variant: the same step in another layout
-VARIANTS = {"hsdp": {"replicate": 2}, "packed": {"max_tokens_per_micro_batch": 12, "pack_sequences": True}}
+VARIANTS = {"hsdp": {"replicate": 2}, "packed": {"max_tokens_per_micro_batch": 12, "pack_sequences": True},
+            "ulysses": {"context_parallel": 2, "pack_sequences": True}}  # fmt: skip
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "text-hsdp", "text-packed"])
+@pytest.mark.parametrize("family", [*FAMILIES, "text-hsdp", "text-packed", "text-ulysses", "qwen3_moe-ulysses"])
 def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
     """``text-hsdp``: a 2 x 1 (replicate x shard) HSDP mesh: replicas, each with the whole model.
     ``text-packed``: world 2 packs its rows into token-budget micro-batches (ranks run as many; rows
-    balanced by tokens), world 1 runs padded fixed-row micro-batches."""
+    balanced by tokens), world 1 runs padded fixed-row micro-batches. ``-ulysses``: Ulysses context
+    parallelism, each rank a half of every micro-batch's packed tokens (attention heads all-to-all)."""
     family, _, variant = family.partition("-")
     make_model, make_batch_for = FAMILIES[family]
     model_dir = make_model(tmp_path)

@@ -165,6 +165,9 @@ def test_backend_params_name_the_field_of_a_bad_combination():
     assert FSDPParams(world_size=3, replicate=2).validate() == ["replicate: must divide world_size (3), got 2"]
     assert FSDPParams(cpu_offload=True).validate()[0].startswith("cpu_offload:")
     assert FSDPParams(device="tpu").validate() == ["device: expected 'cpu' or 'cuda', got 'tpu'"]
+    assert FSDPParams(world_size=2, context_parallel=2).validate() == []  # Ulysses over every rank
+    (cp,) = FSDPParams(world_size=4, context_parallel=2).validate()
+    assert cp.startswith("context_parallel: 1 or world_size (4) without replicate")
     assert dtype_problem("float16", "cpu").startswith("dtype: float16 needs loss scaling")
     assert dtype_problem("bfloat16", "cpu") is None
 
@@ -181,6 +184,8 @@ def test_relax_validate_names_the_inherited_dtype_and_offload_memory(tmp_path):
     big = FSDPParams(device="cuda", cpu_offload=True, world_size=10**9)  # a billion ranks' state on one host
     (err,) = big.validate_run(load_config(None, base))
     assert err.startswith("trainer.backend_params.cpu_offload: the offloaded training state needs ~")
+    (cp,) = FSDPParams(world_size=2, context_parallel=2).validate_run(load_config(None, base))
+    assert cp == "trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"
 
 
 def test_relax_convert_writes_an_fsdp_checkpoint_as_a_transformers_model(tmp_path, capsys):

@@ -31,15 +31,25 @@ def _attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     bounds = kwargs.pop("cu_seq_lens_q", None)  # only a packed forward passes it (and its recompute, later)
+    sp = kwargs.pop("relax_sequence_parallel", None)  # Ulysses: this rank holds a slice of the tokens
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs = {k: kwargs[k] for k in ("dropout", "scaling") if k in kwargs}
+    if sp is not None:
+        from relax.core.trainers.ulysses import heads_to_sequence
+
+        query, key, value = (heads_to_sequence(t, sp) for t in (query, key, value))
     edges = bounds.tolist()
     rows = [
         sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, **kwargs)[0]
         for s, e in zip(edges[:-1], edges[1:], strict=True)
     ]
-    return torch.cat(rows, dim=1), None  # (1, T, heads, head_dim), as sdpa_attention_forward returns
+    out = torch.cat(rows, dim=1)  # (1, T, heads, head_dim), as sdpa_attention_forward returns
+    if sp is not None:
+        from relax.core.trainers.ulysses import sequence_to_heads
+
+        out = sequence_to_heads(out, sp)
+    return out, None
 
 
 def _mask(*args: Any, **kwargs: Any) -> Any:
@@ -110,8 +120,9 @@ def pack_rows(batch: dict[str, Any]) -> PackedRows:
     )
 
 
-def packed_forward(model: torch.nn.Module, packed: PackedRows) -> Any:
-    """``model`` over the packed rows (no cache, no attention mask: ``cu_seqlens`` bound attention)."""
+def packed_forward(model: torch.nn.Module, packed: PackedRows, **extra: Any) -> Any:
+    """``model`` over the packed rows (no cache, no attention mask: ``cu_seqlens`` bound attention);
+    ``extra`` reaches the attention function (``relax_sequence_parallel``: Ulysses)."""
     cu, longest = packed.cu_seqlens, packed.max_len
     token = _PACKED.set(True)
     try:
@@ -124,6 +135,7 @@ def packed_forward(model: torch.nn.Module, packed: PackedRows) -> Any:
             cu_seq_lens_k=cu,
             max_length_q=longest,
             max_length_k=longest,
+            **extra,
         )
     finally:
         _PACKED.reset(token)

@@ -28,6 +28,7 @@ from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers.packing import enable_packing, pack_rows, packed_forward
 from relax.core.trainers.shared_prefix import shared_prefix_logits
 from relax.core.trainers.token_stats import HeadPassthrough, chunked_token_stats, head_is_plain
+from relax.core.trainers.ulysses import SequenceParallel, sum_over_ranks
 
 Batch = dict[str, Any]
 #: ``stats_fn(batch, entropy=..., sum_pi_squared=...) -> (k, B, R)``: logprobs, then the stats asked for
@@ -65,6 +66,7 @@ class ResponseLogits:
         self.pack = pack
         if pack:
             enable_packing(model)
+        self.sp: SequenceParallel | None = None  # Ulysses context parallelism (set by the fsdp trainer; packed rows)
 
     def __call__(self, batch: Batch, replay: bool | None = None) -> torch.Tensor:
         """``replay``: override the routing-replay setting for this forward (a batch with ``routed_experts``)."""
@@ -82,20 +84,31 @@ class ResponseLogits:
             kw = dict(temperature=self.temperature, chunk_tokens=self.chunk_tokens, entropy=entropy, sum_pi_squared=sum_pi_squared)
             if self.pack and not has_media(batch) and not self._replays(batch):
                 return self._packed_stats(batch, kw)
+            if self.sp is not None:
+                raise ValueError("trainer.backend_params.context_parallel: media rows and MoE routing replay run "
+                                 "the padded forward, which cannot be split over ranks; use context_parallel: 1")  # fmt: skip
             with self.heads.hidden_out():
                 hidden = self._outputs(batch)
             flat = chunked_token_stats(self.heads.head, hidden.flatten(0, 1), tokens.flatten(), **kw)
             return flat.view(-1, *tokens.shape)
 
     def _packed_stats(self, batch: Batch, kw: dict[str, Any]) -> torch.Tensor:
-        packed = pack_rows(batch)
+        packed, start, extra = pack_rows(batch), 0, {}
+        if self.sp is not None:  # Ulysses: this rank runs its slice of the packed tokens
+            packed, start = self.sp.local(packed)
+            extra = {"relax_sequence_parallel": self.sp}
         with self.heads.hidden_out():
-            hidden = packed_forward(self.model, packed).logits[0]
-        valid = packed.targets >= 0
-        stats = chunked_token_stats(self.heads.head, hidden[packed.targets[valid]], batch["responses"][valid], **kw)
+            hidden = packed_forward(self.model, packed, **extra).logits[0]
+        local = packed.targets - start
+        valid = (packed.targets >= 0) & (local >= 0) & (local < hidden.shape[0])
+        stats = chunked_token_stats(self.heads.head, hidden[local[valid]], batch["responses"][valid], **kw)
         out = stats.new_zeros((stats.shape[0], *packed.targets.shape))
         out[:, valid] = stats
-        return out
+        if self.sp is None:
+            return out
+        if hidden.requires_grad:  # a slice without response tokens still runs backward: its all-to-alls are collectives
+            out = out + 0.0 * hidden.sum()
+        return sum_over_ranks(out, self.sp)
 
     def _replays(self, batch: Batch) -> bool:
         return batch.get("routed_experts") is not None and self.routing is not None

@@ -101,9 +101,7 @@ def chunked_token_stats(
     size = chunk_tokens if chunk_tokens > 0 else max(n, 1)
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     parts = []
-    for start in range(0, n, size):
+    for start in range(0, max(n, 1), size):  # no tokens: one empty chunk, so the head is in the graph all the same
         args = (head, hidden[start : start + size], tokens[start : start + size], temperature, entropy, sum_pi_squared)
         parts.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if recompute and n > size else _chunk_stats(*args))
-    if not parts:
-        return torch.zeros((1 + entropy + sum_pi_squared, 0), device=hidden.device)
     return torch.cat(parts, dim=1)

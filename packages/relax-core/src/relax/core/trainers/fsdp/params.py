@@ -33,6 +33,9 @@ class FSDPParams:
     freeze_vision: bool = False  # ... the vision tower only (a model without one is an error)
     freeze_audio: bool = False  # ... the audio tower only (a model without one is an error)
     share_prompts: bool = False
+    # Ulysses context parallelism: every rank runs the same rows, each a 1/N slice of their packed tokens
+    # (attention heads all-to-all; docs/long-sequences.md); needs trainer.pack_sequences, N = world_size
+    context_parallel: int = 1
 
     def validate(self) -> list[str]:
         errors = []
@@ -44,10 +47,16 @@ class FSDPParams:
             errors.append(f"device: expected 'cpu' or 'cuda', got {self.device!r}")
         if self.cpu_offload and self.device == "cpu":
             errors.append("cpu_offload: the shards already live in host memory on device 'cpu'; use it with device 'cuda'")
+        if self.context_parallel not in (1, self.world_size) or (self.context_parallel > 1 and self.replicate > 1):
+            errors.append(f"context_parallel: 1 or world_size ({self.world_size}) without replicate (every rank holds a "
+                          f"slice of the same rows; data and context parallelism together are not built), got "
+                          f"{self.context_parallel}")  # fmt: skip
         return errors
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Against the run: the dtype inherited from ``model.dtype``, and host memory for offload."""
+        if self.context_parallel > 1 and not cfg.trainer.pack_sequences:
+            return ["trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"]
         dtype = self.dtype or cfg.model.dtype
         if problem := dtype_problem(dtype, self.device):
             field = "trainer.backend_params" if self.dtype else "model"

@@ -34,6 +34,7 @@ from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 from relax.core.trainers.fsdp.sharding import device_mesh, shard_model
 from relax.core.trainers.process_group import join_default_group
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
+from relax.core.trainers.ulysses import SequenceParallel, check_heads
 
 
 class FSDPTrainer:
@@ -107,6 +108,13 @@ class FSDPTrainer:
             pack=s.pack_sequences,
         )
         self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
+        self.context_parallel = p.context_parallel  # Ulysses: every rank runs the same rows, a slice of their tokens
+        if p.context_parallel > 1:
+            if not s.pack_sequences:
+                raise ValueError("trainer.backend_params.context_parallel: splits packed rows; set trainer.pack_sequences: true")
+            check_heads(self.model, p.context_parallel)
+            # the all-to-alls get a group of their own (as DeepSpeed-Ulysses): never queued behind FSDP's prefetches
+            self.response_logits.sp = SequenceParallel(rank, world_size, dist.new_group(list(range(world_size))))
         self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=self.fuses_old_logprobs())
 
     # --------------------------------------------------------------- loop's counters
@@ -120,11 +128,12 @@ class FSDPTrainer:
 
     @property
     def dp_rank(self) -> int:
-        return self.rank
+        return self.rank if self.context_parallel == 1 else 0
 
     @property
     def dp_size(self) -> int:
-        return self.world_size
+        """Data-parallel replicas: the ranks, or 1 under context parallelism (every rank has every row)."""
+        return self.world_size if self.context_parallel == 1 else 1
 
     def fuses_old_logprobs(self) -> bool:
         """As the torch trainer: the first mini-batch's old logprobs come from its training forward
@@ -147,6 +156,8 @@ class FSDPTrainer:
 
     def _most_micro_batches(self, count: int) -> int:
         """The most micro-batches any rank runs (each forward is a collective: every rank runs as many)."""
+        if self.dp_size == 1:
+            return count
         counts = [0.0] * self.world_size
         counts[self.rank] = float(count)
         return int(max(self.all_reduce_sum(counts)))
@@ -161,6 +172,9 @@ class FSDPTrainer:
         return None if both is None else (both[:, 0], both[:, 1])
 
     def _score_all_ranks(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
+        if self.dp_size == 1:  # one rank, or context parallelism: every rank scored every row
+            scored = self._score(batch, sum_pi_squared)
+            return scored if self.rank == 0 else None
         rows = batch["responses"].shape[0]
         local = self._score(self.local_rows(batch), sum_pi_squared)
         shares = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -249,7 +263,7 @@ class FSDPTrainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
-        if self.world_size == 1:
+        if self.dp_size == 1:  # context parallelism: every rank holds the same (whole-row) sums
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
         dist.all_reduce(t)
