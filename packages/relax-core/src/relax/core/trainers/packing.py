@@ -35,10 +35,8 @@ def _attention(
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs = {k: kwargs[k] for k in ("dropout", "scaling") if k in kwargs}
-    if sp is not None:
-        from relax.core.trainers.ulysses import heads_to_sequence
-
-        query, key, value = (heads_to_sequence(t, sp) for t in (query, key, value))
+    if sp is not None:  # a ``ulysses.SequenceParallel``: all tokens, this rank's heads
+        query, key, value = (sp.heads_to_sequence(t) for t in (query, key, value))
     edges = bounds.tolist()
     rows = [
         sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, **kwargs)[0]
@@ -46,9 +44,7 @@ def _attention(
     ]
     out = torch.cat(rows, dim=1)  # (1, T, heads, head_dim), as sdpa_attention_forward returns
     if sp is not None:
-        from relax.core.trainers.ulysses import sequence_to_heads
-
-        out = sequence_to_heads(out, sp)
+        out = sp.sequence_to_heads(out)
     return out, None
 
 

@@ -16,12 +16,13 @@ tokens only) and the gradients summed over ranks (FSDP's reduce-scatter) are the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from relax.core.trainers.packing import PackedRows
+if TYPE_CHECKING:
+    from relax.core.trainers.packing import PackedRows
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,21 @@ class SequenceParallel:
                         cu_seqlens=cu)  # fmt: skip
         return local, start
 
+    def heads_to_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, H, L, d) of this rank's tokens -> (1, H / size, size * L, d) of all tokens, this rank's heads."""
+        _, heads, length, dim = x.shape
+        chunks = x.reshape(self.size, heads // self.size, length, dim)  # head chunk j -> rank j (q/k/v come transposed)
+        got = _exchange(chunks, self.group)  # (size: source rank = sequence slice, H / size, L, d)
+        return got.permute(1, 0, 2, 3).reshape(1, heads // self.size, self.size * length, dim)
+
+    def sequence_to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, size * L, H / size, d) attention output of all tokens -> (1, L, H, d) of this rank's tokens."""
+        _, total, heads, dim = x.shape
+        length = total // self.size
+        chunks = x.reshape(self.size, length, heads, dim)  # sequence slice j -> rank j
+        got = _exchange(chunks, self.group)  # (size: source rank = head chunk, L, H / size, d)
+        return got.permute(1, 0, 2, 3).reshape(1, length, self.size * heads, dim)
+
 
 def _exchange(x: torch.Tensor, group: Any) -> torch.Tensor:
     """Differentiable all-to-all of ``x`` (size, ...): chunk ``j`` goes to rank ``j``; chunk ``i`` of
@@ -57,23 +73,6 @@ def _exchange(x: torch.Tensor, group: Any) -> torch.Tensor:
 
     x = x.contiguous()  # the output is laid out like x: both must be plain row-major
     return all_to_all_single(torch.empty_like(x), x, group=group)
-
-
-def heads_to_sequence(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
-    """(1, H, L, d) of this rank's tokens -> (1, H / size, size * L, d) of all tokens, this rank's heads."""
-    _, heads, length, dim = x.shape
-    chunks = x.reshape(sp.size, heads // sp.size, length, dim)  # head chunk j -> rank j (q/k/v come transposed)
-    got = _exchange(chunks, sp.group)  # (size: source rank = sequence slice, H / size, L, d)
-    return got.permute(1, 0, 2, 3).reshape(1, heads // sp.size, sp.size * length, dim)
-
-
-def sequence_to_heads(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
-    """(1, size * L, H / size, d) attention output of all tokens -> (1, L, H, d) of this rank's tokens."""
-    _, total, heads, dim = x.shape
-    length = total // sp.size
-    chunks = x.reshape(sp.size, length, heads, dim)  # sequence slice j -> rank j
-    got = _exchange(chunks, sp.group)  # (size: source rank = head chunk, L, H / size, d)
-    return got.permute(1, 0, 2, 3).reshape(1, length, sp.size * heads, dim)
 
 
 class _SumOverRanks(torch.autograd.Function):
