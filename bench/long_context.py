@@ -55,7 +55,7 @@ def build_model(directory: Path) -> str:
     return path
 
 
-def make_batch(long_rows: list[int], short_rows: int, seed: int = 0):
+def make_batch(long_rows: list[int], short_rows: int, seed: int = 0, group: int = 0):
     import torch
 
     from relax.core.data import Sample
@@ -68,6 +68,11 @@ def make_batch(long_rows: list[int], short_rows: int, seed: int = 0):
 
     lengths = [int(torch.randint(16, 65, (1,), generator=gen)) for _ in range(short_rows)] + long_rows
     order = torch.randperm(len(lengths), generator=gen).tolist()  # the long rows anywhere in the batch
+    if group:  # GRPO groups: ``group`` responses share each prompt
+        prompts = [draw(PROMPT) for _ in range(-(-len(order) // group))]
+        samples = [Sample(prompt_ids=prompts[i // group], group_id=i // group, response_ids=draw(lengths[j]))
+                   for i, j in enumerate(order)]  # fmt: skip
+        return with_advantages(samples, pad_id=0)
     samples = [Sample(prompt_ids=draw(PROMPT), group_id=i // 4, response_ids=draw(lengths[j])) for i, j in enumerate(order)]
     return with_advantages(samples, pad_id=0)
 
@@ -79,7 +84,7 @@ def status_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def worker(model_dir: str, settings: dict, long_rows: list[int], short_rows: int, out: str) -> None:
+def worker(model_dir: str, settings: dict, long_rows: list[int], short_rows: int, out: str, group: int = 0) -> None:
     import torch
 
     from relax.core.algorithms import build_policy_objective
@@ -88,7 +93,7 @@ def worker(model_dir: str, settings: dict, long_rows: list[int], short_rows: int
 
     torch.set_num_threads(2)
     trainer = TorchTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-5, **settings)
-    batch = make_batch(long_rows, short_rows)
+    batch = make_batch(long_rows, short_rows, group=group)
     tokens = float(batch["attention_mask"].sum())
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = status_kb("VmRSS")
@@ -103,9 +108,10 @@ def worker(model_dir: str, settings: dict, long_rows: list[int], short_rows: int
                                      "micro_batches": metrics["perf/micro_batches"]}))  # fmt: skip
 
 
-def run(model_dir: str, settings: dict, long_rows: list[int], short_rows: int, tmp: Path) -> dict:
+def run(model_dir: str, settings: dict, long_rows: list[int], short_rows: int, tmp: Path, group: int = 0) -> dict:
     out = tmp / "result.json"
-    args = [sys.executable, __file__, "--worker", model_dir, json.dumps(settings), json.dumps(long_rows), str(short_rows), str(out)]
+    args = [sys.executable, __file__, "--worker", model_dir, json.dumps(settings), json.dumps(long_rows), str(short_rows),
+            str(out), str(group)]  # fmt: skip
     subprocess.run(args, check=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "2"})
     return json.loads(out.read_text())
 
@@ -127,6 +133,10 @@ def main() -> None:
             sweep[longest] = r = run(model_dir, settings, [longest], 15, tmp)
             r["kb_per_token"] = r["peak_mb"] * 1024 / (longest + PROMPT)
             print(f"{longest:>7} {r['peak_mb']:>8.0f} {r['kb_per_token']:>9.1f} {r['tokens_per_s']:>9.0f}")
+        print(f"\n{'GRPO, G=8':<10} {'peak MB':>8} {'tokens/s':>9}  (64 rows, 8 prompts; responses 16-64 tokens)")
+        for name, settings in {"shared": {"micro_batch_size": 16}, "packed": VARIANTS["chunked"]}.items():
+            r = run(model_dir, settings, [], 64, tmp, group=8)
+            print(f"{name:<10} {r['peak_mb']:>8.0f} {r['tokens_per_s']:>9.0f}")
         per_token = [r["kb_per_token"] for r in sweep.values()]
         print(f"memory per token, longest / shortest row: {per_token[-1] / per_token[0]:.2f}x (goal: <= 1.2, flat or falling)")
         head, base = results["chunked"], results["padded"]  # (d): no recompute, so no extra compute
@@ -139,7 +149,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _, _, model_dir, settings, long_rows, short_rows, out = sys.argv
-        worker(model_dir, json.loads(settings), json.loads(long_rows), int(short_rows), out)
+        _, _, model_dir, settings, long_rows, short_rows, out, group = sys.argv
+        worker(model_dir, json.loads(settings), json.loads(long_rows), int(short_rows), out, int(group))
     else:
         main()

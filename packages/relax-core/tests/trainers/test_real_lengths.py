@@ -129,3 +129,17 @@ def test_full_recompute_runs_each_block_twice_per_training_forward(text_dir):
     assert [len(make(text_dir, recompute=m).recomputed) for m in ("off", "full")] == [0, len(layers)]
     with pytest.raises(ValueError, match="trainer.recompute: 'selective'"):
         make(text_dir, recompute="selective")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_on_cuda_packed_chunked_budget_logprobs_equal_padded_and_take_less_memory(text_dir):
+    """On a GPU: packed rows (per-row causal SDPA, or the model's flash-attention varlen kernels), chunked
+    logprobs and a token budget give the padded path's logprobs, and the step's allocator peak is lower."""
+    batch = long_tailed(rows=16)
+    kw = {"device": "cuda", "micro_batch_size": 16}
+    padded = make(text_dir, logits_chunk_tokens=0, **kw)
+    real = make(text_dir, pack_sequences=True, max_tokens_per_micro_batch=64, logits_chunk_tokens=8, **kw)
+    torch.testing.assert_close(real.forward_logprobs(batch), padded.forward_logprobs(batch), atol=1e-4, rtol=0)
+    peaks = [trainer.train_step(dict(batch))["perf/peak_mem_gb"] for trainer in (padded, real)]
+    assert peaks[1] < peaks[0], peaks
