@@ -23,10 +23,10 @@ from relax.core.policy_update.settings import UpdateSettings
 from relax.core.policy_update.token_budget import (
     balanced_order,
     in_row_order,
-    masked_micro_batch,
+    micro_batches,
+    most_over_replicas,
     row_tokens,
     select_rows,
-    token_micro_batches,
 )
 
 Objective = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, Any]]]
@@ -131,19 +131,14 @@ class PolicyUpdate:
         return select_rows(mini, torch.tensor(order, dtype=torch.long))
 
     def _micro_batches(self, mini: Batch) -> list[Batch]:
-        """``micro_batch_size`` rows at a time, or with ``max_tokens_per_micro_batch`` token-budget
-        micro-batches, as many on every replica (a replica short of its peers' count runs fully masked
-        ones: under FSDP each forward is a collective)."""
-        budget = self.settings.max_tokens_per_micro_batch
-        if not budget:
-            return list(split_rows(mini, self.settings.micro_batch_size))
-        micros = token_micro_batches(mini, budget, packed=getattr(self.backend, "packs_sequences", False))
-        if self.backend.dp_size > 1:
-            counts = [0.0] * self.backend.dp_size
-            counts[self.backend.dp_rank] = float(len(micros))
-            most = int(max(self.backend.all_reduce_sum(counts)))
-            micros += [masked_micro_batch(mini) for _ in range(most - len(micros))]
-        return micros
+        """``micro_batch_size`` rows at a time, or token-budget micro-batches, as many on every replica."""
+        b, s = self.backend, self.settings
+        packed = getattr(b, "packs_sequences", False)
+
+        def most(count: int) -> int:
+            return most_over_replicas(count, b.dp_rank, b.dp_size, b.all_reduce_sum)
+
+        return micro_batches(mini, s.micro_batch_size, s.max_tokens_per_micro_batch, packed, equalize=most)
 
     def _rollout_mismatch(self, minis: list[Batch]) -> dict[str, float]:
         """Rollout vs trainer old logprobs over the whole batch (token means; summed over replicas)."""

@@ -13,12 +13,13 @@ A micro-batch remembers which rows it holds (``ROWS``) and the response width it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from relax.core.data_multimodal import has_media
-from relax.core.policy_update.batching import _per_row
+from relax.core.policy_update.batching import _per_row, split_rows
 
 ROWS, WIDTH = "\0rows", "\0width"  # a token-budget micro-batch's row indices and source response width
 
@@ -165,3 +166,30 @@ def in_row_order(pieces: list[tuple[dict[str, Any], torch.Tensor]], rows: int, w
     if ROWS in pieces[0][0]:
         return scatter_rows(pieces, rows, width)
     return torch.cat([value for _, value in pieces])
+
+
+def micro_batches(
+    batch: dict[str, Any],
+    rows: int,
+    max_tokens: int = 0,
+    packed: bool = False,
+    equalize: Callable[[int], int] | None = None,
+) -> list[dict[str, Any]]:
+    """``rows`` rows at a time, or with ``max_tokens`` token-budget micro-batches (``packed``: real tokens
+    count, else padded rectangles); ``equalize(count) -> count``: the most any replica runs (fully masked
+    micro-batches make up the difference: under FSDP each forward is a collective)."""
+    if not max_tokens:
+        return list(split_rows(batch, rows))
+    micros = token_micro_batches(batch, max_tokens, packed)
+    most = equalize(len(micros)) if equalize is not None else len(micros)
+    return micros + [masked_micro_batch(batch) for _ in range(most - len(micros))]
+
+
+def most_over_replicas(count: int, rank: int, size: int, all_reduce_sum: Callable[[list[float]], list[float]]) -> int:
+    """The largest ``count`` of ``size`` replicas (one sum of a one-hot vector: ``ModelStep.all_reduce_sum``)."""
+    if size == 1:
+        return count
+    counts = [0.0] * size
+    counts[rank] = float(count)
+    return int(max(all_reduce_sum(counts)))
+

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from relax.core.algorithms import clipped_value_loss
-from relax.core.policy_update.token_budget import in_row_order
-from relax.core.trainers.response_forward import scoring_micro_batches
+from relax.core.policy_update.token_budget import in_row_order, micro_batches
 
 
 class ValueModel(nn.Module):
@@ -74,7 +73,7 @@ class Critic:
         self.max_tokens = max_tokens  # trainer.max_tokens_per_micro_batch: token-budget micro-batches (padded)
 
     def _micro_batches(self, batch: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        return scoring_micro_batches(batch, self.micro_batch_size, self.max_tokens)
+        return micro_batches(batch, self.micro_batch_size, self.max_tokens)
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) values, 0 where ``response_mask`` is 0; CPU tensor."""

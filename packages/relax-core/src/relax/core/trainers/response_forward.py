@@ -22,8 +22,7 @@ from relax.core.algorithms import entropy_from_logits, logprobs_and_sum_pi_squar
 from relax.core.data_multimodal import has_media, unpack_media
 from relax.core.multimodal_model import media_forward_kwargs
 from relax.core.policy_update import LossFn
-from relax.core.policy_update.batching import split_rows
-from relax.core.policy_update.token_budget import masked_micro_batch, scatter_rows, token_micro_batches
+from relax.core.policy_update.token_budget import micro_batches, scatter_rows
 from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers.packing import enable_packing, pack_rows, packed_forward
 from relax.core.trainers.shared_prefix import shared_prefix_logits
@@ -156,19 +155,6 @@ def _full_stats(logits: torch.Tensor, tokens: torch.Tensor, entropy: bool, sum_p
     return torch.stack(out + ([sum_sq] if sum_sq is not None else []))
 
 
-def scoring_micro_batches(
-    batch: Batch, rows: int, max_tokens: int = 0, equalize: Callable[[int], int] | None = None, packed: bool = False
-) -> list[Batch]:
-    """``rows`` rows at a time, or with ``max_tokens`` token-budget micro-batches (``token_budget``;
-    ``packed``: real tokens count, else padded rectangles); ``equalize(count) -> count``: the most any
-    replica runs (fully masked ones make up the difference)."""
-    if not max_tokens:
-        return list(split_rows(batch, rows))
-    micros = token_micro_batches(batch, max_tokens, packed)
-    most = equalize(len(micros)) if equalize is not None else len(micros)
-    return micros + [masked_micro_batch(batch) for _ in range(most - len(micros))]
-
-
 def score_rows(
     stats_fn: StatsFn,
     batch: Batch,
@@ -184,7 +170,7 @@ def score_rows(
     ``max_tokens``); a CPU tensor."""
     pieces = []
     with torch.no_grad():
-        for sub in scoring_micro_batches(batch, micro_batch_size, max_tokens, equalize, packed):
+        for sub in micro_batches(batch, micro_batch_size, max_tokens, packed, equalize):
             stats = stats_fn(sub, entropy=False, sum_pi_squared=sum_pi_squared)
             pieces.append((sub, torch.where(sub["response_mask"] > 0, stats, torch.zeros_like(stats))))
     if max_tokens:  # token-budget micro-batches: rows back in the batch's order, each stat on its own

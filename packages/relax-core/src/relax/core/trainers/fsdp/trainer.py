@@ -26,6 +26,7 @@ import torch.distributed as dist
 from relax.core.multimodal_model import freeze_switches, freeze_towers_by_switch, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.batching import even_replica_rows, shard_bounds
+from relax.core.policy_update.token_budget import most_over_replicas
 from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers import lora as lora_adapters
 from relax.core.trainers.export import buckets, in_dtype
@@ -156,11 +157,7 @@ class FSDPTrainer:
 
     def _most_micro_batches(self, count: int) -> int:
         """The most micro-batches any rank runs (each forward is a collective: every rank runs as many)."""
-        if self.dp_size == 1:
-            return count
-        counts = [0.0] * self.world_size
-        counts[self.rank] = float(count)
-        return int(max(self.all_reduce_sum(counts)))
+        return most_over_replicas(count, self.dp_rank, self.dp_size, self.all_reduce_sum)
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """(B, R) masked fp32 logprobs of the whole batch on rank 0 (None on the other ranks): each
