@@ -220,6 +220,7 @@ class TestRealLengths(TinyModelFixtures):
         plain, other = megatron_trainer(model_dir, eps=1e-4), megatron_trainer(model_dir, eps=1e-4, **variant)
         config = other.model.config
         assert config.recompute_granularity == variant.get("recompute")
+        torch.testing.assert_close(other.forward_logprobs(batch), plain.forward_logprobs(batch), atol=1e-5, rtol=0)
         want, got = learning_metrics(plain.train_step(dict(batch))), learning_metrics(other.train_step(dict(batch)))
         for key in ("loss", "entropy", "grad_norm"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key

@@ -36,7 +36,7 @@ import torch
 
 from relax.core.multimodal_model import model_config
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
-from relax.core.policy_update.batching import split_rows
+from relax.core.policy_update.token_budget import in_row_order, micro_batches
 from relax.core.trainers.export import NamedTensors, buckets
 from relax.megatron import convert, omni
 from relax.megatron.logprobs import logprobs_and_entropy
@@ -246,7 +246,8 @@ class MegatronTrainer:
             keep = sub["response_mask"] > 0
             return [torch.where(keep, t, torch.zeros_like(t)) for t in self._scores(sub, logits, score)[:count]]
 
-        micros = list(split_rows(batch, self.settings.micro_batch_size))
+        budget = self.settings.max_tokens_per_micro_batch if self.pp == 1 else 0  # PP: one shape (validate_run)
+        micros = micro_batches(batch, self.settings.micro_batch_size, budget)
         with torch.no_grad():
             if self.pp == 1:
                 records = [masked(sub, self._forward(self.model, sub)) for sub in micros]
@@ -257,7 +258,8 @@ class MegatronTrainer:
                                        lambda sub, logits: (torch.zeros(()), masked(sub, logits)), forward_only=True,
                                        seq_multiple=self.seq_multiple)  # fmt: skip
         if self.pp == 1:
-            return [torch.cat([r[i] for r in records]) for i in range(count)]
+            pieces = [list(zip(micros, [r[i] for r in records], strict=True)) for i in range(count)]
+            return [in_row_order(p, *batch["responses"].shape) for p in pieces]
         shape = tuple(batch["responses"].shape)
         out = [torch.cat([r[i] for r in records]) if self.last_stage else torch.zeros(shape, device=self.device)
                for i in range(count)]  # fmt: skip

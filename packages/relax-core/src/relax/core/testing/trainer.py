@@ -201,8 +201,8 @@ class TrainerConformance(TrainerFixtures):
         try:
             resumed.load(str(tmp_path / "ckpt"))
             _assert_same_weights(exported(resumed), exported(trainer), 0.0, "weights after load")
-            m_resumed = resumed.train_step(self.with_old_logprobs(resumed, batch))
-            m_straight = trainer.train_step(self.with_old_logprobs(trainer, batch))
+            m_resumed = learning_metrics(resumed.train_step(self.with_old_logprobs(resumed, batch)))
+            m_straight = learning_metrics(trainer.train_step(self.with_old_logprobs(trainer, batch)))
             _assert_same_weights(
                 exported(resumed), exported(trainer), self.resume_atol, "weights one step after load"
             )
