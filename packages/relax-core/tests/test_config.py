@@ -61,6 +61,8 @@ BAD = [
     (["trainer.max_tokens_per_micro_batch=40", "data.max_prompt_length=32", "rollout.max_new_tokens=16"],
      "trainer.max_tokens_per_micro_batch: 40 is less than the longest row a step can hold (data.max_prompt_length "
      "32 + rollout.max_new_tokens 16 = 48); raise it to at least 48"),
+    (["trainer.recompute=full", "algorithm.routing_replay=rollout"],
+     "trainer.recompute: 'full' with algorithm.routing_replay 'rollout': the forward recomputed in backward"),
     (["trainer.recompute=some"], "trainer.recompute: 'some' is not allowed; allowed values: 'off', 'full', 'selective'"),
 ]
 

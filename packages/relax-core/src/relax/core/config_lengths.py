@@ -1,5 +1,6 @@
 """Checks of the real-length settings (``trainer.max_tokens_per_micro_batch`` and friends) that need
-the rest of the config: the longest row a run can produce must fit one micro-batch's token budget."""
+the rest of the config: the longest row a run can produce must fit one micro-batch's token budget, and
+activation recompute cannot hold MoE routing replay (its hooks cover the forward, not the recompute)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ def longest_row(cfg: Any) -> tuple[int, str]:
 
 
 def length_errors(cfg: Any) -> list[str]:
+    errors = []
+    if cfg.trainer.recompute != "off" and cfg.algorithm.routing_replay != "off":
+        errors.append(f"trainer.recompute: {cfg.trainer.recompute!r} with algorithm.routing_replay "
+                      f"{cfg.algorithm.routing_replay!r}: the forward recomputed in backward would route with the "
+                      "model's own experts, not the rollout's; set trainer.recompute: off")  # fmt: skip
     budget = cfg.trainer.max_tokens_per_micro_batch
-    if not budget:
-        return []
     tokens, why = longest_row(cfg)
-    if tokens <= budget:
-        return []
-    return [f"trainer.max_tokens_per_micro_batch: {budget} is less than the longest row a step can hold ({why}); "
-            f"raise it to at least {tokens} or lower those limits"]
+    if budget and tokens > budget:
+        errors.append(f"trainer.max_tokens_per_micro_batch: {budget} is less than the longest row a step can hold "
+                      f"({why}); raise it to at least {tokens} or lower those limits")  # fmt: skip
+    return errors

@@ -184,6 +184,8 @@ def test_relax_validate_names_the_inherited_dtype_and_offload_memory(tmp_path):
     big = FSDPParams(device="cuda", cpu_offload=True, world_size=10**9)  # a billion ranks' state on one host
     (err,) = big.validate_run(load_config(None, base))
     assert err.startswith("trainer.backend_params.cpu_offload: the offloaded training state needs ~")
+    (replay,) = FSDPParams(activation_checkpointing=True).validate_run(load_config(None, [*base, "algorithm.routing_replay=rollout"]))
+    assert replay.startswith("trainer.backend_params.activation_checkpointing with algorithm.routing_replay")
     (cp,) = FSDPParams(world_size=2, context_parallel=2).validate_run(load_config(None, base))
     assert cp == "trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"
 

@@ -55,6 +55,9 @@ class FSDPParams:
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Against the run: the dtype inherited from ``model.dtype``, and host memory for offload."""
+        if self.activation_checkpointing and cfg.algorithm.routing_replay != "off":
+            return ["trainer.backend_params.activation_checkpointing with algorithm.routing_replay: the forward "
+                    "recomputed in backward would route with the model's own experts; set it to false"]  # fmt: skip
         if self.context_parallel > 1 and not cfg.trainer.pack_sequences:
             return ["trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"]
         dtype = self.dtype or cfg.model.dtype

@@ -173,9 +173,9 @@ class FSDPTrainer:
             scored = self._score(batch, sum_pi_squared)
             return scored if self.rank == 0 else None
         rows = batch["responses"].shape[0]
-        local = self._score(self.local_rows(batch), sum_pi_squared)
-        shares = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(shares, local.to(self._comm_device()))
+        local = self._score(self.local_rows(batch), sum_pi_squared).to(self._comm_device())
+        shares = [torch.empty_like(local) for _ in range(self.world_size)]  # on the comm device: NCCL gathers into CUDA
+        dist.all_gather(shares, local)
         if self.rank != 0:
             return None
         parts = [share[: e - s] for r, share in enumerate(shares) for s, e in [shard_bounds(rows, r, self.world_size)]]
