@@ -38,8 +38,9 @@ def _attention(
     if sp is not None:  # a ``ulysses.SequenceParallel``: all tokens, this rank's heads
         query, key, value = (sp.heads_to_sequence(t) for t in (query, key, value))
     edges = bounds.tolist()
+    causal = getattr(module, "is_causal", True)  # a decoder's attention; an encoder (vision tower) is not causal
     rows = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, **kwargs)[0]
+        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=causal, **kwargs)[0]
         for s, e in zip(edges[:-1], edges[1:], strict=True)
     ]
     out = torch.cat(rows, dim=1)  # (1, T, heads, head_dim), as sdpa_attention_forward returns
