@@ -143,3 +143,18 @@ def test_on_cuda_packed_chunked_budget_logprobs_equal_padded_and_take_less_memor
     torch.testing.assert_close(real.forward_logprobs(batch), padded.forward_logprobs(batch), atol=1e-4, rtol=0)
     peaks = [trainer.train_step(dict(batch))["perf/peak_mem_gb"] for trainer in (padded, real)]
     assert peaks[1] < peaks[0], peaks
+
+
+def test_media_rows_keep_their_logprobs_with_packing_on(tmp_path):
+    """Media rows take the padded forward under ``pack_sequences`` (their rope index is the model's), and the
+    vision tower's attention, now the packed implementation's, stays bidirectional: logprobs unchanged."""
+    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+
+    from .fsdp.test_fsdp_ranks import media_batch
+
+    model_dir = tiny_multimodal_dir(tmp_path, "qwen3_vl")  # DeepStack: tower features reach the LM's layers
+    batch = media_batch(model_dir, tmp_path)
+    want = make(model_dir).forward_logprobs(batch)
+    got = make(model_dir, pack_sequences=True, max_tokens_per_micro_batch=4096).forward_logprobs(batch)
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
