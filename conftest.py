@@ -52,3 +52,45 @@ def _torch_threads_restored():
     torch = sys.modules.get("torch")  # never imported here: tests that do not use torch stay free of it
     if torch is not None and before and before.isdigit() and torch.get_num_threads() != int(before):
         torch.set_num_threads(int(before))
+
+
+
+def _located(tb):
+    """``tb``'s chain with every entry that has no line number given its function's first line instead."""
+    import types
+
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    out = None
+    for entry in reversed(entries):
+        line = entry.tb_lineno if entry.tb_lineno is not None else entry.tb_frame.f_code.co_firstlineno
+        out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, line)
+    return out
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure whose traceback has a frame without a line number (Python 3.11 gives ``tb_lineno`` None for an
+    exception passing an instruction with no location, e.g. an exception handler's cleanup code) made pytest's
+    own formatter raise ``TypeError`` (``tb_lineno - 1``): an INTERNALERROR that ended the session with the
+    failure and the durations unprinted (a clean run, integration_tests/test_omni_examples.py). Such a failure
+    is reported with those frames placed at their function's first line."""
+    try:
+        return (yield)
+    except TypeError as error:
+        if call.excinfo is None or "NoneType" not in str(error):
+            raise
+        from _pytest._code import ExceptionInfo
+        from _pytest.reports import TestReport
+
+        seen, todo = set(), [call.excinfo.value]
+        while todo:  # the exception and those it was raised from / during
+            exc = todo.pop()
+            if exc is not None and id(exc) not in seen:
+                seen.add(id(exc))
+                exc.__traceback__ = _located(exc.__traceback__)
+                todo += [exc.__cause__, exc.__context__]
+        call.excinfo = ExceptionInfo.from_exception(call.excinfo.value)
+        return TestReport.from_item_and_call(item, call)
