@@ -56,12 +56,12 @@ def test_recipe_passes_relax_validate(tmp_path_factory, tmp_path, recipe, capsys
     from relax.core.testing.multimodal_models import tiny_multimodal_dir
 
     spec = DATASETS[RECIPES[recipe].dataset]
-    data = Path(prepare_smoke(spec.name, tmp_path / "data", rows=2).path)
+    data = Path(prepare_smoke(spec.name, tmp_path / "data", rows=2, heldout=2).path)
     family = {"qwen3_vl": "qwen3_vl", "qwen3_omni": "qwen3_omni"}.get(spec.smoke_model)
     model = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family) if family else ensure_quickstart_model()
     media = [f"data.processor_params.media_root={data.parent}"] if spec.media else []
     argv = ["validate", str(REPO / RECIPES[recipe].example), f"model.path={model}", f"data.path={data}",
-            f"run_dir={tmp_path / 'run'}", *media]
+            f"eval.sets.heldout.path={data.parent / spec.heldout_file}", f"run_dir={tmp_path / 'run'}", *media]
     assert main(argv) == 0, capsys.readouterr().err
     assert "config OK" in capsys.readouterr().out
 
@@ -86,8 +86,14 @@ def test_smoke_variant_runs(tmp_path, recipe):
         assert json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"] == whole[0]
     report = json.loads((Path(cfg.data.path).parent / "prepare_report.json").read_text())
     assert report["rows"] == 8 and sum(report["skipped"].values()) >= 2  # the malformed fixture rows were skipped
+    heldout = [json.loads(line) for line in Path(cfg.eval.sets["heldout"].path).read_text().splitlines()]
+    assert len(heldout) == 2 and Path(cfg.eval.sets["heldout"].path).parent == Path(cfg.data.path).parent
     summary = run(cfg)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r for r in logged if "eval/heldout/accuracy" in r}
+    assert sorted(evals) == [0, cfg.total_steps], f"{recipe}: evaluated at {sorted(evals)}"  # before_train, at_end
+    assert all(r["eval/heldout/prompts"] == 2 and r["eval/heldout/failed"] == 0 for r in evals.values()), evals
+    rows = [r for r in logged if r["step"] > 0]
     assert summary["steps"] == cfg.total_steps == len(rows)
     for row in rows:
         bad = {k: v for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}

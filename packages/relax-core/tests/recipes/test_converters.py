@@ -138,3 +138,35 @@ def test_every_dataset_converts_its_fixture(tmp_path):
         report = prepare_smoke(name, tmp_path / name, rows=2)
         assert report.rows == 2 and sum(report.skipped.values()) >= 2, (name, report)
         assert spec.reward in ("math", "openr1_mm", "multiple_choice")
+
+
+def test_heldout_rows_are_chosen_by_hash_never_trained_on(tmp_path):
+    """``--heldout N``: N rows out of train.jsonl into heldout.jsonl, the same rows whatever the file's order."""
+    from relax.core.recipes.dapo_math import write_fixture
+
+    write_fixture(tmp_path / "src", 12)
+    report = prepare("dapo-math-17k", str(tmp_path / "src"), tmp_path / "out", heldout=3)
+    train, held = rows_of(report), [json.loads(x) for x in (tmp_path / "out" / "heldout.jsonl").read_text().splitlines()]
+    assert report.rows == len(train) == 9 and report.heldout == len(held) == 3 and report.duplicates == 1
+    assert not {json.dumps(r) for r in train} & {json.dumps(r) for r in held}
+    assert sorted(r["index"] for r in train + held) == sorted(f"fixture-{i:04d}" for i in range(12))
+    saved = json.loads((tmp_path / "out" / "prepare_report.json").read_text())
+    assert saved["heldout"] == 3 and saved["heldout_path"] == str(tmp_path / "out" / "heldout.jsonl")
+    # the same source reversed (as another copy of the dataset might be ordered): the same rows held out
+    src = tmp_path / "reversed.jsonl"
+    src.write_text("".join(json.dumps({"prompt": r["prompt"], "label": r["label"]}) + "\n" for r in [*train, *held][::-1]))
+    again = prepare("dapo-math-17k", str(src), tmp_path / "again", heldout=3)
+    held_again = (tmp_path / "again" / "heldout.jsonl").read_text().splitlines()
+    assert again.heldout == 3 and {json.loads(x)["label"] + json.loads(x)["prompt"][0]["content"] for x in held_again} == {
+        r["label"] + r["prompt"][0]["content"] for r in held}
+
+
+def test_avqa_valid_split_is_its_heldout_file(tmp_path):
+    report = prepare_smoke("avqa-r1-6k", tmp_path / "out", rows=4, heldout=2)
+    assert report.rows == 4 and Path(report.path).name == "train.jsonl"
+    valid = [json.loads(x) for x in (tmp_path / "out" / "valid.jsonl").read_text().splitlines()]
+    assert len(valid) == 2 and all("(valid" in r["messages"][0]["content"][2]["text"] for r in valid)
+    assert all((tmp_path / "out" / r["messages"][0]["content"][1]["audio"]).is_file() for r in valid)
+    saved = json.loads((tmp_path / "out" / "prepare_report.valid.json").read_text())
+    assert saved["rows"] == 2 and saved["path"].endswith("valid.jsonl")
+    assert not (tmp_path / "out" / "heldout.jsonl").exists()  # a published split, nothing carved

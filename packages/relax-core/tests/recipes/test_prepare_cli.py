@@ -49,3 +49,28 @@ def test_unprepared_recipe_data_names_the_command(tmp_path, monkeypatch, capsys)
     assert main(["validate", str(REPO / "examples" / "qwen3_4b_grpo_math.yaml"),
                  "data.path=/elsewhere/dapo-math-17k/train.jsonl"]) == 2
     assert "--source BytedTsinghua-SIA/DAPO-Math-17k --out /elsewhere/dapo-math-17k" in capsys.readouterr().err
+
+
+def test_heldout_and_split_on_the_command_line(tmp_path, capsys):
+    assert main(["data", "prepare", "dapo-math-17k", "--smoke", "--rows", "6", "--heldout", "2",
+                 "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 6 rows" in out and f"held out 2 rows (never in train.jsonl) in {tmp_path / 'd' / 'heldout.jsonl'}" in out
+    assert main(["data", "prepare", "avqa-r1-6k", "--source", str(tmp_path / "a"), "--heldout", "-1"]) == 2
+    assert "--heldout must be >= 0, got -1" in capsys.readouterr().err
+    main(["data", "prepare", "avqa-r1-6k", "--smoke", "--out", str(tmp_path / "a")])
+    assert main(["data", "prepare", "avqa-r1-6k", "--source", str(tmp_path / "a" / "source"), "--split", "valid",
+                 "--out", str(tmp_path / "v")]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote 2 rows to {tmp_path / 'v' / 'valid.jsonl'}" in out and "prepare_report.valid.json" in out
+
+
+def test_unprepared_eval_set_names_the_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "dapo-math-17k").mkdir(parents=True)
+    (tmp_path / "data" / "dapo-math-17k" / "train.jsonl").write_text('{"prompt": "1+1?", "label": "2"}\n')
+    assert main(["validate", str(REPO / "examples" / "qwen3_4b_grpo_math.yaml")]) == 2
+    assert ("eval.sets.heldout.path: 'data/dapo-math-17k/heldout.jsonl' does not exist -- make it with: relax data "
+            "prepare dapo-math-17k --source BytedTsinghua-SIA/DAPO-Math-17k --heldout 500") in capsys.readouterr().err
+    assert main(["validate", str(REPO / "examples" / "omni" / "qwen3_omni_30b_a3b_grpo.yaml")]) == 2
+    assert "relax data prepare avqa-r1-6k --source harryhsing/AVQA-R1-6K --split valid" in capsys.readouterr().err

@@ -23,6 +23,7 @@ SMOKE_MAY_CHANGE = (
     "rollout.engine", "rollout.engine_params", "rollout.num_engines", "rollout.prompts_per_step",
     "rollout.n_samples_per_prompt", "rollout.max_new_tokens", "trainer.backend", "trainer.backend_params",
     "trainer.micro_batch_size", "algorithm.critic.warmup_steps", "weight_sync.", "checkpoint.", "logging.", "ray.",
+    "eval.sets.heldout.path",
 )  # fmt: skip
 
 
@@ -59,6 +60,9 @@ def test_smoke_variant_changes_only_sizes(name):
     assert smoke_cfg.inputs.name == f"{spec.name}-smoke" and smoke_cfg.model.path is None
     assert full["reward.name"] == spec.reward
     assert smoke_cfg.rollout.engine == "hf" and smoke_cfg.total_steps <= 3  # seconds on CPU
+    # its eval set: the prepared held-out file in the full recipe, the fixture's (built by inputs) in the smoke
+    assert full["eval.sets.heldout.path"] == f"data/{spec.name}/{spec.heldout_file}"
+    assert smoke["eval.sets.heldout.path"] is None and smoke_cfg.eval.before_train and smoke_cfg.eval.at_end
 
 
 def test_smoke_inputs_are_registered_with_what_they_fill():
@@ -66,7 +70,8 @@ def test_smoke_inputs_are_registered_with_what_they_fill():
     for spec in DATASETS.values():
         reg = manager.registration("inputs", f"{spec.name}-smoke")
         media = ("data.processor_params.media_root",) if spec.media else ()
-        assert reg.options["fills"] == ("model.path", "data.path", *media) and reg.plugin == "core"
+        fills = ("model.path", "data.path", *media, "eval.sets.heldout.path")
+        assert reg.options["fills"] == fills and reg.plugin == "core"
 
 
 def test_every_recipe_file_validates():

@@ -143,18 +143,32 @@ def _jpeg(png: bytes) -> bytes:
     return buf.getvalue()
 
 
-def write_fixture(directory: Path, rows: int, archive: bool = True) -> Path:
-    """The published layout under ``directory``: ``AVQA_R1.tar.gz`` (or, ``archive=False``, the unpacked
-    ``AVQA_R1/train/``); returns ``directory``."""
-    split_dir = directory / ("staging" if archive else "") / "AVQA_R1" / "train"
+VALID_ROWS = 2  # the fixture's ``valid`` split: the recipe's held-out set
+
+
+def _write_split(split_dir: Path, split: str, rows: list[dict[str, Any]]) -> None:
     (split_dir / "images").mkdir(parents=True, exist_ok=True)
     (split_dir / "audios").mkdir(exist_ok=True)
-    for i in range(rows):
-        (split_dir / "images" / f"sample_{i}.jpg").write_bytes(_jpeg(squares_png(i % 4 + 1)))
-        (split_dir / "audios" / f"sample_{i}.wav").write_bytes(tone_wav(220.0 * (1 + i % 3)))
-    (split_dir / "omni_rl_format_train.json").write_text(json.dumps(fixture_rows(rows), indent=1))
+    for row in rows:
+        i = row["problem_id"]
+        if isinstance(i, int):
+            (split_dir / "images" / f"sample_{i}.jpg").write_bytes(_jpeg(squares_png(i % 4 + 1)))
+            (split_dir / "audios" / f"sample_{i}.wav").write_bytes(tone_wav(220.0 * (1 + i % 3)))
+    (split_dir / f"omni_rl_format_{split}.json").write_text(json.dumps(rows, indent=1))
+
+
+def write_fixture(directory: Path, rows: int, archive: bool = True) -> Path:
+    """The published layout under ``directory``: ``AVQA_R1.tar.gz`` (or, ``archive=False``, the unpacked
+    ``AVQA_R1/``) with ``train/`` (``rows`` rows and the malformed ones) and ``valid/`` (``VALID_ROWS`` other
+    questions); returns ``directory``."""
+    top = directory / ("staging" if archive else "") / "AVQA_R1"
+    _write_split(top / "train", "train", fixture_rows(rows))
+    valid = [{**r, "problem_id": 1000 + i, "problem": f"{r['problem']} (valid {i})",
+              "path": {"image": f"images/sample_{1000 + i}.jpg", "audio": f"audios/sample_{1000 + i}.wav"}}
+             for i, r in enumerate(fixture_rows(VALID_ROWS)[:VALID_ROWS])]
+    _write_split(top / "valid", "valid", valid)
     if archive:
         with tarfile.open(directory / "AVQA_R1.tar.gz", "w:gz") as tar:
-            tar.add(split_dir.parent, arcname="AVQA_R1")
+            tar.add(top, arcname="AVQA_R1")
         shutil.rmtree(directory / "staging")
     return directory

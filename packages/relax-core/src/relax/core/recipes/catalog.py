@@ -40,10 +40,19 @@ class DatasetSpec:
     write_fixture: Callable[[Path, int], Path]  # fixture rows in the published layout under a directory
     smoke_model: str  # the tiny model of the smoke variant: "quickstart" (text) or a multimodal family
     read: Callable[[str, str, Path], Iterator[SourceRow]] = read_published
+    # the published split its recipe evaluates on (``relax data prepare <name> --split <it>``); None: the
+    # dataset has none, and ``relax data prepare <name> --heldout N`` carves N rows out of training instead
+    heldout_split: str | None = None
+    heldout_rows: int = 0  # else: how many rows its recipes carve out (``--heldout``)
 
     @property
     def media(self) -> bool:
         return self.smoke_model != "quickstart"
+
+    @property
+    def heldout_file(self) -> str:
+        """The file name of the held-out rows in the prepared directory (the recipes' ``eval.sets.heldout``)."""
+        return f"{self.heldout_split or 'heldout'}.jsonl"
 
 
 @dataclass(frozen=True)
@@ -67,11 +76,12 @@ DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
         DatasetSpec(dapo_math.NAME, dapo_math.HUB_ID, "17k competition math problems, answer on an 'Answer:' line",
-                    "math", dapo_math.convert, dapo_math.write_fixture, "quickstart"),
+                    "math", dapo_math.convert, dapo_math.write_fixture, "quickstart", heldout_rows=500),
         DatasetSpec(openr1_vl.NAME, openr1_vl.HUB_ID, "7.7k image + math question pairs, <answer> solutions",
-                    "openr1_mm", openr1_vl.convert, openr1_vl.write_fixture, "qwen3_vl"),
+                    "openr1_mm", openr1_vl.convert, openr1_vl.write_fixture, "qwen3_vl", heldout_rows=200),
         DatasetSpec(avqa.NAME, avqa.HUB_ID, "6.4k image + audio multiple-choice questions (4 options)",
-                    "multiple_choice", avqa.convert, avqa.write_fixture, "qwen3_omni", read=avqa.read),
+                    "multiple_choice", avqa.convert, avqa.write_fixture, "qwen3_omni", read=avqa.read,
+                    heldout_split="valid"),
     )
 }
 

@@ -12,24 +12,34 @@ from pathlib import Path
 from relax.core.recipes.catalog import DATASETS, RECIPES
 from relax.core.recipes.starter import MODES
 
+_MISSING = re.compile(r"^  (data\.path|eval\.sets\.[^:]+\.path): '([^']*?)([^/']+)/([^/']+)\.jsonl' does not exist.*$",
+                      re.MULTILINE)
+
+
+def _hint(m: re.Match[str]) -> str:
+    spec = DATASETS.get(m.group(3))
+    if spec is None or m.group(4) not in ("train", "heldout", spec.heldout_split):
+        return m.group(0)
+    out, split = m.group(2) + m.group(3), m.group(4)
+    where = "" if out == f"data/{spec.name}" else f" --out {out}"
+    extra = f" --split {split}" if split == spec.heldout_split else f" --heldout {spec.heldout_rows}"
+    extra = "" if extra == " --heldout 0" else extra
+    return f"{m.group(0)} -- make it with: relax data prepare {spec.name} --source {spec.hub_id}{where}{extra}"
+
 
 @contextmanager
 def with_prepare_hint() -> Iterator[None]:
-    """A ``ConfigError`` whose ``data.path`` is a missing ``.../<dataset>/train.jsonl`` of a recipe's dataset
-    gets the ``relax data prepare`` command that writes it."""
+    """A ``ConfigError`` whose ``data.path`` (or an eval set's path) is a missing ``.../<dataset>/<split>.jsonl``
+    of a recipe's dataset gets the ``relax data prepare`` command that writes it."""
     from relax.core.errors import ConfigError
 
     try:
         yield
     except ConfigError as exc:
-        text = str(exc)
-        m = re.search(r"^  data\.path: '([^']*?)([^/']+)/train\.jsonl' does not exist.*$", text, re.MULTILINE)
-        if m is None or m.group(2) not in DATASETS:
+        text = _MISSING.sub(_hint, str(exc))
+        if text == str(exc):
             raise
-        spec, out = DATASETS[m.group(2)], m.group(1) + m.group(2)
-        where = "" if out == f"data/{spec.name}" else f" --out {out}"
-        hint = f" -- make it with: relax data prepare {spec.name} --source {spec.hub_id}{where}"
-        raise ConfigError(text[: m.end()] + hint + text[m.end():]) from None
+        raise ConfigError(text) from None
 
 
 def _names() -> str:
@@ -38,6 +48,7 @@ def _names() -> str:
 
 def cmd_prepare(ns: argparse.Namespace) -> int:
     from relax.core.recipes.catalog import dataset_of
+    from relax.core.recipes.output import report_name
     from relax.core.recipes.prepare import prepare, prepare_smoke
     from relax.core.recipes.sources import SourceError
 
@@ -50,11 +61,14 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
         print(f"relax: data prepare {ns.recipe}: give --source (a directory, a file or a Hub id such as "
               f"{spec.hub_id}) or --smoke (fixture rows), not both", file=sys.stderr)
         return 2
+    if ns.heldout < 0:
+        print(f"relax: data prepare {spec.name}: --heldout must be >= 0, got {ns.heldout}", file=sys.stderr)
+        return 2
     try:
         if ns.smoke:
-            report = prepare_smoke(spec.name, ns.out, ns.rows)
+            report = prepare_smoke(spec.name, ns.out, ns.rows, ns.heldout)
         else:
-            report = prepare(spec.name, ns.source, ns.out, split=ns.split, limit=ns.limit)
+            report = prepare(spec.name, ns.source, ns.out, split=ns.split, limit=ns.limit, heldout=ns.heldout)
     except SourceError as exc:
         print(f"relax: data prepare {spec.name}: {exc}", file=sys.stderr)
         return 2
@@ -63,7 +77,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
         print(f"relax: data prepare {spec.name}: no row could be converted (see the reasons above)", file=sys.stderr)
         return 1
     users = [r for r in RECIPES.values() if r.dataset == spec.name]
-    print(f"report: {Path(report.path).parent / 'prepare_report.json'}; used by "
+    print(f"report: {Path(report.path).parent / report_name(ns.split)}; used by "
           + ", ".join(f"{r.name} ({r.example})" for r in users))
     return 0
 
@@ -95,7 +109,12 @@ def add_recipe_commands(sub: argparse._SubParsersAction) -> None:
     prepare.add_argument("recipe", help="dataset or recipe name")
     prepare.add_argument("--source", help="a local directory or file as published, or a Hub id (downloads)")
     prepare.add_argument("--out", help="output directory (default: data/<dataset>, where the recipes look)")
-    prepare.add_argument("--split", default="train", help="split to convert (default: train)")
+    prepare.add_argument("--split", default="train",
+                         help="split to convert, written to <out>/<split>.jsonl (default: train; avqa-r1-6k's "
+                              "held-out split is valid)")
+    prepare.add_argument("--heldout", type=int, default=0, metavar="N",
+                         help="keep N rows out of <split>.jsonl, in <out>/heldout.jsonl (the recipes' eval set "
+                              "where the dataset publishes no held-out split; chosen by hash, the same every run)")
     prepare.add_argument("--limit", type=int, help="stop after this many rows are written")
     prepare.add_argument("--smoke", action="store_true",
                          help="write fixture rows in the published schema (to <out>/source) and convert those")

@@ -1,12 +1,19 @@
-"""Where a converted dataset goes: ``<out>/train.jsonl`` (Relax rows), media files beside it
-(``images/``, ``audios/``, named by content hash, so a re-run or a duplicate image writes nothing new), and
-``<out>/prepare_report.json`` (rows written, rows skipped per reason with the first few places).
+"""Where a converted dataset goes: ``<out>/<split>.jsonl`` (Relax rows: ``train.jsonl``, ``valid.jsonl``, ...),
+media files beside it (``images/``, ``audios/``, named by content hash, so a re-run or a duplicate image writes
+nothing new), and ``<out>/prepare_report.json`` (``prepare_report.<split>.json`` for another split: rows
+written, rows skipped per reason with the first few places).
 
-The JSONL is written to a temporary name and renamed when complete: a run never reads half a dataset."""
+A held-out split carved from the rows (``heldout``: ``relax data prepare --heldout N``) goes to
+``<out>/heldout.jsonl``: the N rows whose dedup key hashes lowest, so the choice does not depend on the file's
+order or on a seed, no row is in both files, and a re-run holds out the same rows. Only N rows are kept in
+memory while the rest stream through (a training row may come up to N rows later than in the source).
+
+The JSONL files are written to temporary names and renamed when complete: a run never reads half a dataset."""
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 from collections import Counter
@@ -51,6 +58,8 @@ class PrepareReport:
     source: str
     path: str  # the JSONL written
     rows: int = 0
+    heldout: int = 0  # rows written to ``heldout_path`` instead (``--heldout``)
+    heldout_path: str | None = None
     duplicates: int = 0  # rows identical to an earlier one, dropped (DAPO-Math-17k repeats each problem)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows
     examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> first "<where>: <detail>"
@@ -59,6 +68,8 @@ class PrepareReport:
     def summary(self) -> str:
         lines = [f"{self.dataset}: wrote {self.rows} rows to {self.path}"
                  + (f" ({', '.join(f'{n} {k} files' for k, n in sorted(self.media.items()))})" if self.media else "")]
+        if self.heldout_path is not None:
+            lines.append(f"  held out {self.heldout} rows (never in {Path(self.path).name}) in {self.heldout_path}")
         if self.duplicates:
             lines.append(f"  dropped {self.duplicates} duplicate rows")
         for reason, count in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
@@ -69,12 +80,15 @@ class PrepareReport:
 class Output:
     """Collects converted rows and media for one output directory."""
 
-    def __init__(self, out_dir: str | Path, dataset: str, source: str) -> None:
+    def __init__(self, out_dir: str | Path, dataset: str, source: str, split: str = "train", heldout: int = 0) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.report = PrepareReport(dataset, source, str(self.dir / "train.jsonl"))
-        self._tmp = self.dir / f".train.jsonl.{os.getpid()}.tmp"
+        self.split, self.heldout = split, heldout
+        self.report = PrepareReport(dataset, source, str(self.dir / f"{split}.jsonl"))
+        self._tmp = self.dir / f".{split}.jsonl.{os.getpid()}.tmp"
         self._fh = self._tmp.open("w", encoding="utf-8")
+        self._held: list[tuple[int, int, str]] = []  # (-hash, order, line): a max-heap of the lowest hashes
+        self.added = 0  # rows converted and kept, held out or not
         self._skipped: Counter[str] = Counter()
         self._media: Counter[str] = Counter()
         self._seen: set[str] = set()
@@ -109,7 +123,15 @@ class Output:
                 self.report.duplicates += 1
                 return False
             self._seen.add(digest)
-        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        line = json.dumps(row, ensure_ascii=False) + "\n"
+        self.added += 1
+        if self.heldout:
+            rank = int.from_bytes(hashlib.sha256(f"heldout\0{key or line}".encode()).digest()[:8], "big")
+            heapq.heappush(self._held, (-rank, self.added, line))
+            if len(self._held) <= self.heldout:
+                return True
+            line = heapq.heappop(self._held)[2]  # the highest hash so far: a training row after all
+        self._fh.write(line)
         self.report.rows += 1
         return True
 
@@ -120,14 +142,24 @@ class Output:
             shown.append(f"{where}: {error.detail}" if error.detail else where)
 
     def finish(self) -> PrepareReport:
-        """Move the JSONL into place and write ``prepare_report.json``."""
+        """Move the JSONL (and ``heldout.jsonl``) into place and write the report."""
         self._fh.close()
-        os.replace(self._tmp, self.dir / "train.jsonl")
+        if self.heldout:
+            tmp = self.dir / f".heldout.jsonl.{os.getpid()}.tmp"
+            tmp.write_text("".join(line for _, _, line in sorted(self._held, key=lambda h: h[1])), encoding="utf-8")
+            os.replace(tmp, self.dir / "heldout.jsonl")
+            self.report.heldout, self.report.heldout_path = len(self._held), str(self.dir / "heldout.jsonl")
+        os.replace(self._tmp, self.dir / f"{self.split}.jsonl")
         self.report.skipped = dict(self._skipped)
         self.report.media = dict(self._media)
-        (self.dir / "prepare_report.json").write_text(json.dumps(asdict(self.report), indent=2) + "\n")
+        (self.dir / report_name(self.split)).write_text(json.dumps(asdict(self.report), indent=2) + "\n")
         return self.report
 
     def abandon(self) -> None:
         self._fh.close()
         self._tmp.unlink(missing_ok=True)
+
+
+def report_name(split: str) -> str:
+    """``prepare_report.json`` for the training split, ``prepare_report.<split>.json`` for another."""
+    return "prepare_report.json" if split == "train" else f"prepare_report.{split}.json"

@@ -10,6 +10,7 @@ from relax.core.recipes.catalog import DatasetSpec, dataset_of
 from relax.core.recipes.output import Output, PrepareReport, RowError
 
 SMOKE_ROWS = 8
+SMOKE_HELDOUT = 2  # held-out rows of a smoke dataset: its recipe's eval set
 
 
 def default_out(spec: DatasetSpec, smoke: bool = False) -> Path:
@@ -19,17 +20,21 @@ def default_out(spec: DatasetSpec, smoke: bool = False) -> Path:
 
 
 def prepare(name: str, source: str, out: str | Path | None = None, split: str = "train",
-            limit: int | None = None) -> PrepareReport:
-    """Convert dataset (or recipe) ``name`` from ``source`` (a local path, or a Hub id) into ``out``.
+            limit: int | None = None, heldout: int = 0) -> PrepareReport:
+    """Convert dataset (or recipe) ``name``'s ``split`` from ``source`` (a local path, or a Hub id) into
+    ``out/<split>.jsonl``.
 
     Rows that cannot be converted are skipped and counted per reason (``PrepareReport.skipped``, with the
-    first few places); ``limit`` stops after that many rows are written."""
+    first few places); ``limit`` stops after that many rows are converted; ``heldout`` of them go to
+    ``out/heldout.jsonl`` instead (chosen by hash, see ``relax.core.recipes.output``)."""
     spec = dataset_of(name)
+    if heldout < 0:
+        raise ValueError(f"heldout: must be >= 0, got {heldout}")
     out_dir = Path(out) if out is not None else default_out(spec)
-    output = Output(out_dir, spec.name, source)
+    output = Output(out_dir, spec.name, source, split, heldout)
     try:
         for src in spec.read(source, split, out_dir):
-            if limit is not None and output.report.rows >= limit:
+            if limit is not None and output.added >= limit:
                 break
             try:
                 if "__error__" in src.row:
@@ -45,21 +50,29 @@ def prepare(name: str, source: str, out: str | Path | None = None, split: str = 
     return output.finish()
 
 
-def prepare_smoke(name: str, out: str | Path | None = None, rows: int = SMOKE_ROWS) -> PrepareReport:
+def prepare_smoke(name: str, out: str | Path | None = None, rows: int = SMOKE_ROWS, heldout: int = 0) -> PrepareReport:
     """Write ``rows`` fixture rows in the dataset's published layout (plus a few malformed ones) to
-    ``<out>/source`` and convert them into ``out``: the converter's whole path, offline."""
+    ``<out>/source`` and convert them into ``out``: the converter's whole path, offline. ``heldout``: a
+    held-out file as the recipe's eval set reads it -- the published held-out split where the dataset has one
+    (``DatasetSpec.heldout_split``, whose fixture rows the layout holds), else ``heldout`` more rows carved out
+    by ``--heldout``; the report is the training split's."""
     spec = dataset_of(name)
     out_dir = Path(out) if out is not None else default_out(spec, smoke=True)
     source = out_dir / "source"
     if source.exists():
         shutil.rmtree(source)
     source.mkdir(parents=True)
-    spec.write_fixture(source, rows)
-    return prepare(spec.name, str(source), out_dir)
+    carve = heldout if spec.heldout_split is None else 0
+    spec.write_fixture(source, rows + carve)
+    report = prepare(spec.name, str(source), out_dir, heldout=carve)
+    if heldout and spec.heldout_split is not None:
+        prepare(spec.name, str(source), out_dir, split=spec.heldout_split)
+    return report
 
 
 def build_smoke(name: str, root: Path, rows: int = SMOKE_ROWS) -> Path:
-    """``root/<dataset>-smoke`` holding a prepared smoke dataset, built once: in a temporary sibling renamed
+    """``root/<dataset>-smoke`` holding a prepared smoke dataset and its held-out file (``SMOKE_HELDOUT``
+    rows), built once: in a temporary sibling renamed
     into place, so concurrent callers never see half of it. Returns the directory."""
     spec = dataset_of(name)
     target = root / f"{spec.name}-smoke-{rows}"
@@ -68,7 +81,7 @@ def build_smoke(name: str, root: Path, rows: int = SMOKE_ROWS) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-build-", dir=root))
     try:
-        prepare_smoke(spec.name, tmp, rows)
+        prepare_smoke(spec.name, tmp, rows, SMOKE_HELDOUT)
         try:
             tmp.rename(target)
         except OSError:

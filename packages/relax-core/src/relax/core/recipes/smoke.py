@@ -1,7 +1,7 @@
 """The recipes' smoke inputs: ``inputs: {name: <dataset>-smoke}`` builds, on first use and cached, the tiny
 model a recipe's CPU variant runs (core's quick-start model for text, ``relax.core.testing.multimodal_models``'
 tiny Qwen3-VL / Qwen3-Omni thinker for media) and the dataset's fixture rows converted by its real converter
-(``relax data prepare <dataset> --smoke``), so ``relax run examples/recipes/<recipe>_smoke.yaml`` works from a
+(``relax data prepare <dataset> --smoke``) with their held-out file (the recipe's ``eval.sets.heldout``), so ``relax run examples/recipes/<recipe>_smoke.yaml`` works from a
 fresh clone. Registered by core (``relax_register_inputs`` in ``relax.core.builtin``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from relax.core.recipes.catalog import DATASETS, DatasetSpec
 from relax.core.recipes.prepare import SMOKE_ROWS, build_smoke
 
-_FORMAT = 1  # bump when a converter or fixture changes: names the cache directory, so stale data is not reused
+_FORMAT = 2  # bump when a converter or fixture changes: names the cache directory, so stale data is not reused
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def cache_root() -> Path:
 
 def fills(spec: DatasetSpec) -> tuple[str, ...]:
     media = ("data.processor_params.media_root",) if spec.media else ()
-    return ("model.path", "data.path", *media)
+    return ("model.path", "data.path", *media, "eval.sets.heldout.path")
 
 
 def smoke_inputs(spec: DatasetSpec, params: SmokeInputsParams) -> dict[str, str]:
@@ -52,7 +52,8 @@ def smoke_inputs(spec: DatasetSpec, params: SmokeInputsParams) -> dict[str, str]
         # an Omni recipe trains the whole checkpoint as released: so does its smoke variant (the thinker inside)
         tiny = tiny_whole_omni_dir if spec.smoke_model in WHOLE_OMNI else tiny_multimodal_dir
         model = tiny(root / "models", spec.smoke_model)
-    made = {"model.path": model, "data.path": str(data_dir / "train.jsonl")}
+    made = {"model.path": model, "data.path": str(data_dir / "train.jsonl"),
+            "eval.sets.heldout.path": str(data_dir / spec.heldout_file)}
     if spec.media:
         made["data.processor_params.media_root"] = str(data_dir)
     return made
