@@ -158,3 +158,23 @@ def test_media_rows_keep_their_logprobs_with_packing_on(tmp_path):
     got = make(model_dir, pack_sequences=True, max_tokens_per_micro_batch=4096).forward_logprobs(batch)
     assert want.abs().sum() > 0
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_model_that_transforms_its_logits_keeps_the_full_logits_path():
+    """Gemma-2 soft-caps its logits after the head: no pass-through head, stats from the model's own logits."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from relax.core.trainers.response_forward import ResponseLogits
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=8, final_logit_softcapping=2.0)  # fmt: skip
+    model = Gemma2ForCausalLM(config).eval()
+    forward = ResponseLogits(model, share_prompts=False)
+    assert forward.heads is None
+    batch = long_tailed(rows=4)
+    with torch.no_grad():
+        stats = forward.stats(batch)
+        logits = forward(batch)
+    assert float(logits.abs().max()) <= 2.0  # capped
+    torch.testing.assert_close(stats[0], logprobs_from_logits(logits, batch["responses"]), atol=1e-6, rtol=0)

@@ -31,8 +31,8 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 def head_is_plain(model: torch.nn.Module) -> bool:
     """Whether ``model``'s logits are exactly its output head applied to its last hidden states."""
     config = getattr(model, "config", None)
-    configs = [config, getattr(config, "text_config", None), getattr(config, "thinker_config", None)]
-    present = [c for c in configs if c is not None]
+    nested = [v for v in vars(config).values() if hasattr(v, "to_dict")] if config is not None else []
+    present = [config, *nested] if config is not None else []  # a composite model's sub-configs (text, ...)
     transformed = any(getattr(c, a, None) not in (None, 1, 1.0) for c in present for a in _LOGIT_TRANSFORMS)
     return not transformed and model.get_output_embeddings() is not None
 
