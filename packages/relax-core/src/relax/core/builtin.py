@@ -198,6 +198,10 @@ def relax_register_inputs(register):
 
     register_smoke_inputs(register)
 
+    from relax.core.smollm2 import register_smollm2_inputs  # a real pretrained model (examples/smollm2_eval.yaml)
+
+    register_smollm2_inputs(register)
+
 
 # the control plane's hooks: notifications (logging.notify_urls), the REST API when control.enabled,
 # and its client subcommands (relax status, engines, scale-out, ...); Serve/Apprise load only when used
