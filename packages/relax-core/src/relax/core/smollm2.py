@@ -65,14 +65,15 @@ def cache_root() -> Path:
 
 
 def _convert(gguf: Path, out: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = loaded.config
     config.quantization_config = None  # the weights are dequantized: a plain float checkpoint
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = LlamaForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # the GGUF's architecture, fp32
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out, safe_serialization=True)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
