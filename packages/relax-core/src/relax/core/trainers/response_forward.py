@@ -79,7 +79,7 @@ class ResponseLogits:
         tokens = batch["responses"]
         with self._routing(batch, replay):
             if self.heads is None:  # logits transformed after the head: from the full logits
-                return _full_stats(self(batch, replay), tokens, entropy, sum_pi_squared)
+                return _full_stats(self._scaled(self._outputs(batch)), tokens, entropy, sum_pi_squared)
             kw = dict(temperature=self.temperature, chunk_tokens=self.chunk_tokens, entropy=entropy, sum_pi_squared=sum_pi_squared)
             if self.pack and not has_media(batch) and not self._replays(batch):
                 return self._packed_stats(batch, kw)
