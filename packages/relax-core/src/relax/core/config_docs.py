@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 
 from relax.core.config import RelaxConfig
 
 
 def _type(tp: typing.Any) -> str:
-    return str(tp).replace("typing.", "").replace("relax.core.config.", "").replace("<class '", "").replace("'>", "")
+    text = str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    return re.sub(r"\brelax\.(?:\w+\.)+(?=[A-Z])", "", text)  # a config class by its name, wherever it lives
 
 
 def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
