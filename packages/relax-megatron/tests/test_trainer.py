@@ -220,8 +220,17 @@ class TestRealLengths(TinyModelFixtures):
         plain, other = megatron_trainer(model_dir, eps=1e-4), megatron_trainer(model_dir, eps=1e-4, **variant)
         config = other.model.config
         assert config.recompute_granularity == variant.get("recompute")
+
         torch.testing.assert_close(other.forward_logprobs(batch), plain.forward_logprobs(batch), atol=1e-5, rtol=0)
+        batch["old_logprobs"] = plain.forward_logprobs(batch)  # given: the step runs training forwards only
+        calls = {id(t): 0 for t in (plain, other)}
+        for t in (plain, other):  # core attention runs again in backward when megatron recomputes
+            for layer in t.model.decoder.layers:
+                layer.self_attention.core_attention.register_forward_pre_hook(
+                    lambda *_, key=id(t): calls.__setitem__(key, calls[key] + 1))
         want, got = learning_metrics(plain.train_step(dict(batch))), learning_metrics(other.train_step(dict(batch)))
+        if "recompute" in variant:
+            assert calls[id(other)] == 2 * calls[id(plain)] > 0, calls
         for key in ("loss", "entropy", "grad_norm"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
         for name, tensor in exported(other).items():

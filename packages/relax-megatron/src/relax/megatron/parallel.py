@@ -204,3 +204,19 @@ def all_reduce_grads(params: list[torch.nn.Parameter], group) -> None:
     torch.distributed.all_reduce(flat, group=group)
     for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
         grad.copy_(summed)
+
+
+@contextlib.contextmanager
+def recomputing(model: torch.nn.Module, mode: str) -> Iterator[None]:
+    """Training forwards under ``trainer.recompute``: megatron recomputes only in training mode (its
+    TransformerBlock and Attention check ``self.training``), and the trainer otherwise runs in eval mode.
+    Every dropout of the configs built here is 0, so training mode changes nothing else for a dense model."""
+    if mode == "off":
+        yield
+        return
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
+

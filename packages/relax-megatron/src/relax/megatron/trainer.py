@@ -52,6 +52,7 @@ from relax.megatron.parallel import (
     model_overrides,
     rank_device,
     rank_rows,
+    recomputing,
     sequence_parallel_on,
 )
 from relax.megatron.routing import MegatronRouting, routing_metrics
@@ -311,17 +312,18 @@ class MegatronTrainer:
         def finish(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             return loss_fn(sub, *self._scores(sub, logits))
 
-        if self.pp == 1:
-            records = []
-            for sub in micro_batches:
-                loss, record = finish(sub, self._forward(self.model, sub))
-                loss.backward()
-                records.append(record)
-            return records
-        from relax.megatron.pipeline import from_last_stage, run_schedule
+        with recomputing(self.model, self.settings.recompute):  # megatron recomputes in training mode only
+            if self.pp == 1:
+                records = []
+                for sub in micro_batches:
+                    loss, record = finish(sub, self._forward(self.model, sub))
+                    loss.backward()
+                    records.append(record)
+                return records
+            from relax.megatron.pipeline import from_last_stage, run_schedule
 
-        return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False,
-                                                seq_multiple=self.seq_multiple))[1]
+            return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False,
+                                                    seq_multiple=self.seq_multiple))[1]
 
     def finish_gradients(self, max_norm: float) -> float:
         if self.ddp is not None:  # megatron's DDP: its finalize_model_grads does the sums below; clips in apply
