@@ -55,6 +55,7 @@ from relax.megatron.parallel import (
     recomputing,
     sequence_parallel_on,
 )
+from relax.megatron.pipeline import from_last_stage, global_layer_names, run_schedule, stage_units
 from relax.megatron.routing import MegatronRouting, routing_metrics
 
 TOWER = "front."  # grad_params name prefix of a media tower weight (omni.py)
@@ -253,8 +254,6 @@ class MegatronTrainer:
             if self.pp == 1:
                 records = [masked(sub, self._forward(self.model, sub)) for sub in micros]
             else:  # the last stage scores; its results go to every stage (rank 0 answers for the group)
-                from relax.megatron.pipeline import from_last_stage, run_schedule
-
                 records = run_schedule(self.model, micros, self._forward,
                                        lambda sub, logits: (torch.zeros(()), masked(sub, logits)), forward_only=True,
                                        seq_multiple=self.seq_multiple)  # fmt: skip
@@ -320,8 +319,6 @@ class MegatronTrainer:
                     loss.backward()
                     records.append(record)
                 return records
-            from relax.megatron.pipeline import from_last_stage, run_schedule
-
             return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False,
                                                     seq_multiple=self.seq_multiple))[1]
 
@@ -453,8 +450,6 @@ class MegatronTrainer:
         if self.layer_spec == "te":  # the mapping speaks the local spec's names
             local = from_te_names(local)
         if self.pp > 1:  # whole-model layer numbers; the last stage's copy of a tied embedding left out
-            from relax.megatron.pipeline import global_layer_names
-
             offset = convert.stage_layers(self.hf_config.num_hidden_layers, self.pp, self.pp_rank).start
             tied_copy = ("output_layer.weight",) if self.hf_config.tie_word_embeddings and not self.first_stage else ()
             local = global_layer_names(local, offset, tied_copy)
@@ -462,8 +457,6 @@ class MegatronTrainer:
 
         def named() -> Iterator[tuple[str, torch.Tensor]]:
             if self.pp > 1:
-                from relax.megatron.pipeline import stage_units
-
                 source = stage_units(units, local)
             else:
                 source = ({n: local[n].detach() for n in unit} for unit in units)
