@@ -67,6 +67,13 @@ def test_greedy_on_cuda_equals_the_hf_engine(gpu_engine, tiny_dirs):
     assert _greedy(gpu_engine) == _hf_greedy(tiny_dirs[0])
 
 
+def test_a_float32_server_runs_an_attention_backend_that_takes_float32(gpu_engine):
+    """On Hopper SGLang's default (FA3) takes no float32: the module's float32 server was launched with Triton's and
+    serves (the greedy parity above)."""
+    info = gpu_engine.workers[0].get("/server_info")
+    assert info["dtype"] == "float32" and info["attention_backend"] == "triton", {k: info.get(k) for k in ("dtype", "attention_backend")}
+
+
 def test_release_frees_the_servers_gpu_memory_and_resume_restores_it(gpu_engine):
     before = _greedy(gpu_engine)
     held = _gpu_used_gib()

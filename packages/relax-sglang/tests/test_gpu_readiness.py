@@ -70,6 +70,21 @@ def test_cuda_defaults_are_sglangs_production_ones():
     assert "max_total_tokens" in " ".join(SGLangEngineParams(max_total_tokens=-1).validate())
 
 
+def test_a_float32_cuda_server_gets_an_attention_backend_that_takes_float32():
+    """SGLang's default attention on Hopper (FA3) takes fp16 / bf16 / fp8 only: a float32 CUDA server gets Triton's;
+    a half-precision one keeps SGLang's default, the CPU its own, and an explicit choice in extra_args wins."""
+    fp32 = SGLangEngineParams(device="cuda", dtype="float32")
+    assert _flag(server_command(fp32, "/m", 1, "bfloat16"), "--attention-backend") == "triton"
+    assert _flag(server_command(SGLangEngineParams(device="cuda:1", dtype="fp32"), "/m", 1, "float32"),
+                 "--attention-backend") == "triton"  # fmt: skip
+    assert "--attention-backend" not in server_command(SGLangEngineParams(device="cuda"), "/m", 1, "float32")  # bf16
+    assert "--attention-backend" not in server_command(SGLangEngineParams(device="cuda"), "/m", 1, "float16")
+    assert _flag(server_command(SGLangEngineParams(), "/m", 1, "float32"), "--attention-backend") == "torch_native"
+    chosen = SGLangEngineParams(device="cuda", dtype="float32", extra_args=["--attention-backend", "flashinfer"])
+    cmd = server_command(chosen, "/m", 1, "float32")
+    assert cmd.count("--attention-backend") == 1 and _flag(cmd, "--attention-backend") == "flashinfer"
+
+
 def test_the_distributed_broadcast_sends_from_the_groups_device():
     """NCCL only moves CUDA tensors and the megatron trainer exports host tensors: the sender moves each
     tensor to the group's device (the trainer's GPU for NCCL, the host for gloo) before broadcasting."""

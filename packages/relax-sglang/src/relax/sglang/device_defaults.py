@@ -16,6 +16,7 @@ from relax.sglang.params import SGLangEngineParams
 CPU_MAX_TOTAL_TOKENS = 4096  # the KV pool a CPU server allocates (SGLang would size it from host RAM)
 CPU_MAX_CONCURRENCY = 64
 CUDA_MAX_CONCURRENCY = 1024  # the server batches what it can hold and queues the rest itself
+FLOAT32 = ("float32", "fp32", "float")
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,20 @@ def is_cuda(device: str) -> bool:
 def default_dtype(device: str, run_dtype: str) -> str:
     """CPU: the run's dtype (float32 by default, so the tests compare with the HF engine exactly). CUDA: the
     run's dtype when it chose a half precision, else bf16 (a float32 GPU server is slow and rarely wanted)."""
-    if is_cuda(device) and run_dtype in ("float32", "fp32", "float"):
+    if is_cuda(device) and run_dtype in FLOAT32:
         return "bfloat16"
     return run_dtype
+
+
+#: SGLang's attention backend that takes float32 on every CUDA GPU: its default on Hopper (FA3) takes fp16 / bf16 /
+#: fp8 only, so a float32 server there would fail at start-up or at its first request
+FLOAT32_CUDA_ATTENTION = "triton"
+
+
+def cuda_attention_backend(device: str, served_dtype: str) -> str | None:
+    """The ``--attention-backend`` a CUDA server at ``served_dtype`` needs (None: SGLang's default is fine).
+    The CPU's own backend is part of its fixed settings (``server.server_command``)."""
+    return FLOAT32_CUDA_ATTENTION if is_cuda(device) and served_dtype in FLOAT32 else None
 
 
 def server_settings(params: SGLangEngineParams, run_dtype: str) -> ServerSettings:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from relax.sglang.device_defaults import server_settings
+from relax.sglang.device_defaults import cuda_attention_backend, server_settings
 from relax.sglang.media import video_model_type, video_server_args
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.server_site import SITE_DIR
@@ -66,6 +66,9 @@ def server_command(
     if params.device == "cpu":  # what runs without sgl-kernel (see server/cpu_shims)
         cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph",
                 "--sleep-on-idle"]  # an idle CPU scheduler otherwise spins a whole core  # fmt: skip
+    attention = cuda_attention_backend(params.device, settings.dtype)
+    if attention and "--attention-backend" not in params.extra_args:  # float32 on CUDA (an explicit choice wins)
+        cmd += ["--attention-backend", attention]
     if video and "--mm-process-config" not in params.extra_args:
         cmd += video_server_args(params.video_fps, video)
     return cmd + list(params.extra_args)
