@@ -98,6 +98,18 @@ def test_the_distributed_broadcast_sends_from_the_groups_device():
     assert on_group_device(host, group_device("gloo")).is_contiguous()
 
 
+def test_nccl_weight_sync_in_colocate_is_refused_by_validation():
+    """Colocate puts trainer rank 0 and engine 0 on one GPU and NCCL cannot have two ranks of a group on one device:
+    ``relax validate`` refuses it (naming sglang_tensor) instead of an NCCL error at the first sync."""
+    from relax.core.config import ConfigError, load_config
+
+    base = ["rollout.engine=sglang", "weight_sync.transport=sglang_distributed"]
+    with pytest.raises(ConfigError, match=r"backend: nccl in mode 'colocate'.*sglang_tensor"):
+        load_config(None, [*base, "mode=colocate", "weight_sync.params={backend: nccl}"])
+    assert load_config(None, [*base, "mode=async", "weight_sync.params={backend: nccl}"]).weight_sync.params.backend == "nccl"
+    assert load_config(None, [*base, "mode=colocate"]).weight_sync.params.backend == "gloo"
+
+
 def test_version_guards_name_the_versions():
     assert release("0.5.23.post2") == (0, 5, 23) and release("v0.6.0rc1") == (0, 6, 0) and release("dev") == ()
     assert patches_problem(PATCHED_FOR) is None and patches_problem(PATCHED_FOR + ".post1") is None

@@ -225,7 +225,7 @@ def test_delivery_is_bit_identical_versioned_and_bracketed(engines, transport, w
 def test_params_are_typed_from_yaml_and_checked():
     from relax.core.config import ConfigError, load_config
 
-    cfg = load_config(None, ["weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"])
+    cfg = load_config(None, ["mode=async", "weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"])
     assert cfg.weight_sync.params == BroadcastParams(backend="nccl", master_addr=None)
     with pytest.raises(ConfigError, match=r"weight_sync\.params\.backend"):
         load_config(None, ["weight_sync.transport=broadcast", "weight_sync.params={backend: mpi}"])
@@ -233,6 +233,15 @@ def test_params_are_typed_from_yaml_and_checked():
         load_config(None, ["weight_sync.transport=object_store", "weight_sync.params={max_inflight: 0}"])
     sync = TRANSPORTS["broadcast"](timeout_s=5, backend="gloo")  # keywords override params and ctx
     assert sync.params.backend == "gloo" and sync.timeout_s == 5 and sync.spec.name == "broadcast"
+
+
+def test_nccl_in_colocate_is_refused_by_validation():
+    """Colocate puts trainer rank 0 and engine 0 on one GPU; NCCL cannot have two ranks of a group on one device."""
+    from relax.core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"weight_sync\.params\.backend: nccl in mode 'colocate'.*use backend gloo"):
+        load_config(None, ["mode=colocate", "weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"])
+    assert load_config(None, ["mode=colocate", "weight_sync.transport=broadcast"]).weight_sync.params.backend == "gloo"
 
 
 def test_transport_declares_the_engines_it_serves():

@@ -30,7 +30,7 @@ import torch
 
 from relax.core.weight_sync import DiskSync, InProcessSync, Receiver, WeightSyncError
 from relax.core.weight_sync.base import bucket_nbytes
-from relax.core.weight_sync.broadcast import broadcast, listen
+from relax.core.weight_sync.broadcast import broadcast, listen, nccl_colocate_errors
 from relax.core.weight_sync.disk import DiskReceiver
 from relax.core.weight_sync.transport import Peers
 from relax.sglang.served_layout import LAYOUTS, ServedExport
@@ -96,6 +96,10 @@ class SGLangDistributedParams:
 
     backend: Literal["gloo", "nccl"] = "gloo"
     master_addr: str = "127.0.0.1"  # where the trainer's store listens; servers on other nodes need its IP
+
+    def validate_run(self, cfg: Any) -> list[str]:
+        return nccl_colocate_errors(cfg, self.backend, "use weight_sync.transport sglang_tensor (CUDA IPC on the "
+                                    "shared GPU), or mode async / hybrid")  # fmt: skip
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -44,6 +44,19 @@ class BroadcastParams:
     backend: Literal["gloo", "nccl"] = "gloo"
     master_addr: str | None = None  # the store's address; None: 127.0.0.1 on one machine, else the node IP
 
+    def validate_run(self, cfg: Any) -> list[str]:
+        return nccl_colocate_errors(cfg, self.backend, "use backend gloo, or mode async / hybrid (own GPUs per role)")
+
+
+def nccl_colocate_errors(cfg: Any, backend: str, instead: str) -> list[str]:
+    """An NCCL weight-sync group in mode ``colocate`` would have two ranks on one GPU: colocate puts trainer rank
+    ``i`` and engine ``i`` in one bundle (one device), and NCCL refuses a second rank on a device (an error at the
+    first sync, not at start-up). ``instead``: what the transport offers in its place."""
+    if backend != "nccl" or cfg.mode != "colocate":
+        return []
+    return [f"weight_sync.params.backend: nccl in mode 'colocate' puts the trainer's rank 0 and engine 0 on one GPU "
+            f"(they share a bundle), and NCCL cannot have two ranks of a group on one device; {instead}"]  # fmt: skip
+
 
 def default_master_addr() -> str:
     import ray
