@@ -64,6 +64,9 @@ class ToolsEnvParams:
     case_sensitive: bool = False
     tool_timeout_s: float = 5.0  # one tool call (the calls of a turn run at once); below environment.turn_timeout_s
     max_tool_calls_per_turn: int = 4  # calls beyond this get an error observation, unrun
+    #: process: each function-tool call runs in a worker process, killed when it overruns tool_timeout_s (a hung
+    #: tool stops using CPU); thread: in the driver (a tool that needs in-process state; an overrun is abandoned)
+    tool_workers: Literal["process", "thread"] = "process"
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)  # limits of the ``python`` tool
 
     def validate(self) -> list[str]:

@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from relax.agents.config import REPORT_GRACE_S, ToolsEnvParams
 from relax.agents.mcp_tools import MCPServers
-from relax.agents.tools import Tool, ToolError, check_arguments, openai_schema, tools_system_prompt
+from relax.agents.tool_worker import ToolCrashed, ToolTimeout, ToolWorkers
+from relax.agents.tools import (
+    FunctionTool,
+    Tool,
+    ToolError,
+    check_arguments,
+    openai_schema,
+    tools_system_prompt,
+)
 from relax.core.agentic.bounded import TIMEOUT, call_all
 from relax.core.protocols import StepResult, ToolCall, Turn
 
@@ -51,6 +61,8 @@ class ToolsEnvironment:
         self._mcp = MCPServers(params.mcp_servers, params.tool_timeout_s) if params.mcp_servers else None
         self._tools: dict[str, Tool] | None = None
         self._lock = threading.Lock()
+        #: function tools run in killable worker processes (``tool_workers: process``), see relax.agents.tool_worker
+        self._workers = ToolWorkers(params.tool_timeout_s) if params.tool_workers == "process" else None
 
     def tools(self) -> dict[str, Tool]:
         """Every tool by name (starting the MCP servers the first time); two tools with one name are an error."""
@@ -77,14 +89,32 @@ class ToolsEnvironment:
         return ToolsEpisode(self, sample.label)
 
     def close(self) -> None:
-        """Stop the MCP servers (also done at interpreter exit)."""
+        """Stop the MCP servers (also done at interpreter exit) and the tool worker processes."""
         if self._mcp is not None:
             self._mcp.close()
+        if self._workers is not None:
+            self._workers.close()
+
+    def _runner(self, tool: Tool, arguments: dict[str, Any]) -> Callable[[], Any]:
+        """The call: a plain function tool in a worker process (killed when it overruns); the sandbox and
+        MCP tools enforce their own timeouts in their own processes, so they are called as they are."""
+        function = getattr(tool, "function", None)
+        if self._workers is None or not isinstance(tool, FunctionTool) or not _travels(function):
+            return lambda: tool(arguments)
+        return lambda: self._workers.call(function, arguments)
 
     # ------------------------------------------------------------------ one call
     def run_calls(self, calls: list[ToolCall]) -> tuple[list[dict[str, Any]], Counter]:
         """One observation per call, in order, and the counts (``tool_calls_ok``, ``tool_errors``, ...)."""
+        observations, counts, _ = self.run_calls_reporting(calls)
+        return observations, counts
+
+    def run_calls_reporting(self, calls: list[ToolCall]) -> tuple[list[dict[str, Any]], Counter, list[str]]:
+        """:meth:`run_calls` plus the failures that are the tools' own (raised, hung, crashed), one reason
+        each, for core's failure report (``StepResult.failures``); the policy's mistakes (a malformed call,
+        an unknown tool, bad arguments) are observations only."""
         limit, counts = self.params.max_tool_calls_per_turn, Counter(tool_calls_ok=0, tool_errors=0)
+        failures: list[str] = []
         tools = self.tools()
         texts: list[str | None] = [None] * len(calls)
         runnable: list[tuple[int, Tool, dict[str, Any]]] = []
@@ -92,14 +122,15 @@ class ToolsEnvironment:
             texts[i] = self._refusal(i, call, tools, limit)
             if texts[i] is None:
                 runnable.append((i, tools[call.name], call.arguments))
-        outcomes = call_all([lambda t=t, a=a: t(a) for _, t, a in runnable], self.params.tool_timeout_s + REPORT_GRACE_S)
+        outcomes = call_all([self._runner(t, a) for _, t, a in runnable], self.params.tool_timeout_s + REPORT_GRACE_S)
         for (i, tool, _), (value, error) in zip(runnable, outcomes, strict=True):
             texts[i], kind = _observation_text(tool.name, value, error, self.params.tool_timeout_s)
             counts[kind] += 1
             if kind != "tool_calls_ok":
                 counts["tool_errors"] += 1
+                failures.append(texts[i].removeprefix("Error: ").split("\n", 1)[0][:300])
         counts["tool_errors"] += len(calls) - len(runnable)
-        return [{"role": "tool", "content": text} for text in texts], counts
+        return [{"role": "tool", "content": text} for text in texts], counts, failures
 
     def _refusal(self, index: int, call: ToolCall, tools: dict[str, Tool], limit: int) -> str | None:
         """Why a call is not run (its error observation), or None."""
@@ -120,8 +151,8 @@ class ToolsEpisode:
     def step(self, turn: Turn) -> StepResult:
         if not turn.tool_calls:
             return StepResult(done=True, reward=self._score(turn.content), info={"answered": 1.0})
-        observations, counts = self.env.run_calls(turn.tool_calls)
-        return StepResult(observations, info={k: float(v) for k, v in counts.items()})
+        observations, counts, failures = self.env.run_calls_reporting(turn.tool_calls)
+        return StepResult(observations, info={k: float(v) for k, v in counts.items()}, failures=failures)
 
     def _score(self, answer: str) -> float | None:
         params = self.env.params
@@ -148,8 +179,10 @@ class ToolsEpisode:
 
 def _observation_text(name: str, value: Any, error: BaseException | None, timeout_s: float) -> tuple[str, str]:
     """(observation text, counter) for one call's outcome."""
-    if value is TIMEOUT:
+    if value is TIMEOUT or isinstance(error, ToolTimeout):
         return f"Error: tool {name!r} did not finish within {timeout_s:g}s.", "tool_timeouts"
+    if isinstance(error, ToolCrashed):
+        return f"Error: tool {name!r} crashed: {error}", "tool_failures"
     if isinstance(error, ToolError):
         return f"Error: tool {name!r} failed: {error}", "tool_failures"
     if error is not None:
@@ -167,6 +200,15 @@ def _observation_text(name: str, value: Any, error: BaseException | None, timeou
         return json.dumps(value, ensure_ascii=False, default=str), "tool_calls_ok"
     except (TypeError, ValueError):
         return str(value), "tool_calls_ok"
+
+
+def _travels(function: Any) -> bool:
+    """Whether ``function`` pickles (by its import path) to a worker process; a lambda or closure runs in a thread."""
+    try:
+        pickle.dumps(function)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _origin(tool: Tool) -> str:

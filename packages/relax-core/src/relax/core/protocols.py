@@ -417,12 +417,17 @@ class StepResult:
     reward: float | None = None
     #: numbers counted into the step's metrics as ``episode/<key>`` (tool calls, tool errors, ...)
     info: dict[str, float] = field(default_factory=dict)
+    #: the environment's own failures in this step (a tool that raised or hung), one reason each: the episode
+    #: goes on, and core reports them as kind ``tool`` (console, ``failures.jsonl``, the run's end summary)
+    failures: list[str] = field(default_factory=list)
 
 
 @runtime_checkable
 class Episode(Protocol):
     """One rollout's conversation with its environment. Called from a worker thread, one call at a
-    time, each bounded by ``environment.turn_timeout_s`` (a call that overruns ends the episode)."""
+    time, each bounded by ``environment.turn_timeout_s``: a call that overruns ends the episode, and
+    its thread gets ``EpisodeTimeout`` raised in it (Python code stops at its next bytecode; a call
+    blocked in C -- a socket read, a subprocess wait -- stops when it returns: bound those yourself)."""
 
     def step(self, turn: Turn) -> StepResult: ...
 

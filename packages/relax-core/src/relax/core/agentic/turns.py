@@ -13,6 +13,7 @@ from relax.core.agentic.bounded import TIMEOUT, call_all
 from relax.core.agentic.render import ObservationRenderer, fit_observations
 from relax.core.data import Sample
 from relax.core.data_multimodal import merge_media, resolve
+from relax.core.failures import add_failure
 from relax.core.protocols import (
     Environment,
     Episode,
@@ -120,17 +121,25 @@ class Turns:
         )
         again = []
         for sample, state, turn, (value, error) in zip(samples, states, turns, outcomes, strict=True):
+            where = f"turn {turn.index}"
             if value is TIMEOUT:
-                self._end(step, sample, state, None, timeouts=1,
-                          error=f"episode call did not return within environment.turn_timeout_s={self.limits.turn_timeout_s:g}s")
+                self._end(step, sample, state, None, timeouts=1, error=f"{where}: episode call did not return within "
+                          f"environment.turn_timeout_s={self.limits.turn_timeout_s:g}s (its thread was interrupted)")
             elif error is not None:
-                self._end(step, sample, state, None, errors=1, error=f"episode raised {type(error).__name__}: {error}")
+                self._end(step, sample, state, None, errors=1, exc=error,
+                          error=f"{where}: episode raised {type(error).__name__}: {error}")
             else:
+                for reason in value.failures if isinstance(value.failures, list | tuple) else [str(value.failures)]:
+                    add_failure(sample, "tool", f"{where}: {reason}")
+                problem = "" if value.done else observation_problem(value.observations)
+                if problem:
+                    self._end(step, sample, state, None, errors=1, error=f"{where}: Episode.step returned {problem}")
+                    continue
                 try:
                     goes_on = self._continue(sample, state, turn, value)
                 except Exception as exc:  # noqa: BLE001 - an observation that cannot be appended (bad media)
-                    self._end(step, sample, state, None, errors=1,
-                              error=f"observation could not be appended: {type(exc).__name__}: {exc}")
+                    self._end(step, sample, state, None, errors=1, exc=exc,
+                              error=f"{where}: observation could not be appended: {type(exc).__name__}: {exc}")
                     continue
                 if goes_on:
                     again.append(sample)
@@ -209,13 +218,15 @@ class Turns:
         processed = self.processor.continue_with(messages, ended_with, f"episode {sample.group_id}/{sample.index_in_group}")
         return list(processed["prompt_ids"]), processed["inputs"]
 
-    def _end(self, step: int, sample: Sample, state: _Live, result: StepResult | None, error: str = "", **counts: int) -> None:
+    def _end(self, step: int, sample: Sample, state: _Live, result: StepResult | None, error: str = "",
+             exc: BaseException | None = None, **counts: int) -> None:
         state.stats.update(counts)
         stats = {k: float(state.stats.get(k, 0)) for k in COUNTERS} | {k: float(v) for k, v in state.stats.items()}
         sample.metadata["episode"] = stats
         sample.metadata["episode_reward"] = result.reward if result is not None else None
         if error:
             sample.metadata["episode_error"] = error
+            add_failure(sample, "episode", error, exc)  # on the console and in failures.jsonl (relax.core.failures)
         with self._lock:
             self._live.pop((step, sample.group_id, sample.index_in_group), None)
         if state.episode is not None:  # closing must not block the rollout either
@@ -227,3 +238,23 @@ def _close_quietly(episode: Episode) -> None:
         episode.close()
     except Exception:  # noqa: BLE001 - the episode is over; a failing close loses nothing
         pass
+
+
+def observation_problem(observations: Any) -> str:
+    """'' when ``observations`` is a list of chat messages core can render, else what is wrong with it."""
+    if not isinstance(observations, list | tuple):
+        return (f"observations={_short(observations)} ({type(observations).__name__}); expected a list of messages "
+                "like {'role': 'tool', 'content': '...'}")
+    for i, message in enumerate(observations):
+        if not isinstance(message, dict):
+            return f"observations[{i}]={_short(message)} ({type(message).__name__}); expected a message dict"
+        content = message.get("content", "")
+        if not isinstance(content, str) and not (isinstance(content, list) and all(isinstance(p, dict) for p in content)):
+            return (f"observations[{i}]['content']={_short(content)} ({type(content).__name__}); expected a string "
+                    "(or a list of parts such as {'type': 'image', 'image': ...} for media)")
+    return ""
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
