@@ -147,21 +147,73 @@ def hf_class(model: torch.nn.Module) -> type:
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
-def save_hf(directory: str, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype, rank: int) -> None:
-    """Gather the full weights into rank 0's host memory (a collective) and write a plain HF
-    directory there, through a fresh unwrapped model of the same class (so ``config.json`` names
-    the transformers architecture, not FSDP's wrapper)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def save_hf(
+    directory: str,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    dtype: torch.dtype,
+    rank: int,
+    comm_device: torch.device,
+    max_shard_bytes: int = 50 << 30,
+) -> None:
+    """A plain HF directory, as ``save_pretrained`` of the unwrapped model writes it, streamed (a
+    collective): each weight is gathered in full one at a time and rank 0 appends it to the current
+    safetensors shard, so no rank ever holds the whole model. Names and layout are transformers' own
+    (tied copies dropped, fused experts written back per expert); ``config.json`` names the
+    transformers architecture, not FSDP's wrapper."""
+    from relax.core.safetensors_files import ShardWriter
+    from relax.core.trainers.export import in_dtype
 
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        with torch.device("meta"):
-            plain = hf_class(model)._from_config(model.config)
-        plain.load_state_dict({k: v.to(dtype) for k, v in full.items()}, assign=True, strict=False)
-        plain.tie_weights()
-        plain.save_pretrained(directory, safe_serialization=True)
+    plain = plain_model(model)
+    plain.config.dtype = str(dtype).removeprefix("torch.")
+    keep = saved_names(plain)
+    writer = ShardWriter(directory, max_shard_bytes) if rank == 0 else None
+    for name, value in model.state_dict(keep_vars=True).items():
+        if name not in keep:
+            continue
+        full = gathered(value, comm_device)  # every rank, in the same order
+        if writer is not None:
+            for saved, tensor in original_format(plain, name, in_dtype(full, dtype)).items():
+                writer.add(saved, tensor)
+    if writer is not None:
+        writer.close()
+        plain.config.save_pretrained(directory)
+        if plain.can_generate():
+            getattr(model, "generation_config", plain.generation_config).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
     dist.barrier()
+
+
+def plain_model(model: torch.nn.Module) -> Any:
+    """An unwrapped model of ``model``'s transformers class and config, on meta (names and mappings only)."""
+    with torch.device("meta"):
+        plain = hf_class(model)._from_config(model.config)
+    plain.config.architectures = [type(plain).__name__]
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
+
+    # what revert_weight_conversion would look up on every call (save_pretrained's: no legacy names)
+    conversions = get_model_conversion_mapping(plain, add_legacy=False)
+    plain._weight_conversions = [c for c in conversions if not isinstance(c, PrefixChange)] or None
+    return plain
+
+
+def saved_names(plain: Any) -> set[str]:
+    """The state-dict names ``save_pretrained`` writes (one of each tied group; no ignored keys)."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    names = remove_tied_weights_from_state_dict(plain.state_dict(), plain)
+    return set(names) - set(plain._keys_to_ignore_on_save or ())
+
+
+def original_format(plain: Any, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One in-memory weight as the checkpoint names it (``save_pretrained``'s reverse conversion: a fused
+    expert tensor becomes one tensor per expert), on the host."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return {
+        n: t.detach().cpu().contiguous() for n, t in revert_weight_conversion(plain, {name: tensor}).items()
+    }
 
 
 def save_adapter(directory: str, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype, rank: int, merged: bool,
