@@ -29,6 +29,7 @@ from relax.core.policy_update.batching import even_replica_rows, shard_bounds
 from relax.core.policy_update.token_budget import most_over_replicas
 from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers import lora as lora_adapters
+from relax.core.trainers import sharded_load
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
@@ -81,8 +82,11 @@ class FSDPTrainer:
         self.rank, self.world_size, self.compute_dtype = rank, world_size, getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.lora = lora if trainable else None
-        # the fp32 master copy, sharded below; LoRA: the frozen base in the compute dtype
-        hf = load_model(model_path, "float32" if self.lora is None else dtype)
+        # the fp32 master copy, built empty and filled shard by shard below (no rank holds it whole);
+        # LoRA (its adapters are initialised on real weights) or an unmapped checkpoint: loaded whole first
+        hf, self._checkpoint = empty_sharded(model_path) if self.lora is None else (None, None)
+        if hf is None:
+            hf = load_model(model_path, "float32" if self.lora is None else dtype)
         hf.requires_grad_(trainable and self.lora is None)
         self.frozen_towers = freeze_towers_by_switch(hf, **freeze_switches(p))  # kinds kept as loaded, unsynced
         # LoRA: the adapters join the HF modules in place (peft), so the blocks below shard with theirs
@@ -90,7 +94,7 @@ class FSDPTrainer:
         self.model.eval()  # no dropout: training and scoring forwards agree
         # media towers stay whole on every rank (see shard_model); on the device, as loaded
         self.replicated = [q for n, q in hf.named_parameters() if is_tower(n, hf)]
-        for q in self.replicated:
+        for q in self.replicated if self._checkpoint is None else ():
             q.data = q.data.to(self.device)
         self.mesh = device_mesh(self.device.type, world_size, p.replicate)
         param_dtype = self.compute_dtype if self.lora is None else None  # LoRA: each weight in its own dtype
@@ -100,6 +104,10 @@ class FSDPTrainer:
         self.units = shard_model(self.model, self.mesh, param_dtype, replicated=set(self.replicated),
                                  reshard_after_forward=p.reshard_after_forward,
                                  activation_checkpointing=recompute, cpu_offload=p.cpu_offload)  # fmt: skip
+        if self._checkpoint is not None:  # each rank reads its shards' rows (and the towers whole)
+            sharded_load.materialize(self.model, self.device)
+            sharded_load.fill(self.model, *self._checkpoint)
+            self._checkpoint = None
         trained = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = (
             torch.optim.AdamW(trained, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay) if trainable else None
@@ -308,11 +316,30 @@ class FSDPTrainer:
             state.save_adapter(directory, self.model, self.tokenizer, self.compute_dtype, self.rank, self.lora.export_merged,
                                self._comm_device())  # fmt: skip
             return
-        state.save_hf(directory, self.model, self.tokenizer, self.compute_dtype, self.rank)
+        state.save_hf(directory, self.model, self.tokenizer, self.compute_dtype, self.rank, self._comm_device())
 
     def close(self) -> None:
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def empty_sharded(model_path: str) -> tuple[Any, Any]:
+    """The fp32 model with its parameters on meta and (checkpoint, plan) to fill its shards from; (None,
+    None) where the checkpoint is not mapped tensor by tensor (then it is loaded whole, as said on the log)."""
+    import logging
+
+    from relax.core.safetensors_files import Checkpoint
+
+    model, key_mapping = sharded_load.empty_model(model_path, "float32")
+    if model is None:
+        return None, None
+    checkpoint = Checkpoint(model_path)
+    plan = sharded_load.Plan(model, checkpoint.names(), key_mapping)
+    if missing := sharded_load.uncovered(model, plan):
+        why = "fsdp: %s is loaded whole on every rank: no checkpoint tensor maps to %s"
+        logging.getLogger(__name__).warning(why, model_path, missing[:5])
+        return None, None
+    return model, (checkpoint, plan)
 
 
 def trainer_from_context(params: FSDPParams, ctx: Any) -> FSDPTrainer:
