@@ -185,3 +185,33 @@ def test_policy_and_reference_forwards_may_run_at_once(trained, batch):
                 for _ in range(8)]  # fmt: skip
         for p, r in runs:
             assert torch.equal(p.result(), policy) and torch.equal(r.result(), reference)
+
+
+def saved_copies(model) -> dict[str, torch.Tensor]:
+    """The ``modules_to_save`` copies' parameters (full tensors under FSDP)."""
+    out = {}
+    for n, p in model.named_parameters():
+        if ".modules_to_save." in n:
+            out[n] = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
+    return out
+
+
+def test_modules_to_save_train_with_fp32_masters_on_a_bfloat16_base(model_dir, batch):
+    """peft upcasts only the adapters; the modules_to_save copies (here every RMSNorm, weights near 1.0) are fp32
+    masters too: at lr 1e-6 AdamW moves nearly every element, where a bf16 copy (spacing 2^-7 near 1.0) could move
+    none. The forward still runs (fp32 copy inside a bf16 model) and the export goes out in the engines' bf16."""
+    lora = LoraConfig(rank=4, alpha=8.0, modules_to_save=["norm"])
+    trainer = TorchTrainer(model_dir, objective=objective, lr=1e-6, micro_batch_size=8, lora=lora, dtype="bfloat16")
+    before = {n: t.clone() for n, t in saved_copies(trainer.model).items()}
+    assert before and {t.dtype for t in before.values()} == {torch.float32}
+    assert all(torch.equal(t.bfloat16() + 1e-6, t.bfloat16()) for t in before.values())  # bf16 would not move
+    assert {p.dtype for n, p in trainer.model.named_parameters() if not p.requires_grad} == {torch.bfloat16}
+    trainer.train_step(batch)
+    after = saved_copies(trainer.model)
+    moved = sum(int((after[n] != before[n]).sum()) for n in before) / sum(t.numel() for t in before.values())
+    assert moved > 0.9, moved
+    assert {s["exp_avg"].dtype for s in trainer.optimizer.state.values()} == {torch.float32}
+    sent = dict(lora_adapters.adapter_tensors(trainer.model))
+    assert any(n.endswith("norm.weight") for n in sent)
+    exported = {n: t for bucket in trainer.export_weights() for n, t in bucket}
+    assert {t.dtype for n, t in exported.items() if n.endswith("norm.weight")} == {torch.bfloat16}

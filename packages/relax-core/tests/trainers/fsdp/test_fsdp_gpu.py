@@ -80,3 +80,35 @@ def test_lora_on_cuda_takes_the_torch_trainers_step_and_exports_cuda_bf16_adapte
         assert (tmp_path / "final" / "adapter_model.safetensors").is_file()
     finally:
         t.close()
+
+
+def test_lora_modules_to_save_move_at_lr_1e_6_on_cuda_bf16(tmp_path):
+    """The modules_to_save copies (every RMSNorm) are fp32 masters on both trainers on CUDA (fused AdamW there):
+    at lr 1e-6 nearly every element moves, which a bf16 copy (spacing 2^-7 near 1.0) could not."""
+    from transformers import AutoTokenizer
+
+    from relax.core.config import LoraConfig
+    from relax.core.testing import torch_trainer
+
+    model_dir = build_tiny_model(tmp_path / "m", seed=1, initializer_range=0.3)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    batch = make_batch(make_samples(tok, rows=8, seed=1), tok.pad_token_id)
+    lora = LoraConfig(rank=4, alpha=8.0, modules_to_save=["norm"])
+    for backend in ("torch", "fsdp"):
+        t = (torch_trainer(model_dir, lora=lora, dtype="bfloat16", device="cuda", micro_batch_size=4, lr=1e-6)
+             if backend == "torch" else cuda_trainer(model_dir, "bfloat16", lora=lora, lr=1e-6))  # fmt: skip
+
+        def copies(t=t):
+            return {n: (p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()).clone()
+                    for n, p in t.model.named_parameters() if ".modules_to_save." in n}  # fmt: skip
+
+        try:
+            before = copies()
+            assert before and {x.dtype for x in before.values()} == {torch.float32}, backend
+            t.train_step(dict(batch))
+            after = copies()
+            moved = sum(int((after[n] != before[n]).sum()) for n in before) / sum(x.numel() for x in before.values())
+            assert moved > 0.9, (backend, moved)
+        finally:
+            if hasattr(t, "close"):
+                t.close()

@@ -176,3 +176,24 @@ def test_relax_validate_accepts_lora_on_the_fsdp_backend(tmp_path, model_dir):
     cfg = load_config(None, [f"model.path={model_dir}", f"run_dir={tmp_path / 'run'}", "trainer.backend=fsdp",
                              "trainer.lora.rank=8"])  # fmt: skip
     assert cfg.trainer.backend == "fsdp" and cfg.trainer.lora.rank == 8
+
+
+
+def test_modules_to_save_are_fp32_masters_on_a_bfloat16_base(model_dir, lora_batch):
+    """As on the torch trainer: every trained shard is fp32 (adapters and modules_to_save copies), so at lr 1e-6
+    the RMSNorm copies (weights near 1.0, bf16 spacing 2^-7) move; the export goes out in bf16."""
+    trainer = fsdp_lora(model_dir, dtype="bfloat16", lora=LoraConfig(rank=4, alpha=8.0, modules_to_save=["norm"]), lr=1e-6)
+    try:
+        def copies():
+            return {n: p.detach().full_tensor().clone() for n, p in trainer.model.named_parameters() if ".modules_to_save." in n}
+
+        before = copies()
+        assert before and {t.dtype for t in before.values()} == {torch.float32}
+        trainer.train_step(dict(lora_batch))
+        after = copies()
+        moved = sum(int((after[n] != before[n]).sum()) for n in before) / sum(t.numel() for t in before.values())
+        assert moved > 0.9, moved
+        sent = exported(trainer)
+        assert any(n.endswith("norm.weight") for n in sent) and {t.dtype for t in sent.values()} == {torch.bfloat16}
+    finally:
+        trainer.close()

@@ -1,7 +1,7 @@
 """LoRA on the torch trainer (``trainer.lora``), through ``peft``.
 
-The base model stays frozen in the compute dtype; only the adapters (fp32) and ``modules_to_save``
-get gradients and optimizer state. A weight sync moves only what training changes: each adapted
+The base model stays frozen in the compute dtype; only the adapters and ``modules_to_save`` (both fp32:
+the master copy) get gradients and optimizer state. A weight sync moves only what training changes: each adapted
 linear layer's ``lora_A`` (``r x in``) and ``lora_B`` (``out x r``, already scaled by ``alpha / r``),
 named after the HF module they adapt (``model.layers.0.self_attn.q_proj.lora_A.weight``, the PEFT
 adapter file's names without its ``base_model.model.`` prefix), plus ``modules_to_save`` under
@@ -45,6 +45,7 @@ def add_adapters(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
     )
     embedding = model.get_input_embeddings().weight
     peft_model = get_peft_model(model, config)  # autocast_adapter_dtype: adapters in fp32 on a bf16 base
+    upcast_modules_to_save(peft_model)  # peft leaves those in the base's dtype
     for name, module in peft_model.named_modules():
         if not (hasattr(module, "lora_A") and module.lora_A):
             continue
@@ -59,6 +60,41 @@ def add_adapters(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
                 "embeddings (tie_word_embeddings): an engine merging its adapter would change both"
             )
     return peft_model
+
+
+def upcast_modules_to_save(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Each ``modules_to_save`` copy in fp32, like every other trained weight: peft's ``autocast_adapter_dtype``
+    upcasts only the adapters, so on a bf16 base AdamW would step bf16 copies with bf16 moments and round an
+    RL-sized update (lr 1e-6) away. A copy then computes in fp32 (its floating inputs upcast) and hands the
+    base's dtype on, as peft's adapters do. The copies changed (none on an fp32 base)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    changed = []
+    for module in model.modules():
+        if not isinstance(module, ModulesToSaveWrapper) or _ADAPTER not in module.modules_to_save:
+            continue
+        copy = module.modules_to_save[_ADAPTER]
+        low = {p.dtype for p in copy.parameters() if p.is_floating_point() and p.dtype != torch.float32}
+        if not low:
+            continue
+        base_dtype = low.pop()
+        copy.float()
+        copy.register_forward_pre_hook(_fp32_inputs, with_kwargs=True)
+        copy.register_forward_hook(lambda _m, _args, out, dtype=base_dtype: _cast_floating(out, dtype))
+        changed.append(copy)
+    return changed
+
+
+def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple | list):
+        return type(value)(_cast_floating(v, dtype) for v in value)
+    return value
+
+
+def _fp32_inputs(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    return _cast_floating(args, torch.float32), {k: _cast_floating(v, torch.float32) for k, v in kwargs.items()}
 
 
 def hf_name(peft_name: str) -> str:
