@@ -16,6 +16,7 @@ import yaml
 from relax.core.algorithms.config import AlgorithmConfig, KLConfig
 from relax.core.algorithms.validate import algorithm_config_errors
 from relax.core.config_build import build_dataclass, merge_trees, parse_overrides
+from relax.core.config_cluster import ClusterConfig, cluster_errors
 from relax.core.config_lengths import length_errors
 from relax.core.config_trainer import LoraConfig, TrainerConfig, lora_errors
 from relax.core.control.settings import AutoscalerConfig, ControlConfig, control_errors
@@ -238,6 +239,7 @@ class RelaxConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (relax.core.evaluation)
     ray: RayConfig = field(default_factory=RayConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # the GPUs it is sized for (memory plan)
     control: ControlConfig = field(default_factory=ControlConfig)  # REST control plane (relax.core.control)
 
     def to_dict(self) -> dict[str, Any]:
@@ -394,6 +396,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     errors.extend(algorithm_config_errors(cfg))
     errors.extend(control_errors(cfg))
     errors.extend(lora_errors(cfg))
+    errors.extend(cluster_errors(cfg))
     errors.extend(length_errors(cfg))
     errors.extend(eval_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:

@@ -76,6 +76,21 @@ class MegatronParams:
                           "as in megatron with expert tensor parallelism 1)")  # fmt: skip
         return errors
 
+    def memory_layout(self, cfg: Any) -> Any:
+        """The memory plan's view of this trainer (``relax.core.memory_plan``); None on CPU. ``layout_spec``
+        auto counts on Transformer Engine's flash attention (local materialises every S x S score)."""
+        if not self.device.startswith("cuda"):
+            return None
+        from relax.core.memory_plan import model_parallel
+
+        dtype = self.dtype or cfg.model.dtype
+        tp, pp, dp, ep = self.tensor_parallel, self.pipeline_parallel, self.data_parallel, self.expert_parallel
+        note = f"megatron TP {tp} x PP {pp} x DP {dp}" + (f" x EP {ep}" if ep > 1 else "") + f", {dtype}"
+        note += ", distributed optimizer" if self.distributed_optimizer else ""
+        return model_parallel(tp, pp, dp, ep, dtype, distributed_optimizer=self.distributed_optimizer,
+                              sequence_parallel=self.sequence_parallel, flash_attention=self.layer_spec != "local",
+                              chunked_logits=False, note=note)  # fmt: skip
+
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what this trainer cannot do yet."""
         errors = [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []

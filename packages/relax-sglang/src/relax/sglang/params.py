@@ -56,6 +56,24 @@ class SGLangEngineParams:
     router_policy: str = "cache_aware"  # sglang-router --policy (random, round_robin, cache_aware, power_of_two)
     router_args: list[str] = field(default_factory=list)  # passed through to sglang_router.launch_router
 
+    def memory_layout(self, cfg: Any) -> Any:
+        """The memory plan's view of one engine (``relax.core.memory_plan``): ``servers`` x ``tp_size`` GPUs, each
+        taking ``mem_fraction_static`` of its memory for weights / TP + KV cache, plus CUDA graphs and activations
+        outside that pool; None on CPU or when attached to servers Relax does not launch."""
+        if not self.device.startswith("cuda") or self.urls:
+            return None
+        from relax.core.memory_plan import EngineLayout
+
+        # device_defaults.default_dtype's CUDA rule (that module imports this one): bf16 unless the run is half
+        dtype = self.dtype or (cfg.model.dtype if cfg.model.dtype != "float32" else "bfloat16")
+        return EngineLayout(
+            gpus=self.tp_size * self.servers, tensor_parallel=self.tp_size,
+            weight_bytes=4 if dtype in ("float32", "fp32") else 2,
+            static_fraction=self.mem_fraction_static, kv_cap_tokens=self.max_total_tokens or None, runtime_gib=3.0,
+            releases_memory=cfg.rollout.release_memory and self.memory_saver,
+            note=f"sglang tp {self.tp_size}, mem_fraction_static {self.mem_fraction_static}",
+        )  # fmt: skip
+
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what of ``trainer.lora`` SGLang cannot serve."""
         lora = getattr(cfg.trainer, "lora", None)
