@@ -42,9 +42,11 @@ import ray
 from relax.core.controller import local
 from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, alive, describe
 from relax.core.controller.router import EngineRouter
+from relax.core.controller.shortfall import Lost, Shortfall
 from relax.core.plugins import attach_param
 
 if TYPE_CHECKING:
+    from relax.core.controller.places import EnginePlaces
     from relax.core.protocols import WeightSync
 
 log = logging.getLogger("relax")
@@ -84,6 +86,7 @@ class EngineFleet:
         counters: FaultCounters | None = None,
         on_change: Callable[[list[Any]], None] | None = None,
         version: int = 0,
+        places: EnginePlaces | None = None,
     ) -> None:
         """``engines``: the run's engine list (``Roles.engines``), kept equal to the live set;
         ``start_engine(index, slot[, engine_params=overrides])`` creates an engine actor on the reservation
@@ -91,7 +94,8 @@ class EngineFleet:
         fields overridden for that engine alone when given; ``transport.sync(trainer, handles, version)``
         moves ``trainer``'s weights to engines (the run's ``weight_sync`` transport); ``on_change(engines)``
         is told the serving engines whenever the set changes (e.g. the reward's judge handle);
-        ``version``: the version the trainer's weights carry now."""
+        ``version``: the version the trainer's weights carry now; ``places``: what Ray says about where an
+        engine can live (``controller.places``; None: a replacement starts after its back-off alone)."""
         self.rollout = cfg.rollout
         self.engines = engines
         self.router = EngineRouter(dict(enumerate(engines)), on_failure=self.evict)
@@ -109,6 +113,9 @@ class EngineFleet:
         self._replacing = 0  # replacements in progress
         self._failed_starts = 0  # consecutive replacements that failed to start (backoff exponent)
         self._stop = threading.Event()
+        self._places = places
+        self.shortfall = Shortfall(len(engines))  # engines wanted, missing, waiting, not coming back
+        self.router.explain = self.explain
 
     # ------------------------------------------------------------------ views
     def live(self) -> dict[int, Any]:
@@ -132,7 +139,8 @@ class EngineFleet:
     def metrics(self) -> dict[str, float]:
         """Cumulative ``fault/*`` counters plus the number of serving engines."""
         self.counters.set("resubmitted_requests", float(self.router.resubmitted))
-        return {**self.counters.metrics(), "fault/engines_live": float(len(self.router))}
+        return {**self.counters.metrics(), "fault/engines_live": float(len(self.router)),
+                "fault/engines_wanted": float(self.shortfall.wanted)}
 
     # ------------------------------------------------------------------ failures
     def evict(self, index: int, reason: str, replace: bool = True) -> None:
@@ -141,11 +149,13 @@ class EngineFleet:
         handle = self.router.remove_engine(index)
         if handle is None:
             return
+        with self._lock:
+            slot = self._slots.get(index)
+        lost = Lost(index, reason, slot, self._places.node_of(handle) if self._places else None)  # before the kill
         self._forget(handle)
         kill(handle)
         self.counters.add("engine_evictions")
-        if not (replace and self._schedule_replacement(index, reason)):
-            log.error("relax: %s; evicted it (no replacement: rollout.max_restarts=%d)", reason, self.rollout.max_restarts)
+        if not (self._schedule_replacement(lost, reason) if replace else self._give_up(lost, reason, "not asked for")):
             self._close_if_empty(reason)
 
     def _trainer_gone(self) -> bool:
@@ -153,61 +163,119 @@ class EngineFleet:
         trainer's death, not the engine's, is what the run reports: ``recovery.blame_trainer``)."""
         return self.trainer is not None and not alive(self.trainer, self.rollout.control_timeout_s)
 
-    def _schedule_replacement(self, old: int, reason: str) -> bool:
+    def _schedule_replacement(self, lost: Lost, reason: str) -> bool:
+        """Replace ``lost`` in a thread if restarts remain (True); else say why none comes (False)."""
+        cap = self.rollout.max_restarts
         if self._stop.is_set():
-            return False
-        if self.rollout.max_restarts and self._trainer_gone():
-            log.error("relax: %s; no replacement: the trainer is gone", reason)
-            return False
+            return self._give_up(lost, reason, "the run is stopping")
+        if cap and self._trainer_gone():
+            return self._give_up(lost, reason, "the trainer is gone")
         with self._lock:
-            if self._stop.is_set() or self._restarts >= self.rollout.max_restarts:
-                return False
-            self._restarts += 1
-            self._replacing += 1
-            index, attempt = self._take_index(), self._restarts
-            self._slots[index] = self._slots.get(old)  # the replacement runs where the lost engine ran
-            if old in self._params:  # ... and serves from the same server
-                self._params[index] = self._params[old]
+            if self._stop.is_set() or self._restarts >= cap:
+                spent = "the run is stopping" if self._stop.is_set() else f"rollout.max_restarts={cap} " + (
+                    f"spent ({self._restarts} replacements)" if cap else "allows none")
+                index = None
+            else:
+                self._restarts += 1
+                self._replacing += 1
+                index, attempt = self._take_index(), self._restarts
+                self._slots[index] = lost.slot  # the replacement runs where the lost engine ran
+                if lost.index in self._params:  # ... and serves from the same server
+                    self._params[index] = self._params[lost.index]
+        if index is None:
+            return self._give_up(lost, reason, spent)
+        self.shortfall.replacing(index, lost)
         log.warning("relax: %s; evicted it, starting rollout engine[%d] as replacement %d of at most %d",
-                    reason, index, attempt, self.rollout.max_restarts)
-        threading.Thread(
-            target=self._replace, args=(old, index, reason, time.monotonic()), name=f"relax-replace-{index}", daemon=True
-        ).start()
+                    reason, index, attempt, cap)
+        threading.Thread(target=self._replace, args=(lost, index, reason), name=f"relax-replace-{index}",
+                         daemon=True).start()
         return True
 
-    def _replace(self, old: int, index: int, reason: str, lost_at: float) -> None:
+    def _give_up(self, lost: Lost, reason: str, why: str) -> bool:
+        """``lost`` will not be replaced: said, shown by ``shortfall``, and its reservation freed for an
+        engine added later (``relax scale-out`` fills the gap). Returns False."""
+        self.shortfall.gave_up(lost, why)
+        with self._lock:
+            if lost.slot is not None and lost.slot not in self._free_slots:
+                self._free_slots.append(lost.slot)
+        log.error("relax: %s; evicted it; rollout engine[%d] will not be replaced: %s", reason, lost.index, why)
+        return False
+
+    def _replace(self, lost: Lost, index: int, reason: str) -> None:
         error: BaseException | None = None
-        trainer_gone = False
+        trainer_gone = died_with_node = False
         try:
             stopped = self._stop.wait(self.rollout.restart_backoff_s * 2**self._failed_starts)
+            stopped = stopped or self._await_place(lost, index)
             trainer_gone = not stopped and self._trainer_gone()
             if not (stopped or trainer_gone):
                 try:
                     self._start([index])
                 except Exception as exc:
                     error = exc
+                    died_with_node = self._died_with_node(exc)
         finally:
+            self.shortfall.settled(index)
             with self._lock:
                 self._replacing -= 1
-                self._failed_starts = 0 if error is None else self._failed_starts + 1
+                if died_with_node:  # its node died under it: no fault of the engine, no restart spent
+                    self._restarts -= 1
+                self._failed_starts = 0 if error is None or died_with_node else self._failed_starts + 1
+                if error is not None:
+                    self._slots.pop(index, None)
         if stopped or self._stop.is_set():
             return
         if trainer_gone or (error is not None and self._trainer_gone()):
             why = f"{reason}; rollout engine[{index}] not started: the trainer is gone"
             log.error("relax: %s", why)
+            self.shortfall.gave_up(lost, "the trainer is gone")
             self._close_if_empty(why)
             return
         if error is not None:
-            self.counters.add("engine_start_failures")
-            why = f"{reason}; its replacement rollout engine[{index}] failed to start ({describe(error)})"
+            if not died_with_node:
+                self.counters.add("engine_start_failures")
+            what = "died with its node" if died_with_node else f"failed to start ({describe(error)})"
+            why = f"{reason}; its replacement rollout engine[{index}] {what}"
             log.error("relax: %s", why)
-            if not self._schedule_replacement(old, why):
+            node = getattr(error, "relax_node", None) if died_with_node else lost.node
+            if not self._schedule_replacement(replace(lost, node=node), why):
                 self._close_if_empty(why)
             return
-        seconds = time.monotonic() - lost_at
+        seconds = time.monotonic() - lost.at  # from the loss, not from the last attempt
         self.counters.add("engine_restarts")
         self.counters.set("last_recovery_s", seconds)
-        log.warning("relax: rollout engine[%d] serves in place of engine[%d], %.1fs after it was lost", index, old, seconds)
+        log.warning("relax: rollout engine[%d] serves in place of engine[%d], %.1fs after it was lost", index,
+                    lost.index, seconds)
+
+    def _await_place(self, lost: Lost, index: int) -> bool:
+        """Before replacing ``lost``: Ray's verdict on its node, then its reservation on an alive node
+        (other than a dead one's), however long that takes (a node must join). True: the run stopped."""
+        places = self._places
+        if places is None:
+            return False
+        exclude = None
+        if lost.node is not None:
+            self.shortfall.waiting(index, f"Ray's verdict on the node engine[{lost.index}] ran on")
+            verdict = places.verdict(lost.node, self._stop)
+            if verdict == "stopped":
+                return True
+            exclude = lost.node if verdict == "dead" else None
+            if exclude:
+                log.warning("relax: Ray declared the node of rollout engine[%d] dead; its replacement engine[%d] "
+                            "goes to another node", lost.index, index)
+        with self._lock:
+            slot = self._slots.get(index)
+
+        def waiting() -> None:
+            if self.shortfall.waiting(index, places.wants()):
+                log.warning("relax: rollout engine[%d] (replacing engine[%d]) waits for %s (its reservation is on "
+                            "no alive node); start one: %s", index, lost.index, places.wants(), places.fix())
+
+        return not places.await_slot(slot, exclude, self._stop, waiting)
+
+    def _died_with_node(self, error: BaseException) -> bool:
+        node = getattr(error, "relax_node", None)
+        return bool(self._places and node and self._places.verdict(node, self._stop) == "dead")
 
     def _close_if_empty(self, reason: str) -> None:
         with self._lock:
@@ -216,6 +284,13 @@ class EngineFleet:
             self.router.close(NoEnginesLeft(
                 f"{reason}; no rollout engine left (rollout.max_restarts={self.rollout.max_restarts}, {used} used)"
             ))
+
+    def explain(self) -> str | None:
+        """What the run waits for while engines are missing (the stop message and ``relax status`` say it)."""
+        line = self.shortfall.line(len(self.router))
+        if line and self._places is not None and self.shortfall.status(0)["waiting"]:
+            line += f"; start one with `{self._places.fix()}`"
+        return line
 
     # ------------------------------------------------------------------ starting engines
     def _take_index(self) -> int:
@@ -227,6 +302,10 @@ class EngineFleet:
         current weights (under ``weights_lock``, one transfer for all) and only then route to them."""
         phase = on_phase or (lambda name, which: None)
         phase("creating", indices)
+        if self._places is not None:  # each reservation on an alive node (a lost node's moves once one has room)
+            with self._lock:
+                slots = {index: self._slots.get(index) for index in indices}
+            self._places.await_slots(slots, self.rollout.timeout_s, self._stop)
         handles = [self._start_engine(index, self._slots.get(index), **self._overrides(index)) for index in indices]
         try:
             phase("health-checking", indices)
@@ -247,7 +326,9 @@ class EngineFleet:
                     self.router.add_engine(handle, index)
                     self.engines.append(handle)
                 self._on_change(list(self.engines))
-        except BaseException:
+        except BaseException as exc:
+            if self._places is not None and handles:  # where it ran: did it die with its node?
+                exc.relax_node = self._places.node_of(handles[0])  # type: ignore[attr-defined]
             for handle in handles:
                 kill(handle)
             raise
@@ -295,6 +376,9 @@ class EngineFleet:
                     self._params[index] = dict(engine_params[i])
                 elif self._free_slots:
                     self._slots[index] = self._free_slots.pop()
+            taken = [self._slots[i] for i in indices if self._slots.get(i) is not None]
+        # lost engines whose reservations these take: they fill the gap, not add to it
+        filled = [i for slot in taken if (i := self.shortfall.orphan_of(slot)) is not None]
         try:
             self._start(indices, on_phase)
         except BaseException:
@@ -304,6 +388,7 @@ class EngineFleet:
                     if (slot := self._slots.pop(index, None)) is not None:
                         self._free_slots.append(slot)
             raise
+        self.shortfall.added(n, filled)
         log.info("relax: rollout engines %s added; serving: %s", indices, sorted(self.router.live()))
         return indices
 
@@ -339,6 +424,7 @@ class EngineFleet:
             self._params.pop(index, None)
             if (slot := self._slots.pop(index, None)) is not None:
                 self._free_slots.append(slot)
+        self.shortfall.removed()
         log.info("relax: rollout engine[%d] removed (%s); serving: %s", index,
                  f"forced with {forced} requests in flight" if forced else "drained", sorted(self.router.live()))
         return {"drained": forced == 0, "forced_requests": forced}

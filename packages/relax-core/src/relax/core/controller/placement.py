@@ -176,23 +176,6 @@ class Placement:
             out.append(tables[s.group][s.bundle])
         return out
 
-    def engine_slot_alive(self, index: int, timeout_s: float, poll_s: float = 0.5) -> bool:
-        """Whether engine slot ``index``'s bundle sits on an alive node, waiting up to ``timeout_s``
-        while Ray moves the bundle of a lost node to another (its replacement engine goes there)."""
-        import ray
-        import ray.util
-
-        deadline = time.monotonic() + timeout_s
-        slot = self.plan.engines[index]
-        while True:
-            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-            table = ray.util.placement_group_table(self.groups[slot.group])
-            if table.get("state") == "CREATED" and table.get("bundles_to_node_id", {}).get(slot.bundle) in alive:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(poll_s)
-
     def remove(self) -> None:
         from ray.util import remove_placement_group
 

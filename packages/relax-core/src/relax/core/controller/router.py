@@ -50,6 +50,7 @@ class EngineRouter:
         self._closed: BaseException | None = None
         self.on_failure = on_failure
         self.resubmitted = 0  # requests sent again because their engine left
+        self.explain: Callable[[], str | None] = lambda: None  # why no engine is live (for the timeout's error)
 
     # ------------------------------------------------------------------ the engine set
     def add_engine(self, handle: Any, index: int) -> None:
@@ -131,7 +132,8 @@ class EngineRouter:
             if self._closed is not None:
                 raise self.closed_error()
             if not ready:
-                raise NoEnginesLeft(f"no rollout engine became available within {wait_s:g}s")
+                why = self.explain()  # what the run waits for (the fleet: a node with the label, ...)
+                raise NoEnginesLeft(f"no rollout engine became available within {wait_s:g}s" + (f"; {why}" if why else ""))
             idx = min(self._engines, key=lambda i: (i in self._draining, i != prefer, self._outstanding[i], i))
             self._outstanding[idx] += len(requests)
             handle = self._engines[idx]

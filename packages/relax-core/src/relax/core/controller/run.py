@@ -18,7 +18,7 @@ from tqdm import tqdm
 from relax.core.checkpoint import CheckpointError, CheckpointManager, read_controller_state, resolve_resume
 from relax.core.cluster import driver_paths
 from relax.core.config import RelaxConfig, with_inputs
-from relax.core.controller import closing, faults, recovery, runtime, signals, startup, teardown
+from relax.core.controller import closing, faults, places, recovery, runtime, signals, startup, teardown
 from relax.core.controller.episodes import build_turns
 from relax.core.controller.faults import FaultCounters
 from relax.core.controller.fleet import EngineFleet
@@ -114,6 +114,7 @@ class RunState:
                 fleet_cfg, self.roles.engines, runtime.engine_starter(cfg, self.model_path, self.roles),
                 self.weight_sync, self.roles.trainer, counters,
                 on_change=lambda engines: self.roles.reward.set_engines.remote(engines),
+                places=None if self.roles.hosted or in_driver(cfg) else places.for_run(cfg, self.roles.placement),
             )
             self.train_inflight = None
             self.step = 0

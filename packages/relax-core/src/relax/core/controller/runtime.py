@@ -235,11 +235,8 @@ def engine_starter(cfg: RelaxConfig, model_path: str, roles: Roles) -> Callable[
             raise RuntimeError("rollout.host: the run's engine lives in the trainer's process; more engines (or a "
                                "replacement) need rollout.host=separate")
         run_cfg = with_engine_params(cfg, engine_params) if engine_params else cfg  # e.g. attached by URL
-        if slot is not None and roles.placement is not None and not roles.placement.engine_slot_alive(
-                slot, cfg.rollout.timeout_s):  # its node was lost and Ray found no other node for the bundle
-            log.warning("relax: rollout engine[%d]: the reservation of engine slot %d is on no alive node; starting it "
-                        "outside the reservation", index, slot)
-            slot = None
+        # a slot's reservation is on an alive node by now: the fleet waits for that (controller.places), never
+        # starting an engine outside it while Ray re-places it -- the two would then compete for one node's room
         return start_engine(run_cfg, model_path, index, roles.placement, slot)
 
     return start
