@@ -112,10 +112,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def _report_failure(exc: BaseException, ns: argparse.Namespace, cfg) -> int:
     """Print why the run stopped and the command that resumes it; exit 130/143 for SIGINT/SIGTERM."""
     import shlex
-    import traceback
-    from pathlib import Path
 
-    from relax.core.controller.recovery import reason, resume_point
+    from relax.core.controller.recovery import reason, resume_point, write_error_log
     from relax.core.controller.signals import Interrupted
 
     if isinstance(exc, SystemExit):
@@ -124,12 +122,7 @@ def _report_failure(exc: BaseException, ns: argparse.Namespace, cfg) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ray is down; a late Ctrl-C must not spew a traceback
         signal.signal(sig, signal.SIG_IGN)
-    log_path: Path | None = Path(cfg.run_dir) / "error.log"
-    try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text("".join(traceback.format_exception(exc)))
-    except OSError:
-        log_path = None
+    log_path = write_error_log(cfg.run_dir, exc)  # appended: an earlier failure's traceback stays
     step = getattr(exc, "relax_step", None)
     where = f" at step {step} of {cfg.total_steps}" if step is not None else ""
     detail = f" (traceback: {log_path})" if log_path else ""

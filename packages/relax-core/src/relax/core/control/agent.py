@@ -50,6 +50,7 @@ def snapshot(run: Any, protect: bool, attach: bool, state: str | None = None) ->
         "name": cfg.name, "state": state or ("paused" if run.control.paused else "running"), "mode": cfg.mode,
         "engine": cfg.rollout.engine, "attach": attach, "step": run.step, "total_steps": cfg.total_steps,
         "weight_version": run.weight_version, "engines": engines, "trainer_idle_frac": run.trainer_idle_frac,
+        "fleet": run.engine_shortfall(),  # engines live of wanted; what a missing one waits for
         "queue": {"rows": queue.get("queue/rows"), "capacity": queue.get("queue/capacity"),
                   "depth": {k.removeprefix("queue/depth/"): v for k, v in queue.items() if k.startswith("queue/depth/")}},
         "metrics": _finite(run.metrics), "updated": time.time(),

@@ -80,6 +80,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"queue: {queue.get('rows')} rows of {queue.get('capacity')}; trainer idle "
         f"{'-' if idle is None else f'{idle:.0%}'}",
     ]
+    if (fleet := s.get("fleet") or {}).get("line"):  # engines missing: how many, what they wait for, since when
+        lines.append(f"engines: {fleet['line']}")
     if op := s.get("operation"):
         lines.append(f"operation {op['id']}: {op['kind']} {op['state']}")
     return "\n".join([*lines, "", table(s.get("engines", []), ENGINE_COLUMNS)])

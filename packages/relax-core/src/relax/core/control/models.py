@@ -103,6 +103,7 @@ class StatusResponse(BaseModel):
     engines: list[EngineInfo] = []
     queue: QueueInfo = QueueInfo()
     trainer_idle_frac: float | None = None
+    fleet: dict[str, Any] | None = None  # engines_live, engines_wanted, waiting, not_replaced, line
     operation: OperationInfo | None = None
     autoscaler: dict[str, Any] | None = None  # enabled, latest decisions (step, action, reason)
     status: str | None = None  # how the run ended (completed, failed, interrupted), once finished

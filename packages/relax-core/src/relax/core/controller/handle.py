@@ -193,6 +193,12 @@ class RunHandle:
         """Indices of the engines serving now (stable; a replacement gets a new index)."""
         return sorted(self._state.fleet.live())
 
+    def engine_shortfall(self) -> dict[str, Any]:
+        """Engines live of wanted, what each missing one waits for (label, resources, since when) and
+        which will not come back and why; ``line``: all of it in one sentence (None: nothing missing)."""
+        fleet = self._state.fleet
+        return {**fleet.shortfall.status(len(fleet.live())), "line": fleet.explain()}
+
     def engine_nodes(self) -> dict[int, str | None]:
         """The address of the Ray node each serving engine runs on (None: in the driver, or not known yet)."""
         from relax.core.weight_sync.base import is_actor

@@ -137,10 +137,12 @@ class EnginePlaces:
         """The command that would end the wait: a node with the label and the resources joining."""
         from relax.core.cluster import NODE_LABEL
 
-        try:
-            head = ray.get_runtime_context().gcs_address
-        except Exception:  # no Ray context: name the placeholder
-            head = "<head>"
+        head = "<head>"
+        if ray.is_initialized():  # (asking an uninitialised Ray for its context would start one)
+            try:
+                head = ray.get_runtime_context().gcs_address
+            except Exception as exc:  # Ray going down: the placeholder
+                log.debug("head address lookup failed: %s", exc)
         parts = [f"ray start --address={head}"]
         parts += [f"--labels {NODE_LABEL}={self.label}"] if self.label else []
         parts += [f"--num-cpus={max(1, round(self.cpus))}"] if self.cpus > 0 else []

@@ -132,14 +132,17 @@ def start_ray(settings: RaySettings, log_to_driver: bool = True) -> bool:
             kwargs["_node_ip_address"] = settings.node_ip_address
         if os.environ.get("RAY_AUTH_MODE") == "disabled":
             log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
-        if _is_loopback(settings.address):  # a cluster on this machine's loopback (`ray start` on 127.0.0.x):
-            # the driver is on the head's machine and joins as that node (Ray would look for 127.0.0.1)
-            if _host(settings.address) != "localhost" and not settings.address.startswith("ray://"):
-                kwargs.setdefault("_node_ip_address", _host(settings.address))
-            with _single_machine():  # Ray would otherwise swap 127.0.0.1 for the machine's network address
+        try:
+            if _is_loopback(settings.address):  # a cluster on this machine's loopback (`ray start` on 127.0.0.x):
+                # the driver is on the head's machine and joins as that node (Ray would look for 127.0.0.1)
+                if _host(settings.address) != "localhost" and not settings.address.startswith("ray://"):
+                    kwargs.setdefault("_node_ip_address", _host(settings.address))
+                with _single_machine():  # Ray would otherwise swap 127.0.0.1 for the machine's network address
+                    ray.init(**kwargs)
+            else:
                 ray.init(**kwargs)
-        else:
-            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClusterJoinError(join_failure(settings.address, exc)) from exc
         return True
     # embedded: the daemons, and the workers they start, inherit this process's environment; a job
     # runtime env would only make each worker wait for Ray's runtime-env agent (~1 s per actor here)
@@ -148,6 +151,52 @@ def start_ray(settings: RaySettings, log_to_driver: bool = True) -> bool:
     with _single_machine():
         ray.init(**kwargs)
     return True
+
+
+class ClusterJoinError(ConnectionError):
+    """``relax run --address`` could not join the cluster; the message names the likely cause and its fix."""
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen and len(seen) < 16:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def join_failure(address: str, exc: BaseException) -> str:
+    """Why joining the Ray cluster at ``address`` failed, in one message that says what to do. Ray's
+    own error is a bare "Failed to connect to Ray cluster"; the cause is deeper in the chain. The usual
+    one: token authentication on one side only -- ``ray start --head`` turns it on by itself when
+    ``~/.ray/auth_token`` exists (``RAY_AUTH_MODE`` unset), while ``ray start --address`` and a driver's
+    ``ray.init(address=...)`` do not."""
+    import ray
+
+    chain = _chain(exc)
+    text = " ".join(str(e) for e in chain)
+    mode = os.environ.get("RAY_AUTH_MODE")
+    auth = any(type(e).__name__ == "AuthenticationError" for e in chain) or "InvalidAuthToken" in text
+    if auth or "Unauthenticated" in text:
+        token = Path.home() / ".ray" / "auth_token"
+        have = ("RAY_AUTH_TOKEN" in os.environ and "$RAY_AUTH_TOKEN") or ("RAY_AUTH_TOKEN_PATH" in os.environ and
+                "$RAY_AUTH_TOKEN_PATH") or (token.is_file() and str(token))
+        if mode != "token":
+            fix = (f"the cluster runs Ray's token authentication and this driver does not (RAY_AUTH_MODE="
+                   f"{mode or 'unset'}): run `export RAY_AUTH_MODE=token` and relax again" +
+                   (f" (Ray then reads the token from {have})" if have else
+                    " with the cluster's token in ~/.ray/auth_token or $RAY_AUTH_TOKEN"))
+        else:
+            fix = (f"the cluster rejected this driver's token (RAY_AUTH_MODE=token, token from {have or 'nowhere'}): "
+                   "give it the cluster's token (the head's ~/.ray/auth_token, or $RAY_AUTH_TOKEN)")
+        why = f"authentication: {fix}"
+    else:
+        why = (f"is a Ray head running there (`ray status --address {address}`), reachable from here, and on the "
+               f"same Ray version as this driver ({ray.__version__})? If the head runs token authentication (it turns "
+               "it on when ~/.ray/auth_token exists), set RAY_AUTH_MODE=token here too")
+    lines = [line.strip() for e in chain for line in str(e).splitlines() if line.strip()]
+    said = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(exc).__name__)
+    return f"could not join the Ray cluster at {address}: {why} (Ray said: {said[:240]})"
 
 
 def start_loopback_ray(num_cpus: int, log_to_driver: bool = False) -> bool:

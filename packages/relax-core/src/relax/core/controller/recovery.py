@@ -183,6 +183,23 @@ def resume_point(cfg: Any, checkpoint: str | None) -> tuple[str | None, str]:
     return None, f"checkpoint.resume={configured if configured not in ('auto', 'never') else 'auto'}"
 
 
+def write_error_log(run_dir: str | Path, error: BaseException) -> Path | None:
+    """Append ``error``'s traceback to ``<run_dir>/error.log`` under a dated header; None when the file
+    cannot be written. Appended, never overwritten: a resume that fails (say, before a node with the
+    trainer's label exists) keeps the traceback of the failure it was resuming from."""
+    import traceback
+
+    path = Path(run_dir) / "error.log"
+    header = f"=== relax run failed at {time.strftime('%Y-%m-%d %H:%M:%S')}: {reason(error)}\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            out.write(header + "".join(traceback.format_exception(error)) + "\n")
+    except OSError:
+        return None
+    return path
+
+
 def reason(error: BaseException) -> str:
     """The one-line reason the CLI prints."""
     if isinstance(error, signals.Interrupted):
