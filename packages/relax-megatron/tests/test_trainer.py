@@ -210,16 +210,19 @@ def test_trainer_names_what_sequence_parallelism_cannot_run(tiny_qwen3):
 
 class TestRealLengths(TinyModelFixtures):
     @pytest.mark.parametrize("variant", [{"recompute": "full"}, {"recompute": "selective"},
-                                         {"max_tokens_per_micro_batch": 16}])  # fmt: skip
+                                         {"max_tokens_per_micro_batch": 16}, {"logits_chunk_tokens": 7}])  # fmt: skip
     def test_a_step_equals_the_plain_fixed_row_step(self, megatron_world, model_dir, tokenizer, variant):
-        """Activation recompute (megatron's full / selective) and token-budget micro-batches change memory,
-        not the update."""
+        """Activation recompute (megatron's full / selective), token-budget micro-batches and logprobs and
+        entropy seven tokens at a time (chunked.py; the plain step takes whole logits) change memory, not
+        the update."""
         from relax.core.testing.trainer import learning_metrics
 
         batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
-        plain, other = megatron_trainer(model_dir, eps=1e-4), megatron_trainer(model_dir, eps=1e-4, **variant)
+        plain = megatron_trainer(model_dir, eps=1e-4, logits_chunk_tokens=0)
+        other = megatron_trainer(model_dir, eps=1e-4, **variant)
         config = other.model.config
         assert config.recompute_granularity == variant.get("recompute")
+        assert plain.head is None and other.head is not None  # whole logits vs chunks (chunked.py)
 
         torch.testing.assert_close(other.forward_logprobs(batch), plain.forward_logprobs(batch), atol=1e-5, rtol=0)
         batch["old_logprobs"] = plain.forward_logprobs(batch)  # given: the step runs training forwards only

@@ -147,7 +147,8 @@ def pipeline_checks(args: argparse.Namespace, tokens, batch: dict | None, ckpt: 
 def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micro_batch_size: int = 4,
                 ckpt: str = "", dtype: str = "float32", **layout: int | bool) -> dict:
     """A ``MegatronTrainer`` at ``layout`` on ``model_dir`` (default ``--model-dir``): logprobs, one step,
-    the exported weights; with ``ckpt`` a save there, logprobs after it and a second step."""
+    the exported weights; with ``ckpt`` a save there, logprobs after it and a second step. Scores five
+    tokens at a time (chunked.py: several chunks, recomputed in backward, vocab-parallel at TP > 1)."""
 
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
@@ -155,7 +156,7 @@ def train_check(args: argparse.Namespace, batch: dict, model_dir: str = "", micr
 
     trainer = MegatronTrainer(
         model_dir or args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4,
-        micro_batch_size=micro_batch_size, rank=args.rank, dtype=dtype, **layout,
+        micro_batch_size=micro_batch_size, rank=args.rank, dtype=dtype, logits_chunk_tokens=5, **layout,
         world_size=args.world, master_addr="127.0.0.1", master_port=args.port,
     )  # fmt: skip
     before = trainer.forward_logprobs(batch)
@@ -181,11 +182,11 @@ def logprobs_check(args: argparse.Namespace, batch: dict, model_dir: str, **layo
 
 
 def frozen_check(args: argparse.Namespace, batch: dict, model_dir: str, **layout: int | bool) -> dict:
-    """A frozen ``MegatronTrainer``'s logprobs and HF-named export at ``layout``."""
+    """A frozen ``MegatronTrainer``'s logprobs (from whole logits) and HF-named export at ``layout``."""
     from relax.megatron.trainer import MegatronTrainer
 
     trainer = MegatronTrainer(model_dir, rank=args.rank, world_size=args.world, master_addr="127.0.0.1",
-                              master_port=args.port, trainable=False, **layout)  # fmt: skip
+                              master_port=args.port, trainable=False, logits_chunk_tokens=0, **layout)  # fmt: skip
     return {"logprobs": trainer.forward_logprobs(batch),
             "hf": {n: t.clone() for bucket in trainer.export_weights(1 << 16) for n, t in bucket}}
 

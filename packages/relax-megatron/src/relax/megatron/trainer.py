@@ -38,12 +38,13 @@ from relax.core.multimodal_model import model_config
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.token_budget import in_row_order, micro_batches
 from relax.core.trainers.export import NamedTensors, buckets
-from relax.megatron import convert, omni
+from relax.megatron import convert, grads, media_front
+from relax.megatron.chunked import OutputPassthrough, chunked_scores
+from relax.megatron.grads import is_expert
 from relax.megatron.logprobs import logprobs_and_entropy
 from relax.megatron.padding import pad_to_multiple, response_logits, right_padded
 from relax.megatron.parallel import (
     DEFAULT_TIMEOUT_S,
-    all_reduce_grads,
     check_layout,
     ensure_process_group,
     gather_rows,
@@ -56,9 +57,10 @@ from relax.megatron.parallel import (
     sequence_parallel_on,
 )
 from relax.megatron.pipeline import from_last_stage, global_layer_names, run_schedule, stage_units
+from relax.megatron.rank_load import load_rank, save_streamed
 from relax.megatron.routing import MegatronRouting, routing_metrics
 
-TOWER = "front."  # grad_params name prefix of a media tower weight (omni.py)
+TOWER = "front."  # grad_params name prefix of a media tower weight (media_front.py)
 
 
 class MegatronTrainer:
@@ -96,7 +98,7 @@ class MegatronTrainer:
         self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
         check_layout(world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
         hf_config = model_config(model_path)  # a whole Qwen-Omni checkpoint: its thinker's
-        lm = omni.lm_config(hf_config) if omni.is_media_model(hf_config) else hf_config
+        lm = media_front.lm_config(hf_config) if media_front.is_media_model(hf_config) else hf_config
         self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel, bool(convert.Dims.from_hf(lm).experts))
         self.seq_multiple = tensor_parallel if self.sequence_parallel else 1  # the stages pad the sequence to it
         if dtype not in ("float32", "bfloat16"):  # bf16 on CPU runs here (the tests), the plugin refuses it
@@ -121,11 +123,11 @@ class MegatronTrainer:
                                   timeout_s=timeout_s)  # fmt: skip
         self.model_path = model_path
         self.hf_config = hf_config
-        self.front = None  # media models (omni.py): HF's towers, scatter and rope index feeding megatron's LM
+        self.front = None  # media models (media_front.py): HF's towers, scatter and rope index feeding megatron's LM
         self.media_config = None  # a media model's whole HF config (``hf_config`` is then its LM's)
-        if omni.is_media_model(self.hf_config):
-            omni.check_supported(self.hf_config, self.distributed_optimizer)
-            self.media_config, self.hf_config = self.hf_config, omni.lm_config(self.hf_config)
+        if media_front.is_media_model(self.hf_config):
+            media_front.check_supported(self.hf_config, self.distributed_optimizer)
+            self.media_config, self.hf_config = self.hf_config, media_front.lm_config(self.hf_config)
         self.tp, self.tp_rank = tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp, self.pp_rank = pipeline_parallel, parallel_state.get_pipeline_model_parallel_rank()
@@ -144,11 +146,10 @@ class MegatronTrainer:
                                              layer_spec=self.layer_spec, tensor_model_parallel_size=tensor_parallel,
                                              use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
         if self.media_config is not None:
-            self.front = omni.MediaFront(model_path, self.model, self.media_config, first_stage=self.first_stage)
-        hf_weights = self.front.take_lm_weights() if self.front is not None else convert.read_hf_checkpoint(model_path)
-        convert.load_hf_into(self.model, hf_weights, self.hf_config, self.tp, self.tp_rank,
-                             pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
-        del hf_weights
+            self.front = media_front.MediaFront(model_path, self.model, self.media_config, first_stage=self.first_stage)
+        load = convert.load_hf_into if self.front is not None else load_rank  # load_rank: reads this rank's part only
+        load(self.model, self.front.take_lm_weights() if self.front is not None else model_path, self.hf_config,
+             self.tp, self.tp_rank, pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
         self.model.to(self.device)  # a no-op where megatron already allocated on the current GPU
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
@@ -157,7 +158,7 @@ class MegatronTrainer:
             self.front.cast_parameters(self.dtype)  # bf16: the towers too (their fp32 masters below)
             self.front.requires_grad_(trainable)
         # frozen towers are neither trained nor exported (the rollout engine loaded them already), as in core
-        omni.freeze(self.front, self.media_config or self.hf_config, freeze_media_towers=freeze_media_towers,
+        media_front.freeze(self.front, self.media_config or self.hf_config, freeze_media_towers=freeze_media_towers,
                     freeze_vision=freeze_vision, freeze_audio=freeze_audio)  # fmt: skip
         self.ddp = None  # megatron's DDP wrapper: with the distributed optimizer only
         self.masters = None  # bf16 without it: fp32 master weights (precision.py)
@@ -181,6 +182,9 @@ class MegatronTrainer:
             self.optimizer = torch.optim.AdamW(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
         else:
             self.optimizer = None
+        # chunked scores (chunked.py): the last stage's forward returns hidden states, scored a chunk at a time
+        chunked = self.last_stage and s.logits_chunk_tokens > 0
+        self.head = OutputPassthrough(self.model, self.tp_group, self.tp, self.sequence_parallel) if chunked else None
         # MoE routing replay: a batch's ``routed_experts`` fed to this stage's routers (routing.py); None: dense
         self.routing = MegatronRouting.for_model(self.model, s.routing_replay, self.hf_config.num_hidden_layers)
         if self.routing is not None and self.sequence_parallel:  # each TP rank routes its slice of the sequence
@@ -204,16 +208,15 @@ class MegatronTrainer:
             return batch
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
-    def _response_scores(self, batch: dict[str, torch.Tensor], score: Callable = logprobs_and_entropy) -> tuple:
-        """``score`` (vocab-parallel) of the response tokens: (B, R) logprobs and entropies by default.
-        Positions P-1 .. P+R-2 predict them; logits are temperature-scaled; each rank holds its slice."""
-        return self._scores(batch, self._forward(self.model, batch), score)
-
     def _forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """This stage's forward on the right-padded rows, causal attention with no mask tensor (padding.py):
-        logits on the last stage, hidden states on the others; MoE routers replay ``routed_experts`` when
-        the batch has them and the trainer replays (routing.py)."""
-        if self.front is not None:  # a media model: HF's front feeds megatron's LM (omni.py)
+        logits on the last stage (its last hidden states when the scores are chunked: chunked.py), hidden
+        states on the others; MoE routers replay ``routed_experts`` when the batch has them (routing.py)."""
+        with self.head.hidden_out() if self.head is not None else contextlib.nullcontext():
+            return self._stage_forward(model, batch)
+
+    def _stage_forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.front is not None:  # a media model: HF's front feeds megatron's LM (media_front.py)
             return self.front.lm_forward(model, batch)
         input_ids, position_ids = right_padded(batch)
         width = input_ids.shape[1]
@@ -223,17 +226,25 @@ class MegatronTrainer:
             out = model(input_ids, position_ids, attention_mask=None)
         return out[:, :width] if self.sequence_parallel and self.last_stage else out
 
-    def _scores(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, score: Callable = logprobs_and_entropy):
-        resp = batch["responses"]
-        logits = response_logits(logits, batch)
-        if self.settings.temperature != 1.0:
-            logits = logits / self.settings.temperature
-        vocab_start = self.tp_rank * logits.shape[-1]
+    def _scores(self, batch: dict[str, torch.Tensor], out: torch.Tensor, score: Callable = logprobs_and_entropy):
+        """``score`` (vocab-parallel) of the response tokens, (B, R) each: positions P-1 .. P+R-2 predict
+        them; logits temperature-scaled, each rank's its vocabulary slice; ``out``: the last stage's forward."""
+        out = response_logits(out, batch)
+        local_vocab = out.shape[-1] if self.head is None else self.head.weight.shape[0]
+        vocab_start = self.tp_rank * local_vocab
         real = self.hf_config.vocab_size - vocab_start  # this slice's columns that are real tokens
-        if real < logits.shape[-1]:  # the vocabulary padded to a multiple of TP (convert.Dims.padded_vocab)
-            padding = torch.arange(logits.shape[-1], device=logits.device) >= real
-            logits = logits.masked_fill(padding, -1e30)  # finite: entropy's p * log p stays 0, not nan
-        return score(logits, resp, vocab_start, self.tp_group if self.tp > 1 else None)
+
+        def scored(logits: torch.Tensor, targets: torch.Tensor) -> tuple:
+            if self.settings.temperature != 1.0:
+                logits = logits / self.settings.temperature
+            if real < local_vocab:  # the vocabulary padded to a multiple of TP (convert.Dims.padded_vocab)
+                padding = torch.arange(local_vocab, device=logits.device) >= real
+                logits = logits.masked_fill(padding, -1e30)  # finite: entropy's p * log p stays 0, not nan
+            return score(logits, targets, vocab_start, self.tp_group if self.tp > 1 else None)
+
+        if self.head is None:
+            return scored(out, batch["responses"])
+        return chunked_scores(out, batch["responses"], self.head.weight, scored, self.settings.logits_chunk_tokens)
 
     def _masked_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
         """The first ``count`` outputs of ``score`` over the whole batch (micro-batched, no grad), 0 where
@@ -327,10 +338,12 @@ class MegatronTrainer:
             from relax.megatron import distopt
 
             return distopt.reduce_grads(self.ddp, self.optimizer)
-        self._sum_tensor_parallel_replica_grads()
-        self._sum_tied_embedding_grads()
-        self._sum_data_parallel_grads()
-        return self._clip_grad_norm(max_norm)
+        grads.sum_tensor_parallel_replica_grads(self.grad_params, self.tp, self.tp_group)
+        if self.pp > 1 and self.hf_config.tie_word_embeddings:
+            grads.sum_tied_embedding_grads(self.model, self.masters)
+        grads.sum_data_parallel_grads(self.grad_params, self.dp, self.dp_group)
+        simple = self.tp == self.pp == self.ep == 1
+        return grads.clip_grad_norm(self.grad_params, max_norm, self.device, simple=simple)
 
     def apply_gradients(self, lr: float) -> str | None:
         """The optimizer step (the weights are not checked afterwards: None); bf16: the fp32 masters
@@ -363,79 +376,6 @@ class MegatronTrainer:
         torch.distributed.all_reduce(summed, group=self.dp_group)
         return summed.tolist()
 
-    def _sum_tensor_parallel_replica_grads(self) -> None:
-        """Weights replicated over TP whose copies each see part of the work: Qwen3's q/k norms (each rank
-        applies them to its own heads) and, with sequence parallelism, the norms and MoE routers (marked
-        ``sequence_parallel``: each rank's slice of the sequence). Their gradient is the sum over the TP
-        ranks: what megatron's ``finalize_model_grads`` does (``_allreduce_non_tensor_model_parallel_grads``)."""
-        if self.tp == 1:
-            return
-        all_reduce_grads([p for n, p in self.grad_params if p.requires_grad and (
-            getattr(p, "sequence_parallel", False) or "q_layernorm" in n or "k_layernorm" in n)], self.tp_group)  # fmt: skip
-
-    def _sum_tied_embedding_grads(self) -> None:
-        """PP with tied embeddings: the first stage's embedding and the last stage's output layer are one
-        weight; each gets the sum of both gradients (megatron's ``_allreduce_word_embedding_grads``)."""
-        from megatron.core import parallel_state
-
-        if self.pp == 1 or not self.hf_config.tie_word_embeddings or not parallel_state.is_rank_in_embedding_group():
-            return
-        weight = self.model.shared_embedding_or_output_weight()
-        if self.masters is not None:
-            weight = self.masters.master_of(weight)
-        if weight.grad is None:  # a stage whose rows reached no token: it still joins the sum
-            weight.grad = torch.zeros_like(weight)
-        torch.distributed.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
-
-    @staticmethod
-    def _is_expert(name: str) -> bool:
-        """An MoE expert's weight (whole on each rank that holds it: expert tensor parallelism 1)."""
-        return ".mlp.experts." in name
-
-    def _sum_data_parallel_grads(self) -> None:
-        """Each replica back-propagated its own rows: sum the gradients over the data-parallel ranks; expert
-        weights over the expert-data-parallel ranks (megatron's groups: with EP the dispatcher already brought
-        every EP rank's tokens to an expert; with sequence parallelism at EP = 1 each TP rank's experts saw
-        that rank's tokens only, and the TP ranks are in the group)."""
-        from megatron.core import parallel_state
-        named = [(n, p) for n, p in self.grad_params if p.requires_grad]
-        if self.dp > 1:
-            all_reduce_grads([p for n, p in named if not self._is_expert(n)], self.dp_group)
-        experts = [p for n, p in named if self._is_expert(n)]
-        if experts and parallel_state.get_expert_data_parallel_world_size() > 1:
-            all_reduce_grads(experts, parallel_state.get_expert_data_parallel_group())
-
-    def _clip_grad_norm(self, max_norm: float) -> float:
-        """Clip to the norm of the whole model's gradient; TP shards, pipeline stages and EP ranks'
-        experts count once, replicated weights (norms, a tied embedding's copy) once, not once per rank.
-        TP=PP=EP=1: torch's ``clip_grad_norm_``."""
-        named = [(n, p) for n, p in self.grad_params if p.grad is not None]
-        params = [p for _, p in named]
-        if self.tp == 1 and self.pp == 1 and self.ep == 1:
-            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        from megatron.core import parallel_state
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-        from megatron.core.transformer.module import param_is_not_shared
-
-        def square(grads: list[torch.Tensor], group) -> torch.Tensor:
-            total = (torch.stack([g.float().square().sum() for g in grads]).sum() if grads
-                     else torch.zeros((), device=self.device))  # fmt: skip
-            torch.distributed.all_reduce(total, group=group)
-            return total
-
-        owned = [(n, p) for n, p in named if param_is_not_shared(p)]
-        total = square([p.grad for n, p in owned if not self._is_expert(n) and param_is_not_tensor_parallel_duplicate(p)],
-                       parallel_state.get_model_parallel_group())  # fmt: skip
-        experts = [p.grad for n, p in owned if self._is_expert(n)]  # each expert once per EP x PP group (ETP = 1)
-        if experts:
-            total = total + square(experts, parallel_state.get_expert_tensor_model_pipeline_parallel_group())
-        norm = float(total.sqrt())
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            for p in params:
-                p.grad.mul_(coef)
-        return norm
-
     # ------------------------------------------------------------------ weights
     def export_weights(self, bucket_bytes: int = 64 << 20) -> Iterator[NamedTensors]:
         """HF-named, TP- and PP-gathered weights in buckets of about ``bucket_bytes`` (tied embeddings
@@ -462,27 +402,22 @@ class MegatronTrainer:
                 source = ({n: local[n].detach() for n in unit} for unit in units)
             # a unit's shards: the TP ranks' and, for experts, the EP ranks' (each holds its experts whole)
             for unit in source:
-                experts = {n: t for n, t in unit.items() if self._is_expert(n)}
+                experts = {n: t for n, t in unit.items() if is_expert(n)}
                 shards = gather_tp_shards({n: t for n, t in unit.items() if n not in experts}, self.tp, self.tp_group)
                 expert_shards = gather_tp_shards(experts, self.ep, self.ep_group) if experts else []
                 for name, tensor in convert.megatron_to_hf(shards, self.hf_config, partial=True,
                                                            expert_shards=expert_shards).items():  # fmt: skip
-                    yield (omni.hf_name(name) if self.front is not None else name), tensor
+                    yield media_front.hf_name(name, self.front and self.front.hooks.lm_prefix), tensor
             if self.front is not None:  # replicated: every rank holds them whole
                 yield from ((n, p.detach()) for n, p in self.front.tower_parameters(frozen=False))
 
         yield from buckets(named(), bucket_bytes)
 
     def save_hf(self, directory: str) -> None:
-        """An HF directory (config, tokenizer, safetensors) that plain transformers loads. Collective
-        (every rank gathers); rank 0 writes it."""
-        from relax.megatron.checkpoint import write_hf
-
-        hf = {n: t.cpu() for b in self.export_weights() for n, t in b}  # in host memory, not the GPU's
-        if self.front is not None:  # frozen towers: not synced, but the directory is the whole model
-            hf.update((n, p.detach().cpu()) for n, p in self.front.tower_parameters(frozen=True))
-        if torch.distributed.get_rank() == 0:
-            write_hf(directory, hf, self.media_config or self.hf_config, self.model_path)  # with a media model's processor
+        """An HF directory (config, tokenizer, safetensors) that plain transformers loads. Collective:
+        streamed (``rank_load.save_streamed``), no rank holds the whole model in host memory."""
+        towers = self.front.tower_parameters(frozen=True) if self.front is not None else ()
+        save_streamed(directory, self.export_weights(), towers, self.media_config or self.hf_config, self.model_path)
 
     # -------------------------------------------------------------- checkpoints
     def save(self, directory: str) -> None:
