@@ -39,7 +39,8 @@ def _hermes_parser(params: Any, ctx: Any) -> Any:
 def relax_register_environments(register):
     from relax.agents.config import ToolsEnvParams
 
-    register("tools", _tools_environment, config=ToolsEnvParams)
+    # tool_calls=True: the policy answers with tool calls, so `relax validate` refuses environment.tool_parser: none
+    register("tools", _tools_environment, config=ToolsEnvParams, tool_calls=True)
     # light imports (stdlib + relax.core): openai and verifiers load only when an episode runs
     from relax.agents.openai_env import OpenAIAgentParams
     from relax.agents.verifiers_env import VerifiersParams

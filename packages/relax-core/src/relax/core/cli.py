@@ -28,14 +28,15 @@ def _config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
-def _load(ns: argparse.Namespace):
+def _load(ns: argparse.Namespace, build_inputs: bool = True):
     """The validated config of ``relax run`` and ``relax validate`` alike: the loader's checks plus
-    where the roles can live (``rollout.host``), so ``validate`` refuses exactly what ``run`` would."""
+    where the roles can live (``rollout.host``), so ``validate`` refuses exactly what ``run`` would.
+    ``build_inputs=False`` (validate): an ``inputs`` plugin's model and data are not built."""
     from relax.core.config import config_error, load_config  # imports torch and the plugins: seconds
     from relax.core.recipes.commands import with_prepare_hint
 
     with with_prepare_hint():  # a recipe's dataset not prepared yet: the error names the command that makes it
-        cfg = load_config(*_config_args(ns), check_paths=True)  # before Ray: data, model and run_dir usable
+        cfg = load_config(*_config_args(ns), check_paths=True, build_inputs=build_inputs)  # before Ray: paths usable
     from relax.core.cluster import driver_paths
 
     cfg = driver_paths(cfg)  # the roles, on other nodes, do not share this process's current directory
@@ -106,6 +107,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         f"curves: {summary['run_dir']}/curves.png; model: {summary['final_hf']}",
         flush=True,
     )
+    from relax.core.failures import format_summary
+
+    for line in format_summary(summary.get("failures")):  # what failed, and why, below the threshold
+        print(line, flush=True)
     return 0
 
 
@@ -140,8 +145,16 @@ def _report_failure(exc: BaseException, ns: argparse.Namespace, cfg) -> int:
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:
-    cfg = _load(ns)
+    cfg = _load(ns, build_inputs=False)  # validation only: nothing is built, downloaded or started
     print(f"config OK: {cfg.name!r}, mode {cfg.mode}, {cfg.total_steps} steps")
+    if cfg.inputs.name is not None:
+        from relax.core.plugins import get_plugin_manager
+
+        fills = get_plugin_manager().registration("inputs", cfg.inputs.name).options.get("fills", ())
+        unset = [f for f in fills if _dotted(cfg, f) is None]
+        if unset:
+            print(f"note: inputs {cfg.inputs.name!r} builds {', '.join(unset)} on the first `relax run` "
+                  "(not built by validate; they are checked then)")
     from relax.core.memory_plan import format_plan, gpu_memory, plan_for
 
     if gpu := gpu_memory(cfg, ns.gpu_memory):
@@ -168,6 +181,12 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         raise ConfigError(f"memory plan: {exc}") from None
     print(format_plan(plan, cfg.name))
     return 2 if plan.errors() else 0
+
+
+def _dotted(cfg, path: str):
+    for part in path.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg
 
 
 def cmd_plugins(ns: argparse.Namespace) -> int:
@@ -206,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="evaluate a model, run or checkpoint on the config's eval sets (no training)")
     add_eval_arguments(evaluate)
     evaluate.set_defaults(fn=cmd_eval)
+    from relax.core.inspect_command import add_arguments as add_inspect_arguments
+    from relax.core.inspect_command import cmd_inspect
+
+    inspect = sub.add_parser("inspect", help="print logged trajectories: turns, tool calls, trained and masked tokens")
+    add_inspect_arguments(inspect)
+    inspect.set_defaults(fn=cmd_inspect)
     from relax.core.recipes.commands import add_recipe_commands
 
     add_recipe_commands(sub)  # relax data prepare, relax init

@@ -160,10 +160,11 @@ class QueueConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    save_every: int = 0  # 0 = only at the end
+    save_every: int = 0  # 0 = none during the run (the final one is save_final's)
     resume: str = "auto"  # "auto" | "never" | a checkpoint directory
     keep_last: int = 2
     save_hf_final: bool = True
+    save_final: bool = True  # a trainer checkpoint after the last step (resume, relax convert); false: none
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,12 @@ class LoggingConfig:
     webhook_url: str | None = None  # JSON POST on completion/failure (kept; notify_urls covers more events)
     notify_urls: list[str] = field(default_factory=list)  # Apprise URLs: start, failure, recovery, scaling, completion
     log_samples: int = 0  # K training samples per step to <run_dir>/samples.jsonl (+ a W&B table, TensorBoard text)
+    # failed episodes, tools, rewards (relax.core.failures): the first N of each kind per step logged with their
+    # reason; every one in <run_dir>/failures.jsonl; the run stops when more than this fraction of its samples
+    # failed over failure_window_steps steps (or over the whole run, at its end); 1.0 never stops it
+    failure_warnings: int = 3
+    fail_if_failure_rate_above: float = 0.5
+    failure_window_steps: int = 3
 
 
 @dataclass(frozen=True)
@@ -253,9 +260,11 @@ class RelaxConfig:
 # --------------------------------------------------------------------------- loading
 
 
-def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_paths: bool = False) -> RelaxConfig:
+def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_paths: bool = False,
+                     build_inputs: bool = True) -> RelaxConfig:
     """``check_paths``: also check that data, model and run_dir are usable (the CLI does); with
-    ``inputs.name`` set, its plugin first builds the inputs the config leaves null (``relax.core.inputs``)."""
+    ``inputs.name`` set, its plugin first builds the inputs the config leaves null (``relax.core.inputs``),
+    unless ``build_inputs`` is False (``relax validate``: validation builds no model)."""
     from relax.core.checks import launch_errors
 
     errors: list[str] = []
@@ -271,7 +280,7 @@ def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_pat
                 cfg = _typed_plugin_sections(cfg, errors)
                 cfg = _derived_reward_timeout(cfg, data)
                 errors.extend(_plugin_run_errors(cfg))
-        if check_paths and check_plugins and not errors:
+        if check_paths and check_plugins and build_inputs and not errors:
             from relax.core.inputs import fill_inputs
 
             filled = fill_inputs(cfg, data)
@@ -296,9 +305,11 @@ def config_error(errors: list[str]) -> ConfigError:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | None = None, check_plugins: bool = True, check_paths: bool = False
+    path: str | Path | None = None, overrides: list[str] | None = None, check_plugins: bool = True, check_paths: bool = False,
+    build_inputs: bool = True,
 ) -> RelaxConfig:
-    """Load YAML (or the bundled quick-start when ``path`` is None), apply overrides, validate."""
+    """Load YAML (or the bundled quick-start when ``path`` is None), apply overrides, validate
+    (``build_inputs``: see :func:`config_from_dict`)."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -315,7 +326,7 @@ def load_config(
         data = quickstart_dict()
     data = merge_trees(data, parse_overrides(overrides or []))
     try:
-        return config_from_dict(data, check_plugins=check_plugins, check_paths=check_paths)
+        return config_from_dict(data, check_plugins=check_plugins, check_paths=check_paths, build_inputs=build_inputs)
     except ConfigError as exc:
         if path is None:
             raise
@@ -371,6 +382,8 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         ("checkpoint.save_every", cfg.checkpoint.save_every, True),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last, False),
         ("logging.log_samples", cfg.logging.log_samples, True),
+        ("logging.failure_warnings", cfg.logging.failure_warnings, True),
+        ("logging.failure_window_steps", cfg.logging.failure_window_steps, False),
         ("data.max_prompt_length", cfg.data.max_prompt_length, False),
         ("algorithm.kl.coef", cfg.algorithm.kl.coef, True),
         ("environment.max_turns", cfg.environment.max_turns, False),
@@ -379,6 +392,8 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
         ("environment.turn_timeout_s", cfg.environment.turn_timeout_s, False),
     ]:
         _positive(errors, path, value, zero_ok)
+    if not 0 <= cfg.logging.fail_if_failure_rate_above <= 1:
+        errors.append(f"logging.fail_if_failure_rate_above: must be in [0, 1], got {cfg.logging.fail_if_failure_rate_above!r}")
     if not 0 < cfg.rollout.top_p <= 1:
         errors.append(f"rollout.top_p: must be in (0, 1], got {cfg.rollout.top_p!r}")
     if len(cfg.trainer.betas) != 2:
@@ -514,3 +529,9 @@ def _plugin_errors(cfg: RelaxConfig) -> list[str]:
         if name not in names:
             errors.append(f"{path}: unknown {kind} {name!r}; registered: {', '.join(names) or '(none)'}")
     return errors
+    env = cfg.environment
+    if env.tool_parser == "none" and env.name in manager.names("environment") and \
+            manager.registration("environment", env.name).options.get("tool_calls"):
+        parsers = [n for n in manager.names("tool_parser") if n != "none"]
+        errors.append(f"environment.tool_parser: 'none' finds no tool call, but environment {env.name!r} is answered with "
+                      f"tool calls (registered with tool_calls=True); set one of: {', '.join(parsers) or '(none installed)'}")

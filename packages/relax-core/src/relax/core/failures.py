@@ -102,6 +102,7 @@ class FailureLog:
                 log.warning("relax: step %d: %d more %s failures (top reasons: %s); all of them in %s", step,
                             n - self.warnings_per_kind, kind, "; ".join(f"{c}x {r}" for r, c in top), self.path)
         if rows and self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as fh:
                 fh.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
 

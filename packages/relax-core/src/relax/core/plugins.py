@@ -183,6 +183,13 @@ class RelaxPluginManager:
             self._add(module_name, module, PluginInfo(module_name, "(RELAX_PLUGINS)", "-"))
 
     def _add(self, name: str, module: Any, info: PluginInfo) -> None:
+        if self.pm.is_registered(module):  # an installed entry point and RELAX_PLUGINS (or two entry points)
+            first = self.pm.get_name(module)
+            raise PluginError(
+                f"plugin module {getattr(module, '__name__', module)!r} is loaded twice: as plugin {first!r} "
+                f"({_source(self.infos.get(first))}) and as plugin {name!r} ({_source(info)}); keep one of them "
+                f"(drop it from RELAX_PLUGINS, or disable one with RELAX_DISABLE_PLUGINS={name})"
+            )
         try:
             self.pm.register(module, name=name)
             self.pm.check_pending()
@@ -267,8 +274,24 @@ def attach_param(engine: str, manager: RelaxPluginManager | None = None) -> str 
     return manager.registration("rollout_engine", engine).options.get("attach")
 
 
+def _source(info: PluginInfo | None) -> str:
+    if info is None:
+        return "?"
+    if info.distribution == "(RELAX_PLUGINS)":
+        return "RELAX_PLUGINS"
+    return f"entry point of distribution {info.distribution} {info.version}"
+
+
+def lifecycle_hooks(manager: RelaxPluginManager, plugin_name: str) -> list[str]:
+    """The hooks other than registration ones (``relax_on_step_end``, ``relax_filter_group``, ...) a plugin implements."""
+    plugin = manager.pm.get_plugin(plugin_name)
+    callers = manager.pm.get_hookcallers(plugin) or [] if plugin is not None else []
+    registration = set(REGISTRATION_HOOKS.values())
+    return sorted(c.name for c in callers if c.name not in registration)
+
+
 def format_plugins(manager: RelaxPluginManager) -> str:
-    """Human-readable listing for ``relax plugins``."""
+    """Human-readable listing for ``relax plugins``: what each plugin registered, and the hooks it runs."""
     lines = []
     for info in manager.infos.values():
         lines.append(f"{info.name} ({info.distribution} {info.version})")
@@ -277,4 +300,6 @@ def format_plugins(manager: RelaxPluginManager) -> str:
             by_kind.setdefault(kind, []).append(name)
         for kind in sorted(by_kind):
             lines.append(f"  {kind}: {', '.join(sorted(by_kind[kind]))}")
+        if hooks := lifecycle_hooks(manager, info.name):
+            lines.append(f"  hooks: {', '.join(hooks)}")
     return "\n".join(lines)

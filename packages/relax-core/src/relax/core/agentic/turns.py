@@ -44,6 +44,7 @@ class _Live:
     episode: Episode | None = None
     turns: int = 0
     stats: Counter = field(default_factory=Counter)
+    log: list[dict[str, Any]] = field(default_factory=list)  # per turn, for ``relax inspect`` (episode_turns)
 
 
 def turn_seed(seed: int, step: int, group_id: int, index: int, turn: int) -> int:
@@ -164,6 +165,9 @@ class Turns:
         state.stats["turns"] += 1
         state.stats["tool_calls"] += len(calls)
         state.stats["malformed_tool_calls"] += sum(bool(c.error) for c in calls)
+        state.log.append({"text": text, "tokens": len(new), "finish_reason": result.finish_reason,
+                          "tool_calls": [{"name": c.name, "arguments": c.arguments, **({"error": c.error} if c.error else {})}
+                                         for c in calls]})
         return Turn(state.turns - 1, text, new, calls, result.finish_reason, content, list(result.logprobs))
 
     def _step(self, sample: Sample, state: _Live, turn: Turn) -> StepResult:
@@ -206,6 +210,9 @@ class Turns:
         sample.versions += [version] * len(ids)
         sample.loss_mask += [0.0] * len(ids)
         state.stats["observation_tokens"] += len(ids)
+        state.log[-1]["observations"] = [m.get("content") if isinstance(m.get("content", ""), str) else "<media>"
+                                         for m in result.observations]
+        state.log[-1]["observation_tokens"] = len(ids)
         return True
 
     def _media_observation(self, sample: Sample, messages: list[dict[str, Any]],
@@ -223,6 +230,7 @@ class Turns:
         state.stats.update(counts)
         stats = {k: float(state.stats.get(k, 0)) for k in COUNTERS} | {k: float(v) for k, v in state.stats.items()}
         sample.metadata["episode"] = stats
+        sample.metadata["episode_turns"] = state.log
         sample.metadata["episode_reward"] = result.reward if result is not None else None
         if error:
             sample.metadata["episode_error"] = error

@@ -120,6 +120,7 @@ def colocate_step(state: StepContext) -> dict[str, float]:
     train_samples = [s for g in kept for s in g]
 
     with stages.engine_memory_released(state.fleet, cfg, metrics):  # rollout.release_memory
+    state.failures.record(step, samples)  # reasons to the console and failures.jsonl; most failed: the run stops
         if train_samples:
             _train(state, step, train_samples, metrics)
         else:

@@ -36,6 +36,7 @@ def pipelined_step(state: StepContext) -> dict[str, float]:
     if step < cfg.total_steps:  # the next step's take + collate overlap this step's update
         pipe.prefetch.start(step + 1, prepare)
     metrics = {**pipe.rollout_stats.pop(step, {}), **rollout_metrics(rows, state.version), "time/trainer_wait_s": waited}
+    state.failures.record(step, rows.samples)  # reasons to the console and failures.jsonl (relax.core.failures)
 
     # 2. filter groups (plugins' relax_filter_group), in group order as colocate trains them
     kept_groups, dropped = stages.filter_groups(rows.groups())

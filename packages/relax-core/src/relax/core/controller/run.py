@@ -66,6 +66,7 @@ class RunState:
     metrics: Any  # relax.core.metrics.MetricsLogger
     evaluator: Any  # relax.core.controller.evaluator.Evaluator: the eval sets and their schedule
     sample_log: Any  # relax.core.evaluation.sample_log.SampleLog (logging.log_samples), or None
+    failures: Any  # relax.core.failures.FailureLog: failed episodes, tools, rewards to the console and failures.jsonl
 
     def __init__(
         self,
@@ -144,7 +145,12 @@ class RunState:
             resumed = self.step if resume_from is not None else None
             self.evaluator = Evaluator(cfg, self.tokenizer, self.stop_token_ids, self.model_path, self.roles.reward,
                                        self.turns, self.roles.engines, resume_step=resumed)
-            self.sample_log = SampleLog(self.run_dir, lc.log_samples, self.metrics, resumed) if lc.log_samples else None
+            self.sample_log = (SampleLog(self.run_dir, lc.log_samples, self.metrics, resumed, self.tokenizer)
+                               if lc.log_samples else None)
+            from relax.core.failures import FailureLog
+
+            self.failures = FailureLog(self.run_dir, lc.failure_warnings, lc.fail_if_failure_rate_above,
+                                       lc.failure_window_steps, resumed)
         except BaseException:  # e.g. a resume that fails: nothing started may outlive the attempt
             self._release_roles()
             raise
@@ -220,7 +226,9 @@ class RunState:
             self.save_checkpoint()
 
     def finish(self) -> dict[str, Any]:
-        self.save_checkpoint()
+        self.failures.finish()  # a run in which most samples failed is no success (relax.core.failures)
+        if self.cfg.checkpoint.save_final:
+            self.save_checkpoint()
         final_dir = None
         if self.cfg.checkpoint.save_hf_final:
             final_dir = self.run_dir / "final_hf"
@@ -235,7 +243,8 @@ class RunState:
             agentic = ("episode/tool_calls_mean",) if self.cfg.environment.name else ()  # multi-turn: tool use too
             evals = tuple(f"eval/{name}/accuracy" for name in self.cfg.eval.sets)  # held-out scores beside the reward
             plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS + evals + agentic)
-        return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step}
+        return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step,
+                "failures": self.failures.summary()}
 
     def shutdown(self) -> None:
         """End of the run, completed or failed: stop the fleet and the pipeline, have every role close

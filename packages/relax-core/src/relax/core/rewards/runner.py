@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from relax.core.config import RewardConfig
+from relax.core.failures import add_failure
 from relax.core.rewards.bounded import ScorerTimeout, as_result, bounded, call_scorer
 from relax.core.rewards.lanes import score_in_lanes
 
@@ -129,8 +130,12 @@ async def score_samples(
             log.warning("%s (scored %g; further failures are only counted)", msg, fallback_score)
         counts[kind] += len(unit)
         flags = {FAILED: 1.0, **({TIMED_OUT: 1.0} if kind == "timeouts" else {})}
+        reason = f"reward {name!r} " + (f"timed out after {timeout_s:g}s" if cause is None
+                                         else f"raised {type(error).__name__}: {error}")
         for sample in unit:
             sample.reward, sample.reward_info = fallback_score, {"score": fallback_score, **flags}
+            if isinstance(getattr(sample, "metadata", None), dict):  # the driver reports it (relax.core.failures)
+                add_failure(sample, "reward", f"{reason} (scored {fallback_score:g})", cause)
 
     async def run(unit: list[Any]) -> None:
         async with sem:
