@@ -117,10 +117,10 @@ def colocate_step(state: StepContext) -> dict[str, float]:
     gen_tokens = sum(len(s.response_ids) for s in samples)
     metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(metrics["time/generate_s"], 1e-9)
     metrics.update(stages.sample_metrics(samples))
+    state.failures.record(step, samples)  # reasons to the console and failures.jsonl; most failed: the run stops
     train_samples = [s for g in kept for s in g]
 
     with stages.engine_memory_released(state.fleet, cfg, metrics):  # rollout.release_memory
-    state.failures.record(step, samples)  # reasons to the console and failures.jsonl; most failed: the run stops
         if train_samples:
             _train(state, step, train_samples, metrics)
         else:
