@@ -154,3 +154,20 @@ def test_token_budget_micro_batches_give_the_same_values_and_update(tmp_path):
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
     torch.testing.assert_close(budget.forward_values(batch), plain.forward_values(batch), atol=1e-5, rtol=0)
+
+
+def test_a_bfloat16_critic_trains_fp32_masters(model_dir, batch):
+    """dtype bfloat16 is the forwards' (autocast): the critic's weights, gradients and AdamW state stay fp32, so an
+    update at lr 1e-6 moves the weights (a bf16 weight near 1.0 has a spacing of 2^-7)."""
+    critic = Critic(model_dir, lr=1e-6, dtype="bfloat16")
+    assert {p.dtype for p in critic.model.parameters()} == {torch.float32}
+    with torch.no_grad():  # a head that is not zero, so the backbone gets gradients in this first update
+        critic.model.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(0))
+    values = critic.forward_values(batch)
+    assert values.dtype == torch.float32
+    before = {n: p.detach().clone() for n, p in critic.model.named_parameters()}
+    critic.update({**batch, "values": values})
+    norms = [n for n in before if n.endswith("norm.weight")]  # weights near 1.0, every one used
+    moved = sum(int((dict(critic.model.named_parameters())[n] != before[n]).sum()) for n in norms)
+    assert moved > 0.9 * sum(before[n].numel() for n in norms), moved
+    assert {s["exp_avg"].dtype for s in critic.optimizer.state.values()} == {torch.float32}

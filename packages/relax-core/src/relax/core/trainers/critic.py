@@ -1,20 +1,32 @@
-"""PPO critic for the torch trainer: an HF backbone plus a scalar value head, own optimizer.
+"""PPO critic for the torch and fsdp trainers: an HF backbone plus a scalar value head, own optimizer.
 
 The critic is a separate model (same architecture and initial weights as the policy unless
-``model_path`` says otherwise), so policy and value gradients never mix. ``TorchTrainer`` owns one
-when ``algorithm.critic.enable`` is set; its state travels in the trainer's checkpoint.
+``model_path`` says otherwise), so policy and value gradients never mix. A trainer owns one when
+``algorithm.critic.enable`` is set; its state travels in the trainer's checkpoint. Its weights, gradients
+and AdamW state are fp32 (the masters) and forwards run under autocast in the compute dtype, as the
+policy's. Data parallel: every rank holds a replica, trains on its own rows of each mini-batch, and the
+token counts, gradients and metric sums are summed over the ranks (``data_parallel``), so the update is
+the single-process one.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from relax.core.algorithms import clipped_value_loss
 from relax.core.policy_update.token_budget import in_row_order, micro_batches
+
+
+class ReplicaSums(Protocol):
+    """Sums over the critic's data-parallel replicas (``DataParallel``, ``DefaultGroupSums``)."""
+
+    def sum(self, values: list[float]) -> list[float]: ...
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None: ...
 
 
 class ValueModel(nn.Module):
@@ -41,7 +53,8 @@ class ValueModel(nn.Module):
             position_ids=batch["position_ids"],
             use_cache=False,
         ).last_hidden_state
-        return self.head(hidden[:, -resp_len - 1 : -1].float()).squeeze(-1)
+        with torch.autocast(hidden.device.type, enabled=False):  # the head in fp32 under a mixed-precision forward
+            return self.head(hidden[:, -resp_len - 1 : -1].float()).squeeze(-1)
 
 
 class Critic:
@@ -62,9 +75,12 @@ class Critic:
         dtype: str = "float32",
         device: str | torch.device = "cpu",
         max_tokens: int = 0,
+        data_parallel: ReplicaSums | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.model = ValueModel(model_path, getattr(torch, dtype)).to(self.device).eval()
+        self.compute_dtype = getattr(torch, dtype)  # the forwards' (autocast); the weights stay fp32
+        self.model = ValueModel(model_path, torch.float32).to(self.device).eval()
+        self.dp = data_parallel
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
         )
@@ -75,13 +91,18 @@ class Critic:
     def _micro_batches(self, batch: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         return micro_batches(batch, self.micro_batch_size, self.max_tokens)
 
+    def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        mixed = self.compute_dtype != torch.float32
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=mixed):
+            return self.model(batch)
+
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) values, 0 where ``response_mask`` is 0; CPU tensor."""
         pieces = []
         with torch.no_grad():
             for sub in self._micro_batches(batch):
                 sub = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in sub.items()}
-                values = self.model(sub)
+                values = self._values(sub)
                 pieces.append((sub, torch.where(sub["response_mask"] > 0, values, torch.zeros_like(values))))
         return in_row_order(pieces, *batch["responses"].shape).cpu()
 
@@ -92,13 +113,14 @@ class Critic:
         loss), ``vf_clip_frac``, ``values_mean``, ``critic_grad_norm``.
         """
         mask = batch["response_mask"]
-        tokens = float(mask.sum())
-        seqs = float((mask.sum(dim=-1) > 0).sum())
+        tokens, seqs = float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())
+        if self.dp is not None:  # this replica's rows: the loss is normalised by the whole mini-batch's counts
+            tokens, seqs = self.dp.sum([tokens, seqs])
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, clip_sum, value_sum = 0.0, 0.0, 0.0
         for sub in self._micro_batches(batch):
             sub_mask = sub["response_mask"]
-            values = self.model(sub)
+            values = self._values(sub)
             loss, metrics = clipped_value_loss(
                 values,
                 sub["values"],
@@ -113,6 +135,13 @@ class Critic:
             loss_sum += float(loss.detach())
             clip_sum += metrics["vf_clip_frac"] * float(sub_mask.sum())
             value_sum += float((values.detach() * sub_mask).sum())
+        if self.dp is not None:  # every replica reduces the same tensors, used or not by its rows
+            params = list(self.model.parameters())
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.dp.all_reduce_grads(params)
+            loss_sum, clip_sum, value_sum = self.dp.sum([loss_sum, clip_sum, value_sum])
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if math.isfinite(grad_norm):
@@ -133,3 +162,19 @@ class Critic:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
+
+
+def critic_from_context(ctx: Any, dtype: str, device: str | torch.device,
+                        data_parallel: ReplicaSums | None = None) -> Critic | None:  # fmt: skip
+    """The trainable policy's critic as ``algorithm.critic`` configures it (None without one, or on a frozen
+    role); ``ctx``: the trainer's plugin context."""
+    spec, t = ctx.train, ctx.train.optim
+    c = spec.algorithm.critic
+    if not (c.enable and spec.trainable):
+        return None
+    return Critic(
+        c.model_path or ctx.model_path, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(t.betas), eps=t.eps,
+        grad_clip=c.grad_clip, value_clip=c.value_clip, loss_agg_mode=c.loss_agg_mode,
+        micro_batch_size=t.micro_batch_size, max_tokens=t.max_tokens_per_micro_batch, dtype=dtype, device=device,
+        data_parallel=data_parallel,
+    )  # fmt: skip

@@ -1,4 +1,5 @@
-"""Data parallelism for the torch trainer: a private process group over the trainer's ranks.
+"""Data parallelism for the torch trainer: a private process group over the trainer's ranks (and the sums a
+replicated module needs over the fsdp trainer's default group, :class:`DefaultGroupSums`).
 
 Every rank holds a full model copy and takes a contiguous share of whole rows of each mini-batch.
 Token / sequence counts, gradients and metric sums are summed across ranks, so the update equals
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import datetime
 import socket
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -84,16 +87,7 @@ class DataParallel:
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum every ``p.grad`` over ranks (one flat buffer per dtype)."""
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for p in params:
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
-        for grads in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.all_reduce_(flat)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+        sum_grads(params, self.all_reduce_)
 
     def gather_rows(self, local: torch.Tensor, total_rows: int) -> torch.Tensor | None:
         """Concatenate every rank's rows (shards from ``shard_bounds``) on rank 0; None elsewhere."""
@@ -118,3 +112,38 @@ class DataParallel:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+
+def sum_grads(params: list[torch.nn.Parameter], all_reduce_: Callable[[torch.Tensor], Any]) -> None:
+    """Sum every ``p.grad`` over ranks with ``all_reduce_`` (in place), one flat buffer per dtype."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in params:
+        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        all_reduce_(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+class DefaultGroupSums:
+    """Sums over torch's default process group (the fsdp trainer's ranks) on ``device`` (the group's: CUDA for
+    NCCL, host for gloo): what a replicated module, such as the critic, needs to train data-parallel there."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def _all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        buf = tensor if tensor.device == self.device else tensor.to(self.device)
+        dist.all_reduce(buf)
+        if buf is not tensor:
+            tensor.copy_(buf)
+        return tensor
+
+    def sum(self, values: list[float]) -> list[float]:
+        return self._all_reduce_(torch.tensor(values, dtype=torch.float64)).tolist()
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        sum_grads(params, self._all_reduce_)

@@ -24,7 +24,7 @@ from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSett
 from relax.core.policy_update.batching import replica_rows, shard_bounds, take_rows
 from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers import lora as lora_adapters
-from relax.core.trainers.critic import Critic
+from relax.core.trainers.critic import Critic, critic_from_context
 from relax.core.trainers.data_parallel import DataParallel
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.optim import adamw, clip_gradients, step_checked
@@ -48,7 +48,8 @@ class TorchTrainer:
     temperature. ``critic`` (PPO) is trained on every ``train_step`` whose batch carries ``values`` and
     ``returns`` (see the loop). ``data_parallel``: this process is one rank of a data-parallel group
     (every method is then called on every rank with the same batch; each rank computes its share of
-    the rows and rank 0 returns the result, see ``relax.core.trainers.data_parallel``).
+    the rows and rank 0 returns the result, see ``relax.core.trainers.data_parallel``); a critic is
+    then a replica on each rank, built with the same ``data_parallel``.
     ``share_prompts``: rows with the same prompt (a GRPO group) run it once per micro-batch
     (``relax.core.trainers.shared_prefix``).
 
@@ -108,9 +109,7 @@ class TorchTrainer:
             if trainable
             else None
         )
-        self.critic = critic
-        if data_parallel is not None and critic is not None:
-            raise ValueError("the torch trainer's critic is not data-parallel: use world_size 1 with algorithm.critic")
+        self.critic = critic  # data-parallel: built with the same DataParallel (each rank a replica)
         self.dp = data_parallel
         self.recomputed = recompute_blocks(self.model, s.recompute if trainable else "off")  # the blocks it wraps
         # a recomputed block re-runs with the KV cache the shared-prompt forward has since extended: not both
@@ -222,7 +221,12 @@ class TorchTrainer:
         """(B, R) critic values of the response states, 0 where masked; CPU tensor."""
         if self.critic is None:
             raise RuntimeError("forward_values needs a critic (algorithm.critic.enable=true)")
-        return self.critic.forward_values(batch)
+        if self.dp is None:
+            return self.critic.forward_values(batch)
+        rows, width = batch["responses"].shape  # data-parallel: each rank its rows, rank 0 all of them
+        local = take_rows(batch, *shard_bounds(rows, self.dp.rank, self.dp.world_size))
+        values = self.critic.forward_values(local) if local["responses"].shape[0] else torch.zeros((0, width))
+        return self.dp.gather_rows(values, rows)
 
     # ----------------------------------------------------------------- training
     def current_lr(self) -> float:
@@ -377,29 +381,11 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     kwargs: dict[str, Any] = dict(dtype=dtype, device=params.device, **freeze_switches(params))
     objective = build_policy_objective(spec.algorithm) if trainable else None
     if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
-        if spec.algorithm.critic.enable and trainable:
-            raise ValueError("trainer.backend_params.world_size > 1 with algorithm.critic.enable: the torch "
-                             "trainer's critic is not data-parallel yet; use world_size 1")
         kwargs["data_parallel"] = DataParallel(
             ctx.index, ctx.world_size, ctx.master_addr, ctx.master_port,
             backend="nccl" if str(params.device).startswith("cuda") else "gloo", timeout_s=max(60.0, ctx.timeout_s),
         )
-    c = spec.algorithm.critic
-    if c.enable and trainable:
-        kwargs["critic"] = Critic(
-            c.model_path or ctx.model_path,
-            lr=c.lr,
-            weight_decay=c.weight_decay,
-            betas=tuple(t.betas),
-            eps=t.eps,
-            grad_clip=c.grad_clip,
-            value_clip=c.value_clip,
-            loss_agg_mode=c.loss_agg_mode,
-            micro_batch_size=t.micro_batch_size,
-            max_tokens=t.max_tokens_per_micro_batch,
-            dtype=dtype,
-            device=params.device,
-        )
+    kwargs["critic"] = critic_from_context(ctx, dtype, params.device, kwargs.get("data_parallel"))
     return TorchTrainer(ctx.model_path, UpdateSettings.from_context(ctx), objective=objective, trainable=trainable,
                         lora=getattr(t, "lora", None), **kwargs)  # fmt: skip
 

@@ -11,12 +11,15 @@ rank 0 hands buckets of them to the transport.
 sharding; the adapters (fp32) are the only trained, reduced and optimized shards, the reference is
 the base with them disabled, and exports, checkpoints and the final export hold the adapter only
 (``relax.core.trainers.lora``, as on the torch trainer).
+
+``algorithm.critic``: each rank holds a whole critic (``relax.core.trainers.critic``; replicated, not
+sharded) and trains it on its own rows; gradients and counts are summed over the ranks.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,8 @@ from relax.core.policy_update.token_budget import most_over_replicas
 from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers import lora as lora_adapters
 from relax.core.trainers import sharded_load
+from relax.core.trainers.critic import Critic, ReplicaSums, critic_from_context
+from relax.core.trainers.data_parallel import DefaultGroupSums
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
@@ -61,6 +66,7 @@ class FSDPTrainer:
         timeout_s: float = 300.0,
         trainable: bool = True,
         lora: Any = None,
+        critic: Callable[[torch.device, ReplicaSums | None], Critic | None] | None = None,
         **overrides: Any,
     ) -> None:
         from transformers import AutoTokenizer
@@ -124,7 +130,11 @@ class FSDPTrainer:
             check_heads(self.model, p.context_parallel)
             # the all-to-alls get a group of their own (as DeepSpeed-Ulysses): never queued behind FSDP's prefetches
             self.response_logits.sp = SequenceParallel(rank, world_size, dist.new_group(list(range(world_size))))
-        self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=self.fuses_old_logprobs())
+        # PPO: a replicated (unsharded) critic on this rank's device, its gradients summed over the replicas
+        sums = DefaultGroupSums(self._comm_device()) if self.dp_size > 1 else None
+        self.critic = critic(self.device, sums) if critic is not None and trainable else None
+        self.update = PolicyUpdate(self, s, objective if trainable else None, critic=self.critic,
+                                   fuse_old_logprobs=self.fuses_old_logprobs())  # fmt: skip
 
     # --------------------------------------------------------------- loop's counters
     @property
@@ -180,14 +190,26 @@ class FSDPTrainer:
         if self.dp_size == 1:  # one rank, or context parallelism: every rank scored every row
             scored = self._score(batch, sum_pi_squared)
             return scored if self.rank == 0 else None
-        rows = batch["responses"].shape[0]
-        local = self._score(self.local_rows(batch), sum_pi_squared).to(self._comm_device())
+        return self._gather_rows(self._score(self.local_rows(batch), sum_pi_squared), batch["responses"].shape[0])
+
+    def _gather_rows(self, local: torch.Tensor, rows: int) -> torch.Tensor | None:
+        """Every rank's ``local_rows`` results (padded shares) as the batch's rows, on rank 0; None elsewhere."""
+        local = local.to(self._comm_device())
         shares = [torch.empty_like(local) for _ in range(self.world_size)]  # on the comm device: NCCL gathers into CUDA
         dist.all_gather(shares, local)
         if self.rank != 0:
             return None
         parts = [share[: e - s] for r, share in enumerate(shares) for s, e in [shard_bounds(rows, r, self.world_size)]]
         return torch.cat(parts).cpu()
+
+    def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """(B, R) critic values of the response states, 0 where masked, on rank 0 (each rank scores its share)."""
+        if self.critic is None:
+            raise RuntimeError("forward_values needs a critic (algorithm.critic.enable=true)")
+        if self.dp_size == 1:
+            values = self.critic.forward_values(batch)
+            return values if self.rank == 0 else None
+        return self._gather_rows(self.critic.forward_values(self.local_rows(batch)), batch["responses"].shape[0])
 
     def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
         s, batch = self.settings, self._on_device(batch)
@@ -302,10 +324,16 @@ class FSDPTrainer:
         """A sharded ``torch.distributed.checkpoint`` (loadable at any world size) + step and RNG; with
         LoRA the adapter and its optimizer state only."""
         meta = {"step": self.step, "rng": state.rng_state()}
+        if self.critic is not None:  # replicated: rank 0's copy (the file rank 0 writes) is every rank's
+            meta["critic"] = self.critic.state_dict()
         state.save(directory, self.model, self.optimizer, meta, self.rank, self.tokenizer, lora=self.lora is not None)
 
     def load(self, directory: str) -> None:
         meta = state.load(directory, self.model, self.optimizer, lora=self.lora is not None)
+        if self.critic is not None:
+            if meta.get("critic") is None:
+                raise ValueError(f"{directory}: checkpoint has no critic state, but this trainer has a critic")
+            self.critic.load_state_dict(meta["critic"])
         self.step = meta["step"]
         state.set_rng_state(meta["rng"])
 
@@ -347,11 +375,11 @@ def trainer_from_context(params: FSDPParams, ctx: Any) -> FSDPTrainer:
     from relax.core.algorithms import build_policy_objective
 
     spec = ctx.train
-    if spec.algorithm.critic.enable and spec.trainable:
-        raise ValueError("trainer.backend: fsdp has no critic yet; algorithm.critic.enable needs trainer.backend: torch")
+    dtype = params.dtype or ctx.dtype
     return FSDPTrainer(
-        ctx.model_path, UpdateSettings.from_context(ctx), params=params, dtype=params.dtype or ctx.dtype,
+        ctx.model_path, UpdateSettings.from_context(ctx), params=params, dtype=dtype,
         objective=build_policy_objective(spec.algorithm) if spec.trainable else None, trainable=spec.trainable,
         rank=ctx.index, world_size=ctx.world_size, master_addr=ctx.master_addr, master_port=ctx.master_port,
         timeout_s=max(60.0, ctx.timeout_s), lora=getattr(spec.optim, "lora", None),
+        critic=lambda device, sums: critic_from_context(ctx, dtype, device, sums),
     )  # fmt: skip
