@@ -69,6 +69,35 @@ def test_core_source_names_no_model_family():
     assert not found, f"model-family names in relax-core/src code (move them into a model adapter plugin): {found}"
 
 
+PACKAGES = SRC.parents[3]
+# the backends learn a family only through its model adapter (``relax.core.model_family``): their code names none.
+# ``mrope`` is megatron-core's own name for 3-D rotary positions (``position_embedding_type="mrope"``), not a
+# family. Exempt: relax-sglang's test kit (as core's ``testing/``) and ``server_site/``, patches of SGLang's own
+# model modules loaded inside the SGLang server's interpreter, where Relax's plugin registry does not run.
+BACKEND_FAMILY = re.compile(FAMILY.pattern.replace("|mrope|m_rope", ""), re.IGNORECASE)
+BACKENDS = {"relax-megatron": ("megatron", ()), "relax-sglang": ("sglang", ("testing.py", "server_site/"))}
+
+
+def backend_family_names(source: str) -> list[tuple[int, str]]:
+    return [(line, tok) for line, tok in family_names(source) if BACKEND_FAMILY.search(tok)]
+
+
+def test_the_backend_scanner_allows_megatrons_rotary_name_only():
+    hits = backend_family_names('kind = "mrope"\nTYPES = ("qwen3_vl",)\nglm = 1\n')
+    assert [t for _, t in hits] == ['"qwen3_vl"', "glm"]
+
+
+@pytest.mark.parametrize("package", sorted(BACKENDS))
+def test_backend_source_names_no_model_family(package):
+    module, allowed = BACKENDS[package]
+    src = PACKAGES / package / "src" / "relax" / module
+    files = [p for p in sorted(src.rglob("*.py")) if not p.relative_to(src).as_posix().startswith(allowed)]
+    assert len(files) > 10
+    found = {f"{p.relative_to(src)}:{line}": tok for p in files for line, tok in backend_family_names(p.read_text())}
+    assert not found, (f"model-family names in {package}/src code (declare them in the family's model adapter: "
+                       f"relax.core.model_family): {found}")
+
+
 @pytest.mark.parametrize("module", ["multimodal_model", "engines.multimodal", "engines.hf", "engines.static"])
 def test_core_imports_no_plugin(module):
     """The dispatch reads the adapter registry; it never imports the plugin that fills it."""

@@ -62,7 +62,7 @@ def test_bad_inputs_name_what_is_wrong(tiny_qwen3):
     with pytest.raises(ValueError, match="tensor_parallel=3 must divide num_key_value_heads=2"):
         convert.hf_to_megatron(hf, config, tp=3)
     llama = type("Cfg", (), {"model_type": "llama"})()
-    with pytest.raises(ValueError, match="Qwen3 dense and Qwen3-MoE models only; got model_type='llama'"):
+    with pytest.raises(ValueError, match="model_type 'llama': no installed plugin's model adapter declares a megatron"):
         convert.Dims.from_hf(llama)
 
 

@@ -94,9 +94,9 @@ def test_one_step_matches_the_torch_trainer(megatron_world, family):
 def test_unsupported_media_layouts_are_refused_by_name():
     from types import SimpleNamespace
 
-    from relax.megatron.omni import check_supported
+    from relax.megatron.media_front import check_supported
 
-    with pytest.raises(ValueError, match="model_type 'qwen3_vl_moe': the megatron trainer runs the media"):
+    with pytest.raises(ValueError, match="model_type 'qwen3_vl_moe': its model adapter declares no megatron media"):
         check_supported(SimpleNamespace(model_type="qwen3_vl_moe"))
     with pytest.raises(ValueError, match="distributed_optimizer is not supported for media models yet"):
         check_supported(SimpleNamespace(model_type="qwen3_vl"), distributed_optimizer=True)
@@ -138,7 +138,7 @@ def test_bf16_media_training_keeps_fp32_masters_of_the_towers_and_resumes(megatr
 
 def test_mrope_frequency_axes_follow_hf():
     """Chunked (Qwen2.5-VL) and interleaved (Qwen3-VL) frequency -> (T, H, W) axis maps, as HF applies them."""
-    from relax.megatron.omni import frequency_axes
+    from relax.megatron.media_front import frequency_axes
 
     assert frequency_axes((2, 3, 3), False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
     assert frequency_axes((2, 3, 3), True).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
@@ -217,11 +217,12 @@ def test_lm_round_trip_is_bit_exact_with_a_padded_vocabulary(tmp_path_factory, t
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     from relax.core.testing.multimodal_models import tiny_multimodal_dir
-    from relax.megatron import convert, omni
+    from relax.megatron import convert, media_front
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
-    config = omni.lm_config(AutoConfig.from_pretrained(model_dir))
-    hf = omni.lm_state(AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).state_dict())
+    config = media_front.lm_config(AutoConfig.from_pretrained(model_dir))
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    hf = media_front.lm_state(model.state_dict(), media_front.hooks(model.config).lm_prefix)
     shards = convert.hf_to_megatron(hf, config, tp)
     assert config.vocab_size == 71 and shards[0]["embedding.word_embeddings.weight"].shape[0] == -(-71 // tp)
     assert "decoder.layers.0.self_attention.linear_qkv.bias" in shards[0]

@@ -134,7 +134,7 @@ def test_media_sglang_cannot_take_is_refused_by_name(vl_prompt):
     from relax.sglang.media import check_prompt_tokens, media_request
 
     prompt, spec, _ = vl_prompt
-    with pytest.raises(ValueError, match=r"\['image_embeds'\]: the sglang engine sends images, Qwen2.5-VL videos"):
+    with pytest.raises(ValueError, match=r"\['image_embeds'\]: the sglang engine sends images, videos and audio"):
         media_request({**prompt["inputs"], "image_embeds": [0]}, [], spec)
     with pytest.raises(ValueError, match="input_features: audio features cannot be inverted and the processed prompt"):
         media_request({**prompt["inputs"], "input_features": [0], "feature_attention_mask": [1]}, [], spec)
@@ -227,7 +227,7 @@ def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
     two = {**inputs, "second_per_grid_ts": torch.tensor([1.0, 1.0])}
     with pytest.raises(ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the qwen2_5_vl processor one"):
         media_request(two, ids, spec)
-    with pytest.raises(ValueError, match=r"model_type 'qwen2_5_omni_thinker': the sglang engine sends \['qwen2_5_vl', 'qwen3_omni_moe_thinker'"):
+    with pytest.raises(ValueError, match=r"model_type 'qwen2_5_omni_thinker': its model adapter declares no video layout"):
         media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen2_5_omni_thinker"}))
     with pytest.raises(ValueError, match="prompt has 0 video placeholder runs for 1 videos"):
         media_request(inputs, [1, 2], spec)
@@ -311,7 +311,7 @@ def test_audio_goes_as_the_lossless_waveform(tmp_path):
             return np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
 
     wave = (0.3 * np.sin(np.arange(8000) / 7.0)).astype(np.float32)
-    back = decoded(audio_data_url(wave))
+    back = decoded(audio_data_url(wave, 16000))
     assert back.dtype == np.float32 and np.array_equal(back, wave)
 
     hf = build_processor("qwen3_omni", build_tokenizer("qwen3_omni"))
@@ -320,9 +320,11 @@ def test_audio_goes_as_the_lossless_waveform(tmp_path):
     prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:3")
     pad = hf.tokenizer.convert_tokens_to_ids("<|audio_pad|>")
     spec = ImageSpec(hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"), 16, 2, 2, (0.5,) * 3, (0.5,) * 3,
-                     audio_token_id=pad)  # fmt: skip
+                     audio_token_id=pad, model_type="qwen3_omni_moe_thinker")  # fmt: skip
     ids, inputs = prompt["prompt_ids"], prompt["inputs"]
-    media = media_request(inputs, ids, spec)
+    media = media_request(inputs, ids, spec)  # at the rate relax-omni's adapter declares (ServingConventions)
+    with pytest.raises(ValueError, match="model_type 'qwen3_vl', whose model adapter declares no audio sample rate"):
+        media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen3_vl"}))
     assert ids.count(pad) > 1 and media.prompt_ids.count(pad) == 1 and list(media.fields) == ["audio_data"]
     (sent,) = media.fields["audio_data"]
     assert np.array_equal(decoded(sent), inputs["source.audio.0"].numpy())

@@ -16,13 +16,13 @@ def test_the_thinker_export_maps_to_the_served_checkpoint_exactly(tmp_path):
     from safetensors.torch import load_file
     from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
 
-    from relax.sglang.served_layout import LAYOUTS
+    from relax.sglang.served_layout import layout_for
     from relax.sglang.testing import tiny_omni_dirs
 
     server_dir, thinker_dir = tiny_omni_dirs(tmp_path)
     exported = list(Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(thinker_dir).state_dict().items())
     assert any(n.endswith("mlp.experts.gate_up_proj") for n, _ in exported)  # the fused layout is what is mapped
-    layout = LAYOUTS["Qwen3OmniMoeForConditionalGeneration"]
+    layout = layout_for("qwen3_omni_moe")  # declared by relax-omni's model adapter
     mapped = [item for i in range(0, len(exported), 7) for item in layout.map_bucket(exported[i : i + 7])]
     served = load_file(f"{server_dir}/model.safetensors")
     assert len(mapped) == len({n for n, _ in mapped}), "a name was sent twice"
@@ -38,11 +38,11 @@ def test_names_the_server_would_skip_are_refused_naming_the_mapping(tmp_path):
     from relax.sglang.served_layout import check_served_names, safetensors_names, served_architecture
 
     omni, vl = tmp_path / "omni", tmp_path / "vl"
-    for d, arch in ((omni, "Qwen3OmniMoeForConditionalGeneration"), (vl, "Qwen3VLForConditionalGeneration")):
+    for d, kind in ((omni, "qwen3_omni_moe"), (vl, "qwen3_vl")):
         d.mkdir()
-        (d / "config.json").write_text(json.dumps({"architectures": [arch]}))
+        (d / "config.json").write_text(json.dumps({"model_type": kind}))
     wrapped = served_architecture(str(omni))
-    assert wrapped == "Qwen3OmniMoeForConditionalGeneration"
+    assert wrapped == "qwen3_omni_moe"
     assert served_architecture(str(vl)) is None and served_architecture("Qwen/not-a-local-dir") is None
     with pytest.raises(ValueError, match="got 'model.layers.0.mlp.gate.weight'.*the sglang_\\* transports map"):
         check_served_names(["thinker.lm_head.weight", "model.layers.0.mlp.gate.weight"], wrapped, "sglang[0]")

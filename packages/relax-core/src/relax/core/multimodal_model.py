@@ -38,8 +38,14 @@ def _instance(factory: Any) -> ModelAdapter:
     return factory()
 
 
-def adapter_for(model_type: str | None) -> ModelAdapter | None:
-    """The adapter registered for ``model_type`` (one instance per process), None for a plain causal LM."""
+def takes_media(adapter: Any) -> bool:
+    """Whether core's HF path runs the model through ``adapter`` (a text-only family's adapter, which
+    declares ``takes_media = False``, is there for the backends: ``relax.core.model_family``)."""
+    return bool(getattr(adapter, "takes_media", True))
+
+
+def registered_adapter(model_type: str | None) -> ModelAdapter | None:
+    """The adapter registered for ``model_type`` (one instance per process), media or text-only."""
     from relax.core.plugins import get_plugin_manager
 
     manager = get_plugin_manager()
@@ -48,17 +54,24 @@ def adapter_for(model_type: str | None) -> ModelAdapter | None:
     return _instance(manager.get("model_adapter", model_type))
 
 
+def adapter_for(model_type: str | None) -> ModelAdapter | None:
+    """The media adapter registered for ``model_type``, None for a plain causal LM (no adapter, or a text-only
+    family's)."""
+    adapter = registered_adapter(model_type)
+    return adapter if adapter is not None and takes_media(adapter) else None
+
+
 def model_adapter(model: Any) -> ModelAdapter | None:
     return adapter_for(getattr(getattr(model, "config", None), "model_type", None))
 
 
 def adapters() -> list[ModelAdapter]:
-    """Every registered adapter (one per distinct factory)."""
+    """Every registered media adapter (one per distinct factory)."""
     from relax.core.plugins import get_plugin_manager
 
     manager = get_plugin_manager()
     factories = {manager.get("model_adapter", name) for name in manager.names("model_adapter")}
-    return [_instance(f) for f in sorted(factories, key=repr)]
+    return [a for a in (_instance(f) for f in sorted(factories, key=repr)) if takes_media(a)]
 
 
 def media_flag_keys() -> frozenset[str]:

@@ -374,6 +374,26 @@ class ModelAdapter(Protocol):
         the decode step that feeds each row's token at cache position ``length``."""
         ...
 
+    # What the backends read (``relax.core.model_family``; each optional). A text-only family registers an
+    # adapter with ``takes_media = False`` and only these: core's HF path then loads it as a plain causal LM.
+    #: False: core's HF trainer and engine ignore the adapter (a text-only family, declared for the backends)
+    takes_media: bool
+
+    def megatron_layout(self, hf_config: Any) -> Any:
+        """``model_family.MegatronLayout`` of an HF language-model config of this family: shapes, attention /
+        rotary / router kinds and the weights the HF <-> megatron mapping fuses (relax-megatron). Optional."""
+        ...
+
+    def megatron_media(self, model_type: str) -> Any:
+        """``model_family.MediaTowerHooks`` of a media model type relax-megatron runs (None: refused by name),
+        and ``megatron_lm_config(hf_config)`` its language model's HF config. Optional."""
+        ...
+
+    def serving(self, model_type: str) -> Any:
+        """``model_family.ServingConventions``: media config key, audio sample rate, video frame layout and the
+        served checkpoint's names (relax-sglang). Optional."""
+        ...
+
 
 # ---------------------------------------------------------------- environments (multi-turn rollouts)
 # ``environment.name`` selects one (``relax_register_environments``); without one every rollout is a

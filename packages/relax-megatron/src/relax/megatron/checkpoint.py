@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 HF_DIR = "hf"  # inside a checkpoint: the HF config and tokenizer
-TOWERS = "towers"  # a media model's HF tower weights (omni.py), next to megatron's own
+TOWERS = "towers"  # a media model's HF tower weights (media_front.py), next to megatron's own
 
 
 def _ensure_adam_state(optimizer: torch.optim.Optimizer, stateless: frozenset[int] = frozenset()) -> None:
@@ -168,7 +168,7 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
 
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
-    from relax.megatron import convert, omni
+    from relax.megatron import convert, media_front
     from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
 
     src = Path(checkpoint)
@@ -177,8 +177,8 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     ensure_process_group(0, 1)
     initialize_model_parallel(1, 1)
     config = AutoConfig.from_pretrained(src / HF_DIR)
-    media = omni.is_media_model(config)
-    lm = omni.lm_config(config) if media else config
+    media = media_front.is_media_model(config)
+    lm = media_front.lm_config(config) if media else config
     saved = dist_checkpointing.load_tensors_metadata(str(src))
     # the vocabulary rows as saved: padded to a multiple of the saving run's TP (the padding is dropped below)
     embedding = saved.get("embedding.word_embeddings.weight")
@@ -195,7 +195,8 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     load_model(model, loaded["model"], src)
     hf = convert.megatron_to_hf([convert.weights_only(model.state_dict())], lm)
     if media:
-        hf = {omni.hf_name(n): t for n, t in hf.items()} | towers
+        prefix = media_front.hooks(config).lm_prefix
+        hf = {media_front.hf_name(n, prefix): t for n, t in hf.items()} | towers
     write_hf(hf_dir, hf, config, str(src / HF_DIR))
     return sorted(hf)
 
@@ -223,7 +224,7 @@ def write_hf(directory: str, tensors: dict[str, torch.Tensor] | None, hf_config:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from relax.megatron.omni import is_media_model
+    from relax.megatron.media_front import is_media_model
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

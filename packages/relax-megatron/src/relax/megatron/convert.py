@@ -1,4 +1,5 @@
-"""Qwen3 dense: HF transformers state dict <-> megatron-core GPTModel state dict, and model construction.
+"""HF transformers state dict <-> megatron-core GPTModel state dict, and model construction, for any family whose
+model adapter declares a megatron layout (``relax.core.model_family.MegatronLayout``).
 
 Pure functions over ``{name: tensor}`` dicts (megatron-bridge needs Transformer Engine and does not import
 on CPU, so the mapping is written here). The Megatron side is the local (non-TE) layer spec:
@@ -13,75 +14,27 @@ on CPU, so the mapping is written here). The Megatron side is the local (non-TE)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
+from relax.core.model_family import MegatronLayout, megatron_layout
+
 Tensor = torch.Tensor
-#: language models (HF ``text_config.model_type``) of the VL checkpoints relax-megatron trains (relax/megatron/omni.py)
-QWEN2_LM_TYPES = ("qwen2_5_vl_text", "qwen2_5_omni_text")  # Qwen2 LMs: q/k/v biases, no q/k norms
-MOE_LM_TYPES = ("qwen3_moe", "qwen3_omni_moe_text")  # Qwen3-MoE layers (moe.py)
-MEDIA_LM_TYPES = ("qwen3_vl_text", "qwen3_omni_moe_text", *QWEN2_LM_TYPES)
-INTERLEAVED_MROPE_TYPES = ("qwen3_vl_text", "qwen3_omni_moe_text")  # M-RoPE with T/H/W frequencies interleaved
-LM_TYPES = ("qwen3", "qwen3_moe", *MEDIA_LM_TYPES)
 # state_dict entries megatron adds for Transformer Engine / fp8 metadata: never weights
 EXTRA_STATE = "._extra_state"
 
 
 @dataclass(frozen=True)
-class Dims:
-    """The shapes the mapping needs, read once from an HF config."""
-
-    num_layers: int
-    hidden: int
-    heads: int
-    groups: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    tied: bool
-    experts: int = 0  # Qwen3-MoE: routed experts per layer (0: dense)
-    topk: int = 0
-    moe_ffn: int = 0
-    norm_topk: bool = False
-    qkv_bias: bool = False  # Qwen2 LMs (Qwen2.5-VL / Qwen2.5-Omni): q/k/v biases, no q/k norms
-    qk_norm: bool = True  # Qwen3 LMs: per-head q/k RMSNorms
-    mrope_section: tuple[int, ...] = ()  # the VL / Omni LMs' M-RoPE (T, H, W) frequency split; () plain RoPE
-    mrope_interleaved: bool = False  # Qwen3-VL / Qwen3-Omni: T/H/W frequencies interleaved, not chunked
+class Dims(MegatronLayout):
+    """The shapes and choices the mapping needs, read once from an HF config through its family's model adapter
+    (``relax.core.model_family.megatron_layout``: relax-megatron names no family)."""
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> Dims:
-        model_type = getattr(hf_config, "model_type", None)
-        if model_type not in LM_TYPES:
-            raise ValueError(f"relax-megatron converts the language models of {sorted(MEDIA_LM_TYPES)} and Qwen3 dense "
-                             f"and Qwen3-MoE models only; got model_type={model_type!r}")  # fmt: skip
-        qwen2 = model_type in QWEN2_LM_TYPES
-        if getattr(hf_config, "attention_bias", False) and not qwen2:
-            raise ValueError("Qwen3 with attention_bias=True is not supported by the megatron mapping yet")
-        heads = hf_config.num_attention_heads
-        moe = {}
-        if model_type in MOE_LM_TYPES:
-            from relax.megatron.moe import moe_dims
-
-            moe = moe_dims(hf_config)
-        rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-        if model_type in MEDIA_LM_TYPES:
-            moe["mrope_section"] = tuple(rope.get("mrope_section") or ())
-            moe["mrope_interleaved"] = model_type in INTERLEAVED_MROPE_TYPES  # what HF's code does, whatever the flag
-        return cls(
-            qkv_bias=qwen2,
-            qk_norm=not qwen2,
-            num_layers=hf_config.num_hidden_layers,
-            hidden=hf_config.hidden_size,
-            heads=heads,
-            groups=hf_config.num_key_value_heads,
-            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
-            ffn=hf_config.intermediate_size,
-            vocab=hf_config.vocab_size,
-            tied=bool(hf_config.tie_word_embeddings),
-            **moe,
-        )
+        layout = megatron_layout(hf_config)
+        return cls(**{f.name: getattr(layout, f.name) for f in fields(layout)})
 
     def padded_vocab(self, tp: int) -> int:
         """Rows of megatron's embedding / output layer: the vocabulary padded to a multiple of TP (as megatron
@@ -160,7 +113,7 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     expert_parts: list[dict[str, Tensor]] = [{} for _ in range(ep)]  # MoE: each EP rank's local experts
     missing = sorted(set(hf_weight_names(hf_config)) - set(hf))
     if missing:
-        raise KeyError(f"the HF state dict lacks {len(missing)} Qwen3 weight(s): {missing[:8]}")
+        raise KeyError(f"the HF state dict lacks {len(missing)} {hf_config.model_type} weight(s): {missing[:8]}")
     shards: list[dict[str, Tensor]] = [{} for _ in range(tp)]
 
     def put(name: str, parts: Sequence[Tensor]) -> None:
@@ -345,18 +298,8 @@ def weights_only(state_dict: Mapping[str, Any]) -> dict[str, Tensor]:
     return {n: t for n, t in state_dict.items() if not n.endswith(EXTRA_STATE)}
 
 
-def _rope_theta(hf_config: Any) -> float:
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
-    if params.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_type={params['rope_type']!r} is not supported by the megatron mapping yet")
-    if theta is None:
-        raise ValueError("the HF config names no rope_theta")
-    return float(theta)
-
-
 def transformer_config(hf_config: Any, **overrides: Any) -> Any:
-    """megatron ``TransformerConfig`` equivalent to an HF Qwen3 config, for the local (non-TE) layer spec.
+    """megatron ``TransformerConfig`` equivalent to an HF config (its family's layout), for the local (non-TE) layer spec.
 
     Fusions that need CUDA kernels are off; ``overrides`` (e.g. ``tensor_model_parallel_size``,
     ``params_dtype``) pass through.
@@ -372,7 +315,7 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
         kv_channels=d.head_dim,
         ffn_hidden_size=d.ffn,
         normalization="RMSNorm",
-        layernorm_epsilon=hf_config.rms_norm_eps,
+        layernorm_epsilon=d.norm_eps,
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
@@ -380,7 +323,7 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
         qk_layernorm=d.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
-        init_method_std=hf_config.initializer_range,
+        init_method_std=d.init_std,
         params_dtype=torch.float32,
         use_cpu_initialization=not torch.cuda.is_available(),
         # kept on although HF weights replace the values: with CPU initialisation megatron sets the TP
@@ -396,8 +339,12 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
     from relax.megatron.moe import moe_config
 
     kwargs.update(moe_config(d))
-    if d.mrope_section:
-        kwargs["mrope_section"] = list(d.mrope_section)
+    if d.rotary_sections:
+        kwargs["mrope_section"] = list(d.rotary_sections)
+    if d.attention != "gqa":
+        from relax.megatron.mla import mla_config
+
+        return mla_config(d, kwargs, overrides)
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -406,7 +353,7 @@ def build_gpt_model(
     hf_config: Any, pre_process: bool = True, post_process: bool = True, layer_spec: str = "local",
     vocab_rows: int | None = None, **overrides: Any,
 ) -> Any:  # fmt: skip
-    """An (unloaded) megatron-core ``GPTModel`` shaped like the HF Qwen3 model, for this rank, on the
+    """An (unloaded) megatron-core ``GPTModel`` shaped like the HF model, for this rank, on the
     ``local`` or Transformer Engine (``te``) layer spec (:mod:`relax.megatron.layer_specs`); ``vocab_rows``:
     the embedding's rows where a checkpoint padded them for another TP size (default: padded for this one).
 
@@ -429,12 +376,13 @@ def build_gpt_model(
         config,
         spec,
         vocab_size=vocab_rows or d.padded_vocab(config.tensor_model_parallel_size),
-        max_sequence_length=hf_config.max_position_embeddings,
+        max_sequence_length=d.max_positions,
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
-        position_embedding_type="mrope" if d.mrope_section else "rope",
-        rotary_base=_rope_theta(hf_config),
+        position_embedding_type="rope" if d.rotary == "rope" else "mrope",
+        rotary_base=d.rope_theta,
+        rotary_percent=d.rotary_percent,
     )
 
 

@@ -29,19 +29,6 @@ import torch
 Tensor = torch.Tensor
 
 
-def moe_dims(hf_config: Any) -> dict[str, Any]:
-    """The MoE fields of :class:`relax.megatron.convert.Dims` (every layer must be an MoE layer)."""
-    if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(hf_config, "mlp_only_layers", None):
-        raise ValueError("Qwen3-MoE with dense layers (decoder_sparse_step != 1 or mlp_only_layers) is not "
-                         "supported by the megatron mapping yet")  # fmt: skip
-    return {
-        "experts": hf_config.num_experts,
-        "topk": hf_config.num_experts_per_tok,
-        "moe_ffn": hf_config.moe_intermediate_size,
-        "norm_topk": bool(hf_config.norm_topk_prob),
-    }
-
-
 def check_ep(d: Any, ep: int) -> None:
     if not d.experts:
         raise ValueError(f"expert_parallel={ep} needs an MoE model (this one is dense)")

@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 import torch
 
 from relax.core.data_multimodal import model_inputs
+from relax.core.model_family import MediaTowerHooks, ServingConventions
+from relax.omni.media import SAMPLE_RATE
 
 #: media-input key of a prompt whose videos carry their soundtracks interleaved (Omni ``use_audio_in_video``):
 #: one entry per video; the model's rope index must be told, or audio and video positions come out wrong
@@ -34,6 +36,28 @@ WHOLE_OMNI = {"qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
 
 #: the HF ``config.model_type`` of every checkpoint this adapter runs
 MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", *WHOLE_OMNI)
+
+#: the media models relax-megatron runs (its language model in megatron, the towers as HF modules); the other
+#: media types are refused there by name
+MEGATRON_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
+#: what SGLang needs per model type: how videos reach it (Qwen2.5-VL: one per prompt at the sampling fps as
+#: metadata; Qwen3-VL: each temporal grid's time in the prompt), the audio rate the processors decode to
+#: (``relax.omni.media.SAMPLE_RATE``), and Qwen3-Omni served whole: the thinker's checkpoint names under ``thinker.``
+_AUDIO = ServingConventions(audio_sample_rate=SAMPLE_RATE)
+SERVING = {
+    "qwen2_5_vl": ServingConventions(video_layout="fps"),
+    "qwen3_vl": ServingConventions(video_layout="timestamped"),
+    "qwen3_vl_moe": ServingConventions(video_layout="timestamped"),
+    "qwen2_5_omni_thinker": _AUDIO,
+    "qwen3_omni_moe_thinker": ServingConventions(audio_sample_rate=SAMPLE_RATE, video_layout="fps"),
+    "qwen2_5_omni": ServingConventions(media_config_key="thinker_config"),
+    "qwen3_omni_moe": ServingConventions(
+        media_config_key="thinker_config",
+        served_prefix="thinker.",
+        served_renames=(("model.language_model.", "model."), ("model.visual.", "visual."),
+                        ("model.audio_tower.", "audio_tower."), ("lm_head.", "lm_head.")),
+    ),
+}
 
 MEDIA_TOKEN_KINDS = ("image", "video", "audio", "vision_start", "vision_end", "audio_start", "audio_end")
 
@@ -73,6 +97,23 @@ class QwenMediaAdapter:
             model = transformers.AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
         encode_audio_per_item(model)
         return model
+
+    def load_empty(self, model_path: str, dtype: torch.dtype) -> tuple[Any, dict[str, str] | None]:
+        """:meth:`load`'s model built from its config, unloaded (core builds it with its parameters on the
+        meta device and each trainer rank reads only its shards, ``relax.core.trainers.sharded_load``), and
+        the checkpoint-name mapping :meth:`load` applies (a whole Omni checkpoint's ``thinker.`` prefix)."""
+        import transformers
+
+        from relax.omni.audio_per_item import encode_audio_per_item
+
+        config = transformers.AutoConfig.from_pretrained(model_path)
+        if config.model_type in WHOLE_OMNI:
+            thinker = getattr(transformers, WHOLE_OMNI[config.model_type])
+            model, key_mapping = thinker._from_config(config.thinker_config, dtype=dtype), {r"^thinker\.": ""}
+        else:
+            model, key_mapping = transformers.AutoModelForImageTextToText.from_config(config, dtype=dtype), None
+        encode_audio_per_item(model)
+        return model, key_mapping
 
     def loaded_config(self, config: Any) -> Any:
         """The config of the model :meth:`load` returns: a whole Omni checkpoint's thinker's."""
@@ -144,11 +185,58 @@ class QwenMediaAdapter:
         return lambda length: (delta + length).view(1, rows, 1).expand(3, -1, -1)
 
 
+    # ---- what the backends read (relax.core.model_family)
+    def megatron_media(self, hf_config: Any) -> MediaTowerHooks | None:
+        """The media front's parts (relax-megatron): the language model under ``model.language_model``, the
+        towers ``visual`` / ``audio_tower``, the rope index ``get_rope_index``; Qwen3-VL's DeepStack adds
+        visual embeddings after its first ``len(deepstack_visual_indexes)`` layers."""
+        if hf_config.model_type not in MEGATRON_MODEL_TYPES:
+            return None
+        deepstack = getattr(getattr(hf_config, "vision_config", None), "deepstack_visual_indexes", None) or ()
+        return MediaTowerHooks(lm_prefix="model.language_model.", towers=("visual", "audio_tower"),
+                               rope_index="get_rope_index", deepstack_layers=len(deepstack))
+
+    def megatron_lm_config(self, hf_config: Any) -> Any:
+        """The language model's HF config (``text_config``), with the checkpoint's embedding tying."""
+        import copy
+
+        text = copy.deepcopy(hf_config.text_config)
+        text.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", text.tie_word_embeddings))
+        return text
+
+    def serving(self, model_type: str) -> ServingConventions:
+        return SERVING.get(model_type, ServingConventions())
+
+
 def _rope_holders(model: Any) -> list[Any]:
     """The modules that keep M-RoPE deltas between forwards."""
     return [m for m in model.modules() if hasattr(m, "rope_deltas")]
 
 
+@dataclass(frozen=True)
+class QwenMediaLMAdapter:
+    """The language models of the VL / Omni thinkers (``text_config.model_type``) as megatron builds them:
+    Qwen2 (q/k/v biases, Qwen2.5) or Qwen3 layers with 3-D rotary, its (T, H, W) frequencies chunked
+    (Qwen2.5) or interleaved (Qwen3-VL / Qwen3-Omni, whatever the config's flag says: HF's code does so)."""
+
+    takes_media: ClassVar[bool] = False
+
+    def megatron_layout(self, hf_config: Any) -> Any:
+        from relax.models.qwen import qwen_layout
+
+        params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+        kind = "multi_axis_interleaved" if hf_config.model_type in INTERLEAVED_LM_TYPES else "multi_axis"
+        return qwen_layout(hf_config, qwen2=hf_config.model_type in QWEN2_LM_TYPES, rotary=kind,
+                           rotary_sections=tuple(params.get("mrope_section") or ()))
+
+
+QWEN2_LM_TYPES = ("qwen2_5_vl_text", "qwen2_5_omni_text")  # Qwen2 layers: q/k/v biases, no q/k norms
+INTERLEAVED_LM_TYPES = ("qwen3_vl_text", "qwen3_omni_moe_text")
+LM_TYPES = (*QWEN2_LM_TYPES, *INTERLEAVED_LM_TYPES)
+
+
 def register_adapters(register: Callable[..., None]) -> None:
     for model_type in MODEL_TYPES:
         register(model_type, QwenMediaAdapter)
+    for model_type in LM_TYPES:
+        register(model_type, QwenMediaLMAdapter)

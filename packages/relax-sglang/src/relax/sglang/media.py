@@ -43,17 +43,17 @@ from typing import Any
 import numpy as np
 
 from relax.core.data_multimodal import model_inputs, source_media
+from relax.core.model_family import serving_conventions
 from relax.core.multimodal_model import media_flag_keys
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
-VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")  # (Qwen-Omni's)
+VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")
 AUDIO_KEYS = ("input_features", "feature_attention_mask")
-AUDIO_RATE = 16000  # what relax-omni decodes to and SGLang resamples to
 IGNORED = ("mm_token_type_ids",)  # recomputed by SGLang from the ids
 MAX_VIDEO_PIXELS = 16384 * 28 * 28  # per frame: far above any relax-omni budget (frames keep their size)
-# whose video requests SGLang re-processes exactly (tested); the timestamped ones write per-frame times in the prompt
-TIMESTAMPED_VIDEO_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")
-VIDEO_MODEL_TYPES = ("qwen2_5_vl", "qwen3_omni_moe_thinker", *TIMESTAMPED_VIDEO_MODEL_TYPES)
+# how a family's videos reach SGLang (its model adapter's ``ServingConventions.video_layout``): one video per
+# prompt with the sampling fps as server-wide metadata, or each temporal grid's time written in the prompt
+FPS_VIDEOS, TIMESTAMPED_VIDEOS = "fps", "timestamped"
 # container tags read by relax_sglang_server_patches (same names there): ours (keep the frames' size), and times
 VIDEO_TAG, TIMESTAMPS_TAG = "RELAX_VIDEO", "RELAX_TIMESTAMPS"
 TIMESTAMP = re.compile(r"<(\d+(?:\.\d+)?) seconds>")
@@ -111,20 +111,32 @@ def load_image_spec(model_dir: str) -> ImageSpec | None:
 
 
 def _model_config(root: Path) -> dict[str, Any]:
-    """``config.json``, or its ``thinker_config`` (a Qwen-Omni checkpoint: the thinker reads the media)."""
+    """``config.json``, or the sub-config its family's adapter names as the media model's
+    (``ServingConventions.media_config_key``: a checkpoint served whole whose part reads the media)."""
     config = json.loads((root / "config.json").read_text())
-    return config.get("thinker_config", config)
+    key = serving_conventions(config.get("model_type")).media_config_key
+    return config.get(key, config) if key else config
+
+
+def video_layout(model_type: str | None) -> str:
+    """How the family's videos reach SGLang ("" none: its videos are refused)."""
+    return serving_conventions(model_type).video_layout
+
+
+def audio_rate(model_type: str | None) -> int:
+    """The sample rate of the waveforms the family's processor keeps (0: the family declares no audio)."""
+    return serving_conventions(model_type).audio_sample_rate
 
 
 def video_model_type(model_dir: str) -> str | None:
-    """The model type if the engine sends the model video (``VIDEO_MODEL_TYPES``; its server then gets
-    ``video_server_args``), else None."""
+    """The model type if the engine sends the model video (its adapter declares a video layout; its server then
+    gets ``video_server_args``), else None."""
     root = Path(model_dir)
     kind = _model_config(root).get("model_type") if (root / "config.json").exists() else None
-    return kind if kind in VIDEO_MODEL_TYPES else None
+    return kind if video_layout(kind) else None
 
 
-def video_server_args(video_fps: float, model_type: str = "qwen2_5_vl") -> list[str]:
+def video_server_args(video_fps: float, model_type: str | None = None) -> list[str]:
     """``sglang.launch_server`` arguments under which SGLang re-processes our rebuilt video frames exactly:
     sample at ``video_fps`` (the container's rate: every frame kept) and keep each frame's size (in SGLang's
     resize and the HF processor's). Qwen2.5-VL's HF processor also gets ``video_fps`` as the metadata SGLang
@@ -132,7 +144,7 @@ def video_server_args(video_fps: float, model_type: str = "qwen2_5_vl") -> list[
     (``TIMESTAMPS_TAG``, see ``relax_sglang_server_patches``)."""
     pixels = {"min_pixels": 1, "max_pixels": MAX_VIDEO_PIXELS}
     video = {"fps": video_fps, **pixels, "size": {"shortest_edge": 1, "longest_edge": MAX_VIDEO_PIXELS}}
-    if model_type not in TIMESTAMPED_VIDEO_MODEL_TYPES:
+    if video_layout(model_type) != TIMESTAMPED_VIDEOS:
         video["video_metadata"] = {"fps": video_fps, "total_num_frames": 1}
     return ["--mm-process-config", json.dumps({"video": video})]
 
@@ -205,16 +217,16 @@ def video_data_url(frames: np.ndarray, fps: float, timestamps: list[str] | None 
     return "data:video/x-matroska;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def audio_data_url(waveform: np.ndarray) -> str:
+def audio_data_url(waveform: np.ndarray, rate: int) -> str:
     """A mono ``AUDIO_RATE`` waveform as float32 PCM in a Matroska data URL: lossless, and a container that
     SGLang decodes with PyAV (its WAV path needs torchaudio, absent from the CPU server env)."""
     av = _av()
     samples = np.ascontiguousarray(np.asarray(waveform, dtype=np.float32).reshape(1, -1))
     buf = io.BytesIO()
     with av.open(buf, "w", format="matroska") as out:
-        stream = out.add_stream("pcm_f32le", rate=AUDIO_RATE, layout="mono")
+        stream = out.add_stream("pcm_f32le", rate=rate, layout="mono")
         frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
-        frame.sample_rate = AUDIO_RATE
+        frame.sample_rate = rate
         out.mux(stream.encode(frame))
         out.mux(stream.encode())
     return "data:audio/x-matroska;base64," + base64.b64encode(buf.getvalue()).decode()
@@ -258,7 +270,7 @@ def media_request(
         )
     if unsupported:
         raise ValueError(
-            f"media inputs {unsupported}: the sglang engine sends images, Qwen2.5-VL videos and audio waveforms "
+            f"media inputs {unsupported}: the sglang engine sends images, videos and audio waveforms "
             "only (SGLang 0.5.23 takes no processed tensors over HTTP); use the hf engine for them"
         )
     if "input_features" in inputs and audios is None:
@@ -274,7 +286,7 @@ def media_request(
         images = images_from_patches(inputs["pixel_values"], inputs["image_grid_thw"], spec)
         ids = _collapsed(ids, spec.image_token_id, len(images), "image")
         fields["image_data"] = [png_data_url(im) for im in images]
-    if "pixel_values_videos" in inputs and spec.model_type in TIMESTAMPED_VIDEO_MODEL_TYPES:
+    if "pixel_values_videos" in inputs and video_layout(spec.model_type) == TIMESTAMPED_VIDEOS:
         ids, fields["video_data"] = _timestamped_videos(ids, inputs, spec, video_fps, decode)
     elif "pixel_values_videos" in inputs:
         videos = _videos(inputs, spec, video_fps)
@@ -283,8 +295,12 @@ def media_request(
     if "input_features" in inputs:
         if spec.audio_token_id is None:
             raise ValueError("audio inputs for a model without audio_token_id in its config.json")
+        rate = audio_rate(spec.model_type)
+        if not rate:
+            raise ValueError(f"audio inputs for model_type {spec.model_type!r}, whose model adapter declares no audio "
+                             "sample rate (ServingConventions.audio_sample_rate); use the hf engine for them")
         ids = _collapsed(ids, spec.audio_token_id, len(audios), "audio")
-        fields["audio_data"] = [audio_data_url(w) for w in audios]
+        fields["audio_data"] = [audio_data_url(w, rate) for w in audios]
     return MediaRequest(ids, fields)
 
 
@@ -297,11 +313,10 @@ def _collapsed(ids: list[int], token_id: int, items: int, kind: str) -> list[int
 
 def _videos(inputs: dict[str, Any], spec: ImageSpec, video_fps: float) -> list[np.ndarray]:
     """The sampled frames of the prompt's one video, after checking SGLang can take it exactly."""
-    if spec.model_type not in VIDEO_MODEL_TYPES or spec.video_token_id is None:
+    if video_layout(spec.model_type) != FPS_VIDEOS or spec.video_token_id is None:
         raise ValueError(
-            f"video inputs for model_type {spec.model_type!r}: the sglang engine sends {list(VIDEO_MODEL_TYPES)} "
-            "videos only (SGLang must re-process them to exactly our patches and prompt); use the hf engine for "
-            "these videos"
+            f"video inputs for model_type {spec.model_type!r}: its model adapter declares no video layout SGLang "
+            "re-processes exactly (ServingConventions.video_layout); use the hf engine for these videos"
         )
     per_grid = inputs.get("second_per_grid_ts", inputs.get("video_second_per_grid", []))
     seconds = [float(s) for s in np.asarray(per_grid, dtype=np.float64).reshape(-1)]
@@ -330,7 +345,7 @@ def _timestamped_videos(
     Returns the collapsed ids and the video data URLs."""
     pad, start, end = spec.video_token_id, spec.vision_start_token_id, spec.vision_end_token_id
     if decode is None or start is None or end is None:
-        raise ValueError("Qwen3-VL video requests need the tokenizer and vision_start/end_token_id in config.json")
+        raise ValueError("timestamped video requests need the tokenizer and vision_start/end_token_id in config.json")
     videos = frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos")
     runs, pos = [], 0  # [first, last + 1) of every run of the video placeholder
     for token, run in itertools.groupby(ids):
@@ -349,7 +364,7 @@ def _timestamped_videos(
             text = decode(ids[prev:first - 1]).strip()
             if opening is None or ids[first - 1] != start or last >= len(ids) or ids[last] != end or not TIMESTAMP.fullmatch(text):
                 raise ValueError(f"video block at prompt position {first} is not <t seconds><vision_start>pads<vision_end> "
-                                 f"(read {text!r}): not a Qwen3-VL processor's prompt")  # fmt: skip
+                                 f"(read {text!r}): not a timestamped-video prompt")  # fmt: skip
             stamps.append(TIMESTAMP.fullmatch(text).group(1))
             prev = last + 1
         if prev >= len(ids) or ids[prev] != end:

@@ -1,15 +1,16 @@
 """A trainer's export in the layout the served model's loader takes.
 
-SGLang serves Qwen3-Omni whole (``Qwen3OmniMoeForConditionalGeneration``): its ``load_weights`` takes the
-checkpoint's names under ``thinker.`` and the checkpoint's per-expert layout, and skips a name it does not hold
-(a log line in the server, nothing in the reply). Relax's trainers export the thinker as transformers holds it in
-memory (``model.language_model.*``, ``model.audio_tower.*``, each layer's experts fused into ``gate_up_proj`` /
-``down_proj``). So the ``sglang_*`` transports map every bucket on the trainer's side, after asking the engines
-what their servers run (the distributed transport broadcasts tensors the server takes as they come, so the
-mapping cannot wait for the engine's process), and the engine refuses names its server's loader would skip.
+A family served whole (its adapter's ``ServingConventions.served_prefix``: the served checkpoint wraps the
+model the trainers train) has a loader that takes the checkpoint's names under that prefix and the
+checkpoint's per-expert layout, and skips a name it does not hold (a log line in the server, nothing in the
+reply). Relax's trainers export the model as transformers holds it in memory (each layer's experts fused into
+``gate_up_proj`` / ``down_proj``). So the ``sglang_*`` transports map every bucket on the trainer's side,
+after asking the engines what their servers run (the distributed transport broadcasts tensors the server takes
+as they come, so the mapping cannot wait for the engine's process), and the engine refuses names its server's
+loader would skip.
 
-A served architecture not in :data:`LAYOUTS` takes the export as it is (Qwen3, Qwen2.5-VL, Qwen3-VL: SGLang's
-loaders map transformers' in-memory names themselves).
+A served model type whose adapter declares no prefix takes the export as it is (SGLang's loaders map
+transformers' in-memory names themselves).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from relax.core.model_family import serving_conventions
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -63,24 +66,22 @@ class ServedLayout:
                          f"(known prefixes: {', '.join(old for old, _ in self.renames)})")
 
 
-#: served architecture -> its layout (Qwen3-Omni's thinker as transformers' checkpoint conversion writes it)
-LAYOUTS = {
-    "Qwen3OmniMoeForConditionalGeneration": ServedLayout(
-        prefix="thinker.",
-        renames=(("model.language_model.", "model."), ("model.visual.", "visual."),
-                 ("model.audio_tower.", "audio_tower."), ("lm_head.", "lm_head.")),
-    ),
-}
+def layout_for(served: str) -> ServedLayout:
+    """The layout of a served model type (what :func:`served_architecture` returned), from its family's adapter."""
+    conventions = serving_conventions(served)
+    if not conventions.served_prefix:
+        raise ValueError(f"model_type {served!r}: its model adapter declares no served layout (ServingConventions)")
+    return ServedLayout(prefix=conventions.served_prefix, renames=conventions.served_renames)
 
 
 def served_architecture(model_path: str) -> str | None:
-    """The architecture a server launched from ``model_path`` runs, if :data:`LAYOUTS` has it (None for the
-    others, and for a path that is not a local checkpoint directory)."""
+    """The model type a server launched from ``model_path`` runs, if its family declares a served layout
+    (None for the others, and for a path that is not a local checkpoint directory)."""
     try:
-        architectures = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
+        model_type = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
     except (OSError, ValueError):
         return None
-    return next((a for a in architectures if a in LAYOUTS), None)
+    return model_type if serving_conventions(model_type).served_prefix else None
 
 
 def check_served_names(names: Iterable[str], architecture: str | None, engine: str) -> None:
@@ -88,12 +89,12 @@ def check_served_names(names: Iterable[str], architecture: str | None, engine: s
     would skip the others)."""
     if architecture is None:
         return
-    prefix = LAYOUTS[architecture].prefix
+    prefix = layout_for(architecture).prefix
     stray = next((n for n in names if not n.startswith(prefix)), None)
     if stray is not None:
         raise ValueError(f"{engine}: the server runs {architecture}, whose loader takes checkpoint names under "
                          f"{prefix!r} (got {stray!r}); the sglang_* transports map a trainer's export, "
-                         "relax.sglang.served_layout.LAYOUTS does it for a direct call")
+                         "relax.sglang.served_layout.layout_for does it for a direct call")
 
 
 def safetensors_names(path: str) -> Iterator[str]:

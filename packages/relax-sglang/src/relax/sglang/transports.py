@@ -15,7 +15,7 @@ outside it), and after ``end`` each server must report the new ``weight_version`
   (``/update_weights_from_distributed``) and the trainer broadcasts each tensor.
 
 Each asks the engines what their servers run first and sends the export in that model's loader layout
-(``relax.sglang.served_layout``: Qwen3-Omni, served whole, takes the thinker's checkpoint names).
+(``relax.sglang.served_layout``: a model served whole takes its checkpoint's names).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from relax.core.weight_sync.base import bucket_nbytes
 from relax.core.weight_sync.broadcast import broadcast, listen, nccl_colocate_errors
 from relax.core.weight_sync.disk import DiskReceiver
 from relax.core.weight_sync.transport import Peers
-from relax.sglang.served_layout import LAYOUTS, ServedExport
+from relax.sglang.served_layout import ServedExport, layout_for
 
 ENGINES = ("sglang",)
 
@@ -54,7 +54,7 @@ def served_export(trainer: Any, peers: Peers) -> Any:
         raise WeightSyncError(f"the engines serve different architectures ({sorted(map(str, served))}): one sync "
                               "sends one model")
     architecture = served.pop() if served else None
-    return trainer if architecture is None else ServedExport(trainer, LAYOUTS[architecture])
+    return trainer if architecture is None else ServedExport(trainer, layout_for(architecture))
 
 
 class SGLangReceiver(ServedArchitecture, Receiver):

@@ -1,77 +1,83 @@
-"""Media models (Qwen2.5-VL, Qwen3-VL, the Qwen2.5-Omni and Qwen3-Omni (MoE) thinkers) on megatron-core: the
-HF "media front" feeds megatron's language model.
+"""Media models on megatron-core: the HF "media front" feeds megatron's language model. Which media models, and
+where the front finds its parts, their family's model adapter declares (``ModelAdapter.megatron_media``:
+``relax.core.model_family.MediaTowerHooks``; relax-omni's for the Qwen VL / Omni thinkers).
 
-Only the language model runs in megatron (a GPTModel with M-RoPE, :mod:`relax.megatron.convert`). The
-vision tower, the placeholder scatter and the 3-D rope index stay transformers' own code, so they are
-exactly what the torch trainer and the HF engine compute: the HF model is loaded through relax-omni's
-model adapter, its decoder layers and LM head are dropped, its text embedding is replaced by megatron's
+Only the language model runs in megatron (a GPTModel with 3-D rotary, :mod:`relax.megatron.convert`). The
+towers, the placeholder scatter and the 3-D rope index stay transformers' own code, so they are exactly
+what the torch trainer and the HF engine compute: the HF model is loaded through the family's model
+adapter, its decoder layers and LM head are dropped, its text embedding is replaced by megatron's
 (vocab-parallel) word embedding, and its language model by a stub that captures what HF would have fed
-it (``inputs_embeds``, the M-RoPE ``position_ids`` and, for Qwen3-VL, DeepStack's ``visual_pos_masks`` /
+it (``inputs_embeds``, the 3-D ``position_ids`` and, with DeepStack, ``visual_pos_masks`` /
 ``deepstack_visual_embeds``) and stops the forward there. Megatron then runs on those, right-padded
 (:mod:`relax.megatron.padding`), with:
 
-* :class:`MRoPE` as the rotary module: HF's frequency -> (T, H, W) axis map (chunked for Qwen2.5,
-  interleaved for Qwen3-VL / Qwen3-Omni; megatron's own ``MultimodalRotaryEmbedding`` only chunks) and HF's
-  inverse frequencies;
-* forward hooks on the first decoder layers that add DeepStack's visual embeddings after each of them,
-  as HF's ``_deepstack_process``.
+* :class:`MultiAxisRotary` as the rotary module: HF's frequency -> (T, H, W) axis map (chunked, or
+  interleaved; megatron's own ``MultimodalRotaryEmbedding`` only chunks) and HF's inverse frequencies;
+* forward hooks on the first decoder layers that add DeepStack's visual embeddings after each of them.
 
-Qwen3-Omni's MoE experts, fused in transformers' memory, are split per expert for :mod:`relax.megatron.moe`
-(and exported per expert, as for Qwen3-MoE).
+MoE experts fused in transformers' memory are split per expert for :mod:`relax.megatron.moe` (and exported
+per expert, as checkpoints hold them).
 
-The towers (vision; Omni: audio too) are HF modules on the first pipeline stage, replicated per TP rank
-(each computes the same, full gradients), trainable unless frozen; later stages keep only HF's rope index
-for their positions (from the whole batch every stage receives: grids and audio feature lengths). Weight names: the in-memory HF names the torch trainer exports (``model.language_model.*``,
-``model.visual.*``, ``lm_head.weight``).
+The towers are HF modules on the first pipeline stage, replicated per TP rank (each computes the same, full
+gradients), trainable unless frozen; later stages keep only HF's rope index for their positions (from the
+whole batch every stage receives). Weight names: the in-memory HF names the torch trainer exports.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from relax.core.model_family import MediaTowerHooks
+
 Tensor = torch.Tensor
 
-#: HF ``config.model_type`` -> what relax-megatron trains of it (the other media families are refused by name)
-SUPPORTED = ("qwen2_5_vl", "qwen3_vl", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
-LM_PREFIX = "model.language_model."  # the LM's in-memory HF names (transformers >= 5) ...
-MEGATRON_LM_PREFIX = "model."  # ... and the names :mod:`relax.megatron.convert` speaks
+MEGATRON_LM_PREFIX = "model."  # the names :mod:`relax.megatron.convert` speaks
 FUSED_EXPERTS = "gate_up_proj"  # transformers' in-memory MoE experts: ``mlp.experts.gate_up_proj`` / ``down_proj``
 
 
 def is_media_model(hf_config: Any) -> bool:
-    """Whether the checkpoint takes media (a registered model adapter, as core decides)."""
+    """Whether the checkpoint takes media (a registered media model adapter, as core decides)."""
     from relax.core.multimodal_model import adapter_for
 
     return adapter_for(getattr(hf_config, "model_type", None)) is not None
 
 
+def hooks(hf_config: Any) -> MediaTowerHooks | None:
+    """The media front's parts in the family's HF model (None: the family does not run on megatron)."""
+    from relax.core.multimodal_model import adapter_for
+
+    declared = getattr(adapter_for(hf_config.model_type), "megatron_media", None)
+    return None if declared is None else declared(hf_config)
+
+
 def check_supported(hf_config: Any, distributed_optimizer: bool = False) -> None:
-    """Refuse, naming the family or field, a media model or layout the megatron trainer cannot run yet."""
+    """Refuse, naming the model type or field, a media model or layout the megatron trainer cannot run yet."""
     family = hf_config.model_type
-    if family not in SUPPORTED:
-        raise ValueError(f"model_type {family!r}: the megatron trainer runs the media families {list(SUPPORTED)} "
-                         "only so far; use trainer.backend: torch (or fsdp) for this model")  # fmt: skip
+    if hooks(hf_config) is None:
+        raise ValueError(f"model_type {family!r}: its model adapter declares no megatron media front "
+                         "(ModelAdapter.megatron_media), so the megatron trainer cannot run it yet; use "
+                         "trainer.backend: torch (or fsdp) for this model")
     if distributed_optimizer:  # megatron's DDP buffers hold megatron's parameters, not the HF towers
         raise ValueError(f"{family} on the megatron trainer: trainer.backend_params.distributed_optimizer is not "
                          "supported for media models yet (bf16 trains with fp32 master weights without it)")
 
 
 def lm_config(hf_config: Any) -> Any:
-    """The language model's HF config (``text_config``), with the checkpoint's embedding tying."""
-    text = copy.deepcopy(hf_config.text_config)
-    text.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", text.tie_word_embeddings))
-    return text
+    """The language model's HF config, as the family's adapter derives it (``megatron_lm_config``)."""
+    from relax.core.multimodal_model import adapter_for
+
+    return adapter_for(hf_config.model_type).megatron_lm_config(hf_config)
 
 
-def lm_state(hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The LM weights of an in-memory HF state dict under the names :mod:`relax.megatron.convert` reads."""
-    out = {MEGATRON_LM_PREFIX + n[len(LM_PREFIX):]: t for n, t in hf_state.items() if n.startswith(LM_PREFIX)}
-    for name in [n for n in out if n.endswith(FUSED_EXPERTS)]:  # MoE (Qwen3-Omni): per expert, as checkpoints
+def lm_state(hf_state: dict[str, Tensor], lm_prefix: str) -> dict[str, Tensor]:
+    """The LM weights (under ``lm_prefix``) of an in-memory HF state dict under the names
+    :mod:`relax.megatron.convert` reads."""
+    out = {MEGATRON_LM_PREFIX + n[len(lm_prefix):]: t for n, t in hf_state.items() if n.startswith(lm_prefix)}
+    for name in [n for n in out if n.endswith(FUSED_EXPERTS)]:  # MoE: per expert, as checkpoints
         layer = name[: -len(FUSED_EXPERTS)]
         gate_up, down = out.pop(name), out.pop(layer + "down_proj")
         for j, (fused, d) in enumerate(zip(gate_up, down, strict=True)):
@@ -82,9 +88,12 @@ def lm_state(hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def hf_name(name: str) -> str:
-    """A name :func:`relax.megatron.convert.megatron_to_hf` writes -> the media checkpoint's HF name."""
-    return LM_PREFIX + name[len(MEGATRON_LM_PREFIX):] if name.startswith(MEGATRON_LM_PREFIX) else name
+def hf_name(name: str, lm_prefix: str | None) -> str:
+    """A name :func:`relax.megatron.convert.megatron_to_hf` writes -> the media checkpoint's HF name (``lm_prefix``
+    None: a text model's, unchanged)."""
+    if lm_prefix is None or not name.startswith(MEGATRON_LM_PREFIX):
+        return name
+    return lm_prefix + name[len(MEGATRON_LM_PREFIX) :]
 
 
 def frequency_axes(section: tuple[int, ...], interleaved: bool) -> Tensor:
@@ -112,18 +121,18 @@ def freeze(front: MediaFront | None, hf_config: Any, **switches: bool) -> None:
         front.frozen = freeze_towers(front.hf, kinds)
 
 
-class MRoPE(torch.nn.Module):
-    """megatron's rotary module for a GPTModel with ``position_embedding_type="mrope"``: (3, B, S) positions
+class MultiAxisRotary(torch.nn.Module):
+    """megatron's rotary module for a GPTModel with 3-D rotary positions: (3, B, S) positions
     -> (S, B, 1, head_dim) angles, each frequency taking its HF axis (:func:`frequency_axes`)."""
 
     def __init__(self, inv_freq: Tensor, section: tuple[int, ...], interleaved: bool) -> None:
         super().__init__()
         if sum(section) != inv_freq.numel():
-            raise ValueError(f"mrope_section={list(section)} must sum to head_dim / 2 = {inv_freq.numel()}")
+            raise ValueError(f"the 3-D rotary section {list(section)} must sum to head_dim / 2 = {inv_freq.numel()}")
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)
         self.register_buffer("axes", frequency_axes(section, interleaved), persistent=False)
 
-    def forward(self, position_ids: Tensor, mrope_section: Any = None, cp_group: Any = None) -> Tensor:
+    def forward(self, position_ids: Tensor, *_section_and_group: Any, **_keywords: Any) -> Tensor:
         freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)  # (3, B, S, D/2), as HF
         index = self.axes.to(freqs.device).view(1, 1, 1, -1).expand(1, *freqs.shape[1:])
         picked = freqs.gather(0, index)[0]  # (B, S, D/2)
@@ -177,13 +186,14 @@ class MediaFront(torch.nn.Module):
         from relax.megatron.convert import Dims
 
         hf = adapter_for(hf_config.model_type).load(model_path, torch.float32)
+        self.hooks = parts = hooks(hf_config)
         self.tower_kinds = tower_kinds(hf)  # the checkpoint's, on every stage (later ones drop the towers)
         self.frozen: frozenset[str] = frozenset()  # tower kinds kept as loaded (:func:`freeze`)
         inner = hf.model
         self.hf_state = {n: t.detach() for n, t in hf.state_dict().items()}  # the LM's, until :meth:`take_lm_weights`
-        inv_freq = inner.language_model.rotary_emb.inv_freq
+        inv_freq = getattr(inner, parts.language_model).rotary_emb.inv_freq
         dims = Dims.from_hf(lm_config(hf_config))
-        inner.language_model = _LanguageModelStub()
+        setattr(inner, parts.language_model, _LanguageModelStub())
         hf.lm_head = torch.nn.Identity()  # never reached: the stub stops the forward
         self.first_stage = first_stage
         if first_stage:
@@ -191,16 +201,15 @@ class MediaFront(torch.nn.Module):
             whole = _WholeSequenceEmbedding(embed)  # sequence parallelism: not reduce-scattered for HF's scatter
             inner.get_input_embeddings = lambda: whole if embed.reduce_scatter_embeddings else embed  # not a child
         else:  # a later pipeline stage only needs the rope index (its positions): no towers
-            inner.visual = None
-            if hasattr(inner, "audio_tower"):
-                inner.audio_tower = None
+            for tower in parts.towers:
+                if hasattr(inner, tower):
+                    setattr(inner, tower, None)
         self.hf = hf
         # sequence parallelism (TP > 1): megatron's layers see this TP rank's slice of the sequence
         self.sequence_parallel = bool(gpt_model.config.sequence_parallel)
         self.tp = gpt_model.config.tensor_model_parallel_size
-        gpt_model.rotary_pos_emb = MRoPE(inv_freq, dims.mrope_section, dims.mrope_interleaved)
-        deepstack = len(getattr(hf_config.vision_config, "deepstack_visual_indexes", None) or ())
-        self.deepstack_layers = min(deepstack, gpt_model.config.num_layers)  # HF's: one per layer there is
+        gpt_model.rotary_pos_emb = MultiAxisRotary(inv_freq, dims.rotary_sections, dims.rotary_interleaved)
+        self.deepstack_layers = min(parts.deepstack_layers, gpt_model.config.num_layers)  # HF's: one per layer there is
         self._deepstack: tuple[Tensor, list[Tensor]] | None = None
         if first_stage:
             layers = gpt_model.decoder.layers
@@ -227,7 +236,7 @@ class MediaFront(torch.nn.Module):
 
     def take_lm_weights(self) -> dict[str, Tensor]:
         """The LM's weights of the loaded checkpoint (:func:`lm_state`), once: the front drops its copy."""
-        return lm_state(self.__dict__.pop("hf_state"))
+        return lm_state(self.__dict__.pop("hf_state"), self.hooks.lm_prefix)
 
     def _hook(self, index: int):
         def add_visual(_module: Any, _args: Any, output: Any) -> Any:
@@ -283,7 +292,7 @@ class MediaFront(torch.nn.Module):
         from relax.megatron.padding import left_pads, rotate_left
 
         kwargs = self._kwargs(batch)
-        rope_index = self.hf.model.get_rope_index
+        rope_index = getattr(self.hf.model, self.hooks.rope_index)
         wanted = inspect.signature(rope_index).parameters
         # what the Omni thinkers' forward derives for their rope index: audio lengths from the feature mask
         # (every stage holds the whole batch, media included), the video's seconds per grid under its name
@@ -302,8 +311,8 @@ class MediaFront(torch.nn.Module):
 
         got = self.capture(batch)
         embeds, positions = got["inputs_embeds"], got["position_ids"]
-        if positions.shape[0] == 4:  # Qwen3-VL may prepend the text positions
-            positions = positions[1:]
+        if positions.shape[0] > self.hooks.position_rows:  # a model may prepend the text positions
+            positions = positions[-self.hooks.position_rows :]
         shift = left_pads(batch["attention_mask"])
         embeds = rotate_left(embeds, shift)
         positions = rotate_left(positions.permute(1, 2, 0), shift).permute(2, 0, 1)
