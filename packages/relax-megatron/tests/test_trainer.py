@@ -249,3 +249,14 @@ def test_the_run_check_names_what_megatron_does_not_do_with_real_lengths():
     assert pack.startswith("trainer.pack_sequences: the megatron trainer does not pack")
     errors = MegatronParams(pipeline_parallel=2).validate_run(cfg)
     assert any(e.startswith("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule") for e in errors)
+
+
+def test_the_run_check_refuses_a_critic_before_start_up():
+    """The factory refuses a critic; relax validate names it first (with the backends that train one)."""
+    from relax.core.config import ConfigError, load_config
+    from relax.megatron.plugin import CRITIC_MISSING, MegatronParams
+
+    cfg = load_config(None, ["algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"])
+    assert MegatronParams().validate_run(cfg) == [CRITIC_MISSING] and "torch or fsdp" in CRITIC_MISSING
+    with pytest.raises(ConfigError, match="the megatron trainer has no critic"):
+        load_config(None, ["trainer.backend=megatron", "algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"])

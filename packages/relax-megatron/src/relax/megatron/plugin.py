@@ -94,6 +94,8 @@ class MegatronParams:
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what this trainer cannot do yet."""
         errors = [LORA_MISSING] if getattr(cfg.trainer, "lora", None) is not None else []
+        if cfg.algorithm.critic.enable:  # what megatron_trainer refuses at start-up, caught by relax validate
+            errors.append(CRITIC_MISSING)
         if cfg.trainer.pack_sequences:
             errors.append("trainer.pack_sequences: the megatron trainer does not pack rows yet (megatron's THD "
                           "layout needs Transformer Engine); use trainer.max_tokens_per_micro_batch, which sizes "
@@ -112,6 +114,11 @@ LORA_MISSING = (
 )
 
 
+#: why ``algorithm.critic.enable`` is refused on this trainer
+CRITIC_MISSING = ("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; use "
+                  "trainer.backend torch or fsdp for PPO with a critic (both train it data-parallel)")  # fmt: skip
+
+
 def world_size(params: MegatronParams) -> int:
     """Rank actors of the trainer's worker group: TP x PP x DP (megatron's world size)."""
     return params.tensor_parallel * params.pipeline_parallel * params.data_parallel
@@ -128,8 +135,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         raise ValueError("trainer.backend_params: " + "; ".join(errors))
     spec = ctx.train
     if spec.algorithm.critic.enable and spec.trainable:
-        raise ValueError("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; "
-                         "use trainer.backend: torch for PPO with a critic")  # fmt: skip
+        raise ValueError(CRITIC_MISSING)
     dtype = params.dtype or ctx.dtype
     if dtype != "float32" and not params.device.startswith("cuda"):  # bf16 on CPU: tests only, slow
         raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "

@@ -289,7 +289,7 @@ class MegatronTrainer:
         return logprobs.cpu(), sum_sq.cpu()
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        raise RuntimeError("the megatron trainer has no critic yet: use trainer.backend: torch with algorithm.critic")
+        raise RuntimeError("the megatron trainer has no critic yet: use trainer.backend torch or fsdp with algorithm.critic")
 
     # ----------------------------------------------------------------- training
     def current_lr(self) -> float:
