@@ -18,7 +18,7 @@ from relax.core.algorithms.validate import algorithm_config_errors
 from relax.core.config_build import build_dataclass, merge_trees, parse_overrides
 from relax.core.config_cluster import ClusterConfig, cluster_errors
 from relax.core.config_lengths import length_errors
-from relax.core.config_trainer import LoraConfig, TrainerConfig, lora_errors
+from relax.core.config_trainer import LoraConfig, TrainerConfig, lora_errors, offload_errors
 from relax.core.control.settings import AutoscalerConfig, ControlConfig, control_errors
 from relax.core.errors import ConfigError
 from relax.core.evaluation.settings import eval_errors, eval_plugin_errors
@@ -411,6 +411,7 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     errors.extend(algorithm_config_errors(cfg))
     errors.extend(control_errors(cfg))
     errors.extend(lora_errors(cfg))
+    errors.extend(offload_errors(cfg))
     errors.extend(cluster_errors(cfg))
     errors.extend(length_errors(cfg))
     errors.extend(eval_errors(cfg))

@@ -48,6 +48,8 @@ class TrainerConfig:
     timeout_s: float = 600.0  # longest a train step, forward pass, save or load may take
     # a dead trainer restarts the run from its latest checkpoint up to this many times (0: the run fails)
     max_restarts: int = 0
+    # colocate: parameters and optimizer state go to host memory between updates (engines get the GPU; docs/modes.md)
+    offload: bool = False
     backend_params: Any = field(default_factory=dict)  # typed by the backend's registered config
     lora: LoraConfig | None = None  # null: train every weight
 
@@ -64,3 +66,15 @@ def lora_errors(cfg: Any) -> list[str]:
     if not lora.target_modules:
         errors.append("trainer.lora.target_modules: name at least one module (e.g. [q_proj, v_proj] or [all-linear])")
     return errors
+
+
+def offload_errors(cfg: Any) -> list[str]:
+    """``trainer.offload`` where it means nothing: outside colocate the trainer has its GPUs to itself, and an
+    engine hosted on the trainer's own model would lose its weights with it (``controller.hosting.placement_errors``
+    refuses that). A backend that cannot offload refuses it in its ``validate_run``."""
+    if not cfg.trainer.offload:
+        return []
+    if cfg.mode != "colocate":
+        return [f"trainer.offload: supported in mode 'colocate' only (in mode {cfg.mode!r} the trainer has its GPUs "
+                "to itself: nothing would use the memory it frees); set it to false"]  # fmt: skip
+    return []

@@ -20,6 +20,8 @@ OPTIONAL = {
     "score_group": "score a whole group of samples at once (rewards)",
     "release_memory": "free the engine's accelerator memory while the trainer runs (colocate)",
     "resume_memory": "take that memory back before the weight sync (colocate)",
+    "offload": "move parameters and optimizer state to host memory between updates (trainer.offload)",
+    "onload": "move them back before the next training step (trainer.offload)",
 }
 
 
@@ -63,6 +65,8 @@ def required(cfg: Any) -> dict[str, dict[str, str]]:
         need["trainer"]["save_hf"] = "checkpoint.save_hf_final"
     if cfg.rollout.release_memory:
         need["rollout"].update(release_memory="rollout.release_memory", resume_memory="rollout.release_memory")
+    if cfg.trainer.offload:
+        need["trainer"].update(offload="trainer.offload", onload="trainer.offload")
     if cfg.mode != "colocate" and cfg.rollout.partial_rollout == "abort":
         need["rollout"]["abort"] = "rollout.partial_rollout=abort"
     return need

@@ -9,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from relax.core.controller import local, recovery, stages
+from relax.core.controller.handoff import Handoff
 from relax.core.data import Sample, collate
 
 if TYPE_CHECKING:
@@ -106,12 +107,14 @@ def _train(state: StepContext, step: int, train_samples: list[Sample], metrics: 
 
 
 def colocate_step(state: StepContext) -> dict[str, float]:
-    """One step: prompts -> generate -> reward -> filter -> logprobs -> advantages -> train -> sync (the
-    engines' memory released from after the rollout until the sync, with ``rollout.release_memory``)."""
+    """One step: prompts -> generate -> reward -> filter -> logprobs -> advantages -> train -> sync, with the
+    accelerator handed between engines and trainer around the training (``controller.handoff``)."""
     cfg = state.cfg
     metrics: dict[str, float] = {}
     step = state.step + 1
     started = time.perf_counter()
+    handoff = Handoff(state, metrics)
+    handoff.before_rollout()  # trainer.offload
 
     samples, kept = collect_groups(state, step, metrics)
     gen_tokens = sum(len(s.response_ids) for s in samples)
@@ -120,7 +123,7 @@ def colocate_step(state: StepContext) -> dict[str, float]:
     state.failures.record(step, samples)  # reasons to the console and failures.jsonl; most failed: the run stops
     train_samples = [s for g in kept for s in g]
 
-    with stages.engine_memory_released(state.fleet, cfg, metrics):  # rollout.release_memory
+    with handoff.training():  # engines release, trainer onload ... trainer release, engines resume
         if train_samples:
             _train(state, step, train_samples, metrics)
         else:
@@ -128,6 +131,8 @@ def colocate_step(state: StepContext) -> dict[str, float]:
     if train_samples and state.version % cfg.weight_sync.every_n_steps == 0:
         with stages.timed(metrics, "sync"):
             metrics.update(state.fleet.sync(state.version))
+        handoff.mark("sync")
+    handoff.after_sync()  # trainer.offload
     elapsed = time.perf_counter() - started
     metrics["time/step_s"] = elapsed
     metrics["perf/tokens_per_s"] = gen_tokens / max(elapsed, 1e-9)

@@ -89,6 +89,10 @@ def placement_errors(cfg: Any) -> list[str]:
         return [f"rollout.host: {host!r} is not possible here: " + "; ".join(problems) + " (use 'auto' or 'separate')"]
     if host == "driver" and (in_driver := driver_problems(cfg)):
         return ["rollout.host: 'driver' is not possible here: " + "; ".join(in_driver) + " (use 'auto' or 'trainer')"]
+    if cfg.trainer.offload and not (host == "auto" and problems):
+        where = host if host != "auto" else "trainer" if driver_problems(cfg) else "driver"
+        return [f"trainer.offload: the engine runs on the trainer's own model (rollout.host {host!r}: in the {where}), "
+                "so offloading the trainer would take the engine's weights along; set rollout.host: separate"]  # fmt: skip
     return []
 
 

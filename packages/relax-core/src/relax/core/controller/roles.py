@@ -24,6 +24,7 @@ from relax.core.controller.closing import close_held
 from relax.core.controller.collective import CollectiveExport, drain, is_collective
 from relax.core.controller.contexts import build_plugin, plugin_params
 from relax.core.data import Sample
+from relax.core.policy_update.memory import onloaded, release
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.core.weight_sync import serve_receiver, serve_sender
 
@@ -141,6 +142,18 @@ class TrainerRole:
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return self._all("train_step", batch)
 
+    def offload(self, parts: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Colocate (``controller.handoff``): every rank frees its allocator's cache and, with ``trainer.offload``,
+        moves ``parts`` of its state to host memory (any trainer can do the first); rank 0's memory before/after."""
+        if self.peers is None:
+            return release(self.trainer, parts)
+        with self._fan_out:
+            return self.peers.run("offload", parts, local=lambda: release(self.trainer, parts))
+
+    def onload(self) -> dict[str, Any]:
+        """``trainer.offload``: every rank's state back on its device before training."""
+        return self._all("onload")
+
     def _exporter(self) -> Any:
         """The trainer as an exporter sees it: itself, or on rank 0 of a collective export, a view whose
         ``export_weights`` runs on every rank together."""
@@ -161,17 +174,20 @@ class TrainerRole:
         yield from serve_sender(self, self._exporter(), spec, method, *args)
 
     def save(self, directory: str) -> None:
-        self._all("save", directory)
+        with onloaded(self.trainer):  # trainer.offload: a checkpoint sees the state on the device
+            self._all("save", directory)
 
     def load(self, directory: str) -> None:
-        self._all("load", directory)
+        with onloaded(self.trainer):  # trainer.offload: a checkpoint sees the state on the device
+            self._all("load", directory)
 
     def save_hf(self, directory: str) -> None:
         """The trainer's HF directory, in the layout of the checkpoint the run started from (a whole
         Qwen-Omni checkpoint comes back whole: ``multimodal_model.restore_layout``)."""
         from relax.core.multimodal_model import restore_layout
 
-        self._all("save_hf", directory)
+        with onloaded(self.trainer):
+            self._all("save_hf", directory)
         if self.model_path is not None:
             restore_layout(directory, self.model_path)
 

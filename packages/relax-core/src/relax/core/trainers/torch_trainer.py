@@ -27,6 +27,7 @@ from relax.core.trainers import lora as lora_adapters
 from relax.core.trainers.critic import Critic, critic_from_context
 from relax.core.trainers.data_parallel import DataParallel
 from relax.core.trainers.export import buckets, in_dtype
+from relax.core.trainers.offload import Offloadable
 from relax.core.trainers.optim import adamw, clip_gradients, step_checked
 from relax.core.trainers.recompute import recompute_blocks
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
@@ -38,7 +39,7 @@ _STATE_FILE = "trainer_state.pt"
 token_logprobs = logprobs_from_logits
 
 
-class TorchTrainer:
+class TorchTrainer(Offloadable):
     """``Trainer`` over ``AutoModelForCausalLM`` on one device.
 
     ``settings`` (core's :class:`UpdateSettings`; keyword ``overrides`` replace some of its fields, for

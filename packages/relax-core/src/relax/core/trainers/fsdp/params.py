@@ -55,6 +55,11 @@ class FSDPParams:
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Against the run: the dtype inherited from ``model.dtype``, and host memory for offload."""
+        if self.cpu_offload and cfg.trainer.offload:
+            return ["trainer.offload with trainer.backend_params.cpu_offload: the shards and optimizer state already "
+                    "live in host memory; set one of them to false"]  # fmt: skip
+        if cfg.trainer.recompute not in ("off", "full"):  # what the trainer refuses at start-up
+            return [f"trainer.recompute: {cfg.trainer.recompute!r} is megatron's; the fsdp backend offers off | full"]
         if self.activation_checkpointing and cfg.algorithm.routing_replay != "off":
             return ["trainer.backend_params.activation_checkpointing with algorithm.routing_replay: the forward "
                     "recomputed in backward would route with the model's own experts; set it to false"]  # fmt: skip

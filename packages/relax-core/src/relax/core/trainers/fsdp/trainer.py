@@ -39,12 +39,13 @@ from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 from relax.core.trainers.fsdp.sharding import device_mesh, shard_model
+from relax.core.trainers.offload import Offloadable
 from relax.core.trainers.process_group import join_default_group
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 from relax.core.trainers.ulysses import SequenceParallel, check_heads
 
 
-class FSDPTrainer:
+class FSDPTrainer(Offloadable):
     """Rank ``rank`` of ``world_size`` (``trainer.backend: fsdp``). ``dtype`` is the compute dtype;
     the weights are loaded and kept in fp32 (with ``lora``: the frozen base in ``dtype``, the
     adapters in fp32). ``settings`` / ``overrides`` as the torch trainer's."""
