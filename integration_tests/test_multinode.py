@@ -1,7 +1,8 @@
 """Runs across several Ray nodes on this one machine (``relax.core.testing.cluster.LocalCluster``: each
 node on its own 127.0.0.x address with its own CPUs and ``relax-node`` label), one cluster for the
 whole module: roles placed by node label, a run that cannot be placed, transports across nodes, the
-loss of an engine's node mid-run (with a node joining to take its place), and the loss of the trainer's
+loss of the node of both engines mid-run (the run waits, says for what, and both come back on a node that
+joins), and the loss of the trainer's
 node (``resume: auto`` continuing bit for bit on another). The ``ray start`` / ``relax run --address``
 path, with nodes joining for the autoscaler and ``relax scale-out``, is ``test_multinode_cli.py``.
 
@@ -185,38 +186,68 @@ def test_shared_memory_is_refused_across_nodes_by_name(cluster):
         ray.kill(handle)
 
 
-def _add_a_node_then_lose_an_engines_node(cluster, lost: dict):
+def _lose_the_pool_node_then_one_joins(cluster, seen: dict):
+    """At step 2's end: the node of both engines is lost, with no other node of their label. The loss is
+    noticed as the next weight publication would notice it (a control call on the engines); while the run
+    waits, what ``relax status`` shows is recorded; then a node with the label joins (from the driver's
+    main thread: Ray starts a node only from there) and the hook holds until both engines serve again."""
+    from relax.core.control.agent import snapshot
+    from relax.core.control.cli import format_status
+
     def at_step_end(run, step):
-        if step == 2:
-            cluster.add_node(NodeSpec("rollout-c", 1, label="rollout"))  # a machine joins: room for a replacement
-            victim = next(i for i, h in run._state.fleet.live().items() if _where(h) == cluster.node_id("rollout-a"))
-            lost["index"] = victim
-            cluster.remove_node("rollout-a")  # the machine of engine[victim] is gone: every process, at once
-        elif step == 3:  # step 3's weight publication found it dead: hold the run until its replacement serves
-            deadline = time.monotonic() + 240
-            while len(run._state.fleet.live()) < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
+        if step != 2:
+            return
+        fleet = run._state.fleet
+        seen["lost"] = sorted(fleet.live())
+        seen["lost_at"] = time.monotonic()
+        cluster.remove_node("pool-a")  # every process of the machine, at once
+        fleet.control("weight_version")  # both found dead: evicted, replacements wait for Ray and a node
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            waiting = run.engine_shortfall()["waiting"]
+            if len(waiting) == 2 and all(w["waiting_for"].startswith("a node labelled") for w in waiting):
+                break
+            time.sleep(0.2)
+        seen["status"] = run.engine_shortfall()
+        seen["console"] = format_status(snapshot(run, protect=False, attach=False))
+        seen["joined_at"] = time.monotonic()
+        cluster.add_node(NodeSpec("pool-b", 2, label="pool"))  # a machine of the pool joins
+        while len(fleet.live()) < 2 and time.monotonic() < deadline + 120:
+            time.sleep(0.1)
     return at_step_end
 
 
-def test_losing_an_engines_node_mid_run_loses_no_group_and_replaces_it_on_another_node(cluster, tmp_path, observer):
-    lost: dict = {}
-    obs = observer(at_step_end=_add_a_node_then_lose_an_engines_node(cluster, lost))
-    steps = 5
+def test_losing_the_node_of_both_engines_waits_for_a_node_and_replaces_both_there(cluster, tmp_path, observer):
+    """Both engines on one ``pool`` node, lost mid-run with no other node of that label: the replacements
+    wait for Ray to declare the node dead (none is placed on it, no restart is spent there) and then for a
+    node with the label, and say so; when one joins, both engines come back on it (2 of 2), every sample
+    is trained exactly once, and the recovery time counts from the loss."""
+    cluster.add_node(NodeSpec("pool-a", 2, label="pool"))  # room for both engines, on one machine
+    seen: dict = {}
+    obs = observer(at_step_end=_lose_the_pool_node_then_one_joins(cluster, seen))
+    steps = 4
     cfg = load_config(None, [*SMALL, f"total_steps={steps}", f"run_dir={tmp_path}", "mode=async", "max_staleness=1",
-                             "rollout.num_engines=2", "rollout.max_restarts=2", "rollout.timeout_s=60",
-                             "rollout.restart_backoff_s=2",  # a lost node is declared dead after ~3 s
-                             "weight_sync.transport=object_store", f"ray.address={cluster.address}"])
+                             "rollout.num_engines=2", "rollout.max_restarts=2", "rollout.timeout_s=120",
+                             "ray.nodes.rollout=pool", "weight_sync.transport=object_store",
+                             f"ray.address={cluster.address}"])
     summary = run(cfg)
-    assert summary["steps"] == steps and "index" in lost
+    assert summary["steps"] == steps and seen["lost"] == [0, 1]
     assert obs.trained == Counter({(g, i): 1 for g in range(steps * PROMPTS) for i in range(GROUP)})  # none lost/twice
+    status = seen["status"]  # while no node had the label
+    assert status["engines_live"] == 0 and status["engines_wanted"] == 2 and not status["not_replaced"]
+    assert {w["replaces"] for w in status["waiting"]} == {0, 1}
+    assert all(w["waiting_for"] == "a node labelled relax-node=pool with CPU=1 free" for w in status["waiting"])
+    console = seen["console"]  # `relax status`
+    assert "engines: 0 of 2 rollout engines live" in console and "waits for a node labelled relax-node=pool" in console
+    assert f"ray start --address={cluster.address} --labels relax-node=pool --num-cpus=1" in console
     last = _metrics(tmp_path)[-1]
-    assert last["fault/engine_evictions"] == 1 and last["fault/engine_restarts"] == 1
-    assert last["fault/engines_live"] == 2
+    assert last["fault/engine_evictions"] == 2 and last["fault/engine_restarts"] == 2  # 2 of 2, none spent on the dead node
+    assert "fault/engine_start_failures" not in last
+    assert last["fault/engines_live"] == 2 and last["fault/engines_wanted"] == 2
+    assert last["fault/last_recovery_s"] >= seen["joined_at"] - seen["lost_at"]  # from the loss, not from a retry
     live = obs.run._state.fleet.live()
-    (new,) = set(live) - {0, 1}  # the replacement (a new index, never reused)
-    assert lost["index"] not in live and len(live) == 2
-    assert _where(live[new]) == cluster.node_id("rollout-c")  # on the node that joined
+    assert sorted(live) == [2, 3]  # new indices, never reused
+    assert {_where(h) for h in live.values()} == {cluster.node_id("pool-b")}  # on the node that joined
 
 
 def _trainer_state(run_dir: Path, step: int) -> dict:
