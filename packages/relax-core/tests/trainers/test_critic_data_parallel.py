@@ -100,3 +100,17 @@ def test_world_size_2_trains_the_critic_like_world_size_1(cfg, group, tmp_path):
     ray.get(leader.load.remote(str(tmp_path / "ckpt")))
     for weights in (critic_weights(leader), critic_weights(peer)):
         assert all(torch.equal(weights[k], v) for k, v in w0.items())
+
+
+@pytest.mark.parametrize("backend", ["torch", "fsdp"])
+def test_relax_validate_takes_a_critic_at_any_world_size_and_names_what_the_backend_refuses(backend):
+    """The HF backends train a critic at every world size (the PPO recipe's torch world_size 4 included); what
+    they still refuse at start-up, relax validate refuses first (megatron's critic: relax-megatron's tests)."""
+    from relax.core.config import ConfigError
+
+    critic = [f"trainer.backend={backend}", "algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"]
+    for world in (1, 2, 4):
+        cfg = load_config(None, [*critic, f"trainer.backend_params={{world_size: {world}}}"])
+        assert cfg.algorithm.critic.enable and cfg.trainer.backend_params.world_size == world
+    with pytest.raises(ConfigError, match=r"trainer\.recompute: 'selective' is megatron's"):
+        load_config(None, [*critic, "trainer.recompute=selective"])

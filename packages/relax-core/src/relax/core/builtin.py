@@ -47,6 +47,13 @@ class TorchTrainerParams:
     def validate(self) -> list[str]:
         return [] if self.world_size >= 1 else [f"world_size: must be >= 1, got {self.world_size}"]
 
+    def validate_run(self, cfg: Any) -> list[str]:
+        """What the trainer would refuse at start-up (any world_size trains a critic: data-parallel replicas)."""
+        from relax.core.trainers.recompute import recompute_problem
+
+        problem = recompute_problem(cfg.trainer.recompute)
+        return [problem] if problem else []
+
 
 @dataclass(frozen=True)
 class NumericRewardParams:

@@ -10,12 +10,20 @@ import torch
 from relax.core.trainers.fsdp.sharding import checkpoint_forward, repeated_blocks
 
 
+def recompute_problem(mode: str) -> str | None:
+    """Why an HF-model backend (torch, fsdp) cannot take ``trainer.recompute: mode`` (None when it can);
+    checked by ``relax validate`` and again at start-up."""
+    if mode in ("off", "full"):
+        return None
+    return f"trainer.recompute: {mode!r} is megatron's; HF-model backends (torch, fsdp) offer off | full"
+
+
 def recompute_blocks(model: torch.nn.Module, mode: str) -> list[torch.nn.Module]:
     """Wrap ``model``'s repeated blocks for ``mode`` (``off`` / ``full``); the blocks wrapped."""
     if mode == "off":
         return []
-    if mode != "full":
-        raise ValueError(f"trainer.recompute: {mode!r} is megatron's; HF-model backends (torch, fsdp) offer off | full")
+    if problem := recompute_problem(mode):
+        raise ValueError(problem)
     blocks = repeated_blocks(model)
     for block in blocks:
         checkpoint_forward(block)
