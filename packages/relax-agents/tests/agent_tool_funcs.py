@@ -35,3 +35,23 @@ def hang(seconds: float) -> str:
 def raw_bytes(valid: bool) -> bytes:
     """Bytes that are (or are not) UTF-8."""
     return "héllo".encode() if valid else b"caf\xe9 \xff"
+
+
+def spin(seconds: float) -> str:
+    """Burns CPU in pure Python for ``seconds`` (longer than any tool timeout in the tests)."""
+    import os
+
+    with open(os.environ["SPIN_PID_FILE"], "w") as fh:  # where the test finds the process that spins
+        fh.write(str(os.getpid()))
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    return str(n)
+
+
+def crash(code: int) -> str:
+    """Kills its own process (a segfault, the OOM killer)."""
+    import os
+
+    os._exit(code)

@@ -22,7 +22,7 @@ from relax.core.engines.hf import HFRolloutEngine
 from relax.core.engines.stop_tokens import stop_token_ids
 from relax.core.failures import FailureLog, FailureRateError, add_failure, format_summary
 from relax.core.protocols import SamplingParams
-from relax.core.quickstart_model import build_tiny_model
+from relax.core.testing.models import tiny_model_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 import lookup_env  # noqa: E402  (the plugin module, as RELAX_PLUGINS would import it)
@@ -32,7 +32,7 @@ PROMPT = "<|im_start|>user\nwhat is relax?<|im_end|>\n<|im_start|>assistant\n"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=1, initializer_range=0.3)
+    return tiny_model_dir(tmp_path_factory.getbasetemp())  # the session's (shared with the conformance suites)
 
 
 @pytest.fixture(scope="module")

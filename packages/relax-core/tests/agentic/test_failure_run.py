@@ -17,7 +17,7 @@ from relax.core import cli, plugins
 from relax.core.config import load_config
 from relax.core.controller.run import run
 from relax.core.failures import FailureRateError
-from relax.core.quickstart_model import build_tiny_model
+from relax.core.testing.models import tiny_model_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 import lookup_env  # noqa: E402
@@ -35,7 +35,7 @@ SMALL = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=1, initializer_range=0.3)
+    return tiny_model_dir(tmp_path_factory.getbasetemp())  # the session's (shared with the conformance suites)
 
 
 @pytest.fixture
