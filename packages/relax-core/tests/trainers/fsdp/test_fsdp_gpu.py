@@ -112,3 +112,35 @@ def test_lora_modules_to_save_move_at_lr_1e_6_on_cuda_bf16(tmp_path):
         finally:
             if hasattr(t, "close"):
                 t.close()
+
+
+def test_a_ppo_critic_trains_on_cuda_with_fp32_masters(tmp_path):
+    """The critic on CUDA (fsdp trainer, bf16 compute, NCCL world of one): values come back as host fp32, its
+    weights stay fp32 and an update at lr 1e-6 moves them. (Its data-parallel sums at world 2 are tested on
+    CPU over gloo: fsdp/test_fsdp_critic.py.)"""
+    from transformers import AutoTokenizer
+
+    from relax.core.trainers.critic import Critic
+
+    model_dir = build_tiny_model(tmp_path / "m", seed=1, initializer_range=0.3)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    batch = make_batch(make_samples(tok, rows=8, seed=1), tok.pad_token_id)
+    mask = batch["response_mask"]
+    t = cuda_trainer(model_dir, "bfloat16", lr=1e-6, critic=lambda device, sums: Critic(
+        model_dir, lr=1e-6, dtype="bfloat16", device=device, data_parallel=sums))  # fmt: skip
+    try:
+        critic = t.critic
+        assert critic.device.type == "cuda" and {p.dtype for p in critic.model.parameters()} == {torch.float32}
+        with torch.no_grad():  # a head that is not zero, so the backbone gets gradients in the first update
+            critic.model.head.weight.normal_(0.0, 0.1)
+        values = t.forward_values(batch)
+        assert values.device.type == "cpu" and values.dtype == torch.float32 and values.shape == mask.shape
+        norms = {n: p.detach().clone() for n, p in critic.model.named_parameters() if n.endswith("norm.weight")}
+        batch = {**batch, "values": values, "returns": torch.linspace(-1.0, 1.0, mask.shape[0])[:, None] * mask}
+        metrics = t.train_step(batch)
+        assert metrics["critic_grad_norm"] > 0 and torch.isfinite(torch.tensor(metrics["vf_loss"]))
+        after = dict(critic.model.named_parameters())
+        moved = sum(int((after[n] != v).sum()) for n, v in norms.items()) / sum(v.numel() for v in norms.values())
+        assert moved > 0.9, moved
+    finally:
+        t.close()
