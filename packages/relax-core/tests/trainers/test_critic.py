@@ -156,6 +156,25 @@ def test_token_budget_micro_batches_give_the_same_values_and_update(tmp_path):
     torch.testing.assert_close(budget.forward_values(batch), plain.forward_values(batch), atol=1e-5, rtol=0)
 
 
+def test_recompute_gives_the_same_update_keeping_fewer_tensors(model_dir, batch):
+    """``trainer.recompute: full`` on the critic (the memory plan counts on it): the same values and update, and
+    its backward keeps fewer saved tensors (each decoder layer's input only)."""
+    plain, recomputed = Critic(model_dir, lr=1e-3), Critic(model_dir, lr=1e-3, recompute="full")
+    values = plain.forward_values(batch)
+    torch.testing.assert_close(recomputed.forward_values(batch), values, atol=0, rtol=0)
+    saved = []
+    for critic in (plain, recomputed):
+        count = [0]
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: count.__setitem__(0, count[0] + 1) or x, lambda x: x):
+            critic._values({k: v for k, v in batch.items() if isinstance(v, torch.Tensor)})
+        saved.append(count[0])
+    assert saved[1] < saved[0] / 2
+    batch = {**batch, "values": values, "returns": values + batch["advantages"]}
+    want, got = plain.update(batch), recomputed.update(batch)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+
+
 def test_a_bfloat16_critic_trains_fp32_masters(model_dir, batch):
     """dtype bfloat16 is the forwards' (autocast): the critic's weights, gradients and AdamW state stay fp32, so an
     update at lr 1e-6 moves the weights (a bf16 weight near 1.0 has a spacing of 2^-7)."""

@@ -19,6 +19,7 @@ from torch import nn
 
 from relax.core.algorithms import clipped_value_loss
 from relax.core.policy_update.token_budget import in_row_order, micro_batches
+from relax.core.trainers.recompute import recompute_blocks
 
 
 class ReplicaSums(Protocol):
@@ -76,10 +77,14 @@ class Critic:
         device: str | torch.device = "cpu",
         max_tokens: int = 0,
         data_parallel: ReplicaSums | None = None,
+        recompute: str = "off",
     ) -> None:
         self.device = torch.device(device)
         self.compute_dtype = getattr(torch, dtype)  # the forwards' (autocast); the weights stay fp32
         self.model = ValueModel(model_path, torch.float32).to(self.device).eval()
+        # trainer.recompute: the backbone's blocks run again in backward, as the policy's do (a critic keeping
+        # every activation of an 8K-token micro-batch would need as much again as its fp32 state)
+        recompute_blocks(self.model.backbone, recompute)
         self.dp = data_parallel
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
@@ -176,5 +181,5 @@ def critic_from_context(ctx: Any, dtype: str, device: str | torch.device,
         c.model_path or ctx.model_path, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(t.betas), eps=t.eps,
         grad_clip=c.grad_clip, value_clip=c.value_clip, loss_agg_mode=c.loss_agg_mode,
         micro_batch_size=t.micro_batch_size, max_tokens=t.max_tokens_per_micro_batch, dtype=dtype, device=device,
-        data_parallel=data_parallel,
+        data_parallel=data_parallel, recompute=t.recompute,
     )  # fmt: skip
