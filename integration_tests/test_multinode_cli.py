@@ -3,7 +3,9 @@
 --address`` joining it from a directory only the driver uses (relative ``run_dir``), in hybrid mode with
 the trainer and the rollout engines on different nodes; nodes joining mid-run are used by the
 autoscaler and by ``relax scale-out``, each new engine placed on a node that joined and serving the
-run's current weight version. ``relax engines`` shows every engine's node.
+run's current weight version. ``relax engines`` shows every engine's node. The cluster runs Ray's token
+authentication (as ``ray start --head`` turns it on where ``~/.ray/auth_token`` exists; the rest of the
+suite disables it), and a driver without it is told so, with the export that fixes it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -81,7 +84,10 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
     driver_dir.mkdir()
     port = free_port()
     (driver_dir / "cluster.yaml").write_text(CONFIG.format(steps=STEPS, port=port))
-    with tempfile.TemporaryDirectory(prefix="rx") as short, RayStartCluster(short) as cluster:
+    stranger_dir = tmp_path / "stranger"  # a driver that does not run token auth
+    stranger_dir.mkdir()
+    (stranger_dir / "cluster.yaml").write_text(CONFIG.format(steps=STEPS, port=free_port()))
+    with tempfile.TemporaryDirectory(prefix="rx") as short, RayStartCluster(short, auth_token=uuid.uuid4().hex) as cluster:
         cluster.start(NodeSpec("head", 1))
         cluster.start(NodeSpec("train", 2), NodeSpec("rollout-a", 1, label="rollout"))
         log = tmp_path / "run.log"
@@ -89,6 +95,9 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
         with log.open("w") as out:
             proc = subprocess.Popen([relax, "run", "cluster.yaml", "--address", cluster.address], cwd=driver_dir,
                                     stdout=out, stderr=subprocess.STDOUT, env=cluster.env())
+        stranger = subprocess.Popen([relax, "run", "cluster.yaml", "--address", cluster.address], cwd=stranger_dir,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env={**cluster.env(), "RAY_AUTH_MODE": "disabled"})
         try:
             client = ControlClient(f"http://127.0.0.1:{port}", timeout_s=10)
             _until("the control plane", lambda: client.request("GET", "/status")["state"] == "running", proc, log)
@@ -116,10 +125,16 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
             assert {e["engine_id"]: e["node"] for e in status["engines"]} == {**nodes, 2: (joined - {nodes[1]}).pop()}
             assert _cli("resume", "--wait", "--address", client.address)[0] == 0
             assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+            said = stranger.communicate(timeout=120)[0]
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=60)
+            for p in (proc, stranger):
+                if p.poll() is None:
+                    p.terminate()
+                    p.wait(timeout=60)
+    assert stranger.returncode == 1, said[-3000:]
+    assert (f"relax: stopped: ClusterJoinError: could not join the Ray cluster at {cluster.address}: authentication: "
+            "the cluster runs Ray's token authentication and this driver does not (RAY_AUTH_MODE=disabled): run "
+            "`export RAY_AUTH_MODE=token`") in said, said[-3000:]
     output = log.read_text()
     assert f"in hybrid mode for {STEPS} steps -> {driver_dir / 'runs' / 'cli'}" in output
     assert "relax: done in" in output

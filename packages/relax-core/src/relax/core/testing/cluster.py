@@ -146,11 +146,13 @@ class RayStartCluster:
     started together never collide; the machine's ``/tmp/ray/ray_current_cluster`` never points at it). Not 127.0.0.1: Ray rewrites that one address to
     the machine's network address, and its single-machine switch refuses worker nodes; any other
     127.0.0.x is an ordinary node address to it. ``stop()`` ends exactly the processes started here
-    (each node is its own process group)."""
+    (each node is its own process group). ``auth_token``: every node and the driver run Ray's token
+    authentication with this token (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), as a cluster started
+    where ``~/.ray/auth_token`` exists does; None: as the environment says."""
 
     HEAD_IP = "127.0.0.2"
 
-    def __init__(self, root: str | os.PathLike[str], object_store_mb: int = 100) -> None:
+    def __init__(self, root: str | os.PathLike[str], object_store_mb: int = 100, auth_token: str | None = None) -> None:
         from pathlib import Path
 
         self.root = Path(root)  # keep it short: Ray's socket paths under it must fit in 107 bytes
@@ -160,12 +162,14 @@ class RayStartCluster:
         self.private: set[str] = set()  # nodes in a mount namespace of their own
         self.port = free_port(self.HEAD_IP)
         self.address = f"{self.HEAD_IP}:{self.port}"
+        self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token} if auth_token else {}
 
     def env(self) -> dict[str, str]:
-        """The environment of the nodes (and of a driver joining them): loopback-only Ray."""
+        """The environment of the nodes (and of a driver joining them): loopback-only Ray, with token
+        authentication when the cluster has a token."""
         from relax.core.controller.ray_start import RAY_ENV
 
-        return {**os.environ, **RAY_ENV}
+        return {**os.environ, **RAY_ENV, **self.auth}
 
     def command(self, spec: NodeSpec, ip: str, head: bool) -> list[str]:
         """The ``ray start`` command line of one node (what docs/cluster.md shows, plus free ports)."""
