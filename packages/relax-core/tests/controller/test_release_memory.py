@@ -54,11 +54,16 @@ def test_engines_get_their_memory_back_after_the_block_even_when_it_fails():
 
 @pytest.mark.timeout(600)
 def test_a_run_with_a_separate_engine_releases_and_resumes_every_step(tmp_path):
-    """Real Ray, the HF engine in its own actor: every step times both calls, and the engine that took its
-    memory back and was synced serves exactly the trainer's weights (step 2's rollout/train mismatch)."""
+    """Real Ray, the HF engine in its own actor, the trainer offloaded between updates (``trainer.offload``,
+    ``controller.handoff``): every step times the engines' two calls and the trainer's onload / offload and logs
+    the trainer's memory at each phase, and the engine that took its memory back and was synced from a trainer
+    that went to the host and back serves exactly the trainer's weights (step 2's rollout/train mismatch)."""
     from relax.core.controller.run import run
 
-    run(load_config(None, [*SMALL, "rollout.host=separate", "rollout.release_memory=true", f"run_dir={tmp_path}"]))
+    run(load_config(None, [*SMALL, "rollout.host=separate", "rollout.release_memory=true", "trainer.offload=true",
+                           f"run_dir={tmp_path}"]))  # fmt: skip
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all({"time/release_memory_s", "time/resume_memory_s"} <= set(r) for r in rows)
+    timed = {"time/release_memory_s", "time/resume_memory_s", "time/onload_s", "time/offload_s"}
+    memory = {f"perf/rss_{p}_gb" for p in ("before_rollout", "before_train", "after_update", "after_offload")}
+    assert len(rows) == 2 and all(timed | memory <= set(r) for r in rows)
     assert rows[1]["policy_version"] == 2 and rows[1]["rollout/train_logprob_abs_diff"] < 1e-5
