@@ -26,7 +26,6 @@ log = logging.getLogger("relax")
 POLL_S = 0.5
 
 
-@ray.remote(num_cpus=0)
 def _probe() -> bool:
     """Runs on the node asked about: answering at all is the verdict "alive"."""
     return True
@@ -60,7 +59,8 @@ class EnginePlaces:
         task, and Ray declares every lost node dead within its health-check window."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        ref = _probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        probe = ray.remote(num_cpus=0)(_probe)  # made here: importing this module must not import Ray (lazy_ray)
+        ref = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
         try:
             while True:
                 if node not in alive_nodes():
