@@ -23,7 +23,7 @@ SMOKE_MAY_CHANGE = (
     "rollout.engine", "rollout.engine_params", "rollout.num_engines", "rollout.prompts_per_step",
     "rollout.n_samples_per_prompt", "rollout.max_new_tokens", "trainer.backend", "trainer.backend_params",
     "trainer.micro_batch_size", "algorithm.critic.warmup_steps", "weight_sync.", "checkpoint.", "logging.", "ray.",
-    "eval.sets.heldout.path",
+    "eval.sets.heldout.path", "cluster.", "trainer.recompute", "trainer.max_tokens_per_micro_batch",
 )  # fmt: skip
 
 

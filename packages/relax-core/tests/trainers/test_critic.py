@@ -162,13 +162,18 @@ def test_recompute_gives_the_same_update_keeping_fewer_tensors(model_dir, batch)
     plain, recomputed = Critic(model_dir, lr=1e-3), Critic(model_dir, lr=1e-3, recompute="full")
     values = plain.forward_values(batch)
     torch.testing.assert_close(recomputed.forward_values(batch), values, atol=0, rtol=0)
-    saved = []
-    for critic in (plain, recomputed):
-        count = [0]
-        with torch.autograd.graph.saved_tensors_hooks(lambda x: count.__setitem__(0, count[0] + 1) or x, lambda x: x):
+    saved: dict[int, int] = {}
+
+    def counted(critic: Critic) -> int:
+        def pack(x: torch.Tensor) -> torch.Tensor:
+            saved[id(critic)] = saved.get(id(critic), 0) + 1
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
             critic._values({k: v for k, v in batch.items() if isinstance(v, torch.Tensor)})
-        saved.append(count[0])
-    assert saved[1] < saved[0] / 2
+        return saved[id(critic)]
+
+    assert counted(recomputed) < counted(plain) / 2
     batch = {**batch, "values": values, "returns": values + batch["advantages"]}
     want, got = plain.update(batch), recomputed.update(batch)
     for key in want:

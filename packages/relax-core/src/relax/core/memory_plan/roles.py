@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.core.memory_plan import terms as t
-from relax.core.memory_plan.layout import DTYPE_BYTES, EngineLayout, TrainLayout
+from relax.core.memory_plan.layout import DTYPE_BYTES, EngineLayout, TrainLayout, replicated
 from relax.core.memory_plan.shape import ModelShape
 
 RUNTIME_GIB = 1.5  # per process: CUDA context, cuBLAS / NCCL workspaces (measured 1-2 GiB on H100 processes)
@@ -51,7 +51,8 @@ def trainer_terms(shape: ModelShape, layout: TrainLayout, cfg: Any, size: Sizes,
                   critic: ModelShape | None = None) -> dict[str, float]:
     """One trainer rank at its training peak: state, one micro-batch's activations and logits, the weight-sync
     bucket, the CUDA runtime; with a critic (same process) its state too (the two never run backward together,
-    so the larger activation peak counts)."""
+    so the larger activation peak counts). The critic (``relax.core.trainers.critic``) is a whole fp32 replica
+    on every rank with autocast forwards, recomputing as the policy does (``trainer.recompute``)."""
     compute = DTYPE_BYTES.get(dtype, 4)
     lora = getattr(cfg.trainer, "lora", None)
     trainable = lora_params(shape, lora) if lora is not None else None
@@ -59,10 +60,11 @@ def trainer_terms(shape: ModelShape, layout: TrainLayout, cfg: Any, size: Sizes,
     recompute = size.recompute
     act = t.activation_terms(shape, layout, size.tokens, size.row, compute, recompute)
     if critic is not None:
-        out.update({f"critic {k}": v for k, v in t.state_terms(critic, layout, compute).items()})
-        critic_act = t.activation_terms(critic, layout, size.tokens, size.row, compute, recompute)
+        whole = replicated(layout.world, dtype, autocast=True)
+        out.update({f"critic {k}": v for k, v in t.state_terms(critic, whole, compute).items() if v})
+        critic_act = t.activation_terms(critic, whole, size.tokens, size.row, compute, recompute)
         if sum(critic_act.values()) > sum(act.values()):
-            act = critic_act
+            act = {f"critic {k}": v for k, v in critic_act.items()}
     out.update(act)
     out.update(t.logits_terms(shape, layout, size.tokens, size.chunk))
     out["weight-sync bucket"] = cfg.weight_sync.bucket_mb * 2**20
@@ -71,9 +73,11 @@ def trainer_terms(shape: ModelShape, layout: TrainLayout, cfg: Any, size: Sizes,
 
 
 def resident_terms(trainer: dict[str, float], offload: bool) -> dict[str, float]:
-    """What a colocated trainer keeps while the engine generates: its state (none with ``trainer.offload``)
-    and its runtime; activations are freed (and the allocator's cache emptied) before the engine resumes."""
-    kept = {k: v for k, v in trainer.items() if k.startswith(("policy ", "critic ")) and "gathered" not in k}
+    """What a colocated trainer keeps while the engine generates: weights, fp32 masters and optimizer state
+    (none with ``trainer.offload``) and its runtime. Gradients are dropped after each step (``zero_grad`` to
+    None), activations and autocast copies freed and the allocator's cache emptied before the engine resumes."""
+    state = ("weights", "fp32 masters", "optimizer (AdamW)")
+    kept = {k: v for k, v in trainer.items() if k.startswith(("policy ", "critic ")) and k.endswith(state)}
     if offload:
         kept = {}
     return {**{f"trainer {k} (resident)": v for k, v in kept.items()}, "trainer CUDA runtime": RUNTIME_GIB * t.GIB}

@@ -132,13 +132,24 @@ def _lm_shape(d: dict[str, Any], tied_default: bool) -> ModelShape:
 
 
 def tower_params(d: dict[str, Any]) -> int:
-    """A media encoder's parameters, estimated as a plain pre-norm encoder plus its output projection."""
+    """A media encoder's parameters: pre-norm encoder blocks (4 H^2 + 2 H I each), a patch embedding and
+    position table when the config has them, and its merger into the LM's width (an MLP over
+    ``spatial_merge_size``^2 patches, once more per ``deepstack_visual_indexes`` entry), else a projection."""
     hidden, layers = _first(d, _HIDDEN), _first(d, _LAYERS)
     if not hidden or not layers:
         return 0
     ffn = int(_first(d, _FFN, 4 * hidden))
     out = int(_first(d, ("out_hidden_size", "output_dim", "projection_dim"), 0))
-    return int(layers) * (4 * hidden * hidden + 2 * hidden * ffn + 4 * hidden) + hidden * out
+    total = int(layers) * (4 * hidden * hidden + 2 * hidden * ffn + 9 * hidden)
+    if patch := d.get("patch_size"):
+        total += int(d.get("in_channels", 3)) * int(d.get("temporal_patch_size", 1)) * int(patch) ** 2 * hidden
+    total += int(d.get("num_position_embeddings") or 0) * hidden
+    if merge := d.get("spatial_merge_size"):
+        wide = hidden * int(merge) ** 2
+        total += (1 + len(d.get("deepstack_visual_indexes") or [])) * (wide * wide + wide * out)
+    else:
+        total += hidden * out
+    return total
 
 
 def shape_from_config(config: dict[str, Any]) -> ModelShape:

@@ -4,16 +4,18 @@ Assumptions (docs/memory-plan.md lists them with the measurements behind them):
 
 * training state per parameter: compute-dtype weights (2 bytes in bf16), fp32 masters (4), fp32 grads (4),
   AdamW's two fp32 moments (8), each divided by the layout's split and shards;
-* activations kept for backward, per token and decoder layer, in the compute dtype: the layer input and
-  norm outputs (counted as 6 x hidden: fp32 norm internals included), q/k/v before and after the rotary
-  embedding and the attention output (3 x q_dim + 3 x kv_dim), and the SwiGLU MLP's gate, up, activation
+* activations kept for backward, per token and decoder layer, in the compute dtype: the layer input,
+  norm inputs and outputs (8 x hidden; in half precision the two norms' fp32 upcast inputs on top), q/k/v before and after the
+  rotary embedding and the attention output (3 x q_dim + 3 x kv_dim), and the SwiGLU MLP's gate, up, activation
   and product (4 x intermediate; an MoE layer: 4 x expert_intermediate per routed expert of a token plus
   the shared expert, the dispatched copies of the hidden state and fp32 router logits). Tensor
   parallelism divides the head / MLP dims, sequence parallelism the hidden-size ones, context parallelism
   all of them;
-* eager attention adds the (heads x S x S) probabilities per layer (2 bytes) and, while a layer runs, fp32
-  scores and softmax (8 bytes); flash attention adds nothing beyond its output;
-* full recompute keeps only each layer's input, plus one layer's activations while it is recomputed;
+* eager attention adds the (heads x S x S) probabilities per layer (fp32 softmax output, plus its
+  compute-dtype copy in half precision) and K / V repeated to every query head, and, while a layer runs, fp32 scores and softmax (8 bytes); flash
+  attention adds nothing beyond its output;
+* full recompute keeps each layer's input, the final norm's input and output and the rotary tables, plus
+  one layer's activations while it is recomputed;
 * logits: chunked, one chunk of (chunk x V / TP) fp32 logits, softmax and grad (12 bytes each);
   unchunked, the micro-batch's (tokens x V / TP) logits in bf16, their fp32 upcast, softmax and grad
   (14 bytes each);
@@ -68,7 +70,7 @@ def layer_activation_elements(shape: ModelShape, layout: TrainLayout) -> float:
                + 2 * shape.hidden * shape.experts_per_token + 2 * shape.experts)  # fmt: skip
     else:
         mlp = 4 * shape.intermediate
-    return (6 * shape.hidden / sp + (3 * shape.q_dim + 3 * shape.kv_dim + mlp) / tp) / layout.context_parallel
+    return (8 * shape.hidden / sp + (3 * shape.q_dim + 3 * shape.kv_dim + mlp) / tp) / layout.context_parallel
 
 
 def activation_terms(shape: ModelShape, layout: TrainLayout, tokens: int, row: int, compute_bytes: int,
@@ -79,16 +81,22 @@ def activation_terms(shape: ModelShape, layout: TrainLayout, tokens: int, row: i
     layers = shape.layers / layout.pipeline_parallel
     in_flight = layout.pipeline_parallel  # 1F1B: the first stage holds PP micro-batches' activations
     per_layer = layer_activation_elements(shape, layout) * tokens * compute_bytes
+    if compute_bytes < 4:  # RMSNorm upcasts its input to fp32 and keeps it
+        per_layer += 2 * shape.hidden * 4 * tokens / layout.context_parallel / (
+            layout.tensor_parallel if layout.sequence_parallel else 1)
     heads = shape.heads / layout.tensor_parallel
     scores = 0.0 if layout.flash_attention else heads * tokens * row / layout.context_parallel
+    if not layout.flash_attention:  # eager attention also keeps K and V repeated to every query head
+        per_layer += 2 * (shape.q_dim - shape.kv_dim) / layout.tensor_parallel * tokens * compute_bytes
     transient = scores * 8 + per_layer  # one layer running: fp32 scores + softmax, its outputs
     if not grad:
         return {"activations (no grad, one layer)": transient}
     if recompute == "full":
-        keep = layers * in_flight * tokens * shape.hidden * compute_bytes / (
+        inputs = (layers * in_flight + 2) * shape.hidden + 2 * shape.head_dim  # + final norm, rotary tables
+        keep = inputs * tokens * compute_bytes / (
             layout.context_parallel * (layout.tensor_parallel if layout.sequence_parallel else 1))
         return {"activations (layer inputs, recompute)": keep, "activations (one layer recomputed)": transient}
-    kept_scores = 0.0 if recompute == "selective" else scores * 2
+    kept_scores = 0.0 if recompute == "selective" else scores * (4 + (compute_bytes if compute_bytes < 4 else 0))
     kept = layers * in_flight * (per_layer + kept_scores)
     return {"activations": kept, "activations (one layer's scores)": scores * 8}
 

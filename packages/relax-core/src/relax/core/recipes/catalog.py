@@ -87,6 +87,8 @@ DATASETS: dict[str, DatasetSpec] = {
 
 _GPU_COLOCATE = {  # trainer and SGLang servers take turns on the same GPUs: weights handed over by CUDA IPC
     "rollout.release_memory": True,
+    # the trainer's weights and optimizer state stay on the GPU while SGLang generates (docs/memory-plan.md)
+    "rollout.engine_params.mem_fraction_static": 0.5,
     "weight_sync.transport": "sglang_tensor",
     "weight_sync.params": {},
 }
