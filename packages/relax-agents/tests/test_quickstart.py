@@ -112,3 +112,22 @@ def test_relax_has_the_prepare_command():
 
     ns = build_parser().parse_args(["agent-quickstart", "--model-dir", "m", "--data", "d.jsonl"])
     assert (ns.model_dir, ns.data) == ("m", "d.jsonl") and callable(ns.fn)
+
+
+def test_the_warm_up_is_a_helper_any_task_can_call(tokenizer):
+    """An environment author's own task (a ``lookup`` tool) warms a tiny model up with the same helper."""
+    from relax.agents.quickstart.model import build_model
+    from relax.agents.quickstart.warmup import conversation_transcript, supervised_warm_up
+
+    renderer = ObservationRenderer(tokenizer)
+    call = '<tool_call>{{"name": "lookup", "arguments": {{"key": "{}"}}}}</tool_call>'
+
+    def example(rng):
+        word = rng.choice(["relax", "agent", "tool"])
+        turns = [call.format(word), [{"role": "tool", "content": word[::-1]}], word[::-1]]
+        return conversation_transcript(tokenizer, renderer, [{"role": "user", "content": f"define {word}"}], turns)
+
+    ids, mask = example(__import__("random").Random(0))
+    assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m]).count("<|im_start|>tool") == 1
+    losses = supervised_warm_up(build_model(tokenizer, seed=0), example, steps=25, batch_size=4, lr=6e-3)
+    assert len(losses) == 25 and losses[-1] < losses[0] / 2  # it learns the format

@@ -48,10 +48,10 @@ class _Blocking:
         return asyncio.run(self.engine.generate(requests))
 
 
-def _episodes(engine, fault: str, turn_timeout_s: float = 5.0) -> list[Sample]:
+def _episodes(engine, fault: str, turn_timeout_s: float = 5.0, on_tool_error: str = "observe") -> list[Sample]:
     tok = engine.tokenizer
     env = lookup_env.LookupEnvironment(lookup_env.LookupParams(fault=fault))
-    limits = EpisodeLimits(max_turns=3, max_total_tokens=200, turn_timeout_s=turn_timeout_s)
+    limits = EpisodeLimits(max_turns=3, max_total_tokens=200, turn_timeout_s=turn_timeout_s, on_tool_error=on_tool_error)
     turns = Turns(env, NoToolCalls(), tok, limits, stop_token_ids(tok))
     prompt = tok(PROMPT, add_special_tokens=False)["input_ids"]
     groups = [[Sample(prompt_ids=list(prompt), group_id=0, index_in_group=i) for i in range(2)]]
@@ -162,3 +162,18 @@ def test_a_tool_failure_the_environment_reports_is_recorded_and_the_episode_goes
         assert sample.metadata["episode_reward"] == 1.0 and sample.metadata["episode"]["turns"] == 2
         turns = sample.metadata["episode_turns"]
         assert turns[0]["observations"] == ["an RL engine"] and turns[0]["observation_tokens"] > 0
+
+
+def test_on_tool_error_end_also_ends_at_a_failure_the_environment_reports(engine):
+    """Not only a counter named exactly ``tool_errors``: ``StepResult.failures`` ends the episode too."""
+    for sample in _episodes(engine, "tool_failure", on_tool_error="end"):
+        assert sample.metadata["episode"]["turns"] == 1 and sample.metadata["episode_reward"] is None
+        assert [f["kind"] for f in sample.metadata["failures"]] == ["tool"]
+
+
+def test_the_kits_turn_helpers_are_exported_for_an_environments_own_tests():
+    from relax.core.testing import default_samples, make_turn, malformed_turn
+
+    episode = lookup_env.LookupEnvironment(lookup_env.LookupParams()).start(default_samples()[0])
+    assert episode.step(make_turn("lookup(relax)")).observations == [{"role": "user", "content": "an RL engine"}]
+    assert malformed_turn().tool_calls[0].error and make_turn("x").content == "x"

@@ -17,6 +17,7 @@ continuation (loss only on the assistant's tokens).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,28 +35,34 @@ class WarmupConfig:
     seed: int = 0
 
 
-def transcript(tokenizer: Any, renderer: Any, a: int, b: int, use_tool: bool, guess: int,
-               train_decision: bool = True) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of one episode: with the tool, or a direct ``guess``. Without
-    ``train_decision`` the first assistant token (call or answer?) carries no loss."""
+def conversation_transcript(tokenizer: Any, renderer: Any, prompt: list[dict[str, Any]],
+                            turns: list[str | list[dict[str, Any]]]) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of one episode exactly as a rollout builds it, for any task: the chat-templated
+    ``prompt`` (mask 0), then ``turns`` in order -- a string is an assistant turn (its tokens plus the EOS,
+    mask 1), a list of messages is an observation (``renderer.ids``, as core appends it, mask 0)."""
     eos = tokenizer.eos_token_id
     enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"{a}*{b}="}], tokenize=False,
-                                           add_generation_prompt=True)
-    ids, mask = list(enc(prompt)), [0] * len(enc(prompt))
-
-    def add(part: list[int], trained: bool) -> None:
+    head = enc(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+    ids, mask = list(head), [0] * len(head)
+    for turn in turns:
+        part, trained = ([*enc(turn), eos], 1) if isinstance(turn, str) else \
+            (renderer.ids(turn, ended_with=tokenizer.eos_token), 0)
         ids.extend(part)
-        mask.extend([int(trained)] * len(part))
+        mask.extend([trained] * len(part))
+    return ids, mask
 
-    if use_tool:
-        add([*enc(tool_call_text(f"{a}*{b}")), eos], True)
-        add(renderer.ids([{"role": "tool", "content": str(a * b)}], ended_with=tokenizer.eos_token), False)
-        add([*enc(str(a * b)), eos], True)
-    else:
-        add([*enc(str(guess)), eos], True)
+
+def transcript(tokenizer: Any, renderer: Any, a: int, b: int, use_tool: bool, guess: int,
+               train_decision: bool = True) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of one calculator episode: with the tool, or a direct ``guess``. Without
+    ``train_decision`` the first assistant token (call or answer?) carries no loss."""
+    prompt = [{"role": "user", "content": f"{a}*{b}="}]
+    turns: list[str | list[dict[str, Any]]] = (
+        [tool_call_text(f"{a}*{b}"), [{"role": "tool", "content": str(a * b)}], str(a * b)] if use_tool else [str(guess)]
+    )
+    ids, mask = conversation_transcript(tokenizer, renderer, prompt, turns)
     if not train_decision:
-        mask[len(enc(prompt))] = 0
+        mask[mask.index(1)] = 0
     return ids, mask
 
 
@@ -66,29 +73,37 @@ def decision_share(config: WarmupConfig) -> float:
 
 
 def warm_up(model: Any, tokenizer: Any, config: WarmupConfig = WarmupConfig()) -> list[float]:
-    """Train ``model`` in place on generated transcripts; returns the loss per step. Deterministic."""
-    import torch
-
+    """Train ``model`` in place on generated calculator transcripts; returns the loss per step. Deterministic."""
     from relax.core.agentic import ObservationRenderer
 
     renderer = ObservationRenderer(tokenizer)
-    rng = random.Random(config.seed)
     share = decision_share(config)
+
+    def example(rng: random.Random) -> tuple[list[int], list[int]]:
+        a, b = problem(rng)
+        use_tool = rng.random() < config.tool_fraction
+        decide = not use_tool or rng.random() < share
+        return transcript(tokenizer, renderer, a, b, use_tool, guess=rng.randint(10_000, 998_001), train_decision=decide)
+
+    return supervised_warm_up(model, example, config.steps, config.batch_size, config.lr, config.seed)
+
+
+def supervised_warm_up(model: Any, example: Callable[[random.Random], tuple[list[int], list[int]]], steps: int = 400,
+                       batch_size: int = 32, lr: float = 6e-3, seed: int = 0) -> list[float]:
+    """Train ``model`` in place on ``example(rng)`` transcripts -- (token ids, loss mask), e.g. from
+    :func:`conversation_transcript` with your own task's prompts, tool calls and observations -- so that a
+    tiny model knows your tool-call format before RL. Returns the loss per step; deterministic in ``seed``."""
+    import torch
+
+    rng = random.Random(seed)
     losses = []
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config.steps))
+        torch.manual_seed(seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps))
         model.train()
-        for _ in range(config.steps):
-            batch = []
-            for _ in range(config.batch_size):
-                a, b = problem(rng)
-                use_tool = rng.random() < config.tool_fraction
-                decide = not use_tool or rng.random() < share
-                batch.append(transcript(tokenizer, renderer, a, b, use_tool, guess=rng.randint(10_000, 998_001),
-                                        train_decision=decide))
-            loss = _token_mean_loss(model, batch)
+        for _ in range(steps):
+            loss = _token_mean_loss(model, [example(rng) for _ in range(batch_size)])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

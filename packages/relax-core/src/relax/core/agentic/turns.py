@@ -184,7 +184,9 @@ class Turns:
         limits = self.limits
         if result.done:
             return False
-        tool_failed = result.info.get("tool_errors", 0) > 0 or any(c.error for c in turn.tool_calls)
+        # on_tool_error: end -- a malformed call, the environment's own failures, or its ``tool_errors`` count
+        tool_failed = (result.info.get("tool_errors", 0) > 0 or any(c.error for c in turn.tool_calls)
+                       or bool(result.failures))
         if state.turns >= limits.max_turns or (limits.on_tool_error == "end" and tool_failed):
             state.stats["truncated"] += state.turns >= limits.max_turns
             return False

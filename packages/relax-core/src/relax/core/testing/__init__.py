@@ -41,6 +41,9 @@ Example (a third-party engine package's ``tests/test_conformance.py``)::
             from relax.core.testing import torch_trainer
             return torch_trainer(model_dir)
 
+Helpers for an environment's own tests: ``make_turn(text, tool_calls)`` (a policy turn as core builds it),
+``malformed_turn()`` (a call the parser could not read) and ``default_samples()`` (four samples with labels).
+
 Optional capabilities (``abort``, ``save_hf``) are skipped with a reason when absent. Factories
 that start Ray actors need Ray initialised first (a session fixture in your ``conftest.py``).
 
@@ -58,7 +61,7 @@ if "pytest" in sys.modules:  # only under pytest: importing the kit never import
     pytest.register_assert_rewrite(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)))
 
 from relax.core.testing.engine import EngineFixtures, RolloutEngineConformance, check_result
-from relax.core.testing.environment import EnvironmentConformance
+from relax.core.testing.environment import EnvironmentConformance, default_samples, make_turn, malformed_turn
 from relax.core.testing.models import TinyModelFixtures, eos_token_ids, load_hf_weights, tiny_model_dir
 from relax.core.testing.multimodal import MultimodalProcessorConformance
 from relax.core.testing.multimodal_models import tiny_multimodal_dir
@@ -89,10 +92,13 @@ __all__ = [
     "TrainerFixtures",
     "WeightSyncConformance",
     "check_result",
+    "default_samples",
     "eos_token_ids",
     "load_hf_weights",
     "make_batch",
     "make_samples",
+    "make_turn",
+    "malformed_turn",
     "tiny_model_dir",
     "tiny_multimodal_dir",
     "torch_trainer",
