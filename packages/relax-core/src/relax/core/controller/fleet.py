@@ -5,8 +5,10 @@ generate call within ``rollout.timeout_s``), is evicted: removed from routing (i
 requests go to the other engines, see :mod:`relax.core.controller.router`) and killed. A
 replacement with a new, never reused index is started up to ``rollout.max_restarts`` times in
 total, after ``rollout.restart_backoff_s`` (doubled after each replacement that failed to start),
-synced to the current weight version, and only then routed to. With no engine left and no
-replacement coming, waiting streams fail with :class:`NoEnginesLeft` naming the last loss.
+synced to the current weight version, and only then routed to; on a cluster only once Ray has ruled on
+the lost engine's node and its reservation sits on an alive node (``controller.places``), however long
+that takes. ``shortfall`` says what a missing engine waits for, or why it will not be replaced. With no
+engine left and no replacement coming, waiting streams fail with :class:`NoEnginesLeft` naming the last loss.
 
 Weight sync flows one way: the controller asks the fleet to ``sync(version)`` (colocate, resume) or
 ``publish(version, abort)`` (async modes); the fleet hands the transport (built for the run and given
@@ -53,6 +55,7 @@ log = logging.getLogger("relax")
 
 READY_POLL_S = 0.5
 DRAIN_POLL_S = 0.1
+REMIND_S = 60.0  # how often the console repeats what a missing engine waits for
 
 #: ``on_phase(phase, indices)``: engines being added reached ``phase`` -- "creating", "health-checking",
 #: "weight-syncing", then "active" once they serve
@@ -266,8 +269,11 @@ class EngineFleet:
         with self._lock:
             slot = self._slots.get(index)
 
-        def waiting() -> None:
-            if self.shortfall.waiting(index, places.wants()):
+        said = [0.0]
+
+        def waiting() -> None:  # said when the wait starts, and again every REMIND_S while it lasts
+            if self.shortfall.waiting(index, places.wants()) or time.monotonic() - said[0] > REMIND_S:
+                said[0] = time.monotonic()
                 log.warning("relax: rollout engine[%d] (replacing engine[%d]) waits for %s (its reservation is on "
                             "no alive node); start one: %s", index, lost.index, places.wants(), places.fix())
 
