@@ -1,7 +1,7 @@
 """Which megatron-core layer spec builds the model: Transformer Engine's when it is installed, else the
 local (plain torch) one; and the few weight names in which the two differ.
 
-Transformer Engine is optional (the ``relax-megatron[te]`` extra, CUDA only): its spec gives fused
+Transformer Engine is optional (CUDA only, built for the installed torch: docs/gpu.md): its spec gives fused
 kernels and flash attention (with :mod:`relax.megatron.padding`'s right padding, no mask tensor at
 all). ``layer_spec: auto`` takes it whenever ``transformer_engine`` imports on a CUDA device; ``local``
 always works (CPU included), ``te`` insists. The HF mapping (:mod:`relax.megatron.convert`) is written
@@ -52,8 +52,8 @@ def resolve_layer_spec(choice: str, device_type: str, te_available: bool | None 
         if device_type != "cuda":
             raise ValueError("layer_spec: te needs device: cuda (Transformer Engine has no CPU kernels)")
         if not have_te:
-            raise ValueError("layer_spec: te needs Transformer Engine: pip install 'relax-megatron[te]' "
-                             "(transformer_engine[pytorch]); or layer_spec: auto / local")  # fmt: skip
+            raise ValueError("layer_spec: te needs Transformer Engine (transformer_engine.pytorch) built for this "
+                             "torch (docs/gpu.md#transformer-engine); or layer_spec: auto / local")  # fmt: skip
         return "te"
     return "te" if device_type == "cuda" and have_te else "local"
 

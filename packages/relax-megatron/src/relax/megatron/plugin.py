@@ -32,7 +32,7 @@ class MegatronParams:
     # None: the run's dtype; bfloat16 needs device cuda (bf16 parameters, fp32 master weights, grads and Adam state)
     dtype: Literal["float32", "bfloat16"] | None = None
     # megatron layer spec: auto = Transformer Engine's (fused kernels, flash attention) when
-    # transformer_engine imports on a CUDA device (pip install 'relax-megatron[te]'), else local (plain torch)
+    # transformer_engine imports on a CUDA device (built for your torch: docs/gpu.md), else local (plain torch)
     layer_spec: Literal["auto", "te", "local"] = "auto"
     # longest any collective of the trainer's process groups may wait (None: trainer.timeout_s); a save_hf
     # gathers the whole model on every rank while rank 0 writes it
@@ -77,8 +77,9 @@ class MegatronParams:
         return errors
 
     def memory_layout(self, cfg: Any) -> Any:
-        """The memory plan's view of this trainer (``relax.core.memory_plan``); None on CPU. ``layout_spec``
-        auto counts on Transformer Engine's flash attention (local materialises every S x S score)."""
+        """The memory plan's view of this trainer (``relax.core.memory_plan``); None on CPU. Flash attention with
+        Transformer Engine's spec (``te``, or ``auto`` where ``transformer_engine`` is installed: the machine that
+        plans is the one that runs); the local spec materialises every S x S score."""
         if not self.device.startswith("cuda"):
             return None
         from relax.core.memory_plan import model_parallel
@@ -87,8 +88,9 @@ class MegatronParams:
         tp, pp, dp, ep = self.tensor_parallel, self.pipeline_parallel, self.data_parallel, self.expert_parallel
         note = f"megatron TP {tp} x PP {pp} x DP {dp}" + (f" x EP {ep}" if ep > 1 else "") + f", {dtype}"
         note += ", distributed optimizer" if self.distributed_optimizer else ""
+        note += "" if _flash(self.layer_spec) else ", unfused attention (no Transformer Engine)"
         return model_parallel(tp, pp, dp, ep, dtype, distributed_optimizer=self.distributed_optimizer,
-                              sequence_parallel=self.sequence_parallel, flash_attention=self.layer_spec != "local",
+                              sequence_parallel=self.sequence_parallel, flash_attention=_flash(self.layer_spec),
                               chunked_logits=False, note=note)  # fmt: skip
 
     def validate_run(self, cfg: Any) -> list[str]:
@@ -100,10 +102,20 @@ class MegatronParams:
             errors.append("trainer.pack_sequences: the megatron trainer does not pack rows yet (megatron's THD "
                           "layout needs Transformer Engine); use trainer.max_tokens_per_micro_batch, which sizes "
                           "and trims its micro-batches, or trainer.backend torch / fsdp for packing")  # fmt: skip
+        if cfg.trainer.offload and self.distributed_optimizer:
+            from relax.megatron.distopt import OFFLOAD_REASON
+
+            errors.append(OFFLOAD_REASON)
         if cfg.trainer.max_tokens_per_micro_batch and self.pipeline_parallel > 1:
             errors.append("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
                           "of one shape; with pipeline_parallel > 1 use trainer.micro_batch_size")  # fmt: skip
         return errors
+
+
+def _flash(layer_spec: str) -> bool:
+    import importlib.util
+
+    return layer_spec == "te" or (layer_spec == "auto" and importlib.util.find_spec("transformer_engine") is not None)
 
 
 #: why ``trainer.lora`` is refused on this trainer
