@@ -9,6 +9,7 @@ reused (up to ``max_idle`` kept), so a call costs a round trip, not a process st
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import struct
@@ -44,9 +45,9 @@ def _recv(stream: BinaryIO) -> Any:
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # tools import as here
-        self.proc = subprocess.Popen([sys.executable, "-m", "relax.agents.tool_worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "relax.agents.tool_worker", *preload], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, start_new_session=True)
         if self.proc.stdout.read(1) != b"R":  # started: a call's timeout never counts the interpreter's start
             self.kill()
@@ -65,8 +66,10 @@ class _Worker:
 class ToolWorkers:
     """Runs ``function(**arguments)`` in a worker process, bounded by ``timeout_s``. Thread-safe."""
 
-    def __init__(self, timeout_s: float, max_idle: int = 4) -> None:
-        self.timeout_s, self.max_idle = timeout_s, max_idle
+    def __init__(self, timeout_s: float, max_idle: int = 4, preload: tuple[str, ...] = ()) -> None:
+        """``preload``: modules each worker imports before it counts as started (the tools' own), so that
+        a call's timeout never counts importing them."""
+        self.timeout_s, self.max_idle, self.preload = timeout_s, max_idle, tuple(preload)
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._lock = threading.Lock()
@@ -107,23 +110,48 @@ class ToolWorkers:
             raise ToolTimeout(f"did not finish within {self.timeout_s:g}s (its process was killed)")
         (reply,) = box
         if isinstance(reply, BaseException):
-            code = worker.proc.poll()
+            try:
+                code = worker.proc.wait(timeout=5)  # its pipe closed: it is exiting
+            except subprocess.TimeoutExpired:
+                code = None
             raise ToolCrashed(f"its worker process died (exit code {code})") from reply
         return reply
+
+    def reserve(self, n: int) -> None:
+        """Have ``n`` idle workers ready, started at once: a turn's calls then start on a warm process and
+        their timeouts count the call only, not an interpreter's start."""
+        with self._lock:
+            missing = max(0, n - len(self._idle))
+        started: list[_Worker] = []
+        threads = [threading.Thread(target=lambda: started.append(_Worker(self.preload)), daemon=True)
+                   for _ in range(missing)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with self._lock:
+            if self._closed:
+                for worker in started:
+                    worker.kill()
+                return
+            self._idle.extend(started)
 
     def _take(self) -> _Worker:
         with self._lock:
             if self._closed:
                 raise RuntimeError("tool workers are closed (the run ended)")
-            while self._idle:
-                worker = self._idle.pop()
-                if worker.proc.poll() is None:
-                    break
-                worker.kill()
-            else:
-                worker = _Worker()
+            worker = None
+            while self._idle and worker is None:
+                candidate = self._idle.pop()
+                if candidate.proc.poll() is None:
+                    worker = candidate
+                else:
+                    candidate.kill()
+        if worker is None:
+            worker = _Worker(self.preload)  # outside the lock: other calls start theirs at the same time
+        with self._lock:
             self._busy.add(worker)
-            return worker
+        return worker
 
     def _give(self, worker: _Worker) -> None:
         with self._lock:
@@ -182,6 +210,11 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 if __name__ == "__main__":
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # a tool's print() must not corrupt the reply pipe
+    for name in sys.argv[1:]:  # the tools' modules, before the call's clock starts
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the call itself reports what is wrong
+            pass
     stdout.write(b"R")
     stdout.flush()
     serve(sys.stdin.buffer, stdout)

@@ -62,7 +62,8 @@ class ToolsEnvironment:
         self._tools: dict[str, Tool] | None = None
         self._lock = threading.Lock()
         #: function tools run in killable worker processes (``tool_workers: process``), see relax.agents.tool_worker
-        self._workers = ToolWorkers(params.tool_timeout_s) if params.tool_workers == "process" else None
+        modules = tuple(sorted({t.function.__module__ for t in self._local if isinstance(t, FunctionTool)}))
+        self._workers = ToolWorkers(params.tool_timeout_s, preload=modules) if params.tool_workers == "process" else None
 
     def tools(self) -> dict[str, Tool]:
         """Every tool by name (starting the MCP servers the first time); two tools with one name are an error."""
@@ -122,6 +123,8 @@ class ToolsEnvironment:
             texts[i] = self._refusal(i, call, tools, limit)
             if texts[i] is None:
                 runnable.append((i, tools[call.name], call.arguments))
+        if self._workers is not None:  # warm processes first, outside the calls' timeouts
+            self._workers.reserve(sum(isinstance(t, FunctionTool) and _travels(t.function) for _, t, _ in runnable))
         outcomes = call_all([self._runner(t, a) for _, t, a in runnable], self.params.tool_timeout_s + REPORT_GRACE_S)
         for (i, tool, _), (value, error) in zip(runnable, outcomes, strict=True):
             texts[i], kind = _observation_text(tool.name, value, error, self.params.tool_timeout_s)
