@@ -80,30 +80,56 @@ def split_qkv(qkv: Tensor, d: Dims) -> tuple[Tensor, Tensor, Tensor]:
     return q.reshape(-1, cols), k.reshape(-1, cols), v.reshape(-1, cols)
 
 
+def _attention_names(d: Dims) -> list[str]:
+    if d.attention != "gqa":
+        from relax.megatron import mla
+
+        return mla.hf_names(d)
+    names = [f"self_attn.{x}_proj.weight" for x in "qkvo"]
+    names += [f"self_attn.{x}_norm.weight" for x in "qk"] if d.qk_norm else []
+    return names + ([f"self_attn.{x}_proj.bias" for x in "qkv"] if d.qkv_bias else [])
+
+
 def hf_weight_names(hf_config: Any) -> list[str]:
     """Every HF weight name the mapping reads (and :func:`megatron_to_hf` writes) for this config."""
+    from relax.megatron import moe
+
     d = Dims.from_hf(hf_config)
-    per_layer = [
-        "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-        "self_attn.o_proj",
-    ]  # fmt: skip
-    if d.qk_norm:
-        per_layer += ["self_attn.q_norm", "self_attn.k_norm"]
-    if d.experts:
-        experts = [f"mlp.experts.{j}.{w}" for j in range(d.experts) for w in ("gate_proj", "up_proj", "down_proj")]
-        per_layer += ["mlp.gate", *experts]
-    else:
-        per_layer += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    dense = [f"mlp.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
     names = ["model.embed_tokens.weight", "model.norm.weight"] + (["lm_head.weight"] if not d.tied else [])
-    biases = [f"self_attn.{x}_proj.bias" for x in "qkv"] if d.qkv_bias else []
-    return names + [f"model.layers.{i}.{w}" for i in range(d.num_layers) for w in [f"{w}.weight" for w in per_layer] + biases]
+    for i in range(d.num_layers):
+        mlp = moe.hf_names(d) if moe.is_moe_layer(d, i) else dense
+        per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight", *_attention_names(d), *mlp]
+        names += [f"model.layers.{i}.{w}" for w in per_layer]
+    return names
+
+
+def _mlp_to_megatron(hf: Mapping[str, Tensor], hp: str, mp: str, tp: int) -> dict[str, list[Tensor]]:
+    """A gated MLP (HF prefix ``hp``: ``gate_proj`` / ``up_proj`` / ``down_proj``) -> megatron's ``mp``
+    ``linear_fc1`` (each TP shard ``[gate_shard; up_shard]``) / ``linear_fc2``, per TP rank."""
+    gates, ups = torch.chunk(hf[hp + "gate_proj.weight"], tp, 0), torch.chunk(hf[hp + "up_proj.weight"], tp, 0)
+    return {
+        mp + "linear_fc1.weight": [torch.cat([g, u], 0) for g, u in zip(gates, ups, strict=True)],
+        mp + "linear_fc2.weight": _split(hf[hp + "down_proj.weight"], tp, 1),
+    }
+
+
+def _mlp_to_hf(shards: Sequence[Mapping[str, Tensor]], hp: str, mp: str) -> dict[str, Tensor]:
+    halves = [torch.chunk(s[mp + "linear_fc1.weight"], 2, 0) for s in shards]
+    return {
+        hp + "gate_proj.weight": torch.cat([g for g, _ in halves], 0),
+        hp + "up_proj.weight": torch.cat([u for _, u in halves], 0),
+        hp + "down_proj.weight": torch.cat([s[mp + "linear_fc2.weight"] for s in shards], 1),
+    }
 
 
 def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: int = 1) -> list[dict[str, Tensor]]:
-    """HF Qwen3 state dict -> one megatron GPTModel state dict per TP rank (``result[rank]``); for a
-    Qwen3-MoE model one per (TP rank ``t``, expert-parallel rank ``e``) at ``result[t * ep + e]``: the TP
+    """HF state dict -> one megatron GPTModel state dict per TP rank (``result[rank]``); for an
+    MoE model one per (TP rank ``t``, expert-parallel rank ``e``) at ``result[t * ep + e]``: the TP
     shard of the attention and embeddings with EP rank ``e``'s ``experts / ep`` whole local experts (expert
     tensor parallelism 1: :mod:`relax.megatron.moe`)."""
+    from relax.megatron import moe
+
     d = Dims.from_hf(hf_config)
     d.check_tp(tp)
     if ep > 1 or d.experts:
@@ -126,25 +152,24 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     put("embedding.word_embeddings.weight", _vocab_split(hf["model.embed_tokens.weight"], d, tp))
     for i in range(d.num_layers):
         h, m = _layer_names(i)
-        qkv = fuse_qkv(hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"], d)
-        put(m + "self_attention.linear_qkv.weight", _split(qkv, tp, 0))
-        if d.qkv_bias:  # the bias rows follow the weight rows' grouping
-            bias = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"][:, None] for x in "qkv"), d)[:, 0]
-            put(m + "self_attention.linear_qkv.bias", _split(bias, tp, 0))
-        put(m + "self_attention.linear_proj.weight", _split(hf[h + "self_attn.o_proj.weight"], tp, 1))
-        if d.qk_norm:
-            replicate(m + "self_attention.q_layernorm.weight", hf[h + "self_attn.q_norm.weight"])
-            replicate(m + "self_attention.k_layernorm.weight", hf[h + "self_attn.k_norm.weight"])
+        if d.attention != "gqa":
+            from relax.megatron import mla
+
+            for name, parts in mla.to_megatron(hf, h, m, d, tp).items():
+                put(name, parts)
+        else:
+            _gqa_to_megatron(hf, h, m, d, tp, put, replicate)
         replicate(m + "input_layernorm.weight", hf[h + "input_layernorm.weight"])
         replicate(m + "pre_mlp_layernorm.weight", hf[h + "post_attention_layernorm.weight"])
-        if d.experts:
+        if moe.is_moe_layer(d, i):
             for rank, part in enumerate(experts_to_megatron(hf, h, m, d, ep)):
                 expert_parts[rank].update(part)
+            if d.shared_ffn:
+                for name, parts in _mlp_to_megatron(hf, h + "mlp.shared_experts.", m + "mlp.shared_experts.", tp).items():
+                    put(name, parts)
             continue
-        gates = torch.chunk(hf[h + "mlp.gate_proj.weight"], tp, 0)
-        ups = torch.chunk(hf[h + "mlp.up_proj.weight"], tp, 0)
-        put(m + "mlp.linear_fc1.weight", [torch.cat([g, u], 0) for g, u in zip(gates, ups, strict=True)])
-        put(m + "mlp.linear_fc2.weight", _split(hf[h + "mlp.down_proj.weight"], tp, 1))
+        for name, parts in _mlp_to_megatron(hf, h + "mlp.", m + "mlp.", tp).items():
+            put(name, parts)
     replicate("decoder.final_layernorm.weight", hf["model.norm.weight"])
     if not d.tied:
         put("output_layer.weight", _vocab_split(hf["lm_head.weight"], d, tp))
@@ -153,15 +178,44 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     return shards
 
 
+def _gqa_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Dims, tp: int, put: Any, replicate: Any) -> None:
+    qkv = fuse_qkv(hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"], d)
+    put(m + "self_attention.linear_qkv.weight", _split(qkv, tp, 0))
+    if d.qkv_bias:  # the bias rows follow the weight rows' grouping
+        bias = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"][:, None] for x in "qkv"), d)[:, 0]
+        put(m + "self_attention.linear_qkv.bias", _split(bias, tp, 0))
+    put(m + "self_attention.linear_proj.weight", _split(hf[h + "self_attn.o_proj.weight"], tp, 1))
+    if d.qk_norm:
+        replicate(m + "self_attention.q_layernorm.weight", hf[h + "self_attn.q_norm.weight"])
+        replicate(m + "self_attention.k_layernorm.weight", hf[h + "self_attn.k_norm.weight"])
+
+
+def _gqa_to_hf(cat: Any, one: Any, h: str, m: str, d: Dims) -> dict[str, Tensor]:
+    hf: dict[str, Tensor] = {}
+    q, k, v = split_qkv(cat(m + "self_attention.linear_qkv.weight", 0), d)
+    hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"] = q, k, v
+    if d.qkv_bias:
+        biases = split_qkv(cat(m + "self_attention.linear_qkv.bias", 0)[:, None], d)
+        for x, b in zip("qkv", biases, strict=True):
+            hf[h + f"self_attn.{x}_proj.bias"] = b[:, 0].contiguous()
+    hf[h + "self_attn.o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", 1)
+    if d.qk_norm:
+        hf[h + "self_attn.q_norm.weight"] = one(m + "self_attention.q_layernorm.weight")
+        hf[h + "self_attn.k_norm.weight"] = one(m + "self_attention.k_layernorm.weight")
+    return hf
+
+
 def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, partial: bool = False,
                    expert_shards: Sequence[Mapping[str, Tensor]] | None = None) -> dict[str, Tensor]:  # fmt: skip
-    """Megatron state dicts of every TP rank (in rank order) -> the HF Qwen3 state dict. Qwen3-MoE: the
+    """Megatron state dicts of every TP rank (in rank order) -> the HF state dict. MoE: the
     experts from ``expert_shards`` (every EP rank's, in rank order); without them ``shards`` are the EP
     ranks' of a TP=1 model (its non-expert weights whole on each).
 
     Tied embeddings give no ``lm_head.weight`` (as ``save_pretrained`` writes them). ``partial``: the
     shards hold some units only (e.g. one layer, see :func:`export_units`); convert those.
     """
+    from relax.megatron import moe
+
     d = Dims.from_hf(hf_config)
     if d.experts and expert_shards is None:
         shards, expert_shards = shards[:1], shards
@@ -184,28 +238,23 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, parti
         h, m = _layer_names(i)
         if not has(m + "input_layernorm.weight"):
             continue
-        q, k, v = split_qkv(cat(m + "self_attention.linear_qkv.weight", 0), d)
-        hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"] = q, k, v
-        if d.qkv_bias:
-            biases = split_qkv(cat(m + "self_attention.linear_qkv.bias", 0)[:, None], d)
-            for x, b in zip("qkv", biases, strict=True):
-                hf[h + f"self_attn.{x}_proj.bias"] = b[:, 0].contiguous()
-        hf[h + "self_attn.o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", 1)
-        if d.qk_norm:
-            hf[h + "self_attn.q_norm.weight"] = one(m + "self_attention.q_layernorm.weight")
-            hf[h + "self_attn.k_norm.weight"] = one(m + "self_attention.k_layernorm.weight")
+        if d.attention != "gqa":
+            from relax.megatron import mla
+
+            hf.update(mla.to_hf(cat, one, h, m, d))
+        else:
+            hf.update(_gqa_to_hf(cat, one, h, m, d))
         hf[h + "input_layernorm.weight"] = one(m + "input_layernorm.weight")
         hf[h + "post_attention_layernorm.weight"] = one(m + "pre_mlp_layernorm.weight")
-        if d.experts:
-            from relax.megatron.moe import experts_to_hf
-
+        if moe.is_moe_layer(d, i):
             hf[h + "mlp.gate.weight"] = one(m + "mlp.router.weight")
-            hf.update(experts_to_hf(expert_shards, h, m, d))
+            if d.expert_bias:
+                hf[h + "mlp.gate.e_score_correction_bias"] = one(m + "mlp.router.expert_bias")
+            hf.update(moe.experts_to_hf(expert_shards, h, m, d))
+            if d.shared_ffn:
+                hf.update(_mlp_to_hf(shards[:tp], h + "mlp.shared_experts.", m + "mlp.shared_experts."))
             continue
-        halves = [torch.chunk(s[m + "mlp.linear_fc1.weight"], 2, 0) for s in shards]
-        hf[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves], 0)
-        hf[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in halves], 0)
-        hf[h + "mlp.down_proj.weight"] = cat(m + "mlp.linear_fc2.weight", 1)
+        hf.update(_mlp_to_hf(shards[:tp], h + "mlp.", m + "mlp."))
     if has("decoder.final_layernorm.weight"):
         hf["model.norm.weight"] = one("decoder.final_layernorm.weight")
     if not d.tied and has("output_layer.weight"):
@@ -366,9 +415,18 @@ def build_gpt_model(
     config = transformer_config(hf_config, **overrides)
     d = Dims.from_hf(hf_config)
     d.check_tp(config.tensor_model_parallel_size)
-    spec = gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm,
-                          sequence_parallel=config.sequence_parallel and layer_spec == "local")  # fmt: skip
-    if config.sequence_parallel and layer_spec == "local":
+    sequence_parallel = config.sequence_parallel and layer_spec == "local"
+    if d.dense_layers or d.attention != "gqa":  # layers that differ, or MLA: megatron's own block spec
+        from relax.megatron.layer_specs import decoder_block_spec
+
+        spec = decoder_block_spec(layer_spec, config, sequence_parallel)
+        if d.attention != "gqa" and layer_spec == "local":
+            from relax.megatron.mla import local_spec
+
+            spec = local_spec(spec)
+    else:
+        spec = gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm, sequence_parallel=sequence_parallel)
+    if sequence_parallel and not (d.dense_layers or d.attention != "gqa"):
         from relax.megatron.layer_specs import block_spec
 
         spec = block_spec(spec, config)

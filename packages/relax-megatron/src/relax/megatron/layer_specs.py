@@ -89,6 +89,22 @@ def block_spec(layer_spec: Any, config: Any) -> Any:
                                       layer_norm=SequenceParallelNorm)  # fmt: skip
 
 
+def decoder_block_spec(kind: str, config: Any, sequence_parallel: bool = False) -> Any:
+    """megatron's own per-layer block spec, for families whose layers differ (dense first layers, then MoE:
+    ``moe_layer_freq``) or whose attention is multi-latent (``config.multi_latent_attention``); under sequence
+    parallelism (local spec) every norm a :class:`SequenceParallelNorm`."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=kind == "te", normalization="RMSNorm")
+    if kind == "te" or not sequence_parallel:
+        return block
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    layers = [_swapped(spec, WrappedTorchNorm, SequenceParallelNorm) for spec in block.layer_specs]
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=SequenceParallelNorm)
+
+
 class SequenceParallelNorm:
     """megatron's ``WrappedTorchNorm`` (torch's RMSNorm / LayerNorm) for a sequence-parallel model: the weight
     is marked ``sequence_parallel`` as megatron's fused norms mark theirs (its gradient is a per-slice sum)."""

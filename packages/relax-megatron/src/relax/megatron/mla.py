@@ -1,0 +1,138 @@
+"""Multi-latent attention (``MegatronLayout.attention == "mla"``) on megatron-core's own ``MLASelfAttention``:
+the HF <-> megatron mapping of its weights and the ``MLATransformerConfig`` fields.
+
+The two sides compute the same thing with the same weight layouts, so the mapping is a renaming plus TP
+splits (the local spec's down projections are column-parallel too; megatron gathers their outputs):
+
+* HF ``q_a_proj`` / ``q_a_layernorm`` / ``q_b_proj`` -> ``linear_q_down_proj`` / ``q_layernorm`` /
+  ``linear_q_up_proj`` (no query LoRA: HF ``q_proj`` -> ``linear_q_proj``); ``q_b_proj`` rows are per head
+  ``[nope; rope]``, as megatron splits them.
+* HF ``kv_a_proj_with_mqa`` (``[compressed kv; shared rotary key]``) -> ``linear_kv_down_proj``,
+  ``kv_a_layernorm`` -> ``kv_layernorm``, ``kv_b_proj`` (per head ``[key nope; value]``) -> ``linear_kv_up_proj``.
+* The rotary part: HF's ``rope_interleave`` reorders each head's rotary dims (even, then odd) before
+  rotating; megatron's MLA rotary does the same reordering (``multi_latent_attention`` in its
+  ``apply_rotary_pos_emb``). Softmax scale ``1 / sqrt(nope + rope)`` on both sides (plain rope, no YaRN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+ATTN = "self_attention."
+#: HF name (under ``self_attn.``) -> (megatron name under ``self_attention.``, TP split dim; None: replicated)
+_QUERY_LORA = (
+    ("q_a_proj.weight", "linear_q_down_proj.weight", 0),
+    ("q_a_layernorm.weight", "q_layernorm.weight", None),
+    ("q_b_proj.weight", "linear_q_up_proj.weight", 0),
+)
+_QUERY = (("q_proj.weight", "linear_q_proj.weight", 0),)
+_KEY_VALUE = (
+    ("kv_a_proj_with_mqa.weight", "linear_kv_down_proj.weight", 0),
+    ("kv_a_layernorm.weight", "kv_layernorm.weight", None),
+    ("kv_b_proj.weight", "linear_kv_up_proj.weight", 0),
+    ("o_proj.weight", "linear_proj.weight", 1),
+)
+
+
+def weights(d: Any) -> tuple[tuple[str, str, int | None], ...]:
+    return (_QUERY_LORA if d.q_lora_rank else _QUERY) + _KEY_VALUE
+
+
+def hf_names(d: Any) -> list[str]:
+    """A layer's MLA weight names under ``self_attn.``."""
+    return ["self_attn." + hf for hf, _, _ in weights(d)]
+
+
+def to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, tp: int) -> dict[str, list[Tensor]]:
+    """One layer's MLA weights (HF prefix ``h``, megatron prefix ``m``): megatron name -> one tensor per TP rank."""
+    out: dict[str, list[Tensor]] = {}
+    for name, meg, dim in weights(d):
+        t = hf[h + "self_attn." + name]
+        out[m + ATTN + meg] = (
+            [t.clone() for _ in range(tp)] if dim is None else [c.clone() for c in torch.chunk(t, tp, dim)]
+        )
+    return out
+
+
+def to_hf(
+    cat: Callable[[str, int], Tensor], one: Callable[[str], Tensor], h: str, m: str, d: Any
+) -> dict[str, Tensor]:
+    """Inverse of :func:`to_megatron` given the caller's TP gather (``cat``) and replica pick (``one``)."""
+    return {
+        h + "self_attn." + name: one(m + ATTN + meg) if dim is None else cat(m + ATTN + meg, dim)
+        for name, meg, dim in weights(d)
+    }
+
+
+def mla_config(d: Any, kwargs: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """``MLATransformerConfig`` of a multi-latent-attention model from the common ``kwargs`` of
+    :func:`relax.megatron.convert.transformer_config`."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    if d.attention != "mla":
+        raise ValueError(
+            f"attention {d.attention!r} (multi-latent attention with a sparse-attention indexer) is not "
+            "supported by the megatron trainer yet: megatron-core 0.16.1's DSA attention needs Transformer "
+            "Engine kernels; use trainer.backend: torch or fsdp for this model"
+        )
+    if d.rotary_percent != 1.0:
+        raise ValueError(
+            "multi-latent attention with partial rotary is not supported by the megatron mapping"
+        )
+    mla = dict(
+        multi_latent_attention=True,
+        q_lora_rank=d.q_lora_rank or None,
+        kv_lora_rank=d.kv_lora_rank,
+        qk_head_dim=d.qk_nope_dim,
+        qk_pos_emb_head_dim=d.qk_rope_dim,
+        v_head_dim=d.v_head_dim,
+        rope_type="rope",
+        rotary_base=d.rope_theta,
+        qk_layernorm=True,  # the low-rank q / kv norms
+        kv_channels=d.qk_nope_dim + d.qk_rope_dim,
+    )
+    return MLATransformerConfig(**{**kwargs, **mla, **overrides})
+
+
+def local_spec(spec: Any) -> Any:
+    """``spec`` (a block spec) with megatron's local ``DotProductAttention`` replaced by one that takes MLA's
+    ``k_channels`` / ``v_channels``: megatron-core 0.16.1 builds MLA's core attention with them, which only
+    Transformer Engine's attention accepts (the local one then sizes its output by ``kv_channels``, not the
+    value heads). Without Transformer Engine, megatron-core 0.16.1's MLA module also believes TE present when its
+    extension module imported with a stand-in for ``TELinear`` (``isinstance(proj, <stand-in>)`` raises): the flag is set right (TE is not used either way)."""
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from relax.megatron.layer_specs import _swapped
+
+    if not isinstance(multi_latent_attention.TELinear, type):  # TE absent (a stand-in), yet HAVE_TE set
+        multi_latent_attention.HAVE_TE = False
+    latent = _latent_attention()
+    return type(spec)(
+        **{**vars(spec), "layer_specs": [_swapped(s, DotProductAttention, latent) for s in spec.layer_specs]}
+    )
+
+
+def _latent_attention() -> type:
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class LatentDotProductAttention(DotProductAttention):
+        """megatron's local attention with keys of ``k_channels`` and values of ``v_channels`` per head (the
+        scores and the softmax scale MLA passes are the parent's; the context is ``v_channels`` wide)."""
+
+        def __init__(
+            self,
+            config: Any,
+            *args: Any,
+            k_channels: int | None = None,
+            v_channels: int | None = None,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(config, *args, **kwargs)
+            if v_channels is not None:
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    return LatentDotProductAttention
