@@ -203,9 +203,10 @@ def relax_register_environments(register: RegisterPlugin) -> None:
 
     When: plugin-manager construction. The factory runs in the driver, where rollouts are routed to
     the engines; its episodes step in worker threads there (a slow tool does not block the others).
-    Parameters: ``register(name, factory, config=ParamsDataclass)`` where
+    Parameters: ``register(name, factory, config=ParamsDataclass, tool_calls=False)`` where
     ``factory(params, ctx) -> Environment`` (``relax.core.protocols.Environment``); ``params`` is
-    ``environment.params``; ``ctx.tokenizer_path`` locates the tokenizer.
+    ``environment.params``; ``ctx.tokenizer_path`` locates the tokenizer. ``tool_calls=True``: the
+    policy answers it with tool calls, so ``relax validate`` refuses ``environment.tool_parser: none``.
     Returns: nothing.
 
     .. versionadded:: 0.4
@@ -232,8 +233,8 @@ def relax_register_inputs(register: RegisterPlugin) -> None:
     (``inputs.name`` selects one), as core builds the quick-start's when ``model.path`` / ``data.path``
     are null -- so an example runs from a fresh clone with no preparation command.
 
-    When: when a config is loaded to run or validate (``relax run`` / ``relax validate``, and
-    ``relax.core.controller.run.run``), in the driver, before anything else starts.
+    When: when a config is loaded to run (``relax run``, ``relax.core.controller.run.run``), in the
+    driver, before anything else starts; ``relax validate`` builds nothing (it says what a run builds).
     Parameters: ``register(name, factory, config=ParamsDataclass, fills=("model.path", "data.path"))``
     where ``factory(params, ctx) -> dict[str, str]`` builds what is missing (cached: a second call
     returns at once) and returns the config values it made, by dotted field; ``fills`` names them.
