@@ -16,6 +16,13 @@ from typing import Any
 CPU_REASON = ("distributed_optimizer: not supported on CPU; megatron-core 0.16's DistributedOptimizer needs its "
               "DDP wrapper's grad buffers and takes only CUDA parameters (TypeError for a CPU torch.FloatTensor); "
               "set it to false or use device: cuda")  # fmt: skip
+#: why ``trainer.offload`` is refused with it (the own optimizer path offloads: trainer.offloaded_parts)
+OFFLOAD_REASON = (
+    "trainer.offload with trainer.backend_params.distributed_optimizer: megatron's DDP keeps the parameters and "
+    "gradients as views into contiguous buffers, and its optimizer keeps the fp32 main weights in its own shards; "
+    "moving each tensor to the host would break those views (slime pauses the buffers with torch_memory_saver, "
+    "which relax-megatron does not wire); set distributed_optimizer: false or trainer.offload: false"
+)
 
 
 def wrap(model: Any, *, lr: float, min_lr: float, weight_decay: float, betas: tuple[float, float], eps: float,

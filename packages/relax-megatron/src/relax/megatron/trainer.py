@@ -38,6 +38,7 @@ from relax.core.multimodal_model import model_config
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
 from relax.core.policy_update.token_budget import in_row_order, micro_batches
 from relax.core.trainers.export import NamedTensors, buckets
+from relax.core.trainers.offload import Offloadable
 from relax.megatron import convert, grads, media_front
 from relax.megatron.chunked import OutputPassthrough, chunked_scores
 from relax.megatron.grads import is_expert
@@ -63,7 +64,7 @@ from relax.megatron.routing import MegatronRouting, routing_metrics
 TOWER = "front."  # grad_params name prefix of a media tower weight (media_front.py)
 
 
-class MegatronTrainer:
+class MegatronTrainer(Offloadable):
     """One rank of a megatron-core trainer. ``trainable=False`` is a frozen reference (no optimizer)."""
 
     collective_export = True  # export_weights all-gathers the TP shards: every rank iterates it together
@@ -200,6 +201,16 @@ class MegatronTrainer:
     def fuses_old_logprobs() -> bool:
         """Old logprobs come from a separate forward (the controller's, or the loop's before any update)."""
         return False
+
+    def offloaded_parts(self) -> tuple[list[Any], list[Any], list[torch.nn.Parameter]]:
+        """``trainer.offload`` (core's ``Offloadable``): the model and its media towers, the fp32 masters and the
+        AdamW state. Not with the distributed optimizer (``distopt.OFFLOAD_REASON``)."""
+        if self.ddp is not None:
+            from relax.megatron.distopt import OFFLOAD_REASON
+
+            raise RuntimeError(OFFLOAD_REASON)
+        masters = self.masters.masters if self.masters is not None else []
+        return [self.model, self.front], [self.optimizer], masters
 
     # ------------------------------------------------------------------ forward
     def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

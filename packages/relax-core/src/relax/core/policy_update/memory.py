@@ -98,7 +98,7 @@ def release(trainer: Any, parts: Sequence[str] = ()) -> dict[str, Any]:
     """``offload(parts)`` of any trainer (``relax.core.trainers.offload.Offloadable``): one without an
     ``offloader`` (a backend that does not offload) can still free its allocator's cache (``parts`` empty).
     ``before``: memory once the last step's activations are gone, before anything moved; ``after``: at the end."""
-    offloader = getattr(trainer, "offloader", None)
+    offloader = getattr(trainer, "offloader", None) if parts else None  # built only when something moves
     if parts and offloader is None:
         raise RuntimeError(
             f"trainer.offload: {type(trainer).__name__} cannot move {', '.join(parts)} to the host"

@@ -33,14 +33,22 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 class Offloader:
-    """Moves ``modules`` (parameters, their gradients, buffers) and ``optimizers``' state between ``device``
-    and host memory; remembers what is on the host, so every call is idempotent."""
+    """Moves ``modules`` (parameters, their gradients, buffers), ``params`` outside any of them (e.g. fp32 master
+    copies the optimizer steps) and ``optimizers``' state between ``device`` and host memory; remembers what is
+    on the host, so every call is idempotent."""
 
-    def __init__(self, device: torch.device | str, modules: Sequence[torch.nn.Module | None],
-                 optimizers: Sequence[torch.optim.Optimizer | None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        device: torch.device | str,
+        modules: Sequence[torch.nn.Module | None],
+        optimizers: Sequence[torch.optim.Optimizer | None],
+        params: Sequence[torch.nn.Parameter] = (),
+    ) -> None:
         self.device = torch.device(device)
         self.modules = [m for m in modules if m is not None]
         self.optimizers = [o for o in optimizers if o is not None]
+        inside = {id(p) for m in self.modules for p in m.parameters()}
+        self.params = [p for p in params if id(p) not in inside]
         self.on_host: set[str] = set()
         self._state_devices: dict[tuple[int, str], torch.device] = {}
 
@@ -91,6 +99,7 @@ class Offloader:
     def _params(self) -> Iterator[torch.nn.Parameter]:
         for module in self.modules:
             yield from module.parameters()
+        yield from self.params
 
     def _state_tensors(self) -> Iterator[tuple[tuple[int, str], dict, str, torch.Tensor]]:
         for optimizer in self.optimizers:
@@ -102,11 +111,12 @@ class Offloader:
     @torch.no_grad()
     def _move_modules(self, device: torch.device) -> int:
         moved = 0
-        for module in self.modules:
+        for module in self.modules:  # an FSDP2 unit re-registers its shards in its own _apply
             moved += sum(_nbytes(t) for t in (*module.parameters(), *module.buffers()))
-            module._apply(
-                lambda t: t.to(device, copy=True)
-            )  # an FSDP2 unit re-registers its shards in its _apply
+            module._apply(lambda t: t.to(device, copy=True))
+        for param in self.params:
+            moved += _nbytes(param)
+            param.data = param.data.to(device, copy=True)
         return moved
 
 
@@ -120,13 +130,15 @@ class Offloadable:
     @property
     def offloader(self) -> Offloader:
         if getattr(self, "_offloader", None) is None:
-            critic = getattr(self, "critic", None)
-            self._offloader = Offloader(
-                self.device,
-                [getattr(self, "model", None), getattr(critic, "model", None)],
-                [getattr(self, "optimizer", None), getattr(critic, "optimizer", None)],
-            )
+            self._offloader = Offloader(self.device, *self.offloaded_parts())
         return self._offloader
+
+    def offloaded_parts(self) -> tuple[list[Any], list[Any], list[torch.nn.Parameter]]:
+        """What moves: (modules, optimizers, parameters outside the modules); by default the trainer's ``model``
+        and ``optimizer`` and its critic's. A backend with more (or other) state overrides this."""
+        critic = getattr(self, "critic", None)
+        modules = [getattr(self, "model", None), getattr(critic, "model", None)]
+        return modules, [getattr(self, "optimizer", None), getattr(critic, "optimizer", None)], []
 
     def offload(self, parts: Sequence[str] = ()) -> dict[str, Any]:
         """Release what this trainer holds on its device: with no ``parts`` only the allocator's cache (the
