@@ -45,7 +45,7 @@ def rows(log: str, file_id: str, timed_out_after: float | None = None) -> list[t
             collected = int(m["n"]) - int(m["desel"] or 0)
     out = []
     skipped = [t for t in dict.fromkeys(started) if results.get(t) == "SKIPPED"]
-    reason = dict(zip(skipped, skips)) if len(skipped) == len(skips) else {}
+    reason = dict(zip(skipped, skips, strict=True)) if len(skipped) == len(skips) else {}
     for test in dict.fromkeys(started):
         name = f"  {file_id}::{test.split('::', 1)[1]}"
         outcome = results.get(test)
