@@ -106,10 +106,6 @@ class MegatronParams:
             from relax.megatron.distopt import OFFLOAD_REASON
 
             errors.append(OFFLOAD_REASON)
-        if cfg.trainer.offload and self.distributed_optimizer:
-            from relax.megatron.distopt import OFFLOAD_REASON
-
-            errors.append(OFFLOAD_REASON)
         if cfg.trainer.max_tokens_per_micro_batch and self.pipeline_parallel > 1:
             errors.append("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
                           "of one shape; with pipeline_parallel > 1 use trainer.micro_batch_size")  # fmt: skip
