@@ -72,10 +72,13 @@ IMPOSSIBLE_HOSTS = [
      "(use 'auto' or 'trainer')"),
     (["rollout.host=driver", "rollout.num_engines=2"],
      "rollout.host: 'driver' is not possible here: rollout.num_engines is 2, not 1 (use 'auto' or 'separate')"),
+    (["trainer.offload=true"],  # the quick-start hosts its engine on the trainer's model
+     "trainer.offload: the engine runs on the trainer's own model (rollout.host 'auto': in the driver), so "
+     "offloading the trainer would take the engine's weights along; set rollout.host: separate"),
 ]
 
 
-@pytest.mark.parametrize(("overrides", "message"), IMPOSSIBLE_HOSTS, ids=["reference", "engines"])
+@pytest.mark.parametrize(("overrides", "message"), IMPOSSIBLE_HOSTS, ids=["reference", "engines", "offload"])
 def test_validate_refuses_a_rollout_host_exactly_as_run_does(tmp_path, overrides, message):
     """One check behind both commands: exit 2, the same message, and the run starts nothing."""
     args = [*overrides, f"run_dir={tmp_path}/run", "logging.progress=false"]
