@@ -16,13 +16,15 @@ from relax.core.controller.run import run
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
+HELDOUT = 4  # held-out prompts evaluated (and re-generated with plain transformers to compare)
 
 
 def test_smollm2_eval_before_and_after_a_step(tmp_path):
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    overrides = ["total_steps=1", f"run_dir={tmp_path}", "eval.sets.heldout.max_prompts=8", "logging.plot=false"]
+    overrides = ["total_steps=1", f"run_dir={tmp_path}", f"eval.sets.heldout.max_prompts={HELDOUT}", "logging.plot=false",
+                 "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4"]  # one small step: the machinery
     cfg = with_inputs(load_config(REPO / "examples" / "smollm2_eval.yaml", overrides))
     assert run(cfg)["steps"] == 1
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -31,14 +33,14 @@ def test_smollm2_eval_before_and_after_a_step(tmp_path):
     print("held-out greedy accuracy before / after one step:", evals[0]["eval/heldout/accuracy"],
           evals[1]["eval/heldout/accuracy"])
     before = [json.loads(line) for line in (tmp_path / "eval" / "heldout" / "step_0.jsonl").read_text().splitlines()]
-    assert len(before) == 8
+    assert len(before) == HELDOUT
     # the chat template is the model's own (its system prompt), and most answers end on its EOS, not the limit
     assert all(r["prompt"].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM") for r in before)
-    assert sum(r["finish_reason"] == "stop" for r in before) >= 3
+    assert sum(r["finish_reason"] == "stop" for r in before) >= 2
     # the engine's greedy answers are those of a plain transformers generate over the same chat prompts
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32).eval()
-    heldout = [json.loads(line) for line in Path(cfg.eval.sets["heldout"].path).read_text().splitlines()][:8]
+    heldout = [json.loads(line) for line in Path(cfg.eval.sets["heldout"].path).read_text().splitlines()][:HELDOUT]
     for row, written in zip(heldout, before, strict=True):
         ids = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt", return_dict=True)
         assert tok.decode(ids["input_ids"][0]) == written["prompt"]
@@ -47,4 +49,4 @@ def test_smollm2_eval_before_and_after_a_step(tmp_path):
         assert text.strip() == written["response"].strip(), (row["label"], text, written["response"])
     # scored as the numeric reward reads them (the last number), labels from the held-out file
     assert [r["label"] for r in before] == [r["label"] for r in heldout]
-    assert evals[0]["eval/heldout/accuracy"] == sum(r["score"] for r in before) / 8
+    assert evals[0]["eval/heldout/accuracy"] == sum(r["score"] for r in before) / HELDOUT

@@ -63,3 +63,19 @@ def test_a_short_clips_logprobs_do_not_depend_on_its_micro_batch(family, tmp_pat
         assert gap > 1e-3, f"the stock Qwen3-Omni encoder no longer depends on its batch ({gap:.2e})"
         same = (forward_lps(fixed, collate([short], pad))[0] - forward_lps(fixed, both)[0]).abs().max().item()
         assert same <= 1e-5, same
+
+
+@pytest.mark.parametrize("family", OMNI_FAMILIES)
+def test_audio_rows_run_packed_with_their_own_positions(family, tmp_path_factory, tmp_path):
+    """``trainer.pack_sequences``: the two audio rows laid end to end, each with the 3-D positions the thinker's
+    rope index gives its padded row (``ModelAdapter.rope_positions``, audio lengths from the feature mask): the
+    padded forward's logprobs."""
+    model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family)
+    batch = collate(audio_rows(family, model_dir, tmp_path), 0)
+    want = torch_trainer(model_dir, micro_batch_size=2).forward_logprobs(batch)
+    packed = torch_trainer(model_dir, micro_batch_size=2, pack_sequences=True)
+    axes = []
+    packed.model.register_forward_pre_hook(lambda _, args, kw: axes.append(kw["position_ids"].shape[0]), with_kwargs=True)
+    got = packed.forward_logprobs(batch)
+    assert want.abs().sum() > 0 and axes == [3]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -145,19 +145,30 @@ def test_on_cuda_packed_chunked_budget_logprobs_equal_padded_and_take_less_memor
     assert peaks[1] < peaks[0], peaks
 
 
-def test_media_rows_keep_their_logprobs_with_packing_on(tmp_path):
-    """Media rows take the padded forward under ``pack_sequences`` (their rope index is the model's), and the
-    vision tower's attention, now the packed implementation's, stays bidirectional: logprobs unchanged."""
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])  # Qwen3-VL: DeepStack features reach LM layers
+def test_media_rows_run_packed_with_their_own_m_rope_positions(tmp_path, family):
+    """Image, video and text rows packed into one sequence: each row's M-RoPE positions are the ones the
+    model's rope index gives its padded row (``ModelAdapter.rope_positions``), the vision tower's attention
+    (the packed implementation's too) stays bidirectional: logprobs and a training step equal the padded ones."""
     from relax.core.testing.multimodal_models import tiny_multimodal_dir
 
     from .fsdp.test_fsdp_ranks import media_batch
 
-    model_dir = tiny_multimodal_dir(tmp_path, "qwen3_vl")  # DeepStack: tower features reach the LM's layers
+    model_dir = tiny_multimodal_dir(tmp_path, family)
     batch = media_batch(model_dir, tmp_path)
-    want = make(model_dir).forward_logprobs(batch)
-    got = make(model_dir, pack_sequences=True, max_tokens_per_micro_batch=4096).forward_logprobs(batch)
+    padded, packed = make(model_dir), make(model_dir, pack_sequences=True, max_tokens_per_micro_batch=4096)
+    shapes = []
+    packed.model.register_forward_pre_hook(lambda _, args, kw: shapes.append(tuple(kw["position_ids"].shape)),
+                                           with_kwargs=True)  # fmt: skip
+    want, got = padded.forward_logprobs(batch), packed.forward_logprobs(batch)
     assert want.abs().sum() > 0
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    real = int(batch["attention_mask"].sum())
+    assert shapes == [(3, 1, real)]  # one packed forward, three rope axes per real token
+    batch["old_logprobs"] = want
+    ref, new = learning_metrics(padded.train_step(dict(batch))), learning_metrics(packed.train_step(dict(batch)))
+    for key in ("loss", "entropy", "grad_norm"):
+        assert new[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), key
 
 
 def test_a_model_that_transforms_its_logits_keeps_the_full_logits_path():

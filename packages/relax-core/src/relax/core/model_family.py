@@ -91,7 +91,6 @@ class MediaTowerHooks:
     lm_prefix: str  # in-memory HF names of the language model's weights (e.g. ``model.language_model.``)
     language_model: str = "language_model"  # attribute of ``model.model`` the front replaces by a stub
     towers: tuple[str, ...] = ()  # attributes of ``model.model`` a later pipeline stage drops
-    rope_index: str = ""  # method of ``model.model`` that computes the 3-D positions alone
     position_rows: int = 3  # rows of the positions the front passes megatron (extra leading rows are dropped)
     deepstack_layers: int = 0  # first decoder layers after which visual embeddings are added (DeepStack)
     dense_optimizer_only: bool = True  # megatron's distributed optimizer does not hold the HF towers

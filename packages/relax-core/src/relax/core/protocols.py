@@ -365,6 +365,12 @@ class ModelAdapter(Protocol):
         observations, whose media ids are real placeholders of media appended to ``media``."""
         ...
 
+    def rope_positions(self, model: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """The (k, B, L) rotary positions ``model`` computes itself for ``forward_kwargs``'s padded rows (None:
+        plain 1-D positions), so a caller can lay the rows out anew: packed without padding (core's
+        ``trainers.packing``), or a megatron stage. Optional (absent: such rows are not packed)."""
+        ...
+
     def before_prefill(self, model: Any) -> None:
         """Clear what an earlier forward left on ``model`` that the next prefill must compute afresh."""
         ...

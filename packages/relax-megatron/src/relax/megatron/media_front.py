@@ -287,20 +287,10 @@ class MediaFront(torch.nn.Module):
     def positions(self, batch: dict[str, Tensor]) -> Tensor:
         """(3, B, S) M-RoPE positions of the right-padded rows from HF's rope index alone (a later stage:
         the batch's grids and audio feature lengths, no tower runs)."""
-        import inspect
-
+        from relax.core.multimodal_model import model_adapter
         from relax.megatron.padding import left_pads, rotate_left
 
-        kwargs = self._kwargs(batch)
-        rope_index = getattr(self.hf.model, self.hooks.rope_index)
-        wanted = inspect.signature(rope_index).parameters
-        # what the Omni thinkers' forward derives for their rope index: audio lengths from the feature mask
-        # (every stage holds the whole batch, media included), the video's seconds per grid under its name
-        if "audio_seqlens" in wanted and kwargs.get("feature_attention_mask") is not None:
-            kwargs["audio_seqlens"] = kwargs["feature_attention_mask"].sum(1)
-        if "second_per_grids" in wanted and "video_second_per_grid" in kwargs:
-            kwargs["second_per_grids"] = kwargs["video_second_per_grid"]
-        positions, _ = rope_index(**{k: v for k, v in kwargs.items() if k in wanted})
+        positions = model_adapter(self.hf).rope_positions(self.hf, self._kwargs(batch))
         shift = left_pads(batch["attention_mask"])
         return rotate_left(positions.permute(1, 2, 0), shift).permute(2, 0, 1).contiguous()
 

@@ -170,6 +170,21 @@ class QwenMediaAdapter:
             kwargs["mm_token_type_ids"] = types
         return kwargs
 
+    def rope_positions(self, model: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """(3, B, L) M-RoPE positions of ``forward_kwargs``'s rows, from the model's rope index alone (no tower
+        runs): what its forward would compute, for a caller that lays the rows out itself (packed rows, a later
+        megatron stage). The Omni thinkers' forward derives two inputs first: audio lengths from the feature
+        mask and the video's seconds per grid under the rope index's name."""
+        rope_index = model.model.get_rope_index
+        wanted = inspect.signature(rope_index).parameters
+        kwargs = dict(kwargs)
+        if "audio_seqlens" in wanted and kwargs.get("feature_attention_mask") is not None:
+            kwargs["audio_seqlens"] = kwargs["feature_attention_mask"].sum(1)
+        if "second_per_grids" in wanted and "video_second_per_grid" in kwargs:
+            kwargs["second_per_grids"] = kwargs["video_second_per_grid"]
+        positions, _ = rope_index(**{k: v for k, v in kwargs.items() if k in wanted})
+        return positions
+
     def before_prefill(self, model: Any) -> None:
         """Clear the rope deltas an earlier forward kept, so the ones read after the prefill are its own."""
         for module in _rope_holders(model):
@@ -188,13 +203,13 @@ class QwenMediaAdapter:
     # ---- what the backends read (relax.core.model_family)
     def megatron_media(self, hf_config: Any) -> MediaTowerHooks | None:
         """The media front's parts (relax-megatron): the language model under ``model.language_model``, the
-        towers ``visual`` / ``audio_tower``, the rope index ``get_rope_index``; Qwen3-VL's DeepStack adds
+        towers ``visual`` / ``audio_tower`` (the positions: ``rope_positions``); Qwen3-VL's DeepStack adds
         visual embeddings after its first ``len(deepstack_visual_indexes)`` layers."""
         if hf_config.model_type not in MEGATRON_MODEL_TYPES:
             return None
         deepstack = getattr(getattr(hf_config, "vision_config", None), "deepstack_visual_indexes", None) or ()
         return MediaTowerHooks(lm_prefix="model.language_model.", towers=("visual", "audio_tower"),
-                               rope_index="get_rope_index", deepstack_layers=len(deepstack))
+                               deepstack_layers=len(deepstack))
 
     def megatron_lm_config(self, hf_config: Any) -> Any:
         """The language model's HF config (``text_config``), with the checkpoint's embedding tying."""

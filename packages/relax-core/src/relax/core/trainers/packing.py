@@ -117,15 +117,46 @@ def pack_rows(batch: dict[str, Any]) -> PackedRows:
     )
 
 
+#: per-token forward keywords besides ``input_ids`` (a media adapter's token types), packed like the ids
+_PER_TOKEN_SUFFIX = "token_type_ids"
+
+
+def packed_media_kwargs(model: torch.nn.Module, batch: dict[str, Any]) -> dict[str, Any] | None:
+    """``model``'s forward keywords for ``batch``'s media rows laid out packed: the adapter's keywords
+    (``ModelAdapter.forward_kwargs``) with the ids and token types packed and the rotary positions its rope index
+    gives the padded rows (``ModelAdapter.rope_positions``: M-RoPE's three axes), each row's own, packed the same
+    way. None: the model's adapter gives no positions, so its media rows keep the padded forward."""
+    from relax.core.data_multimodal import unpack_media
+    from relax.core.multimodal_model import media_forward_kwargs, model_adapter
+
+    rope_positions = getattr(model_adapter(model), "rope_positions", None)
+    if rope_positions is None:
+        return None
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    width = ids.shape[1] - batch["responses"].shape[1]
+    kwargs = media_forward_kwargs(model, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask"))
+    positions = rope_positions(model, kwargs)
+    if positions is None:
+        return None
+    keep = mask.bool()
+    out = {
+        k: v[keep][None] if k == "input_ids" or k.endswith(_PER_TOKEN_SUFFIX) else v
+        for k, v in kwargs.items()
+        if k not in ("attention_mask", "position_ids")
+    }
+    out["position_ids"] = positions[:, keep][:, None]  # (axes, 1, T)
+    return out
+
+
 def packed_forward(model: torch.nn.Module, packed: PackedRows, **extra: Any) -> Any:
     """``model`` over the packed rows (no cache, no attention mask: ``cu_seqlens`` bound attention);
-    ``extra`` reaches the attention function (``relax_sequence_parallel``: Ulysses)."""
+    ``extra`` reaches the attention function (``relax_sequence_parallel``: Ulysses), or is a media row's
+    keywords (:func:`packed_media_kwargs`: ids and positions in place of the packed text ones)."""
     cu, longest = packed.cu_seqlens, packed.max_len
+    extra = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, **extra}
     token = _PACKED.set(True)
     try:
         return model(
-            input_ids=packed.input_ids,
-            position_ids=packed.position_ids,
             attention_mask=None,
             use_cache=False,
             cu_seq_lens_q=cu,

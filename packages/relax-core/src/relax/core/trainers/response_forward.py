@@ -24,7 +24,7 @@ from relax.core.multimodal_model import media_forward_kwargs
 from relax.core.policy_update import LossFn
 from relax.core.policy_update.token_budget import micro_batches, scatter_rows
 from relax.core.routing_replay import RoutingReplay
-from relax.core.trainers.packing import enable_packing, pack_rows, packed_forward
+from relax.core.trainers.packing import enable_packing, pack_rows, packed_forward, packed_media_kwargs
 from relax.core.trainers.shared_prefix import shared_prefix_logits
 from relax.core.trainers.token_stats import HeadPassthrough, chunked_token_stats, head_is_plain
 from relax.core.trainers.ulysses import SequenceParallel, sum_over_ranks
@@ -81,8 +81,9 @@ class ResponseLogits:
             if self.heads is None:  # logits transformed after the head: from the full logits
                 return _full_stats(self._scaled(self._outputs(batch)), tokens, entropy, sum_pi_squared)
             kw = dict(temperature=self.temperature, chunk_tokens=self.chunk_tokens, entropy=entropy, sum_pi_squared=sum_pi_squared)
-            if self.pack and not has_media(batch) and not self._replays(batch):
-                return self._packed_stats(batch, kw)
+            media = self._packed_media(batch)
+            if media is not None:
+                return self._packed_stats(batch, kw, media)
             if self.sp is not None:
                 raise ValueError("trainer.backend_params.context_parallel: media rows and MoE routing replay run "
                                  "the padded forward, which cannot be split over ranks; use context_parallel: 1")  # fmt: skip
@@ -91,8 +92,17 @@ class ResponseLogits:
             flat = chunked_token_stats(self.heads.head, hidden.flatten(0, 1), tokens.flatten(), **kw)
             return flat.view(-1, *tokens.shape)
 
-    def _packed_stats(self, batch: Batch, kw: dict[str, Any]) -> torch.Tensor:
-        packed, start, extra = pack_rows(batch), 0, {}
+    def _packed_media(self, batch: Batch) -> dict[str, Any] | None:
+        """None: ``batch`` runs the padded forward (packing off, routing replayed per padded position, or media
+        rows whose adapter gives no rope positions or that Ulysses would split); else its media keywords, packed."""
+        if not self.pack or self._replays(batch):
+            return None
+        if not has_media(batch):
+            return {}
+        return None if self.sp is not None else packed_media_kwargs(self.model, batch)
+
+    def _packed_stats(self, batch: Batch, kw: dict[str, Any], media: dict[str, Any]) -> torch.Tensor:
+        packed, start, extra = pack_rows(batch), 0, media
         if self.sp is not None:  # Ulysses: this rank runs its slice of the packed tokens
             packed, start = self.sp.local(packed)
             extra = {"relax_sequence_parallel": self.sp}
