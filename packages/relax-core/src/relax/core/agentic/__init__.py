@@ -7,7 +7,8 @@ re-tokenising the conversation) between them at loss mask 0 and logprob 0. The r
 it each result; :class:`Turns` steps the episodes and says which samples need another turn.
 """
 
+from relax.core.agentic.bounded import EpisodeTimeout
 from relax.core.agentic.render import ObservationRenderer
 from relax.core.agentic.turns import EpisodeLimits, NoToolCalls, Turns
 
-__all__ = ["EpisodeLimits", "NoToolCalls", "ObservationRenderer", "Turns"]
+__all__ = ["EpisodeLimits", "EpisodeTimeout", "NoToolCalls", "ObservationRenderer", "Turns"]
