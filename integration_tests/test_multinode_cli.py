@@ -103,7 +103,7 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
             _until("the control plane", lambda: client.request("GET", "/status")["state"] == "running", proc, log)
             assert _cli("pause", "--wait", "--address", client.address)[0] == 0  # holds after the step in flight
             # 1. two nodes join; the operator scales out with the CLI: Ray puts the engine on one of them
-            joined = set(cluster.start(*(NodeSpec(f"rollout-{n}", 1, label="rollout") for n in "bc")))
+            joined = set(cluster.start(*(NodeSpec(f"rollout-{n}", 1, label="rollout") for n in "bc"), timeout_s=300))  # a loaded machine
             rc, text = _cli("scale-out", "1", "--wait", "--json", "--address", client.address)
             cli_op = json.loads(text)
             assert rc == 0 and cli_op["state"] == "active" and cli_op["engine_ids"] == [1], text

@@ -26,6 +26,8 @@ from relax.core.cluster import NODE_LABEL
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 #: what a node started with ``private_mounts`` does not share with the machine: an empty tmpfs of its own on each
 PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
+#: how often a node that missed Ray's fixed registration window is started again (a loaded machine)
+RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ class RayStartCluster:
     def start(self, *specs: NodeSpec, timeout_s: float = 120.0, private_mounts: bool = False) -> list[str]:
         """Start nodes ``specs`` together (the cluster's first node is the head: start it alone) and
         wait until each runs; returns their addresses. A node whose raylet missed Ray's fixed 30 s
-        registration window (a loaded machine) is started once more. ``private_mounts``: each in a
+        registration window (a loaded machine) is started again, up to ``RETRIES`` times. ``private_mounts``: each in a
         mount namespace of its own (``private_command``; see ``mount_namespaces_unavailable``), never
         the head (a driver joins through the head's sockets, in its temp dir)."""
         import time
@@ -212,11 +214,11 @@ class RayStartCluster:
             self._launch(spec, f"127.0.0.{len(self.procs) + 2}", head=not self.procs)
         deadline = time.monotonic() + timeout_s
         for spec in specs:
-            retried = False
+            retries = 0
             while "Ray runtime started" not in (log := self.root / f"{spec.name}.log").read_text():
                 proc = self.procs[spec.name]
-                if proc.poll() is not None and not retried and "timed out during startup" in log.read_text():
-                    retried = True
+                if proc.poll() is not None and retries < RETRIES and "timed out during startup" in log.read_text():
+                    retries += 1
                     self._launch(spec, self.ips[spec.name], head=spec.name == next(iter(self.procs)))
                 elif proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"ray start of node {spec.name} ({self.ips[spec.name]}) failed:\n"
