@@ -112,3 +112,14 @@ def test_media_model_parameters_from_config_within_10_percent(family, tmp_path):
             real += sum(math.prod(tensors.get_slice(k).get_shape()) for k in tensors.keys())
     estimate = shape_from_config(json.loads((model / "config.json").read_text())).total_params()
     assert abs(estimate / real - 1) < 0.10, (estimate, real)
+
+
+def test_the_docs_recipe_table_is_the_generated_one():
+    """docs/gpu.md's per-recipe table is exactly what the plan code prints (regenerate with
+    ``python -m relax.core.memory_plan.recipe_table`` and paste it between the markers)."""
+    from relax.core.memory_plan.recipe_table import BEGIN, END, markdown
+
+    page = (REPO / "docs" / "gpu.md").read_text()
+    assert BEGIN in page and END in page
+    written = page[page.index(BEGIN): page.index(END) + len(END)]
+    assert written == markdown(), "docs/gpu.md's recipe table drifted from the memory plan: regenerate it"

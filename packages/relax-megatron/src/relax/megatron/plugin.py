@@ -77,9 +77,9 @@ class MegatronParams:
         return errors
 
     def memory_layout(self, cfg: Any) -> Any:
-        """The memory plan's view of this trainer (``relax.core.memory_plan``); None on CPU. Flash attention with
-        Transformer Engine's spec (``te``, or ``auto`` where ``transformer_engine`` is installed: the machine that
-        plans is the one that runs); the local spec materialises every S x S score."""
+        """The memory plan's view of this trainer (``relax.core.memory_plan``); None on CPU. Flash attention only
+        with ``layer_spec: te``: ``auto`` is counted as the local spec, which materialises every S x S score
+        (whether Transformer Engine imports depends on the machine; the plan must not)."""
         if not self.device.startswith("cuda"):
             return None
         from relax.core.memory_plan import model_parallel
@@ -88,9 +88,9 @@ class MegatronParams:
         tp, pp, dp, ep = self.tensor_parallel, self.pipeline_parallel, self.data_parallel, self.expert_parallel
         note = f"megatron TP {tp} x PP {pp} x DP {dp}" + (f" x EP {ep}" if ep > 1 else "") + f", {dtype}"
         note += ", distributed optimizer" if self.distributed_optimizer else ""
-        note += "" if _flash(self.layer_spec) else ", unfused attention (no Transformer Engine)"
+        note += "" if self.layer_spec == "te" else f", layer_spec {self.layer_spec}: unfused attention counted"
         return model_parallel(tp, pp, dp, ep, dtype, distributed_optimizer=self.distributed_optimizer,
-                              sequence_parallel=self.sequence_parallel, flash_attention=_flash(self.layer_spec),
+                              sequence_parallel=self.sequence_parallel, flash_attention=self.layer_spec == "te",
                               chunked_logits=False, note=note)  # fmt: skip
 
     def validate_run(self, cfg: Any) -> list[str]:
@@ -110,12 +110,6 @@ class MegatronParams:
             errors.append("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
                           "of one shape; with pipeline_parallel > 1 use trainer.micro_batch_size")  # fmt: skip
         return errors
-
-
-def _flash(layer_spec: str) -> bool:
-    import importlib.util
-
-    return layer_spec == "te" or (layer_spec == "auto" and importlib.util.find_spec("transformer_engine") is not None)
 
 
 #: why ``trainer.lora`` is refused on this trainer

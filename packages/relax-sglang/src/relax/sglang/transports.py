@@ -115,9 +115,9 @@ def group_device(backend: str, cuda_index: int | None = None) -> torch.device:
 
 
 def on_group_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` as the broadcast sends it: contiguous, on the group's device. The megatron trainer exports
-    host tensors (it gathers each layer to CPU) and NCCL rejects those; a CUDA trainer over gloo is the
-    mirror case. A tensor already there is sent as is (no copy)."""
+    """``tensor`` as the broadcast sends it: contiguous, on the group's device. Trainers export on their own
+    device, so over NCCL this is no copy; a trainer on another device than the group's (a CPU trainer over
+    NCCL, a CUDA trainer over gloo) is moved. A tensor already there is sent as is (no copy)."""
     return tensor.detach().to(device).contiguous()
 
 
