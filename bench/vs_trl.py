@@ -1,10 +1,14 @@
-"""Relax vs Hugging Face TRL's ``GRPOTrainer``, side by side on this machine, on two tasks (``--task``):
+"""Relax vs Hugging Face TRL's ``GRPOTrainer``, side by side on this machine, on three tasks (``--task``):
 
 - ``quickstart``: the quick-start (32 prompts x 8 samples a step, 4 updates of 64, core's ``numeric``
   reward);
 - ``single``: what a user brings -- a reward from a plugin package (``bench/plugins/vs_trl_reward.py``,
   registered ``in_driver=True``; TRL calls the same function), larger groups (16 prompts x 16 samples)
-  and one update of all 256 responses per step.
+  and one update of all 256 responses per step;
+- ``chars``: ``single``'s settings on TRL's kind of synthetic task (``bench/plugins/vs_trl_chars.py``): a
+  randomly initialised 790 k-parameter Qwen3 (HF init 0.02) with a character-level tokenizer (vocab 20,
+  ``<eos>`` ends a response) and raw prompts ``"a+b="`` (no chat template; sums 0-18), at most 4 new
+  tokens, clip 0.2 / 0.2, entropy bonus 0.02; hundreds of steps to the threshold (``--max-steps``).
 
 Each run is a fresh subprocess (``relax run ...`` / this file with ``--worker trl``), so the
 seconds from launch include imports, model loading and (for Relax) Ray start. Seeds are
@@ -40,9 +44,8 @@ Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GR
   full-vocabulary entropy at temperature 1, subtracted as ``coef x entropy`` from the loss (TRL 1.16:
   ``entropy_coef * (entropies * mask).sum() / mask.sum()``; Relax: ``agg_loss(entropy, mask,
   token-mean)``, the same token mean);
-- group advantages ``(r - mean) / (std + eps)``, both with the Bessel-corrected std (TRL's ``nanstd``),
-  eps 1e-4 (TRL) vs 1e-6 (Relax): rewards are 0/1 here, so a group's std is 0 (advantage 0 in both)
-  or >= 0.25, where the epsilons differ by < 0.04 %;
+- group advantages ``(r - mean) / (std + eps)``, both with the Bessel-corrected std (TRL's ``nanstd``) and
+  TRL's eps 1e-4 (Relax: ``algorithm.advantage_params.epsilon``; its default 1e-6 differs by < 0.04 % here);
 - two intentional differences, both inert with one update per step (every ratio is exactly 1): TRL's ``dapo`` divides each mini-batch's policy loss by the
   *generation's* response tokens / updates, Relax's ``token-mean`` by the mini-batch's own (equal when
   lengths are, as nearly here: at most 3 tokens); Relax's ``ppo`` keeps verl's dual clip (a negative
@@ -54,7 +57,18 @@ Matched settings (TRL field names in brackets; TRL 1.16's ``GRPOTrainer`` / ``GR
 - no checkpoints during the run (TRL: save_strategy=no; Relax: checkpoint.save_every=0, no final HF
   save, no plot); Relax keeps its default console + metrics.jsonl + TensorBoard logging.
 
-    python bench/vs_trl.py [--task quickstart|single] [--seeds 0,1,2] [--max-steps N] [--quick]
+Checked equal, not just matched by name (``packages/relax-core/tests/policy_update/test_trl_parity.py``,
+TRL's own code on one side): for one batch with EOS-stopped, truncated and all-equal-reward groups, TRL's
+scoring + ``compute_loss`` and Relax's policy update give the same masks (each completion through its EOS,
+truncated ones in full), advantages, loss, entropy and gradient, at ratio 1 and clipped; three updates
+through TRL's ``train()`` (AdamW, clipping, LR) replayed into Relax's trainer give the same losses, gradient
+norms and weights. What still differs by design: each side's own sampler RNG and prompt order (the same
+rows, shuffled with the run seed by each), and Relax's torch threads in the driver (every core; TRL: torch's
+default, the same here). Issue 44's 0.6 plateau on ``chars`` was not reproduced with these settings (see
+docs/benchmarks-history.md); Relax's per-step cost on CPU had grown by two full ``gc.collect`` per colocate
+step (the trainer-release phase), now only where CUDA runs.
+
+    python bench/vs_trl.py [--task quickstart|single|chars] [--seeds 0,1,2] [--max-steps N] [--quick]
 """
 
 from __future__ import annotations
@@ -72,6 +86,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE / "plugins"))  # vs_trl_reward, vs_trl_chars: both arms import them
 TARGET, WINDOW, TASK_SIZE = 0.8, 5, 2000
 
 
@@ -82,11 +97,17 @@ class Task:
     updates: int  # optimizer steps per generation (mini-batches)
     max_steps: int  # a run gives up after this many steps
     plugin_reward: bool  # bench/plugins/vs_trl_reward.py's first_integer instead of core's numeric
+    chars: bool = False  # bench/plugins/vs_trl_chars.py's model and rows, raw prompts (else the quick-start's)
+    max_new_tokens: int = 3
+    clip_high: float = 0.28
+    entropy_coef: float = 0.03
 
 
 TASKS = {
     "quickstart": Task(prompts=32, group=8, updates=4, max_steps=80, plugin_reward=False),
     "single": Task(prompts=16, group=16, updates=1, max_steps=200, plugin_reward=True),
+    "chars": Task(prompts=16, group=16, updates=1, max_steps=2000, plugin_reward=True, chars=True, max_new_tokens=4,
+                  clip_high=0.2, entropy_coef=0.02),
 }
 #: Relax's execution mode for its arm (its own setting; every matched hyper-parameter stays as listed):
 #: colocate takes turns, strictly on-policy; async overlaps rollout and training, one step stale at most
@@ -116,20 +137,25 @@ def trl_worker(task: Task, seed: int, max_steps: int, out: str) -> None:
     from relax.core.rewards.numeric import extract_number
     from relax.core.tasks.arithmetic import arithmetic_rows
 
-    path = ensure_quickstart_model()
-    rows = arithmetic_rows(TASK_SIZE, seed=seed)
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
+    if task.chars:  # raw prompts (the tokenizer has no chat template)
+        from vs_trl_chars import chars_rows, ensure_chars_model
+
+        path, rows = ensure_chars_model(), chars_rows(TASK_SIZE, seed)
+        data = Dataset.from_list(rows)
+    else:
+        path, rows = ensure_quickstart_model(), arithmetic_rows(TASK_SIZE, seed=seed)
+        data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
     rewards: list[float] = []
 
     if task.plugin_reward:
-        sys.path.insert(0, str(HERE / "plugins"))
         from vs_trl_reward import first_integer_matches as matches
     else:
         def matches(text: str, y: object) -> float:
             return float(extract_number(text, "first") == float(y))
 
     def numeric_reward(prompts, completions, label, **_):
-        scores = [matches(c[0]["content"], y) for c, y in zip(completions, label, strict=True)]
+        texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+        scores = [matches(t, y) for t, y in zip(texts, label, strict=True)]
         rewards.append(sum(scores) / len(scores))
         return scores
 
@@ -170,7 +196,7 @@ def trl_worker(task: Task, seed: int, max_steps: int, out: str) -> None:
         steps_per_generation=task.updates,
         gradient_accumulation_steps=1,
         num_iterations=1,
-        max_completion_length=3,
+        max_completion_length=task.max_new_tokens,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -184,8 +210,8 @@ def trl_worker(task: Task, seed: int, max_steps: int, out: str) -> None:
         max_grad_norm=1.0,
         beta=0.0,
         epsilon=0.2,
-        epsilon_high=0.28,
-        entropy_coef=0.03,
+        epsilon_high=task.clip_high,
+        entropy_coef=task.entropy_coef,
         loss_type="dapo",
         scale_rewards="group",
         shuffle_dataset=True,
@@ -217,11 +243,18 @@ def crossing(steps: list[dict]) -> dict | None:
     return None
 
 
-def relax_task_overrides(task: Task) -> list[str]:
+def relax_task_overrides(task: Task, seed: int, workdir: Path) -> list[str]:
     """The quick-start config's fields that ``task`` changes (every other matched setting is its)."""
+    chars = []
+    if task.chars:  # the model and the rows the TRL arm uses (same seed), raw prompts
+        from vs_trl_chars import ensure_chars_model, write_rows
+
+        data = write_rows(workdir / f"chars_{seed}.jsonl", TASK_SIZE, seed)
+        chars = [f"model.path={ensure_chars_model()}", f"data.path={data}", "data.apply_chat_template=false"]
     return [f"rollout.prompts_per_step={task.prompts}", f"rollout.n_samples_per_prompt={task.group}",
-            f"trainer.num_minibatches={task.updates}",
-            *(["reward.name=first_integer"] if task.plugin_reward else [])]
+            f"trainer.num_minibatches={task.updates}", f"rollout.max_new_tokens={task.max_new_tokens}",
+            f"algorithm.clip_ratio_high={task.clip_high}", f"algorithm.entropy_coef={task.entropy_coef}",
+            "algorithm.advantage_params.epsilon=0.0001", *(["reward.name=first_integer"] if task.plugin_reward else []), *chars]
 
 
 def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path, relax_mode: str = "colocate") -> dict:
@@ -235,7 +268,7 @@ def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path
         cmd = [sys.executable, "-m", "relax.core.cli", "run", str(ROOT / "examples" / "quickstart.yaml"),
                f"seed={seed}", f"run_dir={workdir / f'relax_{seed}'}", f"total_steps={max_steps}",
                "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "logging.plot=false",
-               "logging.progress=false", *relax_task_overrides(task), *RELAX_MODES[relax_mode]]
+               "logging.progress=false", *relax_task_overrides(task, seed, workdir), *RELAX_MODES[relax_mode]]
     else:
         cmd = [sys.executable, __file__, "--worker", "trl", "--task", task_name, "--seed", str(seed),
                "--max-steps", str(max_steps)]
@@ -270,6 +303,22 @@ def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path
         "rewards": [s["reward"] for s in steps],
         "entropies": [s.get("entropy") for s in steps],
     }
+
+
+def mean_rewards(results: list[dict], seed: int) -> tuple[int, float, float]:
+    """Steps both arms of ``seed`` ran, and TRL's and Relax's mean reward over them: learning per step without
+    the threshold's noise (a 5-step mean first crossing 0.8 is a rare fluctuation where the curve plateaus)."""
+    trl, relax = (next(r["rewards"] for r in results if r["seed"] == seed and r["system"] == s) for s in ("trl", "relax"))
+    n = min(len(trl), len(relax))
+    return n, sum(trl[:n]) / n, sum(relax[:n]) / n
+
+
+def print_mean_rewards(results: list[dict], seeds: list[int]) -> None:
+    rows = [mean_rewards(results, seed) for seed in seeds]
+    for seed, (n, trl, relax) in zip(seeds, rows, strict=True):
+        print(f"seed {seed}: mean reward over the {n} steps both ran: TRL {trl:.3f} | Relax {relax:.3f}")
+    trl, relax = (sum(r[i] for r in rows) / len(rows) for i in (1, 2))
+    print(f"mean over seeds {seeds}: TRL {trl:.3f} | Relax {relax:.3f} mean reward per step | ratio {relax / trl:.2f}x")
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -310,9 +359,12 @@ def main() -> None:
     if args.worker:
         return trl_worker(task, args.seed, max_steps, os.environ["VS_TRL_OUT"])
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    from vs_trl_chars import ensure_chars_model
+
     from relax.core.quickstart_model import ensure_quickstart_model
 
-    print(f"model: {ensure_quickstart_model()}  (built before the runs; both load it)", flush=True)
+    model = ensure_chars_model() if task.chars else ensure_quickstart_model()
+    print(f"model: {model}  (built before the runs; both load it)", flush=True)
     print(f"task {args.task}: {task}", flush=True)
     print(f"relax: mode {args.relax_mode} {' '.join(RELAX_MODES[args.relax_mode])}".rstrip(), flush=True)
     results = []
@@ -325,8 +377,10 @@ def main() -> None:
                            f"{r['train_s']:.1f} s of training" if r["steps"] else f"no {TARGET} in {max_steps} steps")
                 print(f"seed {seed} {system:<5} start {r['start_s']:5.1f} s | {r['step_s']:.3f} s/step | {reached}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"runs_{args.task}.json").write_text(json.dumps(results))
     plot(results, args.out / f"curves_{args.task}.png")
     print(f"reward curves: {args.out / f'curves_{args.task}.png'}")
+    print_mean_rewards(results, seeds)
     both = [s for s in seeds if all(r["steps"] for r in results if r["seed"] == s)]
     if not both:
         print(f"vs_trl: nanx time to reward {TARGET} (TRL / Relax) on task {args.task}: no seed reached it in both")
@@ -339,10 +393,12 @@ def main() -> None:
     n = len(both)
     for key, what in (("start_s", "s launch -> first step"), ("step_s", "s per step"), ("steps", "steps to reward"),
                       ("train_s", "s of training to reward"), ("launch_s", "s from launch to reward")):
-        print(f"mean over seeds {both}: TRL {total['trl', key] / n:6.1f} | Relax {total['relax', key] / n:6.1f} {what}"
+        f = ".3f" if key == "step_s" else ".1f"
+        print(f"mean over seeds {both}: TRL {total['trl', key] / n:7{f}} | Relax {total['relax', key] / n:7{f}} {what}"
               f" | ratio {total['trl', key] / total['relax', key]:.2f}x")
     print(f"vs_trl: {total['trl', 'launch_s'] / total['relax', 'launch_s']:.2f}x time to reward {TARGET} (TRL / Relax)"
-          f", from launch, task {args.task}; {total['trl', 'train_s'] / total['relax', 'train_s']:.2f}x in training time")
+          f", from launch, task {args.task}; {total['trl', 'train_s'] / total['relax', 'train_s']:.2f}x in training time"
+          f"; {total['trl', 'steps'] / total['relax', 'steps']:.2f}x in steps")
 
 
 if __name__ == "__main__":
