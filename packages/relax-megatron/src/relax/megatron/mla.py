@@ -68,6 +68,19 @@ def to_hf(
     }
 
 
+def check_tensor_parallel(tp: int, layer_spec: str) -> None:
+    """Refuse TP > 1 on the local spec: megatron-core 0.16.1 splits MLA's down projections over TP there and
+    gathers them without summing the shared rotary key's gradient over the TP ranks (each holds its heads'
+    part). Transformer Engine's spec keeps them whole (duplicated), which megatron handles."""
+    if tp > 1 and layer_spec == "local":
+        raise ValueError(
+            f"multi-latent attention at tensor_parallel={tp} on megatron-core 0.16.1's local layer spec: its "
+            "down projections are split over TP and gathered without summing the shared rotary key's gradient "
+            "over the TP ranks, so training would be wrong; use tensor_parallel: 1 with expert / data / pipeline "
+            "parallelism, or the Transformer Engine spec on CUDA"
+        )
+
+
 def mla_config(d: Any, kwargs: dict[str, Any], overrides: dict[str, Any]) -> Any:
     """``MLATransformerConfig`` of a multi-latent-attention model from the common ``kwargs`` of
     :func:`relax.megatron.convert.transformer_config`."""
