@@ -243,3 +243,36 @@ def test_mla_at_tp2_is_refused_naming_why():
     ):
         check_tensor_parallel(2, "local")
     check_tensor_parallel(1, "local"), check_tensor_parallel(2, "te")  # TE keeps the down projections whole
+
+
+def test_relax_validate_names_what_megatron_cannot_run(tmp_path):
+    """``validate_run``'s model check, from ``config.json`` alone: GLM-5's sparse attention, MLA at TP > 1 on the
+    local spec, and a family no adapter declares a layout for are named; GLM-4-MoE at TP=2 passes."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from relax.megatron.family_check import family_problems
+
+    def saved(name: str, config) -> str:
+        config.save_pretrained(tmp_path / name)
+        return str(tmp_path / name)
+
+    glm5 = saved("glm5", AutoConfig.for_model("glm_moe_dsa", vocab_size=64, **MOE, **CONFIGS["deepseek_v3"]))
+    (sparse,) = family_problems(glm5, 1, "local")
+    assert "'glm_moe_dsa' uses multi-latent attention with a sparse-attention indexer" in sparse
+    assert "trainer.backend: torch or fsdp" in sparse
+    deepseek = saved(
+        "dsv3", AutoConfig.for_model("deepseek_v3", vocab_size=64, **MOE, **CONFIGS["deepseek_v3"])
+    )
+    assert family_problems(deepseek, 1, "local") == [] and family_problems(deepseek, 2, "te") == []
+    (tp,) = family_problems(deepseek, 2, "local")
+    assert tp.startswith(
+        "trainer.backend_params.tensor_parallel=2: model_type 'deepseek_v3' uses multi-latent"
+    )
+    glm = saved("glm", AutoConfig.for_model("glm4_moe", vocab_size=64, **MOE, **CONFIGS["glm4_moe"]))
+    assert family_problems(glm, 2, "local") == []
+    llama = saved(
+        "llama", LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
+    )
+    (missing,) = family_problems(llama, 1, "local")
+    assert "model_type 'llama': no installed plugin's model adapter declares a megatron layout" in missing
+    assert family_problems("org/not-a-local-dir", 1, "local") == []  # the run checks a hub id itself
