@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from relax.core.config import ConfigError, load_config
@@ -81,6 +82,11 @@ def test_a_step_hands_the_device_over_in_order(role, batch):
     phases = ("before_rollout", "before_train", "after_update", "after_release", "after_offload")
     assert {f"perf/rss_{p}_gb" for p in phases} <= set(metrics)  # + perf/mem_<phase>_gb where CUDA runs
     assert {"time/release_memory_s", "time/onload_s", "time/trainer_release_s", "time/offload_s"} <= set(metrics)
+
+    weights = role.trainer.model.state_dict()  # on the host now
+    synced = dict(kv for bucket in role.export_weights(1 << 30) for kv in bucket)  # e.g. a replacement engine's sync
+    assert synced and all(torch.equal(t, weights[n].to(t.dtype)) for n, t in synced.items())
+    assert role.trainer.offloader.on_host == set(host)  # back on the host after the export
 
     again, log[:] = Handoff(state, {}), []  # the next step: the trainer is already off the device
     run_step(again, fleet, role, batch, log)

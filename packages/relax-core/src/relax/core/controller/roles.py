@@ -162,16 +162,20 @@ class TrainerRole:
         return CollectiveExport(self.trainer, self.peers, self._fan_out)
 
     def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Streams buckets (a Ray generator: one object per bucket, never the whole model at once)."""
-        yield from self._exporter().export_weights(bucket_bytes)
+        """Streams buckets (a Ray generator: one object per bucket, never the whole model at once). An offloaded
+        trainer (``trainer.offload``: a replacement engine synced between steps) exports from the device."""
+        with onloaded(self.trainer):
+            yield from self._exporter().export_weights(bucket_bytes)
 
     def drain_export(self, bucket_bytes: int) -> int:
         """A peer rank's share of a collective export (called by rank 0); the number of buckets."""
-        return drain(self.trainer, bucket_bytes)
+        with onloaded(self.trainer):
+            return drain(self.trainer, bucket_bytes)
 
     def weight_sender(self, spec: Any, method: str, *args: Any) -> Iterator[Any]:
         """Weight-sync endpoint: the transport's sender in this process (``push`` streams progress)."""
-        yield from serve_sender(self, self._exporter(), spec, method, *args)
+        with onloaded(self.trainer):
+            yield from serve_sender(self, self._exporter(), spec, method, *args)
 
     def save(self, directory: str) -> None:
         with onloaded(self.trainer):  # trainer.offload: a checkpoint sees the state on the device

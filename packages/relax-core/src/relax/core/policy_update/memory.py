@@ -114,7 +114,7 @@ def release(trainer: Any, parts: Sequence[str] = ()) -> dict[str, Any]:
 def onloaded(trainer: Any) -> Iterator[None]:
     """``trainer``'s state on its device for the block (a checkpoint or export while offloaded), then back."""
     offloader = getattr(trainer, "_offloader", None)  # only one in use: never built here
-    if offloader is None or not offloader.on_host:
+    if offloader is None:
         yield
         return
     with offloader.held():

@@ -13,6 +13,7 @@ parameter's ``.grad`` may not live on another device than the parameter.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -50,12 +51,19 @@ class Offloader:
         inside = {id(p) for m in self.modules for p in m.parameters()}
         self.params = [p for p in params if id(p) not in inside]
         self.on_host: set[str] = set()
+        self._lock = (
+            threading.RLock()
+        )  # an export that brings the state back holds it: an offload waits for its end
         self._state_devices: dict[tuple[int, str], torch.device] = {}
 
     def offload(self, parts: Sequence[str]) -> int:
         """Move ``parts`` (of :data:`PARTS`) to the host; the bytes moved (or freed, for gradients)."""
         if unknown := set(parts) - set(PARTS):
             raise ValueError(f"offload: unknown part(s) {sorted(unknown)}; known: {', '.join(PARTS)}")
+        with self._lock:
+            return self._offload(parts)
+
+    def _offload(self, parts: Sequence[str]) -> int:
         moved = 0
         if "grads" in parts:
             for p in self._params():
@@ -75,6 +83,10 @@ class Offloader:
 
     def onload(self) -> int:
         """Everything back on the device (optimizer state where each tensor was); the bytes moved."""
+        with self._lock:
+            return self._onload()
+
+    def _onload(self) -> int:
         moved = 0
         if "params" in self.on_host:
             moved += self._move_modules(self.device)
@@ -88,13 +100,15 @@ class Offloader:
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """Everything on the device for the block (a checkpoint of an offloaded trainer), then back where it was."""
-        was = tuple(self.on_host)
-        self.onload()
-        try:
-            yield
-        finally:
-            self.offload(was)
+        """Everything on the device for the block (a checkpoint or export of an offloaded trainer), then back where
+        it was; an offload or onload from another thread waits for the block's end."""
+        with self._lock:
+            was = tuple(self.on_host)
+            self._onload()
+            try:
+                yield
+            finally:
+                self._offload(was)
 
     def _params(self) -> Iterator[torch.nn.Parameter]:
         for module in self.modules:
