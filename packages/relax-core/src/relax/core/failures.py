@@ -36,7 +36,10 @@ def traceback_tail(exc: BaseException, lines: int = 6) -> str:
 
 
 def add_failure(sample: Any, kind: str, reason: str, exc: BaseException | None = None) -> None:
-    """Record a failure on ``sample`` (kind: ``episode``, ``tool``, ``reward``, ``engine``)."""
+    """Record a failure on ``sample`` (kind: ``episode``, ``tool``, ``reward``, ``engine``); a sample-like
+    object without a ``metadata`` dict (a reward's own test double) is left alone."""
+    if not isinstance(getattr(sample, "metadata", None), dict):
+        return
     entry = {"kind": kind, "reason": reason}
     if exc is not None:
         entry["traceback"] = traceback_tail(exc)

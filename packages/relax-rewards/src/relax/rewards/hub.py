@@ -28,6 +28,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.core.failures import add_failure
 from relax.core.rewards.bounded import ScorerTimeout, as_result, bounded, call_scorer
 from relax.core.rewards.runner import FAILED, TIMED_OUT
 
@@ -264,6 +265,7 @@ class Hub:
         if route is None:
             failure = res["__route__"]
             log.warning("reward hub: %s: %s (scored %g)", where, failure, self.fallback_score)
+            add_failure(sample, "reward", f"reward hub: {failure} (scored {self.fallback_score:g})")
             return {"score": self.fallback_score, FAILED: 1.0}
         comps = self.routes[route]
         info: dict[str, float] = {}
@@ -280,6 +282,8 @@ class Hub:
             if isinstance(value, _Failure):
                 log.warning("reward hub: %r (route %r) on %s: %s (scored %g)", comp.name, route, where, value,
                             self.fallback_score)
+                add_failure(sample, "reward", f"reward hub: {comp.name!r} (route {route!r}): {value} "
+                                              f"(scored {self.fallback_score:g})")  # console, failures.jsonl
                 failed, timed_out = True, timed_out or value.kind == "timeouts"
                 parts = {"score": self.fallback_score}
                 info[f"{comp.label}/failed"] = 1.0

@@ -134,8 +134,7 @@ async def score_samples(
                                          else f"raised {type(error).__name__}: {error}")
         for sample in unit:
             sample.reward, sample.reward_info = fallback_score, {"score": fallback_score, **flags}
-            if isinstance(getattr(sample, "metadata", None), dict):  # the driver reports it (relax.core.failures)
-                add_failure(sample, "reward", f"{reason} (scored {fallback_score:g})", cause)
+            add_failure(sample, "reward", f"{reason} (scored {fallback_score:g})", cause)  # the driver reports it
 
     async def run(unit: list[Any]) -> None:
         async with sem:
