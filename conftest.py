@@ -15,17 +15,23 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
+if "RELAX_CACHE_DIR" not in os.environ:  # built models and data for this session only: a home directory's cache
+    import atexit  # from an earlier run (or another version) never decides what a test sees
+    import shutil
+    import tempfile
+
+    os.environ["RELAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="relax-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RELAX_CACHE_DIR"], ignore_errors=True)
+
 import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def ray_session(tmp_path_factory):
+def ray_session():
     """A real local Ray instance shared by the whole session (``ray.init`` twice would raise)."""
     import ray
 
     if not ray.is_initialized():
-        cache = tmp_path_factory.mktemp("relax-cache")
-        os.environ.setdefault("RELAX_CACHE_DIR", str(cache))
         ray.init(
             num_cpus=4,
             include_dashboard=False,
