@@ -89,6 +89,8 @@ def test_on_a_fake_gpu_each_file_gets_its_rows_and_the_budget_holds(tmp_path):
     names = list(got)
     assert got["driver / CUDA"] == "driver 580.82.07 >= 580.65.06 (CUDA 13.0), 1 GPU(s)"
     assert got["GPUs"].startswith("1: 1-GPU mode")
+    assert got["relax-sglang/test_gpu_nccl.py"] == got["relax-core/trainers/fsdp/test_fsdp_gpu_world2.py"] == (
+        "skipped: needs 2 GPUs")  # 2-GPU files: a row saying why, not a run
     first = names.index("relax-sglang/test_gpu.py")
     assert names[first + 1].startswith("relax-sglang/test_gpu.py::test_")  # its tests' rows follow it
     assert got[names[first + 1]].startswith("skipped: needs a CUDA GPU")

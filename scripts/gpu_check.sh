@@ -52,6 +52,11 @@ gpu_files=(
   "packages/relax-core/tests/trainers/test_real_lengths.py 90"
   "integration_tests/test_gpu.py 180"
 )
+# files whose every test needs 2 GPUs: run in 2-GPU mode only (on one GPU a row says why not)
+two_gpu_files=(
+  "packages/relax-sglang/tests/test_gpu_nccl.py 150"
+  "packages/relax-core/tests/trainers/fsdp/test_fsdp_gpu_world2.py 120"
+)
 per_test_limit=150  # pytest-timeout: one hung test fails alone and its file goes on
 
 # CUDA release -> the oldest Linux driver that runs it (NVIDIA's CUDA toolkit release notes, table 3)
@@ -148,9 +153,10 @@ if [[ $mode == dry ]]; then
   echo "  prepare  $sglang_env from $sglang_project/uv.lock (sglang $sglang_version, CUDA $lock_cuda)"
   echo "  check    driver >= $need_driver; then each file, its limit:"
   for f in "${gpu_files[@]}"; do echo "             ${f% *} (${f##* }s)"; done
+  for f in "${two_gpu_files[@]}"; do echo "             ${f% *} (${f##* }s, 2 GPUs only)"; done
   echo "  check    weight-sync latency (bench/sglang.py --device cuda), grpo ($grpo_config), benches"
   check "files" files_exist "$grpo_config" bench/megatron.py bench/sglang.py "$guard" scripts/gpu_check/rows.py \
-    "$sglang_project/pyproject.toml" "$sglang_project/uv.lock" ${gpu_files[@]%% *}
+    "$sglang_project/pyproject.toml" "$sglang_project/uv.lock" ${gpu_files[@]%% *} ${two_gpu_files[@]%% *}
   check "locks name one CUDA line" locks
   driver_here() { if command -v nvidia-smi >/dev/null; then driver_check; else echo "RESULT: no GPU here; a GPU needs >= $need_driver"; fi; }
   prepared_here() {
@@ -167,7 +173,7 @@ if [[ $mode == dry ]]; then
     "rollout.engine_params.python=$sglang_env/bin/python" "run_dir=$out/grpo"; fi
   check "benches compile" "$py" -m py_compile bench/megatron.py bench/sglang.py scripts/gpu_check/rows.py
   collect() {
-    "$py" -m pytest --collect-only -q -m gpu -p no:cacheprovider ${gpu_files[@]%% *} 2>&1 | tee "$out/collect.txt" |
+    "$py" -m pytest --collect-only -q -m gpu -p no:cacheprovider ${gpu_files[@]%% *} ${two_gpu_files[@]%% *} 2>&1 | tee "$out/collect.txt" |
       grep -c "::" | sed 's/^/RESULT: /;s/$/ GPU test ids/'
     grep -q "::" "$out/collect.txt"
   }
@@ -228,7 +234,10 @@ row "GPUs" "$gpus: $([[ $gpus -ge 2 ]] && echo "2-GPU mode, the NCCL tests run" 
 total_start=$SECONDS
 
 # each test file its own pytest and limit; a row per test from its -v log, also when the limit cut it off
-for entry in "${gpu_files[@]}"; do
+files=("${gpu_files[@]}")
+if ((gpus >= 2)); then files+=("${two_gpu_files[@]}")
+else for entry in "${two_gpu_files[@]}"; do row "$(sed 's#^packages/##; s#/tests/#/#' <<< "${entry% *}")" "skipped: needs 2 GPUs" 0; done; fi
+for entry in "${files[@]}"; do
   file="${entry% *}" limit="${entry##* }"
   id="$(sed 's#^packages/##; s#/tests/#/#' <<< "$file")"
   STEP_LIMIT=""
