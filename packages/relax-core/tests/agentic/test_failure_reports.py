@@ -177,3 +177,20 @@ def test_the_kits_turn_helpers_are_exported_for_an_environments_own_tests():
     episode = lookup_env.LookupEnvironment(lookup_env.LookupParams()).start(default_samples()[0])
     assert episode.step(make_turn("lookup(relax)")).observations == [{"role": "user", "content": "an RL engine"}]
     assert malformed_turn().tool_calls[0].error and make_turn("x").content == "x"
+
+
+def test_a_failing_reward_is_recorded_on_its_sample_with_the_reason():
+    from relax.core.rewards.runner import score_samples
+
+    class Picky:
+        def score(self, sample):
+            if sample.index_in_group == 1:
+                raise ValueError("no label")
+            return 1.0
+
+    samples = [Sample(prompt_ids=[1], group_id=0, index_in_group=i) for i in range(2)]
+    asyncio.run(score_samples(Picky(), samples, timeout_s=10, on_error="zero", reward_name="picky"))
+    assert "failures" not in samples[0].metadata
+    (failure,) = samples[1].metadata["failures"]
+    assert failure["kind"] == "reward" and failure["reason"] == "reward 'picky' raised ValueError: no label (scored 0)"
+    assert "ValueError: no label" in failure["traceback"]
