@@ -123,3 +123,22 @@ def test_the_docs_recipe_table_is_the_generated_one():
     assert BEGIN in page and END in page
     written = page[page.index(BEGIN): page.index(END) + len(END)]
     assert written == markdown(), "docs/gpu.md's recipe table drifted from the memory plan: regenerate it"
+
+
+def test_backend_layouts_split_what_they_split():
+    """relax-megatron's and relax-sglang's ``memory_layout``: the distributed optimizer halves masters and
+    moments over DP 2 (not the grad buffer); SGLang at tp 2 holds half the weights on twice the GPUs."""
+    path = REPO / RECIPES["dapo-math-grpo"].example
+
+    def trainer_terms(*over: str) -> dict[str, float]:
+        plan = plan_for(load_config(path, list(over)), 80)
+        return next(d.terms for d in plan.devices if d.name.startswith("trainer"))
+
+    plain, sharded = trainer_terms(), trainer_terms("trainer.backend_params.distributed_optimizer=true")
+    for term, ratio in (("policy fp32 masters", 2), ("policy optimizer (AdamW)", 2), ("policy gradients", 1)):
+        assert plain[term] == pytest.approx(ratio * sharded[term]), term
+    one, two = (plan_for(load_config(path, [f"rollout.engine_params.tp_size={tp}", "cluster.gpus=12"]), 80)
+                for tp in (1, 2))  # fmt: skip
+    assert (one.gpus, two.gpus) == (8, 12)
+    weights = [next(d.terms["engine weights"] for d in p.devices if d.name.startswith("engine")) for p in (one, two)]
+    assert weights[0] == pytest.approx(2 * weights[1])
