@@ -276,3 +276,26 @@ def test_relax_validate_names_what_megatron_cannot_run(tmp_path):
     (missing,) = family_problems(llama, 1, "local")
     assert "model_type 'llama': no installed plugin's model adapter declares a megatron layout" in missing
     assert family_problems("org/not-a-local-dir", 1, "local") == []  # the run checks a hub id itself
+
+
+def test_relax_convert_writes_a_transformers_model(megatron_world, family, tmp_path):
+    """A dist checkpoint of a trainer after one step: ``relax convert`` writes an HF directory transformers loads,
+    holding the trainer's weights (experts fused as transformers holds them, the selection biases included)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.core.cli import main
+    from relax.megatron.trainer import MegatronTrainer
+
+    model_dir, config, _ = family
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer = MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), **TRAINER_KW)
+    trainer.train_step(make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id))
+    trainer.save(str(tmp_path / "ckpt"))
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).state_dict()
+    want = _fused(exported(trainer), config)
+    assert sorted(converted) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(converted[name], tensor), name
