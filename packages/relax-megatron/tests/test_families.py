@@ -299,3 +299,21 @@ def test_relax_convert_writes_a_transformers_model(megatron_world, family, tmp_p
     assert sorted(converted) == sorted(want)
     for name, tensor in want.items():
         assert torch.equal(converted[name], tensor), name
+
+
+def test_routing_replay_columns_skip_the_dense_layers(megatron_world, family):
+    """Core records the MoE layers' routing only (``(B, T, moe_layers, k)``): megatron's routers of global
+    layers 1 and 2 (layer 0 dense) read columns 0 and 1, and a batch column must have two MoE layers."""
+    from relax.megatron.routing import MegatronRouting, moe_layer_pattern
+
+    _, config, _ = family
+    assert moe_layer_pattern([0, 1, 1], 3) == [0, 1, 1] and moe_layer_pattern(2, 4) == [1, 0, 1, 0]
+    routing = MegatronRouting.for_model(convert.build_gpt_model(config), True, config.num_hidden_layers)
+    assert routing.layers == [0, 1] and routing.num_layers == 2
+    batch = {
+        "input_ids": torch.zeros(1, 4, dtype=torch.long),
+        "attention_mask": torch.ones(1, 4, dtype=torch.long),
+    }
+    with pytest.raises(ValueError, match=r"should be \(rows, tokens, 2 MoE layers, k\)"):
+        with routing.applied({**batch, "routed_experts": torch.zeros(1, 4, 3, 2, dtype=torch.long)}):
+            pass

@@ -47,6 +47,12 @@ def sequence_slice(tokens: Tensor, rows: int, tp: int, tp_rank: int) -> Tensor:
     return tokens[tp_rank * per : (tp_rank + 1) * per]
 
 
+def moe_layer_pattern(freq: int | list[int], num_layers: int) -> list[int]:
+    """1 for each decoder layer with experts, 0 for a dense one, from megatron's ``moe_layer_freq`` (every
+    ``freq``-th layer, or an explicit list: dense first layers)."""
+    return list(freq) if isinstance(freq, list) else [int(i % freq == 0) for i in range(num_layers)]
+
+
 class _LayerReplay:
     """One router's replay: megatron's ``RouterReplay.get_replay_topk`` interface. Without a target the model's
     own top k; with one, the recorded experts for tokens that have a record, counting (token) mismatches when
@@ -81,8 +87,11 @@ class MegatronRouting:
     forwards and counts how often the model's own top k differs from the record (:meth:`mismatch`)."""
 
     def __init__(self, routers: list[Any], replay: bool, num_layers: int) -> None:
-        self.replay, self.num_layers = replay, num_layers
-        self.layers = [int(r.layer_number) - 1 for r in routers]  # global, 0-based (megatron counts from 1)
+        # the batch column holds MoE layers only (core records each MoE block's router, in layer order): a
+        # router's column is the number of MoE layers before its (global, 0-based) layer
+        pattern = moe_layer_pattern(routers[0].config.moe_layer_freq, num_layers)
+        self.replay, self.num_layers = replay, sum(pattern)
+        self.layers = [sum(pattern[: int(r.layer_number) - 1]) for r in routers]  # megatron counts from 1
         self.slots = [_LayerReplay() for _ in routers]
         for router, slot in zip(routers, self.slots, strict=True):
             router.router_replay = slot
