@@ -59,7 +59,9 @@ def run_step(handoff: Handoff, fleet: RecordingFleet, role, batch, log: list) ->
 @pytest.fixture(scope="module")
 def role():
     cfg = load_config(None, [*OFFLOAD, "trainer.micro_batch_size=4"])
-    return TrainerRole.__ray_actor_class__(cfg, trainer_context(cfg, ensure_quickstart_model()), num_threads=1)
+    return TrainerRole.__ray_actor_class__(
+        cfg, trainer_context(cfg, ensure_quickstart_model()), num_threads=1
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +79,24 @@ def test_a_step_hands_the_device_over_in_order(role, batch):
     assert handoff.phases == ["trainer_offload", "engines_release", "trainer_onload", "train", "trainer_release",
                               "engines_resume", "sync", "trainer_offload"]  # fmt: skip
     host, opt = ["optimizer", "params"], ["optimizer"]
-    assert log == [("rollout", host), ("release_memory", host), ("train", []), ("resume_memory", opt), ("sync", opt)]
+    assert log == [
+        ("rollout", host),
+        ("release_memory", host),
+        ("train", []),
+        ("resume_memory", opt),
+        ("sync", opt),
+    ]
     assert role.trainer.offloader.on_host == set(host)
     phases = ("before_rollout", "before_train", "after_update", "after_release", "after_offload")
     assert {f"perf/rss_{p}_gb" for p in phases} <= set(metrics)  # + perf/mem_<phase>_gb where CUDA runs
-    assert {"time/release_memory_s", "time/onload_s", "time/trainer_release_s", "time/offload_s"} <= set(metrics)
+    assert {"time/release_memory_s", "time/onload_s", "time/trainer_release_s", "time/offload_s"} <= set(
+        metrics
+    )
 
     weights = role.trainer.model.state_dict()  # on the host now
-    synced = dict(kv for bucket in role.export_weights(1 << 30) for kv in bucket)  # e.g. a replacement engine's sync
+    synced = dict(
+        kv for bucket in role.export_weights(1 << 30) for kv in bucket
+    )  # e.g. a replacement engine's sync
     assert synced and all(torch.equal(t, weights[n].to(t.dtype)) for n, t in synced.items())
     assert role.trainer.offloader.on_host == set(host)  # back on the host after the export
 
@@ -98,10 +110,16 @@ def test_without_offload_the_trainer_only_frees_its_cache(role, batch):
     cfg, log, metrics = load_config(None, ["rollout.host=separate"]), [], {}
     role.trainer.onload()
     fleet = RecordingFleet(role.trainer, log)
-    handoff = Handoff(SimpleNamespace(cfg=cfg, roles=SimpleNamespace(trainer=LocalHandle(role)), fleet=fleet), metrics)
+    handoff = Handoff(
+        SimpleNamespace(cfg=cfg, roles=SimpleNamespace(trainer=LocalHandle(role)), fleet=fleet), metrics
+    )
     run_step(handoff, fleet, role, batch, log)
     assert handoff.phases == ["train", "trainer_release", "sync"]
-    assert log == [("rollout", []), ("train", []), ("sync", [])]  # nothing moved, the engines kept their memory
+    assert log == [
+        ("rollout", []),
+        ("train", []),
+        ("sync", []),
+    ]  # nothing moved, the engines kept their memory
     assert {"perf/rss_after_update_gb", "perf/rss_after_release_gb"} <= set(metrics)
     assert role.trainer.offloader.on_host == set()
 
@@ -109,7 +127,9 @@ def test_without_offload_the_trainer_only_frees_its_cache(role, batch):
 def test_a_failed_update_still_gives_the_engines_their_memory_back(role, batch):
     cfg, log = load_config(None, OFFLOAD), []
     fleet = RecordingFleet(role.trainer, log)
-    handoff = Handoff(SimpleNamespace(cfg=cfg, roles=SimpleNamespace(trainer=LocalHandle(role)), fleet=fleet), {})
+    handoff = Handoff(
+        SimpleNamespace(cfg=cfg, roles=SimpleNamespace(trainer=LocalHandle(role)), fleet=fleet), {}
+    )
     with pytest.raises(RuntimeError, match="the update failed"), handoff.training():
         raise RuntimeError("the update failed")
     assert [what for what, _ in log] == ["release_memory", "resume_memory"]
@@ -120,10 +140,19 @@ def test_offload_is_refused_where_it_means_nothing():
     with pytest.raises(ConfigError, match=r"trainer.offload: supported in mode 'colocate' only"):
         load_config(None, ["trainer.offload=true", "mode=async", "max_staleness=1"])
     hosted = placement_errors(load_config(None, ["trainer.offload=true"]))  # the quick-start hosts its engine
-    assert hosted and "rollout.host 'auto': in the driver" in hosted[0] and "set rollout.host: separate" in hosted[0]
+    assert (
+        hosted
+        and "rollout.host 'auto': in the driver" in hosted[0]
+        and "set rollout.host: separate" in hosted[0]
+    )
     assert placement_errors(load_config(None, OFFLOAD)) == []
-    with pytest.raises(ConfigError, match=r"trainer.offload with trainer.backend_params.cpu_offload: .* already live"):
-        load_config(None, [*OFFLOAD, "trainer.backend=fsdp", "trainer.backend_params={device: cuda, cpu_offload: true}"])
+    with pytest.raises(
+        ConfigError, match=r"trainer.offload with trainer.backend_params.cpu_offload: .* already live"
+    ):
+        load_config(
+            None,
+            [*OFFLOAD, "trainer.backend=fsdp", "trainer.backend_params={device: cuda, cpu_offload: true}"],
+        )
     need = capabilities.required(load_config(None, OFFLOAD))["trainer"]
     assert need["offload"] == need["onload"] == "trainer.offload"
     with pytest.raises(capabilities.CapabilityError, match=r"'plain' does not implement offload\(\)"):

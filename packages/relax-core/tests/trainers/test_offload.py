@@ -62,7 +62,9 @@ def held(trainer) -> list[torch.Tensor]:
     copy cannot reuse its address."""
     parts = [(trainer.model, trainer.optimizer), _critic_parts(trainer)]
     params = [local(p).detach() for m, _ in parts if m is not None for p in m.parameters()]
-    state = [local(v) for _, o in parts if o is not None for st in o.state.values() for v in st.values() if v.dim()]
+    state = [
+        local(v) for _, o in parts if o is not None for st in o.state.values() for v in st.values() if v.dim()
+    ]
     return params + state
 
 
@@ -138,7 +140,9 @@ def test_fsdp_trainer_moves_its_dtensor_shards_and_comes_back_bit_identical(mode
     round_trip_keeps_everything(make, batches)
 
 
-def test_after_the_update_only_the_optimizer_leaves_and_a_checkpoint_sees_the_device(model_dir, batches, tmp_path):
+def test_after_the_update_only_the_optimizer_leaves_and_a_checkpoint_sees_the_device(
+    model_dir, batches, tmp_path
+):
     """The order colocate uses: optimizer state (and gradients) out after the update, the parameters stay for
     the sync; a checkpoint written while offloaded (``onloaded``) resumes to the same next step."""
     first, second = batches

@@ -14,7 +14,9 @@ from relax.core.trainers.offload import PARTS
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ),
 ]
 
 KW = {"lr": 1e-3, "micro_batch_size": 4}
@@ -43,7 +45,11 @@ def test_cuda_memory_drops_by_what_was_offloaded_and_comes_back_bit_identical(ba
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     batch = make_batch(make_samples(tok, rows=8, seed=1), tok.pad_token_id)
-    trainer = torch_trainer(model_dir, dtype="bfloat16", device="cuda", **KW) if backend == "torch" else fsdp_cuda(model_dir)
+    trainer = (
+        torch_trainer(model_dir, dtype="bfloat16", device="cuda", **KW)
+        if backend == "torch"
+        else fsdp_cuda(model_dir)
+    )
     try:
         trainer.train_step(dict(batch))
         before = [t.clone() for t in cuda_state(trainer)]
@@ -52,7 +58,9 @@ def test_cuda_memory_drops_by_what_was_offloaded_and_comes_back_bit_identical(ba
         assert optimizer["moved_gb"] > 0
         dropped = optimizer["before"]["mem_gb"] - optimizer["after"]["mem_gb"]
         assert dropped >= 0.9 * optimizer["moved_gb"], optimizer
-        assert optimizer["after"]["mem_reserved_gb"] < optimizer["before"]["mem_reserved_gb"]  # the cache went back
+        assert (
+            optimizer["after"]["mem_reserved_gb"] < optimizer["before"]["mem_reserved_gb"]
+        )  # the cache went back
         params = trainer.offload(PARTS)  # after the sync
         assert params["before"]["mem_gb"] - params["after"]["mem_gb"] >= 0.9 * params["moved_gb"] > 0, params
         assert not any(t.is_cuda for t in cuda_state(trainer))

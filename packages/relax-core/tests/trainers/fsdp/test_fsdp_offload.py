@@ -47,7 +47,9 @@ def round_trip(trainer) -> dict[str, bool]:
     return {
         "half": shards > 0,
         "equal": all(torch.equal(a, b) for a, b in zip(after, before, strict=True)),
-        "new storage": {t.data_ptr() for t in after if t.numel()}.isdisjoint(t.data_ptr() for t in on_host if t.numel()),
+        "new storage": {t.data_ptr() for t in after if t.numel()}.isdisjoint(
+            t.data_ptr() for t in on_host if t.numel()
+        ),
     }
 
 
@@ -68,5 +70,7 @@ def test_world_2_offload_round_trip_changes_nothing(world2, tmp_path):
     world2.call("train_step", dict(first))
     for rank in ray.get([r.apply.remote(round_trip) for r in world2.ranks], timeout=300):
         assert rank == {"half": True, "equal": True, "new storage": True}
-    assert learning_metrics(world2.call("train_step", dict(second))) == learning_metrics(want)  # bit-identical
+    assert learning_metrics(world2.call("train_step", dict(second))) == learning_metrics(
+        want
+    )  # bit-identical
     assert all(torch.equal(t, want_w[n]) for n, t in world2.export().items())
