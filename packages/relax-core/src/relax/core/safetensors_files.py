@@ -87,15 +87,28 @@ class Checkpoint:
         """Tensor ``name``, or rows ``[start, stop)`` of its first dimension (contiguous bytes: only those are read)."""
         e = self.entries[name]
         start, stop = rows if rows is not None else (0, e.shape[0] if e.shape else 1)
+        out = torch.empty((stop - start, *e.shape[1:]) if e.shape else (), dtype=e.dtype)
+        return self._read_into(name, out, start)
+
+    def read_into(self, name: str, out: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+        """Rows ``[start, stop)`` (all by default) of ``name`` copied into ``out`` of their shape; straight from
+        the file into ``out``'s memory when it is a contiguous host tensor of the file's dtype (no second copy)."""
+        e = self.entries[name]
+        start = rows[0] if rows is not None else 0
+        if out.device.type == "cpu" and out.dtype == e.dtype and out.is_contiguous():
+            self._read_into(name, out, start)
+        else:
+            out.copy_(self.read(name, rows))
+
+    def _read_into(self, name: str, out: torch.Tensor, start: int) -> torch.Tensor:
+        e = self.entries[name]
         row = 1
         for n in e.shape[1:]:
             row *= n
-        shape = (stop - start, *e.shape[1:]) if e.shape else ()
-        out = torch.empty(shape, dtype=e.dtype)
         if out.numel():
             with open(e.file, "rb", buffering=0) as f:
                 f.seek(e.begin + start * row * out.element_size())
-                buffer = memoryview(out.view(-1).view(torch.uint8).numpy())
+                buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy())
                 if f.readinto(buffer) != len(buffer):
                     raise ValueError(f"{e.file}: tensor {name!r} is truncated")
         return out

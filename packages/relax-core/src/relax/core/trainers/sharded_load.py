@@ -58,15 +58,16 @@ def empty_model(model_path: str, dtype: str) -> tuple[Any, dict[str, str] | None
         if build is None:
             return None, None
         with params_on_meta():
-            return build(model_path, getattr(torch, dtype))
-    with params_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+            model, key_mapping = build(model_path, getattr(torch, dtype))
+    else:
+        with params_on_meta():
+            model, key_mapping = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)), None
     if model.can_generate():  # as from_pretrained: the checkpoint's generation defaults, where it has them
         from transformers import GenerationConfig
 
         with contextlib.suppress(OSError):
             model.generation_config = GenerationConfig.from_pretrained(model_path)
-    return model, None
+    return model, key_mapping
 
 
 class Plan:
@@ -149,14 +150,12 @@ def fill(model: Any, checkpoint: Checkpoint, plan: Plan) -> int:
                     f"checkpoint tensor {name!r} {tuple(full)} does not fit {target!r} {tuple(state[target].shape)}"
                 )
             rows = _rows(local, offset, full)
-            if rows is not None:
-                part = checkpoint.read(name, rows)
+            if rows is not None:  # straight into the shard's memory where it can
+                checkpoint.read_into(name, local, rows)
             else:  # sharded along another dim: read it whole, keep this rank's slice
-                part = checkpoint.read(name)[
-                    tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
-                ]
-            local.copy_(part.to(local.dtype))
-            read += part.numel()
+                whole = checkpoint.read(name)
+                local.copy_(whole[tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))])
+            read += local.numel()
             written[id(state[target])] = written.get(id(state[target]), 0) + local.numel()
         for name, (target, expert, rule) in plan.experts.items():
             local, offset = local_part(state[target])
