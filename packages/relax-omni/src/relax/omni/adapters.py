@@ -115,23 +115,6 @@ class QwenMediaAdapter:
         encode_audio_per_item(model)
         return model, key_mapping
 
-    def load_empty(self, model_path: str, dtype: torch.dtype) -> tuple[Any, dict[str, str] | None]:
-        """:meth:`load`'s model built from its config, unloaded (core builds it with its parameters on the
-        meta device and each trainer rank reads only its shards, ``relax.core.trainers.sharded_load``), and
-        the checkpoint-name mapping :meth:`load` applies (a whole Omni checkpoint's ``thinker.`` prefix)."""
-        import transformers
-
-        from relax.omni.audio_per_item import encode_audio_per_item
-
-        config = transformers.AutoConfig.from_pretrained(model_path)
-        if config.model_type in WHOLE_OMNI:
-            thinker = getattr(transformers, WHOLE_OMNI[config.model_type])
-            model, key_mapping = thinker._from_config(config.thinker_config, dtype=dtype), {r"^thinker\.": ""}
-        else:
-            model, key_mapping = transformers.AutoModelForImageTextToText.from_config(config, dtype=dtype), None
-        encode_audio_per_item(model)
-        return model, key_mapping
-
     def loaded_config(self, config: Any) -> Any:
         """The config of the model :meth:`load` returns: a whole Omni checkpoint's thinker's."""
         return config.thinker_config if config.model_type in WHOLE_OMNI else config
