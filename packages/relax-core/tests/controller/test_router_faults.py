@@ -143,6 +143,11 @@ def test_killed_engine_requests_go_to_the_other_exactly_once(engines):
     assert resubmitted > 0 and router.resubmitted == resubmitted
     assert set(router.live()) == {1}
     assert all(s.response_ids == [101] for g in groups for s in g)  # the survivor answered everything
+    engine_failures = [f for g in groups for s in g for f in s.metadata.get("failures", [])]
+    assert len(engine_failures) == resubmitted  # one per resubmitted request, for the step's failure report
+    assert all(f["kind"] == "engine" and f["reason"].startswith("rollout engine[0] ")
+               and f["reason"].endswith("; its request was resubmitted") for f in engine_failures)
+    assert any("died during generate" in f["reason"] for f in engine_failures)
 
 
 def test_stopped_engine_is_evicted_after_the_generate_timeout(engines):

@@ -25,6 +25,7 @@ from relax.core.controller import local
 from relax.core.controller.faults import NoEnginesLeft, RoleError, describe
 from relax.core.controller.samples import apply_result, request_for
 from relax.core.data import Sample
+from relax.core.failures import add_failure
 from relax.core.protocols import SamplingParams
 
 POLL_S = 0.2  # how often a waiting stream notices engines leaving
@@ -155,6 +156,7 @@ class _Call:
     groups: list[list[Sample]]
     samples: list[Sample]
     sent: float  # monotonic time
+    lost: str = ""  # why it is resubmitted (an engine failure, relax.core.failures)
 
 
 def stream_groups(
@@ -204,7 +206,8 @@ def stream_groups(
             try:
                 results = local.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the engine process is gone
-                router.report_failure(call.index, f"rollout engine[{call.index}] died during generate ({describe(exc)})")
+                call.lost = f"rollout engine[{call.index}] died during generate ({describe(exc)})"
+                router.report_failure(call.index, call.lost)
                 lost.append(call)
             except Exception as exc:  # the engine raised (in its actor or the driver): a bug, not a lost engine
                 raise RoleError(
@@ -228,6 +231,9 @@ def stream_groups(
         lost += _drop_lost(router, pending, timeout_s)
         for call in lost:
             router.count_resubmitted(len(call.samples))
+            for sample in call.samples:  # reported with the step's failures; the sample itself is not lost
+                why = call.lost or f"rollout engine[{call.index}] left the fleet (lost or removed) during generate"
+                add_failure(sample, "engine", f"{why}; its request was resubmitted")
             send(call.groups, call.samples)
         if lost:
             yield [], sum(len(c.samples) for c in lost)
@@ -238,7 +244,8 @@ def _drop_lost(router: EngineRouter, pending: dict[Any, _Call], timeout_s: float
     live, now, lost = router.live(), time.monotonic(), []
     for ref, call in list(pending.items()):
         if call.index in live and now - call.sent > timeout_s:
-            router.report_failure(call.index, f"rollout engine[{call.index}] did not finish generate within {timeout_s:g}s")
+            call.lost = f"rollout engine[{call.index}] did not finish generate within {timeout_s:g}s"
+            router.report_failure(call.index, call.lost)
             live = router.live()
         if call.index not in live:
             del pending[ref]
