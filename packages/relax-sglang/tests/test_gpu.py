@@ -182,17 +182,22 @@ def test_sglang_distributed_over_nccl(gpu_engine, tiny_dirs):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism (tp_size 2) needs 2 GPUs")
-def test_tensor_parallel_server_serves_exactly_and_takes_tensor_updates(tiny_dirs, tmp_path):
+def test_tensor_parallel_server_serves_exactly_and_takes_tensor_updates(tiny_dirs, tmp_path, monkeypatch):
+    """Each TP rank's copy of a ``sglang_tensor`` bucket is staged on that rank's GPU (not all on GPU 0)."""
     from relax.core.testing import torch_trainer
+    from relax.sglang import engine as engine_module
     from relax.sglang.engine import SGLangEngine
     from relax.sglang.transports import SGLangTensorSync
 
     engine = SGLangEngine(_params(tp_size=2), tiny_dirs[0], run_dir=str(tmp_path))
     transport = SGLangTensorSync(timeout_s=300)
+    staged_on, stage = set(), engine_module.staged
+    monkeypatch.setattr(engine_module, "staged", lambda named, device: staged_on.add(str(device)) or stage(named, device))
     try:
         assert _greedy(engine) == _hf_greedy(tiny_dirs[0])
         transport.sync(torch_trainer(tiny_dirs[1], device="cuda"), [engine], 1)
         assert _greedy(engine) == _hf_greedy(tiny_dirs[1]) and engine.weight_version() == 1
+        assert staged_on == {"cuda:0", "cuda:1"}, staged_on
     finally:
         transport.close()
         engine.close()

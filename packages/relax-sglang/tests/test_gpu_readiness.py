@@ -110,6 +110,71 @@ def test_nccl_weight_sync_in_colocate_is_refused_by_validation():
     assert load_config(None, [*base, "mode=colocate"]).weight_sync.params.backend == "gloo"
 
 
+def test_sglang_tensor_stages_each_server_rank_on_its_own_gpu():
+    """Launched server j's TP rank k runs on the engine's GPU j * tp_size + k (--base-gpu-id): its copy of a bucket is
+    staged there, not every server's on GPU 0; a CPU server reads one host copy; attached servers the current GPU."""
+    from relax.sglang.device_defaults import staging_devices
+    from relax.sglang.engine import staged_payloads
+
+    cuda = torch.device
+    assert staging_devices("cuda", 1, 1) == [[cuda("cuda", 0)]]
+    assert staging_devices("cuda", 1, 2) == [[cuda("cuda", 0), cuda("cuda", 1)]]
+    assert staging_devices("cuda", 3, 2) == [[cuda("cuda", 0), cuda("cuda", 1)], [cuda("cuda", 2), cuda("cuda", 3)],
+                                             [cuda("cuda", 4), cuda("cuda", 5)]]  # fmt: skip
+    assert staging_devices("cuda", 2, 1, launched=False) == [[cuda("cuda")], [cuda("cuda")]]
+    assert staging_devices("cpu", 2, 1) == [[cuda("cpu")], [cuda("cpu")]]
+    # the assignment matches the GPUs the servers are launched on
+    fleet = SGLangEngineParams(device="cuda", router="sglang", servers=3, tp_size=2)
+    layout = staging_devices("cuda", 3, 2)
+    assert [int(_flag(server_command(fleet, "/m", 1, "bfloat16", base_gpu=j * 2) + ["--base-gpu-id", "0"],
+                      "--base-gpu-id")) for j in range(3)] == [ranks[0].index for ranks in layout]  # fmt: skip
+    # one staged copy per device (on CPU one host copy for both servers)
+    payloads, alive = staged_payloads([("w", torch.arange(4.0))], staging_devices("cpu", 2, 1))
+    assert len(alive) == 1 and [len(p) for p in payloads] == [1, 1]
+
+
+RECEIVER = """
+import base64, gc, multiprocessing.reduction, sys
+import torch.multiprocessing
+torch.multiprocessing.set_sharing_strategy("file_system")
+for line in sys.stdin:  # one payload a line, as one server rank after another receives it
+    try:
+        named = multiprocessing.reduction.ForkingPickler.loads(base64.b64decode(line))
+        print(float(sum(t.sum() for _, t in named)), flush=True)
+    except RuntimeError as exc:
+        print(exc, flush=True)
+    named = None
+    gc.collect()  # as a server does once the weights are loaded: its reference goes
+"""
+
+
+def test_every_server_rank_gets_its_own_pickle_of_a_host_bucket():
+    """torch counts a shared storage's references per pickle and each receiver drops one: two servers reading one
+    pickle freed the storage under the trainer, and the next bucket on that storage found no shared memory (a CPU
+    server died with 'unable to open shared memory object'). Two real receiver processes take the two servers'
+    payloads, then one of them a later bucket's on the same storage."""
+    from relax.sglang.device_defaults import staging_devices
+    from relax.sglang.engine import staged_payloads
+
+    servers = [subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]  # fmt: skip
+    try:
+        def receive(server: subprocess.Popen, payload: str) -> str:
+            server.stdin.write(payload + "\n")
+            server.stdin.flush()
+            return server.stdout.readline().strip()
+
+        named = [("w", torch.arange(4.0))]
+        payloads, _alive = staged_payloads(named, staging_devices("cpu", 2, 1))
+        assert [receive(server, p[0]) for server, p in zip(servers, payloads, strict=True)] == ["6.0", "6.0"]
+        later, _again = staged_payloads(named, staging_devices("cpu", 1, 1))  # the next bucket on the same storage
+        assert receive(servers[0], later[0][0]) == "6.0"
+    finally:
+        for server in servers:
+            server.stdin.close()
+            server.wait(60)
+
+
 def test_version_guards_name_the_versions():
     assert release("0.5.23.post2") == (0, 5, 23) and release("v0.6.0rc1") == (0, 6, 0) and release("dev") == ()
     assert patches_problem(PATCHED_FOR) is None and patches_problem(PATCHED_FOR + ".post1") is None

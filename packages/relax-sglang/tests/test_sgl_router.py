@@ -94,3 +94,18 @@ def test_a_distributed_sync_reaches_every_server_behind_the_router(routed, tiny_
         assert _ids(routed) == want
     finally:
         transport.close()
+
+
+def test_a_tensor_sync_reaches_every_server_behind_the_router(routed, tiny_dirs):
+    """``sglang_tensor`` posts each server its own payload (staged per server rank; on CPU one host copy)."""
+    from relax.sglang.transports import SGLangTensorSync
+
+    transport = SGLangTensorSync(timeout_s=120, bucket_bytes=1 << 18)
+    try:
+        for model_dir in (tiny_dirs[1], tiny_dirs[0]):  # the other weights (if the test above did not run), then back
+            want, version = _ids(HFRolloutEngine(model_dir)), routed.weight_version() + 1
+            transport.sync(torch_trainer(model_dir), [routed], version)
+            for worker in routed.workers:
+                assert _served_by(worker, version) == want, f"{worker.name} does not serve the synced weights"
+    finally:
+        transport.close()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from relax.sglang.params import SGLangEngineParams
 
 CPU_MAX_TOTAL_TOKENS = 4096  # the KV pool a CPU server allocates (SGLang would size it from host RAM)
@@ -66,3 +68,16 @@ def server_settings(params: SGLangEngineParams, run_dtype: str) -> ServerSetting
         deterministic=(not cuda) if params.deterministic is None else params.deterministic,
         max_concurrency=params.max_concurrency or (CUDA_MAX_CONCURRENCY if cuda else CPU_MAX_CONCURRENCY),
     )
+
+
+def staging_devices(device: str, servers: int, tp_size: int, launched: bool = True) -> list[list[torch.device]]:
+    """Where ``sglang_tensor`` stages a bucket for each server's tensor-parallel ranks: ``[server][tp rank]``.
+    A launched CUDA server ``j`` runs its rank ``k`` on the engine's GPU ``j * tp_size + k`` (``--base-gpu-id``;
+    SGLang's GPU of a rank is base + rank), so that rank's copy is staged there: CUDA IPC then opens no context
+    on another GPU (~0.5 GB each) and pulls nothing across, and no GPU holds every server's payload. Host memory
+    for a CPU server (one copy, shared); the engine's current GPU for attached servers (their GPUs are unknown)."""
+    if not is_cuda(device):
+        return [[torch.device("cpu")] * tp_size for _ in range(servers)]
+    if not launched:
+        return [[torch.device("cuda")] * tp_size for _ in range(servers)]
+    return [[torch.device("cuda", j * tp_size + k) for k in range(tp_size)] for j in range(servers)]

@@ -39,7 +39,7 @@ import torch
 from relax.core.protocols import GenerationRequest, GenerationResult
 from relax.sglang import lora as adapters
 from relax.sglang.client import SGLangClient, SGLangHTTPError
-from relax.sglang.device_defaults import server_settings
+from relax.sglang.device_defaults import server_settings, staging_devices
 from relax.sglang.media import MediaRequest, check_prompt_tokens, load_image_spec, media_request
 from relax.sglang.params import SGLangEngineParams
 from relax.sglang.payload import cut_at_stop_ids, generate_payload, parse_output, parse_version, result
@@ -66,11 +66,21 @@ def serialize_tensors(named: list[tuple[str, torch.Tensor]] | dict[str, torch.Te
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def staged(named: list[tuple[str, torch.Tensor]], device: str) -> list[tuple[str, torch.Tensor]]:
-    """The bucket where the server reads it: on a CUDA server's GPU (CUDA IPC: no host round trip), else
-    in host memory."""
-    target = torch.device("cuda") if device.startswith("cuda") else torch.device("cpu")
-    return [(n, t.detach().to(target).contiguous()) for n, t in named]
+def staged(named: list[tuple[str, torch.Tensor]], device: torch.device) -> list[tuple[str, torch.Tensor]]:
+    """The bucket where a server rank reads it (``device_defaults.staging_devices``): on its GPU (CUDA IPC: no
+    host round trip), else in host memory."""
+    return [(n, t.detach().to(device).contiguous()) for n, t in named]
+
+
+def staged_payloads(
+    named: list[tuple[str, torch.Tensor]], layout: list[list[torch.device]]
+) -> tuple[list[list[str]], list[Any]]:
+    """Per server, its ranks' ``serialized_named_tensors``, and the staged copies (one per device, kept alive until
+    the servers have answered: CUDA IPC and shared memory are read in place). Each rank gets its own pickle: torch
+    counts a shared storage's references per pickle (each receiver drops one), so one pickle read by two processes
+    lets the second one free the storage under the sender (the next bucket on it then finds no shared memory)."""
+    copies = {device: staged(named, device) for device in dict.fromkeys(d for ranks in layout for d in ranks)}
+    return [[serialize_tensors(copies[d]) for d in ranks] for ranks in layout], list(copies.values())
 
 
 def _media_requests(
@@ -192,15 +202,16 @@ class SGLangEngine:
         self.router.start()
         return self.router.url
 
-    def _each(self, endpoint: str, body: dict[str, Any] | None = None) -> list[Any]:
+    def _each(self, endpoint: str, body: dict[str, Any] | None = None, bodies: list[Any] | None = None) -> list[Any]:
         """POST ``endpoint`` to every server at once (a distributed weight update blocks each call until all
-        of them received the broadcast, so they cannot go one after another)."""
+        of them received the broadcast, so they cannot go one after another); ``bodies``: one per server."""
+        bodies = bodies if bodies is not None else [body] * len(self.workers)
         if len(self.workers) == 1:
-            return [self.workers[0].post(endpoint, body)]
+            return [self.workers[0].post(endpoint, bodies[0])]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(self.workers)) as pool:
-            return list(pool.map(lambda w: w.post(endpoint, body), self.workers))
+            return list(pool.map(lambda wb: wb[0].post(endpoint, wb[1]), zip(self.workers, bodies, strict=True)))
 
     def _served_version(self, default: int, agree: bool = True) -> int:
         """The weight version the servers report: after an update they must agree; at start-up (``agree``
@@ -364,10 +375,11 @@ class SGLangEngine:
             return
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         check_served_names((n for n, _ in items), self.served_architecture, self.name)
-        items = staged(items, self.params.device)  # kept alive until the server has answered (CUDA IPC)
-        body = {"serialized_named_tensors": [serialize_tensors(items)] * self.params.tp_size,
-                "weight_version": str(version), "flush_cache": self._may_flush()}  # fmt: skip
-        self._each("/update_weights_from_tensor", body)
+        layout = staging_devices(self.params.device, len(self.workers), self.params.tp_size, launched=bool(self.servers))
+        payloads, _alive = staged_payloads(items, layout)  # each server rank's copy on its own GPU, alive until answered
+        bodies = [{"serialized_named_tensors": ranks, "weight_version": str(version), "flush_cache": self._may_flush()}
+                  for ranks in payloads]  # fmt: skip
+        self._each("/update_weights_from_tensor", bodies=bodies)
         self._version = version
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
@@ -413,9 +425,10 @@ class SGLangEngine:
         if old == name:  # the same version again (a retried sync): SGLang refuses a second adapter of one name
             self._each("/unload_lora_adapter", {"lora_name": old})
             self._adapter = old = None
-        body = {"lora_name": name, "config_dict": adapters.adapter_config(self.lora),
-                "serialized_named_tensors": [serialize_tensors(tensors)] * self.params.tp_size}  # fmt: skip
-        self._each("/load_lora_adapter_from_tensors", body)
+        bodies = [{"lora_name": name, "config_dict": adapters.adapter_config(self.lora),
+                   "serialized_named_tensors": [serialize_tensors(tensors) for _ in range(self.params.tp_size)]}
+                  for _ in self.workers]  # one pickle per receiving rank (see staged_payloads)  # fmt: skip
+        self._each("/load_lora_adapter_from_tensors", bodies=bodies)
         self._adapter, self.last_sync_bytes = name, adapters.nbytes(tensors)
         if old is not None:  # waits for requests still on it (still tagged with its version; after pause(),
             self._each("/unload_lora_adapter", {"lora_name": old})  # which aborts them, there are none)
