@@ -142,3 +142,21 @@ def test_backend_layouts_split_what_they_split():
     assert (one.gpus, two.gpus) == (8, 12)
     weights = [next(d.terms["engine weights"] for d in p.devices if d.name.startswith("engine")) for p in (one, two)]
     assert weights[0] == pytest.approx(2 * weights[1])
+
+
+def test_every_example_on_gpus_states_them_and_fits():
+    """Any example config that puts a trainer or engine on CUDA says which GPUs it is written for and is a
+    recipe's (whose plan is checked above): a new GPU example cannot skip the plan."""
+    import yaml
+
+    on_gpu = []
+    for path in sorted((REPO / "examples").rglob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        devices = [str(((data.get(s) or {}).get(p) or {}).get("device", "")) for s, p in
+                   (("trainer", "backend_params"), ("rollout", "engine_params"))]  # fmt: skip
+        if any(d.startswith("cuda") for d in devices):
+            on_gpu.append(path.relative_to(REPO).as_posix())
+            cluster = data.get("cluster") or {}
+            assert cluster.get("gpus") and cluster.get("gpu_memory_gb"), f"{path}: no cluster section"
+    # each is a recipe's example, the text relax init writes, whose plan the test above fits in every mode
+    assert sorted(on_gpu) == sorted(r.example for r in RECIPES.values()), on_gpu
