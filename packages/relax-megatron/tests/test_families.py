@@ -200,16 +200,13 @@ def test_sparse_attention_is_refused_by_name(megatron_world):
         convert.build_gpt_model(config)
 
 
-#: two processes: GLM-4-MoE at TP=2 x EP=2 (sequence parallelism, each rank two whole experts); DeepSeek-V3 at
-#: DP=2 x EP=2 (multi-latent attention at TP > 1 is refused: see test_mla_at_tp2_is_refused_naming_why)
-LAYOUTS = {
-    "glm4_moe": {"tensor_parallel": 2, "expert_parallel": 2},
-    "deepseek_v3": {"data_parallel": 2, "expert_parallel": 2},
-}
+#: two processes at TP=2 x EP=2: sequence parallelism, each rank two whole experts (DP x EP is Qwen3-MoE's
+#: check in test_tensor_parallel.py; nothing in it is family-specific)
+LAYOUT = {"tensor_parallel": 2, "expert_parallel": 2}
 
 
-def test_expert_parallel_equals_the_torch_trainer(family, run_ranks):
-    """Two ranks (``LAYOUTS``): the logprobs equal the torch trainer's, and one step gives its loss, grad norm
+def test_tp2_ep2_equals_the_torch_trainer(family, run_ranks):
+    """Two ranks (``LAYOUT``): the logprobs equal the torch trainer's, and one step gives its loss, grad norm
     and updated weights."""
     from transformers import AutoTokenizer
 
@@ -219,9 +216,7 @@ def test_expert_parallel_equals_the_torch_trainer(family, run_ranks):
     ref = torch_trainer(model_dir, **TRAINER_KW)
     batch["old_logprobs"] = old = ref.forward_logprobs(batch)
     m_ref = ref.train_step(batch)
-    got = run_ranks(
-        "ep", model_dir, {"batch": batch, "layout": LAYOUTS[config.model_type]}, script="families_worker.py"
-    )
+    got = run_ranks("ep", model_dir, {"batch": batch, "layout": LAYOUT}, script="families_worker.py")
     torch.testing.assert_close(got["logprobs"], old, atol=1e-5, rtol=0)
     for key in ("loss", "entropy", "grad_norm"):
         assert got["metrics"][key] == pytest.approx(m_ref[key], rel=1e-5, abs=1e-5), key
@@ -233,21 +228,9 @@ def test_expert_parallel_equals_the_torch_trainer(family, run_ranks):
         )
 
 
-def test_mla_at_tp2_is_refused_naming_why():
-    """megatron-core 0.16.1's local-spec MLA splits its down projections over TP and gathers them without summing
-    the shared rotary key's gradient over the TP ranks (each holds its heads' part): refused, not trained wrong."""
-    from relax.megatron.mla import check_tensor_parallel
-
-    with pytest.raises(
-        ValueError, match="multi-latent attention at tensor_parallel=2 on megatron-core 0.16.1's local"
-    ):
-        check_tensor_parallel(2, "local")
-    check_tensor_parallel(1, "local"), check_tensor_parallel(2, "te")  # TE keeps the down projections whole
-
-
 def test_relax_validate_names_what_megatron_cannot_run(tmp_path):
-    """``validate_run``'s model check, from ``config.json`` alone: GLM-5's sparse attention, MLA at TP > 1 on the
-    local spec, and a family no adapter declares a layout for are named; GLM-4-MoE at TP=2 passes."""
+    """``validate_run``'s model check, from ``config.json`` alone: GLM-5's sparse attention and a family no adapter
+    declares a layout for are named; DeepSeek-V3 and GLM-4-MoE at TP=2 pass."""
     from transformers import AutoConfig, LlamaConfig
 
     from relax.megatron.family_check import family_problems
@@ -257,25 +240,20 @@ def test_relax_validate_names_what_megatron_cannot_run(tmp_path):
         return str(tmp_path / name)
 
     glm5 = saved("glm5", AutoConfig.for_model("glm_moe_dsa", vocab_size=64, **MOE, **CONFIGS["deepseek_v3"]))
-    (sparse,) = family_problems(glm5, 1, "local")
+    (sparse,) = family_problems(glm5)
     assert "'glm_moe_dsa' uses multi-latent attention with a sparse-attention indexer" in sparse
     assert "trainer.backend: torch or fsdp" in sparse
     deepseek = saved(
         "dsv3", AutoConfig.for_model("deepseek_v3", vocab_size=64, **MOE, **CONFIGS["deepseek_v3"])
     )
-    assert family_problems(deepseek, 1, "local") == [] and family_problems(deepseek, 2, "te") == []
-    (tp,) = family_problems(deepseek, 2, "local")
-    assert tp.startswith(
-        "trainer.backend_params.tensor_parallel=2: model_type 'deepseek_v3' uses multi-latent"
-    )
     glm = saved("glm", AutoConfig.for_model("glm4_moe", vocab_size=64, **MOE, **CONFIGS["glm4_moe"]))
-    assert family_problems(glm, 2, "local") == []
+    assert family_problems(deepseek) == [] and family_problems(glm) == []
     llama = saved(
         "llama", LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
     )
-    (missing,) = family_problems(llama, 1, "local")
+    (missing,) = family_problems(llama)
     assert "model_type 'llama': no installed plugin's model adapter declares a megatron layout" in missing
-    assert family_problems("org/not-a-local-dir", 1, "local") == []  # the run checks a hub id itself
+    assert family_problems("org/not-a-local-dir") == []  # the run checks a hub id itself
 
 
 def test_relax_convert_writes_a_transformers_model(megatron_world, family, tmp_path):

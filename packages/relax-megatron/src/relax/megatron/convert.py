@@ -421,9 +421,8 @@ def build_gpt_model(
 
         spec = decoder_block_spec(layer_spec, config, sequence_parallel)
         if d.attention != "gqa" and layer_spec == "local":
-            from relax.megatron.mla import check_tensor_parallel, local_spec
+            from relax.megatron.mla import local_spec
 
-            check_tensor_parallel(config.tensor_model_parallel_size, layer_spec)
             spec = local_spec(spec)
     else:
         spec = gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm, sequence_parallel=sequence_parallel)

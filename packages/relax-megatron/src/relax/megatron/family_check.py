@@ -1,7 +1,6 @@
 """What ``relax validate`` says about the model before a megatron run starts: whether its family's model adapter
-declares a megatron layout, and whether this trainer runs that layout at the configured parallelism (GLM-5's
-sparse-attention indexer, multi-latent attention at TP > 1 on the local spec). Read from the checkpoint's
-``config.json`` only: no weights, no megatron import."""
+declares a megatron layout, and whether this trainer runs that layout (not GLM-5's sparse-attention indexer).
+Read from the checkpoint's ``config.json`` only: no weights, no megatron import."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 
-def family_problems(model_path: str | None, tensor_parallel: int, layer_spec: str) -> list[str]:
+def family_problems(model_path: str | None) -> list[str]:
     """Messages naming ``model.path``'s family and why this trainer cannot run it (empty: it can, or the path is
     not a local checkpoint directory, which the run itself checks)."""
     if not model_path or not (Path(model_path) / "config.json").is_file():
@@ -31,20 +30,14 @@ def family_problems(model_path: str | None, tensor_parallel: int, layer_spec: st
         layout = megatron_layout(config)
     except ValueError as e:
         return [f"model.path: {e}"]
-    return _layout_problems(layout, config.model_type, tensor_parallel, layer_spec)
+    return _layout_problems(layout, config.model_type)
 
 
-def _layout_problems(layout: Any, model_type: str, tensor_parallel: int, layer_spec: str) -> list[str]:
+def _layout_problems(layout: Any, model_type: str) -> list[str]:
     if layout.attention == "sparse":
         return [
             f"model.path: model_type {model_type!r} uses multi-latent attention with a sparse-attention indexer, "
             "which the megatron trainer does not run yet (megatron-core 0.16.1's DSA attention needs Transformer "
             "Engine kernels); use trainer.backend: torch or fsdp for this model"
-        ]
-    if layout.attention == "mla" and tensor_parallel > 1 and layer_spec != "te":
-        return [
-            f"trainer.backend_params.tensor_parallel={tensor_parallel}: model_type {model_type!r} uses multi-latent "
-            "attention, which megatron-core 0.16.1's local layer spec trains wrongly at TP > 1; use "
-            "tensor_parallel: 1 with expert / data / pipeline parallelism"
         ]
     return []

@@ -2,7 +2,7 @@
 the HF <-> megatron mapping of its weights and the ``MLATransformerConfig`` fields.
 
 The two sides compute the same thing with the same weight layouts, so the mapping is a renaming plus TP
-splits (the local spec's down projections are column-parallel too; megatron gathers their outputs):
+splits (the down projections and the norms are whole on every TP rank: :func:`local_spec`):
 
 * HF ``q_a_proj`` / ``q_a_layernorm`` / ``q_b_proj`` -> ``linear_q_down_proj`` / ``q_layernorm`` /
   ``linear_q_up_proj`` (no query LoRA: HF ``q_proj`` -> ``linear_q_proj``); ``q_b_proj`` rows are per head
@@ -25,13 +25,13 @@ Tensor = torch.Tensor
 ATTN = "self_attention."
 #: HF name (under ``self_attn.``) -> (megatron name under ``self_attention.``, TP split dim; None: replicated)
 _QUERY_LORA = (
-    ("q_a_proj.weight", "linear_q_down_proj.weight", 0),
+    ("q_a_proj.weight", "linear_q_down_proj.weight", None),
     ("q_a_layernorm.weight", "q_layernorm.weight", None),
     ("q_b_proj.weight", "linear_q_up_proj.weight", 0),
 )
 _QUERY = (("q_proj.weight", "linear_q_proj.weight", 0),)
 _KEY_VALUE = (
-    ("kv_a_proj_with_mqa.weight", "linear_kv_down_proj.weight", 0),
+    ("kv_a_proj_with_mqa.weight", "linear_kv_down_proj.weight", None),
     ("kv_a_layernorm.weight", "kv_layernorm.weight", None),
     ("kv_b_proj.weight", "linear_kv_up_proj.weight", 0),
     ("o_proj.weight", "linear_proj.weight", 1),
@@ -68,19 +68,6 @@ def to_hf(
     }
 
 
-def check_tensor_parallel(tp: int, layer_spec: str) -> None:
-    """Refuse TP > 1 on the local spec: megatron-core 0.16.1 splits MLA's down projections over TP there and
-    gathers them without summing the shared rotary key's gradient over the TP ranks (each holds its heads'
-    part). Transformer Engine's spec keeps them whole (duplicated), which megatron handles."""
-    if tp > 1 and layer_spec == "local":
-        raise ValueError(
-            f"multi-latent attention at tensor_parallel={tp} on megatron-core 0.16.1's local layer spec: its "
-            "down projections are split over TP and gathered without summing the shared rotary key's gradient "
-            "over the TP ranks, so training would be wrong; use tensor_parallel: 1 with expert / data / pipeline "
-            "parallelism, or the Transformer Engine spec on CUDA"
-        )
-
-
 def mla_config(d: Any, kwargs: dict[str, Any], overrides: dict[str, Any]) -> Any:
     """``MLATransformerConfig`` of a multi-latent-attention model from the common ``kwargs`` of
     :func:`relax.megatron.convert.transformer_config`."""
@@ -112,21 +99,41 @@ def mla_config(d: Any, kwargs: dict[str, Any], overrides: dict[str, Any]) -> Any
 
 
 def local_spec(spec: Any) -> Any:
-    """``spec`` (a block spec) with megatron's local ``DotProductAttention`` replaced by one that takes MLA's
-    ``k_channels`` / ``v_channels``: megatron-core 0.16.1 builds MLA's core attention with them, which only
-    Transformer Engine's attention accepts (the local one then sizes its output by ``kv_channels``, not the
-    value heads). Without Transformer Engine, megatron-core 0.16.1's MLA module also believes TE present when its
-    extension module imported with a stand-in for ``TELinear`` (``isinstance(proj, <stand-in>)`` raises): the flag is set right (TE is not used either way)."""
+    """``spec`` (a block spec) made right for MLA on megatron-core 0.16.1's local layers:
+
+    * its ``DotProductAttention`` takes MLA's ``k_channels`` / ``v_channels`` (only Transformer Engine's accepts
+      them) and sizes its output by the value heads (:func:`_latent_attention`);
+    * the down projections are whole on every TP rank (megatron's plain ``Linear``, as Transformer Engine's spec
+      has them), not column-parallel: megatron gathers a column-parallel one's output without summing the shared
+      rotary key's gradient over the TP ranks (each holds its heads' part: a TP=2 step's grad norm came out 1.2%
+      off), while from a whole one it gathers that key with a reduce-scatter backward. Under sequence
+      parallelism each rank's copy sees its slice of the sequence: megatron marks the weight
+      ``sequence_parallel``, and its gradient is summed over TP;
+    * without Transformer Engine, the MLA module believes TE present when its extension module imported with
+      a stand-in for ``TELinear`` (``isinstance(proj, <stand-in>)`` raises): the flag is set right.
+    """
+    import dataclasses
+
     from megatron.core.transformer import multi_latent_attention
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from relax.megatron.layer_specs import _swapped
 
     if not isinstance(multi_latent_attention.TELinear, type):  # TE absent (a stand-in), yet HAVE_TE set
         multi_latent_attention.HAVE_TE = False
-    latent = _latent_attention()
-    return type(spec)(
-        **{**vars(spec), "layer_specs": [_swapped(s, DotProductAttention, latent) for s in spec.layer_specs]}
-    )
+    latent, whole = _latent_attention(), multi_latent_attention.Linear
+
+    def fixed(layer: Any) -> Any:
+        attention = layer.submodules.self_attention
+        parts = dataclasses.replace(attention.submodules, linear_q_down_proj=whole, linear_kv_down_proj=whole)
+        layer = dataclasses.replace(
+            layer,
+            submodules=dataclasses.replace(
+                layer.submodules, self_attention=dataclasses.replace(attention, submodules=parts)
+            ),
+        )
+        return _swapped(layer, DotProductAttention, latent)
+
+    return type(spec)(**{**vars(spec), "layer_specs": [fixed(layer) for layer in spec.layer_specs]})
 
 
 def _latent_attention() -> type:

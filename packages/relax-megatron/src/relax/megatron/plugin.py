@@ -108,7 +108,7 @@ class MegatronParams:
             errors.append(OFFLOAD_REASON)
         from relax.megatron.family_check import family_problems
 
-        errors += family_problems(cfg.model.path, self.tensor_parallel, self.layer_spec)
+        errors += family_problems(cfg.model.path)
         if cfg.trainer.max_tokens_per_micro_batch and self.pipeline_parallel > 1:
             errors.append("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
                           "of one shape; with pipeline_parallel > 1 use trainer.micro_batch_size")  # fmt: skip
