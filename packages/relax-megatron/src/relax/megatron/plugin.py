@@ -91,7 +91,7 @@ class MegatronParams:
         note += "" if self.layer_spec == "te" else f", layer_spec {self.layer_spec}: unfused attention counted"
         return model_parallel(tp, pp, dp, ep, dtype, distributed_optimizer=self.distributed_optimizer,
                               sequence_parallel=self.sequence_parallel, flash_attention=self.layer_spec == "te",
-                              chunked_logits=False, note=note)  # fmt: skip
+                              chunked_logits=True, note=note)  # fmt: skip
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what this trainer cannot do yet."""
