@@ -241,9 +241,10 @@ def test_error_log_keeps_every_failure(tmp_path: Path):
 
 
 def test_the_verdict_of_real_ray_on_an_alive_and_an_unknown_node(ray_session):
-    """The real ``EnginePlaces.verdict``: a probe pinned to this node answers; a node Ray does not list
-    alive is dead at once; a stopped run stops waiting."""
+    """The real ``EnginePlaces.verdict``: the driver's node is alive; a probe pinned to a node answers;
+    a node Ray does not list alive is dead at once."""
     places, stop = EnginePlaces(None, None, 1.0, 0.0), threading.Event()
-    assert places.verdict(ray.get_runtime_context().get_node_id(), stop) == "alive"
+    here = ray.get_runtime_context().get_node_id()
+    assert places.verdict(here, stop) == "alive" and places.probe(here, stop) == "alive"
     assert places.verdict("ab" * 28, stop) == "dead"
     assert places.slot_node(0) is None and not places.has_reservation(0)  # no reservation: nothing to wait for

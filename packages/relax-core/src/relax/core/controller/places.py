@@ -54,9 +54,16 @@ class EnginePlaces:
             return None
 
     def verdict(self, node: str, stop: threading.Event) -> str:
-        """Wait for Ray's verdict on ``node``: "alive" (a task pinned to it ran), "dead" (Ray declared
-        it dead), or "stopped" (``stop`` was set first). Never a guess: a lost node's raylet runs no
-        task, and Ray declares every lost node dead within its health-check window."""
+        """Wait for Ray's verdict on ``node``: "alive" (the driver's own node, or a task pinned to it
+        ran), "dead" (Ray declared it dead), or "stopped" (``stop`` was set first). Never a guess: a
+        lost node's raylet runs no task, and Ray declares every lost node dead within its health-check
+        window."""
+        if node == ray.get_runtime_context().get_node_id() and node in alive_nodes():
+            return "alive"  # the driver's node lives while the driver does: no probe (one machine)
+        return self.probe(node, stop)
+
+    def probe(self, node: str, stop: threading.Event) -> str:
+        """:meth:`verdict` by a task pinned to ``node`` (a worker process starts there to answer)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         probe = ray.remote(num_cpus=0)(_probe)  # made here: importing this module must not import Ray (lazy_ray)
@@ -65,21 +72,23 @@ class EnginePlaces:
             while True:
                 if node not in alive_nodes():
                     return "dead"
+                if ref is None:  # the probe failed with its node: wait for ray.nodes() to say so
+                    if stop.wait(POLL_S):
+                        return "stopped"
+                    continue
                 ready, _ = ray.wait([ref], timeout=POLL_S)
                 if ready:
                     try:
                         ray.get(ready[0])
                         return "alive"
-                    except Exception:  # the probe failed with its node: ray.nodes() says so next
+                    except Exception:
                         ref = None
                 if stop.is_set():
                     return "stopped"
-                if ref is None:
-                    stop.wait(POLL_S)
         finally:
             if ref is not None:
                 try:
-                    ray.cancel(ref, force=True)
+                    ray.cancel(ref)
                 except Exception as exc:  # already done, or its node is gone
                     log.debug("probe cancel: %s", exc)
 
