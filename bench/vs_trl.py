@@ -69,6 +69,11 @@ docs/benchmarks-history.md); Relax's per-step cost on CPU had grown by two full 
 step (the trainer-release phase), now only where CUDA runs.
 
     python bench/vs_trl.py [--task quickstart|single|chars] [--seeds 0,1,2] [--max-steps N] [--quick]
+                           [--concurrent] [--threads N]
+
+``--concurrent --threads 1`` runs a seed's two arms at once, one torch thread each: on a loaded machine the
+learning-per-step numbers (steps to reward, mean reward per step) in a fraction of the time; the seconds then
+measure two runs sharing the cores, not the bench's timings.
 """
 
 from __future__ import annotations
@@ -81,7 +86,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -257,11 +264,15 @@ def relax_task_overrides(task: Task, seed: int, workdir: Path) -> list[str]:
             "algorithm.advantage_params.epsilon=0.0001", *(["reward.name=first_integer"] if task.plugin_reward else []), *chars]
 
 
-def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path, relax_mode: str = "colocate") -> dict:
-    """One run in a fresh process; returns its seconds to reward (None if it never got there) and its steps."""
+def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path, relax_mode: str = "colocate",
+           threads: int = 0) -> dict:
+    """One run in a fresh process; returns its seconds to reward (None if it never got there) and its steps.
+    ``threads``: torch threads of the run (0: each side's default; Relax's driver takes every core)."""
     task = TASKS[task_name]
     out = workdir / f"{system}_{seed}.jsonl"
     env = {**os.environ, **ENV, "VS_TRL_OUT": str(out)}
+    if threads:  # TRL: torch reads OMP_NUM_THREADS; Relax: vs_trl_timer sets it once the roles are up
+        env["OMP_NUM_THREADS"] = env["VS_TRL_THREADS"] = str(threads)
     if system == "relax":
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE / "plugins"), env.get("PYTHONPATH", "")] if p)
         env["RELAX_PLUGINS"] = "vs_trl_timer" + (",vs_trl_reward" if task.plugin_reward else "")
@@ -351,6 +362,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, 60 steps: a smoke run, not a result")
     parser.add_argument("--relax-mode", choices=sorted(RELAX_MODES), default="colocate",
                         help="Relax's execution mode (colocate: faster here, see docs/benchmarks.md)")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="run a seed's two arms at the same time (steps to reward and mean reward per step "
+                             "still compare; seconds do not: the arms share the cores)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: each side's default)")
     parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -370,8 +385,15 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         for i, seed in enumerate(seeds):
-            for system in ("trl", "relax") if i % 2 == 0 else ("relax", "trl"):
-                r = launch(args.task, system, seed, max_steps, Path(tmp), args.relax_mode)
+            order = ("trl", "relax") if i % 2 == 0 else ("relax", "trl")
+            runs = [partial(launch, args.task, system, seed, max_steps, Path(tmp), args.relax_mode, args.threads)
+                    for system in order]  # fmt: skip
+            if args.concurrent:  # both arms at once: learning per step on a loaded machine (timings share the cores)
+                with ThreadPoolExecutor(2) as pool:
+                    seed_results = list(pool.map(lambda run: run(), runs))
+            else:
+                seed_results = [run() for run in runs]
+            for system, r in zip(order, seed_results, strict=True):
                 results.append(r)
                 reached = (f"reward {TARGET} at step {r['steps']}: {r['launch_s']:.1f} s from launch, "
                            f"{r['train_s']:.1f} s of training" if r["steps"] else f"no {TARGET} in {max_steps} steps")

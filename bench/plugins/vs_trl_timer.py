@@ -20,6 +20,10 @@ def _write(**event) -> None:
 
 @hookimpl
 def relax_on_run_start(run) -> None:
+    if threads := os.environ.get("VS_TRL_THREADS"):  # bench/vs_trl.py --threads: the driver took every core
+        import torch
+
+        torch.set_num_threads(int(threads))
     _write(event="train_start")
 
 
