@@ -58,14 +58,15 @@ def units(names: list[str]) -> dict[Any, list[str]]:
     return out
 
 
-def load_rank(model: Any, model_dir: str, hf_config: Any, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_rank: int = 0,
+def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_rank: int = 0,
               ep: int = 1, ep_rank: int = 0) -> int:  # fmt: skip
     """Fill ``model`` (this TP / EP rank's shard of pipeline stage ``pp_rank``) from the HF checkpoint at
-    ``model_dir``, reading only what it holds; every model weight must be filled. The tensors read."""
+    ``model_dir`` (or a :class:`Checkpoint` view of one under the LM's names, ``media_front``), reading only
+    what it holds; every model weight must be filled. The tensors read."""
     from relax.megatron import convert
     from relax.megatron.layer_specs import to_te_names, uses_te_names
 
-    checkpoint = Checkpoint(model_dir)
+    checkpoint = model_dir if isinstance(model_dir, Checkpoint) else Checkpoint(model_dir)
     d = convert.Dims.from_hf(hf_config)
     stage = convert.stage_layers(d.num_layers, pp, pp_rank)
     index = tp_rank * ep + ep_rank

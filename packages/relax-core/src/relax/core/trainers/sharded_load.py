@@ -15,6 +15,7 @@ reported by :func:`uncovered` before anything is built, and the caller loads it 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,9 +91,11 @@ class Plan:
         self.direct: dict[str, str] = {}
         self.experts: dict[str, tuple[str, int, Any]] = {}
         self.unknown: list[str] = []
+        self.renamed: dict[str, str] = {}  # every name after the renames alone (an expert still per expert)
         for name in names:
             target, pattern = rename_source_key(name, renamings, converters, prefix, wanted)
-            slot = fused_slot(apply_renamings(name, renamings), rules) if pattern is not None else None
+            self.renamed[name] = apply_renamings(name, renamings)
+            slot = fused_slot(self.renamed[name], rules) if pattern is not None else None
             if pattern is None and target in wanted:
                 self.direct[name] = target
             elif slot is not None and slot[0] in wanted:
@@ -102,6 +105,13 @@ class Plan:
 
     def covered(self) -> set[str]:
         return set(self.direct.values()) | {slot[0] for slot in self.experts.values()}
+
+    def only(self, names: set[str]) -> Plan:
+        """This plan for the weights ``names`` only (what is left of a model after parts were dropped)."""
+        kept = copy.copy(self)
+        kept.direct = {k: v for k, v in self.direct.items() if v in names}
+        kept.experts = {k: v for k, v in self.experts.items() if v[0] in names}
+        return kept
 
 
 def uncovered(model: Any, plan: Plan) -> list[str]:

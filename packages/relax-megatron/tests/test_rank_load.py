@@ -1,0 +1,67 @@
+"""Each megatron rank reads only the HF tensors its TP x PP x EP shard is made of (``rank_load``), and gets
+exactly the shard the whole-checkpoint conversion gives it. The mapping and the files are real; the model
+is a stand-in holding the shard's tensors (what ``load_rank`` fills: ``state_dict()``), so every layout is
+checked in one process."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+
+class Shard(torch.nn.Module):
+    """A rank's megatron weights by name, zeroed (what ``build_gpt_model`` gives before loading)."""
+
+    def __init__(self, names: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.tensors = {n: torch.zeros_like(t) for n, t in names.items()}
+
+    def state_dict(self, *args, **kwargs):
+        return dict(self.tensors)
+
+
+def check(model_dir: str, config, hf: dict, tp: int, pp: int, ep: int) -> list[int]:
+    from relax.megatron import convert
+    from relax.megatron.rank_load import load_rank
+
+    reads = []
+    for tp_rank, pp_rank, ep_rank in itertools.product(range(tp), range(pp), range(ep)):
+        want = convert.to_stage(convert.hf_to_megatron(hf, config, tp, ep)[tp_rank * ep + ep_rank], config, pp, pp_rank)
+        shard = Shard(want)
+        reads.append(load_rank(shard, model_dir, config, tp, tp_rank, pp, pp_rank, ep, ep_rank))
+        for name, t in want.items():
+            assert torch.equal(shard.tensors[name], t), (tp_rank, pp_rank, ep_rank, name)
+    return reads
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2), (2, 2)])
+def test_a_dense_rank_reads_its_stage_only(tiny_qwen3, tp, pp):
+    model_dir, config, hf = tiny_qwen3
+    reads = check(model_dir, config, hf, tp, pp, 1)
+    if pp > 1:  # each stage reads its layers (and the embedding / head where it holds them), not the others'
+        assert max(reads) < len(hf)
+    else:  # the TP split follows the read: every TP rank reads every tensor of its stage
+        assert reads == [len(hf)] * tp
+
+
+@pytest.mark.parametrize("tp, ep", [(1, 2), (2, 2)])
+def test_a_moe_rank_reads_its_experts_only(tiny_qwen3_moe, tp, ep):
+    model_dir, config, hf = tiny_qwen3_moe
+    reads = check(model_dir, config, hf, tp, 1, ep)
+    experts = sum(".experts." in n for n in hf)
+    assert reads == [len(hf) - experts + experts // ep] * (tp * ep)
+
+
+def test_a_checkpoint_that_misses_a_weight_is_refused_by_name(tiny_qwen3, tmp_path):
+    from safetensors.torch import save_file
+
+    from relax.megatron import convert
+    from relax.megatron.rank_load import load_rank
+
+    model_dir, config, hf = tiny_qwen3
+    save_file({n: t for n, t in hf.items() if n != "model.norm.weight"}, tmp_path / "model.safetensors")
+    shard = Shard(convert.hf_to_megatron(hf, config, 1, 1)[0])
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        load_rank(shard, str(tmp_path), config)
