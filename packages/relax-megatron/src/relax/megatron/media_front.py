@@ -25,6 +25,7 @@ whole batch every stage receives). Weight names: the in-memory HF names the torc
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from relax.core.model_family import MediaTowerHooks
+from relax.core.trainers import sharded_load
 
 Tensor = torch.Tensor
 
@@ -86,6 +88,32 @@ def lm_state(hf_state: dict[str, Tensor], lm_prefix: str) -> dict[str, Tensor]:
     if "lm_head.weight" in hf_state:
         out["lm_head.weight"] = hf_state["lm_head.weight"]
     return out
+
+
+def empty_front(model_path: str) -> tuple[Any, tuple[Any, Any] | None]:
+    """The media model with its parameters on meta and (checkpoint, plan) to read them from; (None, None)
+    where its adapter has no ``load_empty`` or the checkpoint is not mapped tensor by tensor."""
+    from relax.core.safetensors_files import Checkpoint
+
+    hf, key_mapping = sharded_load.empty_model(model_path, "float32")
+    if hf is None:
+        return None, None
+    checkpoint = Checkpoint(model_path)
+    plan = sharded_load.Plan(hf, checkpoint.names(), key_mapping)
+    return (hf, (checkpoint, plan)) if not sharded_load.uncovered(hf, plan) else (None, None)
+
+
+def lm_checkpoint(checkpoint: Any, plan: Any, lm_prefix: str) -> Any:
+    """``checkpoint`` seen under the names :mod:`relax.megatron.convert` reads (:func:`lm_state`'s: the LM's
+    weights only, experts per expert as on disk); nothing is read."""
+    view = copy.copy(checkpoint)
+    view.entries = {}
+    for name, renamed in plan.renamed.items():
+        if renamed.startswith(lm_prefix):
+            view.entries[MEGATRON_LM_PREFIX + renamed[len(lm_prefix):]] = checkpoint.entries[name]
+        elif renamed == "lm_head.weight":
+            view.entries[renamed] = checkpoint.entries[name]
+    return view
 
 
 def hf_name(name: str, lm_prefix: str | None) -> str:
@@ -185,12 +213,15 @@ class MediaFront(torch.nn.Module):
         from relax.core.multimodal_model import adapter_for, tower_kinds
         from relax.megatron.convert import Dims
 
-        hf = adapter_for(hf_config.model_type).load(model_path, torch.float32)
+        # built empty (the adapter's load_empty): the towers are read below, the LM's weights by each rank's
+        # load_rank (take_lm_weights); an adapter without one loads the whole model (its LM weights kept)
+        hf, plan = empty_front(model_path)
+        hf = hf if hf is not None else adapter_for(hf_config.model_type).load(model_path, torch.float32)
         self.hooks = parts = hooks(hf_config)
         self.tower_kinds = tower_kinds(hf)  # the checkpoint's, on every stage (later ones drop the towers)
         self.frozen: frozenset[str] = frozenset()  # tower kinds kept as loaded (:func:`freeze`)
         inner = hf.model
-        self.hf_state = {n: t.detach() for n, t in hf.state_dict().items()}  # the LM's, until :meth:`take_lm_weights`
+        self.hf_state = lm_checkpoint(*plan, parts.lm_prefix) if plan else {n: t.detach() for n, t in hf.state_dict().items()}
         inv_freq = getattr(inner, parts.language_model).rotary_emb.inv_freq
         dims = Dims.from_hf(lm_config(hf_config))
         setattr(inner, parts.language_model, _LanguageModelStub())
@@ -204,6 +235,9 @@ class MediaFront(torch.nn.Module):
             for tower in parts.towers:
                 if hasattr(inner, tower):
                     setattr(inner, tower, None)
+        if plan:  # what is left of the HF model (the towers, none on a later stage), read whole on each rank
+            sharded_load.materialize(hf, torch.device("cpu"))
+            sharded_load.fill(hf, plan[0], plan[1].only(set(hf.state_dict())))
         self.hf = hf
         # sequence parallelism (TP > 1): megatron's layers see this TP rank's slice of the sequence
         self.sequence_parallel = bool(gpt_model.config.sequence_parallel)
@@ -234,9 +268,11 @@ class MediaFront(torch.nn.Module):
         named = self.hf.named_parameters()
         return named if frozen is None else ((n, p) for n, p in named if is_tower(n, self.hf, self.frozen) == frozen)
 
-    def take_lm_weights(self) -> dict[str, Tensor]:
-        """The LM's weights of the loaded checkpoint (:func:`lm_state`), once: the front drops its copy."""
-        return lm_state(self.__dict__.pop("hf_state"), self.hooks.lm_prefix)
+    def take_lm_weights(self) -> Any:
+        """The LM's weights, once: a checkpoint view under the LM's names (``rank_load`` reads its rank's part),
+        or those of the whole loaded model (:func:`lm_state`; the front drops its copy)."""
+        state = self.__dict__.pop("hf_state")
+        return state if not isinstance(state, dict) else lm_state(state, self.hooks.lm_prefix)
 
     def _hook(self, index: int):
         def add_visual(_module: Any, _args: Any, output: Any) -> Any:

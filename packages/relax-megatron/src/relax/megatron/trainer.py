@@ -148,9 +148,10 @@ class MegatronTrainer(Offloadable):
                                              use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
         if self.media_config is not None:
             self.front = media_front.MediaFront(model_path, self.model, self.media_config, first_stage=self.first_stage)
-        load = convert.load_hf_into if self.front is not None else load_rank  # load_rank: reads this rank's part only
-        load(self.model, self.front.take_lm_weights() if self.front is not None else model_path, self.hf_config,
-             self.tp, self.tp_rank, pipeline_parallel, self.pp_rank, expert_parallel, self.ep_rank)  # fmt: skip
+        source = self.front.take_lm_weights() if self.front is not None else model_path  # a dict: loaded whole
+        load = convert.load_hf_into if isinstance(source, dict) else load_rank  # load_rank: this rank's part only
+        load(self.model, source, self.hf_config, self.tp, self.tp_rank, pipeline_parallel, self.pp_rank,
+             expert_parallel, self.ep_rank)  # fmt: skip
         self.model.to(self.device)  # a no-op where megatron already allocated on the current GPU
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
