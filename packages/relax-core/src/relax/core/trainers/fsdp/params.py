@@ -60,8 +60,6 @@ class FSDPParams:
                     "live in host memory; set one of them to false"]  # fmt: skip
         if cfg.trainer.recompute not in ("off", "full"):  # what the trainer refuses at start-up
             return [f"trainer.recompute: {cfg.trainer.recompute!r} is megatron's; the fsdp backend offers off | full"]
-        if cfg.trainer.recompute not in ("off", "full"):  # what the trainer refuses at start-up
-            return [f"trainer.recompute: {cfg.trainer.recompute!r} is megatron's; the fsdp backend offers off | full"]
         if self.activation_checkpointing and cfg.algorithm.routing_replay != "off":
             return ["trainer.backend_params.activation_checkpointing with algorithm.routing_replay: the forward "
                     "recomputed in backward would route with the model's own experts; set it to false"]  # fmt: skip
