@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import pytest
 
@@ -106,10 +105,10 @@ def test_isolation_raise_hang_and_exit_yield_fallback_and_counts(with_misbehave,
     samples = [make_sample(f"{resp}", "ok", {"kind": kind}, group=g, index=0)
                for g, (kind, resp) in enumerate([("raise", "BAD"), ("raise", "fine"), ("hang", "BAD"), ("exit", "BAD"),
                                                   ("exit", "fine"), ("mix", "ok BAD"), ("hang", "fine")])]
-    started = time.monotonic()
+    # behaviour, not wall-clock time: the hung calls end at their route's 1.5 s (logged below), and a hub that
+    # waited for them would make score_samples raise at its own 60 s instead of returning
     with caplog.at_level(logging.WARNING, logger="relax.rewards.hub"):
         stats = asyncio.run(score_samples(hub, samples, timeout_s=60, on_error="raise"))
-    assert time.monotonic() - started < 45
     assert stats.failures == 0  # the hub absorbed every failure itself ...
     scores = [s.reward for s in samples]
     assert scores[:5] == [-1.0, 1.0, -1.0, -1.0, 1.0] and scores[6] == 1.0
