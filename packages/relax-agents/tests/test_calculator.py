@@ -34,4 +34,4 @@ def test_refuses_what_is_not_bounded_arithmetic(expression, why):
     started = time.monotonic()
     with pytest.raises(CalculatorError, match=why):
         evaluate(expression)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10  # refused up front: evaluating any of these would take minutes or more

@@ -67,11 +67,9 @@ def test_sets_reward_and_info():
 
 def test_runs_concurrently_up_to_the_limit():
     reward = Slow(delay=0.1)
-    t0 = time.perf_counter()
     stats = asyncio.run(score_samples(reward, samples([str(i) for i in range(20)]), max_concurrency=5))
-    assert reward.peak == 5
+    assert reward.peak == 5  # five at a time, never more (behaviour, not a wall-clock bound a loaded machine breaks)
     assert stats.scored == 20
-    assert 0.35 < time.perf_counter() - t0 < 2.0  # 4 waves of 0.1 s, not 20 sequential ones
 
 
 def test_timeout_raises_naming_reward_and_sample():
@@ -103,14 +101,14 @@ def test_zero_mode_counts_failures():
 def test_a_reward_that_ignores_cancellation_cannot_stall_the_step():
     async def main():
         ss = samples(["x", "hang", "y", "hang"])
-        t0 = time.perf_counter()
-        stats = await score_samples(Slow(hang={"hang"}, linger=0.6), ss, timeout_s=0.2, on_error="zero")
-        elapsed = time.perf_counter() - t0
-        await asyncio.sleep(0.7)  # let the abandoned scores finish before the loop closes
-        return ss, stats, elapsed
+        reward = Slow(hang={"hang"}, linger=2.0)
+        stats = await score_samples(reward, ss, timeout_s=0.2, on_error="zero")
+        lingering = reward.active
+        await asyncio.sleep(2.1)  # let the abandoned scores finish before the loop closes
+        return ss, stats, lingering
 
-    ss, stats, elapsed = asyncio.run(main())
-    assert elapsed < 0.5  # returned at the timeout, not when the stubborn reward gave up
+    ss, stats, lingering = asyncio.run(main())
+    assert lingering == 2  # returned at the timeout, while both stubborn scores still ran
     assert [s.reward for s in ss] == [1.0, 0.0, 1.0, 0.0]
     assert (stats.scored, stats.errors, stats.timeouts, stats.failures) == (2, 0, 2, 2)
 
