@@ -112,8 +112,11 @@ class FSDPTrainer(Offloadable):
                                  reshard_after_forward=p.reshard_after_forward,
                                  activation_checkpointing=recompute, cpu_offload=p.cpu_offload)  # fmt: skip
         if self._checkpoint is not None:  # each rank reads its shards' rows (and the towers whole)
-            sharded_load.materialize(self.model, self.device)
+            # cpu_offload: the shards' storage on the host from the start (FSDP pins it); the towers then move
+            sharded_load.materialize(self.model, torch.device("cpu") if p.cpu_offload else self.device)
             sharded_load.fill(self.model, *self._checkpoint)
+            for q in self.replicated:
+                q.data = q.data.to(self.device)
             self._checkpoint = None
         trained = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = (
