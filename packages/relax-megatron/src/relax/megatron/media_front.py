@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,7 +97,7 @@ def empty_front(model_path: str) -> tuple[Any, tuple[Any, Any] | None]:
     from relax.core.safetensors_files import Checkpoint
 
     hf, key_mapping = sharded_load.empty_model(model_path, "float32")
-    if hf is None:
+    if hf is None or not any(Path(model_path).glob("*.safetensors")):
         return None, None
     checkpoint = Checkpoint(model_path)
     plan = sharded_load.Plan(hf, checkpoint.names(), key_mapping)

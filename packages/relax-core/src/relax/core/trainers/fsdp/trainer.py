@@ -365,7 +365,11 @@ def empty_sharded(model_path: str) -> tuple[Any, Any]:
     model, key_mapping = sharded_load.empty_model(model_path, "float32")
     if model is None:
         return None, None
-    checkpoint = Checkpoint(model_path)
+    try:
+        checkpoint = Checkpoint(model_path)
+    except FileNotFoundError as exc:  # no safetensors (a .bin checkpoint): transformers reads it, whole
+        logging.getLogger(__name__).warning("fsdp: %s is loaded whole on every rank: %s", model_path, exc)
+        return None, None
     plan = sharded_load.Plan(model, checkpoint.names(), key_mapping)
     if missing := sharded_load.uncovered(model, plan):
         why = "fsdp: %s is loaded whole on every rank: no checkpoint tensor maps to %s"
