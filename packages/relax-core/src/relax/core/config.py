@@ -411,8 +411,8 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     errors.extend(algorithm_config_errors(cfg))
     errors.extend(control_errors(cfg))
     errors.extend(lora_errors(cfg))
-    errors.extend(offload_errors(cfg))
     errors.extend(cluster_errors(cfg))
+    errors.extend(offload_errors(cfg))
     errors.extend(length_errors(cfg))
     errors.extend(eval_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
@@ -529,10 +529,10 @@ def _plugin_errors(cfg: RelaxConfig) -> list[str]:
         names = manager.names(kind)
         if name not in names:
             errors.append(f"{path}: unknown {kind} {name!r}; registered: {', '.join(names) or '(none)'}")
-    return errors
     env = cfg.environment
     if env.tool_parser == "none" and env.name in manager.names("environment") and \
             manager.registration("environment", env.name).options.get("tool_calls"):
         parsers = [n for n in manager.names("tool_parser") if n != "none"]
         errors.append(f"environment.tool_parser: 'none' finds no tool call, but environment {env.name!r} is answered with "
                       f"tool calls (registered with tool_calls=True); set one of: {', '.join(parsers) or '(none installed)'}")
+    return errors
