@@ -115,6 +115,7 @@ class FSDPTrainer(Offloadable):
             # cpu_offload: the shards' storage on the host from the start (FSDP pins it); the towers then move
             sharded_load.materialize(self.model, torch.device("cpu") if p.cpu_offload else self.device)
             sharded_load.fill(self.model, *self._checkpoint)
+            self.replicated = [q for n, q in hf.named_parameters() if is_tower(n, hf)]  # to_empty made them anew
             for q in self.replicated:
                 q.data = q.data.to(self.device)
             self._checkpoint = None
