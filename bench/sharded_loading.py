@@ -28,12 +28,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         model = write_model(root, hidden=args.hidden, layers=args.layers)
         full = model_bytes(model)
-        print(f"model: {full / 4 / 1e6:.0f} M parameters, a full fp32 copy is {full / 2**20:.0f} MiB; world {args.world}")
+        print(
+            f"model: {full / 4 / 1e6:.0f} M parameters, a full fp32 copy is {full / 2**20:.0f} MiB; world {args.world}"
+        )
         peaks = {}
         for mode in ("full", "sharded"):
             reports = run_world(model, args.world, mode, free_port())
             if reports[0]["equal"] != reports[0]["compared"]:
-                raise SystemExit(f"{mode}: {reports[0]['compared'] - reports[0]['equal']} weights differ from the checkpoint")
+                raise SystemExit(
+                    f"{mode}: {reports[0]['compared'] - reports[0]['equal']} weights differ from the checkpoint"
+                )
             peaks[mode] = max(r["peak_bytes"] for r in reports)
             per_rank = ", ".join(f"{r['peak_bytes'] / 2**20:.0f}" for r in reports)
             print(f"{mode:>8}: peak MiB per rank [{per_rank}] = {peaks[mode] / full:.2f}x a full copy "

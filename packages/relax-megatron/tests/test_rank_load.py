@@ -28,7 +28,9 @@ def check(model_dir: str, config, hf: dict, tp: int, pp: int, ep: int) -> list[i
 
     reads = []
     for tp_rank, pp_rank, ep_rank in itertools.product(range(tp), range(pp), range(ep)):
-        want = convert.to_stage(convert.hf_to_megatron(hf, config, tp, ep)[tp_rank * ep + ep_rank], config, pp, pp_rank)
+        want = convert.to_stage(
+            convert.hf_to_megatron(hf, config, tp, ep)[tp_rank * ep + ep_rank], config, pp, pp_rank
+        )
         shard = Shard(want)
         reads.append(load_rank(shard, model_dir, config, tp, tp_rank, pp, pp_rank, ep, ep_rank))
         for name, t in want.items():

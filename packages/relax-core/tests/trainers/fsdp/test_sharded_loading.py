@@ -34,7 +34,9 @@ def test_each_rank_peaks_under_0_6_of_a_full_copy_and_holds_the_checkpoint_weigh
     assert full > 800e6  # large enough that the interpreter's own growth is small next to it
     reports = run_world(big_model, 2, "sharded", free_port())
     for r in reports:
-        assert r["peak_bytes"] <= 0.6 * full, f"rank {r['rank']} peaked at {r['peak_bytes'] / full:.2f}x a full copy"
+        assert r["peak_bytes"] <= 0.6 * full, (
+            f"rank {r['rank']} peaked at {r['peak_bytes'] / full:.2f}x a full copy"
+        )
     assert reports[0]["compared"] == 3 + 11 * 12  # every weight: embedding, norm, head and 12 layers' 11
     assert reports[0]["equal"] == reports[0]["compared"]
 

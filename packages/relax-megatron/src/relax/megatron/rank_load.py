@@ -29,7 +29,9 @@ class PartialCheckpoint(Mapping):
     """``{name: tensor}`` over a checkpoint: the ``real`` names read from disk, the rest meta tensors
     (``meta_dtype`` when given, for the provenance probe)."""
 
-    def __init__(self, checkpoint: Checkpoint, real: set[str], meta_dtype: dict[str, torch.dtype] | None = None):
+    def __init__(
+        self, checkpoint: Checkpoint, real: set[str], meta_dtype: dict[str, torch.dtype] | None = None
+    ):
         self.checkpoint, self.real, self.meta_dtype = checkpoint, real, meta_dtype
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -76,7 +78,9 @@ def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int =
     te = uses_te_names(expected)
 
     def rank_part(view: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        shard = convert.to_stage(convert.hf_to_megatron(view, hf_config, tp, ep)[index], hf_config, pp, pp_rank)
+        shard = convert.to_stage(
+            convert.hf_to_megatron(view, hf_config, tp, ep)[index], hf_config, pp, pp_rank
+        )
         return to_te_names(shard, moe=bool(d.experts)) if te else shard
 
     def held(names: list[str]) -> bool:  # whether this rank's shard is made from a top-level unit
@@ -100,7 +104,9 @@ def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int =
                     params[name].copy_(value)
                     written.add(name)
     if missing := sorted(expected - written):
-        raise ValueError(f"{model_dir}: the checkpoint did not fill {len(missing)} megatron weight(s): {missing[:8]}")
+        raise ValueError(
+            f"{model_dir}: the checkpoint did not fill {len(missing)} megatron weight(s): {missing[:8]}"
+        )
     return read
 
 
