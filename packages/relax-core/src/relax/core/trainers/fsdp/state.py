@@ -154,7 +154,7 @@ def save_hf(
     dtype: torch.dtype,
     rank: int,
     comm_device: torch.device,
-    max_shard_bytes: int = 50 << 30,
+    max_shard_bytes: int = 50 * 10**9,  # save_pretrained's default "50GB"
 ) -> None:
     """A plain HF directory, as ``save_pretrained`` of the unwrapped model writes it, streamed (a
     collective): each weight is gathered in full one at a time and rank 0 appends it to the current
