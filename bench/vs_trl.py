@@ -64,9 +64,10 @@ truncated ones in full), advantages, loss, entropy and gradient, at ratio 1 and 
 through TRL's ``train()`` (AdamW, clipping, LR) replayed into Relax's trainer give the same losses, gradient
 norms and weights. What still differs by design: each side's own sampler RNG and prompt order (the same
 rows, shuffled with the run seed by each), and Relax's torch threads in the driver (every core; TRL: torch's
-default, the same here). Issue 44's 0.6 plateau on ``chars`` was not reproduced with these settings (see
-docs/benchmarks-history.md); Relax's per-step cost on CPU had grown by two full ``gc.collect`` per colocate
-step (the trainer-release phase), now only where CUDA runs.
+default, the same here). On ``chars`` both sides plateau at 0.55-0.70 with the entropy climbing back (issue
+44 saw it on Relax alone, one run each): a 5-step mean crossing 0.8 there is a fluctuation, so the mean
+reward per step over the steps both ran is printed as well (docs/benchmarks-history.md). Relax's per-step
+cost on CPU had grown by two full ``gc.collect`` per colocate step (trainer release), now only where CUDA runs.
 
     python bench/vs_trl.py [--task quickstart|single|chars] [--seeds 0,1,2] [--max-steps N] [--quick]
                            [--concurrent] [--threads N]
