@@ -6,7 +6,8 @@ defaults: ~218 M parameters, 0.87 GB in fp32) is saved once; then ``--world`` fs
 process (``relax.core.testing.sharded_rss``), build the trainer both ways. Each rank's peak resident set
 while building it (``VmHWM`` minus what it held before: interpreter, libraries, tokenizer) is compared
 with a full fp32 copy of the weights (what every rank held before) and between the two ways; rank 0 also
-checks that every weight it gathers equals the checkpoint's.
+checks that every weight it gathers equals the checkpoint's. The megatron trainer at TP and at PP = ``--world``
+is measured the same way (its rows only; its weights are checked by the test suite).
 
     python bench/sharded_loading.py [--hidden 1024] [--layers 12] [--world 2]
 """
@@ -42,6 +43,10 @@ def main() -> None:
             per_rank = ", ".join(f"{r['peak_bytes'] / 2**20:.0f}" for r in reports)
             print(f"{mode:>8}: peak MiB per rank [{per_rank}] = {peaks[mode] / full:.2f}x a full copy "
                   f"({reports[0]['equal']} weights equal the checkpoint's)")  # fmt: skip
+        for mode in ("megatron_tp", "megatron_pp"):  # relax-megatron's trainer at TP or PP = world (rank_load.py)
+            reports = run_world(model, args.world, mode, free_port())
+            per_rank = ", ".join(f"{r['peak_bytes'] / full:.2f}" for r in reports)
+            print(f"{mode:>11}: peak per rank [{per_rank}]x a full copy")
     print(f"sharded_loading: {peaks['sharded'] / peaks['full']:.2f}x peak host RSS per rank, sharded vs "
           f"whole-model load ({peaks['sharded'] / full:.2f}x vs {peaks['full'] / full:.2f}x a full fp32 copy, "
           f"world {args.world})")  # fmt: skip

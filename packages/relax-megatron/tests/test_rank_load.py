@@ -67,3 +67,29 @@ def test_a_checkpoint_that_misses_a_weight_is_refused_by_name(tiny_qwen3, tmp_pa
     shard = Shard(convert.hf_to_megatron(hf, config, 1, 1)[0])
     with pytest.raises(KeyError, match="model.norm.weight"):
         load_rank(shard, str(tmp_path), config)
+
+
+def test_a_tp_rank_reads_only_its_vocabulary_rows(tiny_qwen3, tiny_qwen3_moe, monkeypatch):
+    """The embedding (and an untied head) split by vocabulary rows over TP: each TP rank reads its rows only
+    (the padding rows past the vocabulary are zeros), and still gets the whole-checkpoint conversion's shard."""
+    from relax.core.safetensors_files import Checkpoint
+
+    asked: list[tuple[str, tuple[int, int] | None]] = []
+    read, read_into = Checkpoint.read, Checkpoint.read_into
+
+    def spied_read(self, name, rows=None):
+        asked.append((name, rows))
+        return read(self, name, rows)
+
+    def spied_read_into(self, name, out, rows=None):
+        asked.append((name, rows))
+        read_into(self, name, out, rows)
+
+    monkeypatch.setattr(Checkpoint, "read", spied_read)
+    monkeypatch.setattr(Checkpoint, "read_into", spied_read_into)
+    for model_dir, config, hf in (tiny_qwen3, tiny_qwen3_moe):
+        asked.clear()
+        check(model_dir, config, hf, 2, 1, 1)
+        vocab = [(n, rows) for n, rows in asked if hf[n].shape[0] == config.vocab_size and hf[n].dim() == 2]
+        assert vocab and all(rows is not None and rows[1] - rows[0] <= -(-config.vocab_size // 2) for _, rows in vocab)
+        assert sorted(rows for _, rows in vocab if "embed" in _)[0][0] == 0  # rank 0 from the first row

@@ -51,6 +51,12 @@ class PartialCheckpoint(Mapping):
         return name in self.checkpoint.entries
 
 
+def no_init(weight: torch.Tensor) -> None:
+    """Megatron's init method for a model whose weights are loaded next: with CPU initialisation megatron
+    allocates each TP-split weight whole and initialises it before keeping this rank's part; left untouched,
+    the whole weight's pages are never written, so a rank's memory holds its part only."""
+
+
 def units(names: list[str]) -> dict[Any, list[str]]:
     """Checkpoint names by unit: ``("layer", i)`` for decoder layer ``i``'s, ``("top", name)`` otherwise."""
     out: dict[Any, list[str]] = {}
@@ -83,9 +89,21 @@ def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int =
         )
         return to_te_names(shard, moe=bool(d.experts)) if te else shard
 
-    def held(names: list[str]) -> bool:  # whether this rank's shard is made from a top-level unit
+    def made_from(names: list[str]) -> dict[str, torch.Tensor]:  # this rank's weights a top-level unit makes
         marked = rank_part(PartialCheckpoint(checkpoint, set(), {n: torch.float64 for n in names}))
-        return any(t.dtype == torch.float64 for t in marked.values())
+        return {n: t for n, t in marked.items() if t.dtype == torch.float64}
+
+    def vocab_slice(names: list[str], made: dict[str, torch.Tensor]) -> tuple[str, str, int, int] | None:
+        """(HF name, weight, first row, rows) when the unit is an embedding / head split by vocabulary rows
+        (``convert._vocab_split``): this rank reads only its rows, straight into its weight (no whole copy and
+        no split copy, at TP 1 too); the padding rows past the vocabulary are 0."""
+        shape = checkpoint.entries[names[0]].shape
+        if len(names) != 1 or len(made) != 1 or shape[:1] != (d.vocab,):
+            return None
+        [(target, probe)], rows = made.items(), d.padded_vocab(tp) // tp
+        if target not in expected or tuple(probe.shape) != (rows, *shape[1:]):
+            return None
+        return names[0], target, tp_rank * rows, max(0, min(rows, d.vocab - tp_rank * rows))
 
     def mine(name: str) -> bool:  # an expert of another EP rank is not read
         m = EXPERT.search(name)
@@ -94,7 +112,16 @@ def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int =
     written: set[str] = set()
     read = 0
     for (kind, key), names in units(list(checkpoint.entries)).items():
-        if (kind == "layer" and key not in stage) or (kind == "top" and not held(names)):
+        made = made_from(names) if kind == "top" else None
+        if (kind == "layer" and key not in stage) or made == {}:
+            continue
+        if made and (rows := vocab_slice(names, made)):
+            name, target, start, count = rows
+            with torch.no_grad():
+                params[target][count:].zero_()
+                checkpoint.read_into(name, params[target][:count], (start, start + count))  # into the weight itself
+            written.add(target)
+            read += 1
             continue
         real = {n for n in names if mine(n)}
         read += len(real)

@@ -58,7 +58,7 @@ from relax.megatron.parallel import (
     sequence_parallel_on,
 )
 from relax.megatron.pipeline import from_last_stage, global_layer_names, run_schedule, stage_units
-from relax.megatron.rank_load import load_rank, save_streamed
+from relax.megatron.rank_load import load_rank, no_init, save_streamed
 from relax.megatron.routing import MegatronRouting, routing_metrics
 
 TOWER = "front."  # grad_params name prefix of a media tower weight (media_front.py)
@@ -145,7 +145,8 @@ class MegatronTrainer(Offloadable):
                                  recompute=self.settings.recompute if trainable else "off")  # fmt: skip
         self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
                                              layer_spec=self.layer_spec, tensor_model_parallel_size=tensor_parallel,
-                                             use_cpu_initialization=self.device.type == "cpu", **layout)  # fmt: skip
+                                             use_cpu_initialization=self.device.type == "cpu", init_method=no_init,
+                                             output_layer_init_method=no_init, **layout)  # fmt: skip
         if self.media_config is not None:
             self.front = media_front.MediaFront(model_path, self.model, self.media_config, first_stage=self.first_stage)
         source = self.front.take_lm_weights() if self.front is not None else model_path  # a dict: loaded whole

@@ -70,6 +70,14 @@ def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> di
 
     if mode == "full":
         fsdp.empty_sharded = lambda model_path: (None, None)  # the whole-model load: every rank reads it all
+    if mode.startswith("megatron_"):  # relax-megatron's trainer at TP or PP = world (rank_load.py)
+        from relax.megatron.trainer import MegatronTrainer
+
+        layout = {"tensor_parallel" if mode == "megatron_tp" else "pipeline_parallel": world}
+        before = resident_bytes()
+        t = MegatronTrainer(model_dir, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                            **layout)  # fmt: skip
+        return {"rank": rank, "peak_bytes": resident_bytes("VmHWM") - before}
     before = resident_bytes()
     t = fsdp.FSDPTrainer(model_dir, params=FSDPParams(world_size=world), rank=rank, world_size=world,
                          master_addr="127.0.0.1", master_port=port)  # fmt: skip
