@@ -44,7 +44,7 @@ def main() -> None:
             print(f"{mode:>8}: peak MiB per rank [{per_rank}] = {peaks[mode] / full:.2f}x a full copy "
                   f"({reports[0]['equal']} weights equal the checkpoint's)")  # fmt: skip
         for mode in ("megatron_tp", "megatron_pp"):  # relax-megatron's trainer at TP or PP = world (rank_load.py)
-            reports = run_world(model, args.world, mode, free_port())
+            reports = run_world(model, args.world, mode, free_port(), module="relax.megatron.load_rss")
             per_rank = ", ".join(f"{r['peak_bytes'] / full:.2f}" for r in reports)
             print(f"{mode:>11}: peak per rank [{per_rank}]x a full copy")
     print(f"sharded_loading: {peaks['sharded'] / peaks['full']:.2f}x peak host RSS per rank, sharded vs "

@@ -43,7 +43,7 @@ def resident_bytes(field: str = "VmRSS") -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _warm_imports(model_dir: str) -> None:
+def warm_imports(model_dir: str) -> None:
     """Load what a trainer loads on the way (the model's modeling code, its tokenizer, FSDP, the plugins),
     so the baseline holds it: none of it grows with the model."""
     import torch
@@ -64,20 +64,12 @@ def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> di
     import torch
 
     torch.set_num_threads(1)
-    _warm_imports(model_dir)
+    warm_imports(model_dir)
     from relax.core.trainers.fsdp import trainer as fsdp
     from relax.core.trainers.fsdp.params import FSDPParams
 
     if mode == "full":
         fsdp.empty_sharded = lambda model_path: (None, None)  # the whole-model load: every rank reads it all
-    if mode.startswith("megatron_"):  # relax-megatron's trainer at TP or PP = world (rank_load.py)
-        from relax.megatron.trainer import MegatronTrainer
-
-        layout = {"tensor_parallel" if mode == "megatron_tp" else "pipeline_parallel": world}
-        before = resident_bytes()
-        t = MegatronTrainer(model_dir, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                            **layout)  # fmt: skip
-        return {"rank": rank, "peak_bytes": resident_bytes("VmHWM") - before}
     before = resident_bytes()
     t = fsdp.FSDPTrainer(model_dir, params=FSDPParams(world_size=world), rank=rank, world_size=world,
                          master_addr="127.0.0.1", master_port=port)  # fmt: skip
@@ -96,10 +88,12 @@ def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> di
     return {"rank": rank, "peak_bytes": peak, "equal": equal, "compared": compared}
 
 
-def run_world(model_dir: str, world: int, mode: str, port: int, timeout: float = 600) -> list[dict[str, Any]]:
-    """Every rank of one load in its own fresh process; their reports, in rank order."""
+def run_world(model_dir: str, world: int, mode: str, port: int, timeout: float = 600,
+              module: str = __name__) -> list[dict[str, Any]]:  # fmt: skip
+    """Every rank of one load in its own fresh process (``python -m module``: this one, or a backend's own, as
+    ``relax.megatron.load_rss``); their reports, in rank order."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", __name__, model_dir, str(r), str(world), str(port), mode],
+    procs = [subprocess.Popen([sys.executable, "-m", module, model_dir, str(r), str(world), str(port), mode],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(world)]  # fmt: skip
     reports = []

@@ -1,0 +1,31 @@
+"""Peak host memory of one megatron rank while its trainer loads (``rank_load``): the megatron rows of
+``bench/sharded_loading.py``, measured as core's ``relax.core.testing.sharded_rss`` measures an fsdp rank.
+
+``python -m relax.megatron.load_rss MODEL RANK WORLD PORT MODE``, ``MODE`` ``megatron_tp`` or ``megatron_pp``
+(TP or PP = WORLD); prints one JSON line with the load's peak bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> dict[str, Any]:
+    import torch
+
+    from relax.core.testing.sharded_rss import resident_bytes, warm_imports
+    from relax.megatron.trainer import MegatronTrainer
+
+    torch.set_num_threads(1)
+    warm_imports(model_dir)
+    layout = {"tensor_parallel" if mode == "megatron_tp" else "pipeline_parallel": world}
+    before = resident_bytes()
+    MegatronTrainer(model_dir, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, **layout)
+    return {"rank": rank, "peak_bytes": resident_bytes("VmHWM") - before}
+
+
+if __name__ == "__main__":
+    model, rank, world, port, mode = sys.argv[1:6]
+    print(json.dumps(rank_main(model, int(rank), int(world), int(port), mode)), flush=True)
