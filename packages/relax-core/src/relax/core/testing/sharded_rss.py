@@ -88,8 +88,9 @@ def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> di
     return {"rank": rank, "peak_bytes": peak, "equal": equal, "compared": compared}
 
 
-def run_world(model_dir: str, world: int, mode: str, port: int, timeout: float = 600,
-              module: str = __name__) -> list[dict[str, Any]]:  # fmt: skip
+def run_world(
+    model_dir: str, world: int, mode: str, port: int, timeout: float = 600, module: str = __name__
+) -> list[dict[str, Any]]:
     """Every rank of one load in its own fresh process (``python -m module``: this one, or a backend's own, as
     ``relax.megatron.load_rss``); their reports, in rank order."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
