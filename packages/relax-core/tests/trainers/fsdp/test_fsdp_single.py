@@ -220,3 +220,16 @@ def test_relax_convert_writes_an_fsdp_checkpoint_as_a_transformers_model(tmp_pat
     assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf3"), "--model", str(tmp_path / "nope")]) == 2
     assert "--model" in capsys.readouterr().out and not (tmp_path / "hf3").exists()
     assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf3"), "--model", model_dir]) == 0
+
+
+def test_a_constructor_that_fails_leaves_no_process_group_behind(tmp_path):
+    """The trainer creates torch's default group first; a construction that then raises destroys it, so the
+    next trainer (or a megatron world) in the process can create its own (a leak made 90 later tests error)."""
+    import torch.distributed as dist
+
+    from relax.core.testing import tiny_model_dir
+
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="trainer.recompute: 'selective' is megatron's"):
+        fsdp_trainer(tiny_model_dir(tmp_path), recompute="selective")
+    assert not dist.is_initialized()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import tempfile
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -29,3 +31,20 @@ def join_default_group(rank: int, world_size: int, master_addr: str | None, mast
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
     return True
+
+
+def releases_group_on_error(init: Callable) -> Callable:
+    """A trainer's ``__init__`` that, when it raises after creating torch's default group (``self._owns_group``),
+    destroys the group first: a failed construction leaves no group behind for the next trainer in the
+    process to trip over ("initialize the default process group twice")."""
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            if getattr(self, "_owns_group", False) and dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+
+    return wrapper

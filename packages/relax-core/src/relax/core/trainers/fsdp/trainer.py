@@ -40,7 +40,7 @@ from relax.core.trainers.fsdp import state
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 from relax.core.trainers.fsdp.sharding import device_mesh, shard_model
 from relax.core.trainers.offload import Offloadable
-from relax.core.trainers.process_group import join_default_group
+from relax.core.trainers.process_group import join_default_group, releases_group_on_error
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 from relax.core.trainers.ulysses import SequenceParallel, check_heads
 
@@ -52,6 +52,7 @@ class FSDPTrainer(Offloadable):
 
     collective_export = True  # export_weights gathers every tensor across the ranks
 
+    @releases_group_on_error
     def __init__(
         self,
         model_path: str,
