@@ -6,17 +6,13 @@ every rank loads it. (The fsdp trainer's critic: ``fsdp/test_fsdp_critic.py``.)"
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 import pytest
 import ray
 import torch
 
 from relax.core.config import load_config
-from relax.core.controller import placement
 from relax.core.controller.contexts import plugin_params, trainer_context
-from relax.core.controller.roles import TrainerRole
-from relax.core.controller.worker_group import spawn
 from relax.core.quickstart_model import build_tiny_model
 from relax.core.testing import make_batch, make_samples
 
@@ -48,24 +44,6 @@ def ppo_batch(model_path: str, values: torch.Tensor | None = None) -> dict[str, 
     batch["advantages"] = torch.randn(mask.shape, generator=gen) * mask
     batch["returns"] = torch.linspace(-1.0, 1.0, mask.shape[0])[:, None] * mask
     return batch
-
-
-@pytest.fixture(scope="module")
-def group(ray_local, cfg):
-    res = placement.plan_for(cfg)
-    trainer_only = placement.Plan(res.groups[:1], res.trainer, ())
-    reserved = placement.reserve(trainer_only, timeout_s=60)
-    ctx = trainer_context(cfg, cfg.model.path)
-
-    def rank_args(info):
-        return (cfg, replace(ctx, index=info.rank, world_size=info.world_size, master_addr=info.master_addr,
-                             master_port=info.master_port)), {"num_threads": 1}  # fmt: skip
-
-    g = spawn(TrainerRole, "trainer", reserved.trainer_options(), rank_args, reserved.node_ids(trainer_only.trainer))
-    ray.get(g.handles[0].lead.remote(g.peers()))
-    yield g
-    g.kill()
-    reserved.remove()
 
 
 def critic_weights(handle) -> dict[str, torch.Tensor]:

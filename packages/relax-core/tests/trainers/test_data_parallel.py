@@ -4,17 +4,13 @@ update as world_size 1 on the same batch, and a dead rank is named."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import pytest
 import ray
 import torch
 
 from relax.core.config import load_config
-from relax.core.controller import placement
 from relax.core.controller.contexts import plugin_params, trainer_context
-from relax.core.controller.roles import TrainerRole
-from relax.core.controller.worker_group import spawn
 from relax.core.data import Sample, collate
 from relax.core.policy_update import shard_bounds
 from relax.core.quickstart_model import build_tiny_model
@@ -45,25 +41,6 @@ def make_batch(rows: int = 5) -> dict[str, torch.Tensor]:
     batch = collate(samples, pad_id=0)
     batch["advantages"] = torch.randn(batch["responses"].shape, generator=gen) * batch["response_mask"]
     return batch
-
-
-@pytest.fixture(scope="module")
-def group(ray_local, cfg):
-    """Two ``TrainerRole`` ranks on a placement group, rank 0 leading (as ``start_roles`` builds them)."""
-    res = placement.plan_for(cfg)
-    trainer_only = placement.Plan(res.groups[:1], res.trainer, ())
-    reserved = placement.reserve(trainer_only, timeout_s=60)
-    ctx = trainer_context(cfg, cfg.model.path)
-
-    def rank_args(info):
-        return (cfg, replace(ctx, index=info.rank, world_size=info.world_size, master_addr=info.master_addr,
-                             master_port=info.master_port)), {"num_threads": 1}
-
-    g = spawn(TrainerRole, "trainer", reserved.trainer_options(), rank_args, reserved.node_ids(trainer_only.trainer))
-    ray.get(g.handles[0].lead.remote(g.peers()))
-    yield g
-    g.kill()
-    reserved.remove()
 
 
 def _state(handle) -> dict[str, torch.Tensor]:
