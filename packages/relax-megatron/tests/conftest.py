@@ -285,3 +285,31 @@ def omni_moe(tmp_path_factory, vl_batch):
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen3_omni")
     return model_dir, vl_batch(model_dir, audio=True)
+
+
+def _logprobs_match_transformers(model_dir: str, config, hf: dict) -> None:
+    """A TP=1 megatron-core model loaded from ``hf`` gives transformers' per-token logprobs within fp32's
+    tolerance on random tokens (which spread enough for the comparison to mean something)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from relax.megatron import convert
+
+    model = convert.build_gpt_model(config)
+    convert.load_hf_into(model, hf, config)
+    model.eval()
+    tokens = torch.randint(0, config.vocab_size, (3, 33), generator=torch.Generator().manual_seed(0))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    positions = torch.arange(inputs.shape[1])[None].expand_as(inputs)
+    with torch.no_grad():
+        logprobs = -model(inputs, positions, attention_mask=None, labels=targets)
+        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+    ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
+    assert ref.std() > 0.1
+    torch.testing.assert_close(logprobs, ref, rtol=1.3e-6, atol=1e-5)
+
+
+@pytest.fixture
+def logprobs_match_transformers():
+    """``check(model_dir, config, hf)``: megatron's TP=1 logprobs equal transformers' (needs ``megatron_world``)."""
+    return _logprobs_match_transformers

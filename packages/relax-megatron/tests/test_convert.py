@@ -145,23 +145,9 @@ def test_moe_bad_layouts_name_what_is_wrong(tiny_qwen3, tiny_qwen3_moe):
         convert.hf_to_megatron(hf, config, ep=2)
 
 
-def test_moe_logprobs_match_transformers_ep1(megatron_world, tiny_qwen3_moe):
+def test_moe_logprobs_match_transformers_ep1(megatron_world, tiny_qwen3_moe, logprobs_match_transformers):
     """Router (softmax, top 2, renormalised) and experts: megatron's logprobs equal HF Qwen3-MoE's."""
-    from transformers import AutoModelForCausalLM
-
-    model_dir, config, hf = tiny_qwen3_moe
-    model = convert.build_gpt_model(config)
-    convert.load_hf_into(model, hf, config)
-    model.eval()
-    tokens = torch.randint(0, config.vocab_size, (3, 33), generator=torch.Generator().manual_seed(0))
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    positions = torch.arange(inputs.shape[1])[None].expand_as(inputs)
-    with torch.no_grad():
-        logprobs = -model(inputs, positions, attention_mask=None, labels=targets)
-        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
-    ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
-    assert ref.std() > 0.1
-    torch.testing.assert_close(logprobs, ref, rtol=1.3e-6, atol=1e-5)
+    logprobs_match_transformers(*tiny_qwen3_moe)
 
 
 def test_unit_by_unit_conversion_equals_the_whole(tiny_qwen3):

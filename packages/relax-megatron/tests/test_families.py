@@ -119,26 +119,10 @@ def test_round_trip_is_bit_exact(family, tp, ep):
     _assert_same(back, hf)
 
 
-def test_logprobs_match_transformers_tp1(megatron_world, family):
+def test_logprobs_match_transformers_tp1(megatron_world, family, logprobs_match_transformers):
     """Same weights and tokens: megatron-core's model (MLA or partial-rotary GQA, sigmoid router with expert
     bias, shared experts) gives transformers' per-token logprobs within 1e-5 (fp32)."""
-    from transformers import AutoModelForCausalLM
-
-    model_dir, config, hf = family
-    model = convert.build_gpt_model(config)
-    convert.load_hf_into(model, hf, config)
-    model.eval()
-    tokens = torch.randint(0, config.vocab_size, (3, 33), generator=torch.Generator().manual_seed(0))
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    positions = torch.arange(inputs.shape[1])[None].expand_as(inputs)
-    with torch.no_grad():
-        logprobs = -model(inputs, positions, attention_mask=None, labels=targets)
-        ref_logits = (
-            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
-        )
-    ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
-    assert ref.std() > 0.1
-    torch.testing.assert_close(logprobs, ref, rtol=1.3e-6, atol=1e-5)
+    logprobs_match_transformers(*family)
 
 
 def _fused(weights: dict, config) -> dict:
