@@ -15,7 +15,9 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
-if "RELAX_CACHE_DIR" not in os.environ:  # built models and data for this session only: a home directory's cache
+if (
+    "RELAX_CACHE_DIR" not in os.environ
+):  # built models and data for this session only: a home directory's cache
     import atexit  # from an earlier run (or another version) never decides what a test sees
     import shutil
     import tempfile
@@ -36,7 +38,18 @@ def ray_session():
             num_cpus=4,
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {k: os.environ[k] for k in ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "OMP_NUM_THREADS", "WANDB_MODE", "RELAX_CACHE_DIR")}},
+            runtime_env={
+                "env_vars": {
+                    k: os.environ[k]
+                    for k in (
+                        "RAY_AUTH_MODE",
+                        "HF_HUB_OFFLINE",
+                        "OMP_NUM_THREADS",
+                        "WANDB_MODE",
+                        "RELAX_CACHE_DIR",
+                    )
+                }
+            },
         )
     yield ray
 
@@ -58,7 +71,6 @@ def _torch_threads_restored():
     torch = sys.modules.get("torch")  # never imported here: tests that do not use torch stay free of it
     if torch is not None and before and before.isdigit() and torch.get_num_threads() != int(before):
         torch.set_num_threads(int(before))
-
 
 
 def _located(tb):

@@ -76,10 +76,14 @@ def observation_text(tokenizer, tokens: int) -> str:
 def episodes(engine: HFRolloutEngine, prompts: list[list[int]], args, seed: int) -> list[Sample]:
     """Run every episode to its end through ``Turns`` + ``stream_groups``; the finished samples."""
     tokenizer = engine.tokenizer
-    limits = EpisodeLimits(max_turns=args.turns, max_total_tokens=100_000, max_observation_tokens=100_000, turn_timeout_s=60.0)
+    limits = EpisodeLimits(
+        max_turns=args.turns, max_total_tokens=100_000, max_observation_tokens=100_000, turn_timeout_s=60.0
+    )
     turns = Turns(FixedToolOutput(args.turns, args.observation_text), NoToolCalls(), tokenizer, limits, [])
-    groups = [[Sample(prompt_ids=list(p), group_id=g, index_in_group=i) for i in range(args.group)]
-              for g, p in enumerate(prompts)]  # fmt: skip
+    groups = [
+        [Sample(prompt_ids=list(p), group_id=g, index_in_group=i) for i in range(args.group)]
+        for g, p in enumerate(prompts)
+    ]
     params = SamplingParams(max_new_tokens=args.turn_tokens, ignore_eos=True)
     router = EngineRouter([LocalHandle(Blocking(engine))])
     for _ in stream_groups(router, groups, params, seed=seed, step=seed, timeout_s=600.0, turns=turns):
@@ -92,13 +96,18 @@ def episodes(engine: HFRolloutEngine, prompts: list[list[int]], args, seed: int)
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     texts = [f"{a}*{b}=" for a in range(10) for b in range(10)][:n]
     return [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
         for t in texts
-    ]  # fmt: skip
+    ]
 
 
-def timed(engine: HFRolloutEngine, prompts, args, seed: int) -> tuple[float, float, list[Sample], dict[str, int]]:
+def timed(
+    engine: HFRolloutEngine, prompts, args, seed: int
+) -> tuple[float, float, list[Sample], dict[str, int]]:
     """(wall seconds, this process's CPU seconds -- less moved by other load on a shared machine --,
     the finished samples, the engine's work counters for the run)."""
     before = dict(engine.stats)
@@ -116,9 +125,15 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--turn-tokens", type=int, default=16)
     ap.add_argument("--observation", type=int, default=96, help="tokens of tool output after each turn")
-    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the quick-start model's)")
-    ap.add_argument("--cache-mb", type=float, default=HFEngineParams().prefix_cache_mb,
-                    help="the reusing side's prefix_cache_mb (default: the hf engine's)")
+    ap.add_argument(
+        "--layers", type=int, default=None, help="decoder layers (default: the quick-start model's)"
+    )
+    ap.add_argument(
+        "--cache-mb",
+        type=float,
+        default=HFEngineParams().prefix_cache_mb,
+        help="the reusing side's prefix_cache_mb (default: the hf engine's)",
+    )
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -133,36 +148,49 @@ def main() -> None:
         path = build_tiny_model(tmp, **overrides)
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path).to(args.device).eval().requires_grad_(False)
-        reuse = HFRolloutEngine(path, device=args.device, model=model, tokenizer=tokenizer, prefix_cache_mb=args.cache_mb)
+        reuse = HFRolloutEngine(
+            path, device=args.device, model=model, tokenizer=tokenizer, prefix_cache_mb=args.cache_mb
+        )
         fresh = HFRolloutEngine(path, device=args.device, model=model, tokenizer=tokenizer)
         args.observation_text = observation_text(tokenizer, args.observation)
         prompts = chat_prompts(tokenizer, args.prompts)
         n = len(prompts) * args.group
-        print(f"model: quick-start Qwen3 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, "
-              f"{model.config.num_hidden_layers} layers) on {args.device}; {len(prompts)} prompts x G={args.group}, "
-              f"{args.turns} turns x {args.turn_tokens} tokens, observations of "
-              f"{len(tokenizer(args.observation_text, add_special_tokens=False)['input_ids'])} tokens")
+        print(
+            f"model: quick-start Qwen3 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, "
+            f"{model.config.num_hidden_layers} layers) on {args.device}; {len(prompts)} prompts x G={args.group}, "
+            f"{args.turns} turns x {args.turn_tokens} tokens, observations of "
+            f"{len(tokenizer(args.observation_text, add_special_tokens=False)['input_ids'])} tokens"
+        )
         episodes(reuse, prompts[:2], args, seed=10_000)  # warm-up, both sides
         episodes(fresh, prompts[:2], args, seed=10_000)
         ratios, cpu_ratios = [], []
         for r in range(args.rounds):
             sides = [reuse, fresh] if r % 2 == 0 else [fresh, reuse]  # alternate which side goes first
             out = {id(engine): timed(engine, prompts, args, seed=r) for engine in sides}
-            (t_reuse, c_reuse, s_reuse, w_reuse), (t_fresh, c_fresh, s_fresh, w_fresh) = out[id(reuse)], out[id(fresh)]
+            (t_reuse, c_reuse, s_reuse, w_reuse), (t_fresh, c_fresh, s_fresh, w_fresh) = (
+                out[id(reuse)],
+                out[id(fresh)],
+            )
             for a, b in zip(s_reuse, s_fresh, strict=True):
                 assert a.response_ids == b.response_ids, "prefix reuse changed a trajectory"
                 torch.testing.assert_close(a.rollout_logprobs, b.rollout_logprobs, atol=1e-4, rtol=0)
             ratios.append(t_fresh / t_reuse)
             cpu_ratios.append(c_fresh / c_reuse)
-            print(f"round {r}: {n} episodes, {sum(len(s.response_ids) for s in s_reuse) // n} trajectory tokens each | "
-                  f"re-prefill {t_fresh:.2f}s {n / t_fresh:.1f} ep/s, {w_fresh['prefill_tokens']} prefill tokens | "
-                  f"prefix reuse {t_reuse:.2f}s {n / t_reuse:.1f} ep/s, {w_reuse['prefill_tokens']} prefill tokens "
-                  f"| ratio {t_fresh / t_reuse:.2f} (CPU time {c_fresh / c_reuse:.2f})")
+            print(
+                f"round {r}: {n} episodes, {sum(len(s.response_ids) for s in s_reuse) // n} trajectory tokens each | "
+                f"re-prefill {t_fresh:.2f}s {n / t_fresh:.1f} ep/s, {w_fresh['prefill_tokens']} prefill tokens | "
+                f"prefix reuse {t_reuse:.2f}s {n / t_reuse:.1f} ep/s, {w_reuse['prefill_tokens']} prefill tokens "
+                f"| ratio {t_fresh / t_reuse:.2f} (CPU time {c_fresh / c_reuse:.2f})"
+            )
         health = reuse.health()
-        print(f"prefix cache: hit rate {health['prefix_cache_hit_rate']:.2f} ({health['prefix_cache_hits']} of "
-              f"{health['prefix_cache_lookups']} prefills), {health['prefix_cache_reused_tokens']} tokens reused, "
-              f"{health['prefix_cache_bytes'] / 2**20:.1f} of {args.cache_mb:g} MiB kept, {health['prefix_cache_evictions']} evicted")
-    print(f"per-round ratios {min(ratios):.2f}-{max(ratios):.2f}; by CPU time: median {statistics.median(cpu_ratios):.2f}x")
+        print(
+            f"prefix cache: hit rate {health['prefix_cache_hit_rate']:.2f} ({health['prefix_cache_hits']} of "
+            f"{health['prefix_cache_lookups']} prefills), {health['prefix_cache_reused_tokens']} tokens reused, "
+            f"{health['prefix_cache_bytes'] / 2**20:.1f} of {args.cache_mb:g} MiB kept, {health['prefix_cache_evictions']} evicted"
+        )
+    print(
+        f"per-round ratios {min(ratios):.2f}-{max(ratios):.2f}; by CPU time: median {statistics.median(cpu_ratios):.2f}x"
+    )
     print(f"agent: {statistics.median(ratios):.2f}x episodes/s prefix reuse vs re-prefill")
 
 

@@ -30,10 +30,21 @@ from relax.core.controller.ray_start import start_loopback_ray
 from relax.core.controller.run import run
 
 SIM = [
-    "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=2",
-    "rollout.prompts_per_step=16", "rollout.n_samples_per_prompt=8", "trainer.recompute_old_logprobs=false",
-    "logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
-    "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "checkpoint.resume=never", "data.task_size=4000",
+    "rollout.engine=sim",
+    "trainer.backend=sim",
+    "reward.name=sim",
+    "rollout.num_engines=2",
+    "rollout.prompts_per_step=16",
+    "rollout.n_samples_per_prompt=8",
+    "trainer.recompute_old_logprobs=false",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_every=0",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
+    "data.task_size=4000",
 ]
 WARMUP = 2
 ENGINES, SLOTS, ROWS = 2, 32, 16 * 8  # as SIM sets them (SLOTS: SimEngineParams' default)
@@ -42,8 +53,19 @@ ENGINES, SLOTS, ROWS = 2, 32, 16 * 8  # as SIM sets them (SLOTS: SimEngineParams
 def measure(mode: str, staleness: int, steps: int, root: Path) -> tuple[float, float, str]:
     run_dir = root / f"{mode}-{staleness}"
     every = 1
-    run(load_config(None, [*SIM, f"mode={mode}", f"max_staleness={staleness}", f"total_steps={steps}",
-                           f"run_dir={run_dir}", f"weight_sync.every_n_steps={every}"]))
+    run(
+        load_config(
+            None,
+            [
+                *SIM,
+                f"mode={mode}",
+                f"max_staleness={staleness}",
+                f"total_steps={steps}",
+                f"run_dir={run_dir}",
+                f"weight_sync.every_n_steps={every}",
+            ],
+        )
+    )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = rows[WARMUP:]
     seconds = timed[-1]["timestamp"] - rows[WARMUP - 1]["timestamp"]
@@ -53,6 +75,7 @@ def measure(mode: str, staleness: int, steps: int, root: Path) -> tuple[float, f
 
 def breakdown(rows: list[dict]) -> str:
     """Mean seconds per step: waiting for rows, training, publishing weights, everything else."""
+
     def mean(key: str) -> float:
         return sum(r.get(key, 0.0) for r in rows) / len(rows)
 
@@ -69,18 +92,33 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         base, _, _ = measure("colocate", 0, steps, root)
-        print(f"{'mode':<9} {'staleness':>9} {'steps/s':>8} {'vs colocate':>12} {'ceiling':>8} {'trainer idle':>13}  s/step: wait train sync other")
+        print(
+            f"{'mode':<9} {'staleness':>9} {'steps/s':>8} {'vs colocate':>12} {'ceiling':>8} {'trainer idle':>13}  s/step: wait train sync other"
+        )
         print(f"{'colocate':<9} {0:>9} {base:>8.3f} {1.0:>11.2f}x {1.0:>7.2f}x {'-':>13}")
         best = {}
-        for mode, staleness in [("async", 0), ("async", 1), ("async", 2), ("async", 4), ("hybrid", 1), ("hybrid", 2), ("hybrid", 4)]:
+        for mode, staleness in [
+            ("async", 0),
+            ("async", 1),
+            ("async", 2),
+            ("async", 4),
+            ("hybrid", 1),
+            ("hybrid", 2),
+            ("hybrid", 4),
+        ]:
             rate, idle, parts = measure(mode, staleness, steps, root)
             ceiling = ideal_ratio(staleness, ROWS, ENGINES * SLOTS)
-            print(f"{mode:<9} {staleness:>9} {rate:>8.3f} {rate / base:>11.2f}x {ceiling:>7.2f}x {idle:>12.1%}  {parts}", flush=True)
+            print(
+                f"{mode:<9} {staleness:>9} {rate:>8.3f} {rate / base:>11.2f}x {ceiling:>7.2f}x {idle:>12.1%}  {parts}",
+                flush=True,
+            )
             if staleness >= 1:
                 best[(mode, staleness)] = (rate / base, idle)
     ray.shutdown()
     (mode, staleness), (ratio, idle) = max(best.items(), key=lambda kv: kv[1][0])
-    print(f"async_overlap: {ratio:.2f}x {mode} (max_staleness={staleness}, trainer idle {idle:.1%}) vs colocate throughput")
+    print(
+        f"async_overlap: {ratio:.2f}x {mode} (max_staleness={staleness}, trainer idle {idle:.1%}) vs colocate throughput"
+    )
 
 
 if __name__ == "__main__":

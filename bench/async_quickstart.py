@@ -16,8 +16,15 @@ from pathlib import Path
 from relax.core.config import load_config
 from relax.core.controller.run import run
 
-COMMON = ["logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
-          "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "checkpoint.resume=never"]
+COMMON = [
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_every=0",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
+]
 
 
 def seconds_per_step(root: Path, steps: int, *overrides: str) -> float:
@@ -38,7 +45,9 @@ def main(argv: list[str]) -> None:
             sps = seconds_per_step(root, steps, f"mode={mode}", f"max_staleness={staleness}")
             results[(mode, staleness)] = base / sps
             print(f"{mode:<7} staleness {staleness}  {sps:.3f} s/step  {base / sps:.2f}x", flush=True)
-    print(f"async_quickstart: {results[('async', 1)]:.2f}x async (max_staleness=1) vs colocate steps/s on the real tiny model")
+    print(
+        f"async_quickstart: {results[('async', 1)]:.2f}x async (max_staleness=1) vs colocate steps/s on the real tiny model"
+    )
 
 
 if __name__ == "__main__":

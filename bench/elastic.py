@@ -35,12 +35,27 @@ from relax.core.plugins import get_plugin_manager
 
 MAX_ENGINES = 3
 SIM = [
-    "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=1",
-    "rollout.engine_params.slots=8", "rollout.engine_params.token_s=0.0005",
-    "rollout.prompts_per_step=16", "rollout.n_samples_per_prompt=8", "trainer.recompute_old_logprobs=false",
-    "mode=async", "max_staleness=1", "logging.progress=false", "logging.console=false",
-    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0", "checkpoint.save_hf_final=false",
-    "checkpoint.resume=never", "data.task_size=4000", "control.enabled=true", "control.publish_s=0.2",
+    "rollout.engine=sim",
+    "trainer.backend=sim",
+    "reward.name=sim",
+    "rollout.num_engines=1",
+    "rollout.engine_params.slots=8",
+    "rollout.engine_params.token_s=0.0005",
+    "rollout.prompts_per_step=16",
+    "rollout.n_samples_per_prompt=8",
+    "trainer.recompute_old_logprobs=false",
+    "mode=async",
+    "max_staleness=1",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_every=0",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
+    "data.task_size=4000",
+    "control.enabled=true",
+    "control.publish_s=0.2",
 ]
 SKIP = 2  # steps after each change not counted (the new engine's first requests, the pipeline refilling)
 
@@ -88,12 +103,19 @@ def main(argv: list[str]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start_loopback_ray(num_cpus=2 * MAX_ENGINES + 2)  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
+    start_loopback_ray(
+        num_cpus=2 * MAX_ENGINES + 2
+    )  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
     operator = Operator(f"http://127.0.0.1:{port}", segment)
     get_plugin_manager().pm.register(operator, name="elastic-bench-operator")
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "elastic"
-        run(load_config(None, [*SIM, f"total_steps={segment * MAX_ENGINES}", f"run_dir={run_dir}", f"control.port={port}"]))
+        run(
+            load_config(
+                None,
+                [*SIM, f"total_steps={segment * MAX_ENGINES}", f"run_dir={run_dir}", f"control.port={port}"],
+            )
+        )
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ray.shutdown()
     rates = steps_per_s(rows)
@@ -101,11 +123,15 @@ def main(argv: list[str]) -> None:
     print(f"{'engines':>8} {'steps/s':>8} {'vs 1 engine':>12}")
     for engines in sorted(rates):
         print(f"{engines:>8} {rates[engines]:>8.3f} {rates[engines] / base:>11.2f}x")
-    print(f"scale-out request -> engine active with current weights: median {statistics.median(operator.latencies):.2f}s, "
-          f"max {max(operator.latencies):.2f}s over {len(operator.latencies)} operations")
+    print(
+        f"scale-out request -> engine active with current weights: median {statistics.median(operator.latencies):.2f}s, "
+        f"max {max(operator.latencies):.2f}s over {len(operator.latencies)} operations"
+    )
     top = max(rates)
-    print(f"elastic: {rates[top] / base:.2f}x steps/s with {top} engines vs 1 "
-          f"({', '.join(f'{e}: {rates[e] / base:.2f}x' for e in sorted(rates) if e not in (1, top))})")
+    print(
+        f"elastic: {rates[top] / base:.2f}x steps/s with {top} engines vs 1 "
+        f"({', '.join(f'{e}: {rates[e] / base:.2f}x' for e in sorted(rates) if e not in (1, top))})"
+    )
 
 
 if __name__ == "__main__":

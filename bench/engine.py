@@ -46,8 +46,11 @@ def build(directory: str):
 def prompts(tokenizer, n: int) -> list[list[int]]:
     texts = [f"{a}+{b}=" for a in range(10) for b in range(10)][:n]
     return [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
         for t in texts
     ]
 
@@ -75,8 +78,16 @@ def run_generate(model, prompt_ids: list[list[int]], lens: list[int], group: int
         width = max(len(p) for p in chunk)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
-        config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=longest,
-                                  eos_token_id=None, pad_token_id=0, num_return_sequences=group)
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=longest,
+            eos_token_id=None,
+            pad_token_id=0,
+            num_return_sequences=group,
+        )
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         assert out.shape == (len(chunk) * group, width + longest), out.shape
@@ -118,9 +129,11 @@ def main() -> None:
         engine = HFRolloutEngine(path, max_batch_size=args.batch)
         prompt_ids = prompts(tokenizer, args.prompts)
         n = len(prompt_ids) * args.group
-        print(f"model: quick-start Qwen3 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params), "
-              f"{len(prompt_ids)} prompts x G={args.group}, batch {args.batch}, "
-              f"lengths log-normal(median {args.median:g}, sigma {args.sigma:g}) <= {args.max_len}")
+        print(
+            f"model: quick-start Qwen3 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params), "
+            f"{len(prompt_ids)} prompts x G={args.group}, batch {args.batch}, "
+            f"lengths log-normal(median {args.median:g}, sigma {args.sigma:g}) <= {args.max_len}"
+        )
         run_generate(model, prompt_ids[: args.batch // args.group], [4] * args.batch, args.group, args.batch)
         run_engine(engine, prompt_ids[:2], [4] * 2 * args.group, args.group, seed=0)  # warm-up
         ratios, cpu_ratios = [], []
@@ -128,8 +141,10 @@ def main() -> None:
             lens = lengths(n, args.median, args.sigma, args.max_len, seed=r)
             tokens = sum(lens)
             stats = dict(engine.stats)
-            sides = [(run_generate, model, prompt_ids, lens, args.group, args.batch),
-                     (run_engine, engine, prompt_ids, lens, args.group, r)]
+            sides = [
+                (run_generate, model, prompt_ids, lens, args.group, args.batch),
+                (run_engine, engine, prompt_ids, lens, args.group, r),
+            ]
             if r % 2:  # alternate which side goes first
                 (t_eng, c_eng), (t_gen, c_gen) = [timed(*side) for side in reversed(sides)]
             else:
@@ -137,13 +152,17 @@ def main() -> None:
             steps = engine.stats["decode_steps"] - stats["decode_steps"]
             ratios.append(t_gen / t_eng)
             cpu_ratios.append(c_gen / c_eng)
-            print(f"round {r}: {n} responses, {tokens} tokens (longest {max(lens)}) | "
-                  f"generate {t_gen:.2f}s {tokens / t_gen:.0f} tok/s | "
-                  f"engine {t_eng:.2f}s {tokens / t_eng:.0f} tok/s, {steps} steps, "
-                  f"{engine.stats['prefill_rows'] - stats['prefill_rows']} prefills "
-                  f"| ratio {t_gen / t_eng:.2f} (CPU time {c_gen / c_eng:.2f})")
-    print(f"per-round ratios {min(ratios):.2f}-{max(ratios):.2f}; "
-          f"by CPU time: median {statistics.median(cpu_ratios):.2f}x")
+            print(
+                f"round {r}: {n} responses, {tokens} tokens (longest {max(lens)}) | "
+                f"generate {t_gen:.2f}s {tokens / t_gen:.0f} tok/s | "
+                f"engine {t_eng:.2f}s {tokens / t_eng:.0f} tok/s, {steps} steps, "
+                f"{engine.stats['prefill_rows'] - stats['prefill_rows']} prefills "
+                f"| ratio {t_gen / t_eng:.2f} (CPU time {c_gen / c_eng:.2f})"
+            )
+    print(
+        f"per-round ratios {min(ratios):.2f}-{max(ratios):.2f}; "
+        f"by CPU time: median {statistics.median(cpu_ratios):.2f}x"
+    )
     print(f"engine: {statistics.median(ratios):.2f}x tokens/s (Relax HF engine / model.generate)")
 
 

@@ -24,8 +24,14 @@ from pathlib import Path
 
 os.environ["OMP_NUM_THREADS"] = "1"
 ROWS, PROMPT, RESPONSE = 16, 32, 32
-MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
-         "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
+MODEL = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+}
 KW = {"lr": 1e-5, "micro_batch_size": 8, "num_minibatches": 1}
 
 
@@ -43,7 +49,9 @@ def make_batch(model_dir: str):
     def draw(n: int) -> list[int]:
         return vocab[torch.randint(len(vocab), (n,), generator=gen)].tolist()
 
-    samples = [Sample(prompt_ids=draw(PROMPT), group_id=i // 4, response_ids=draw(RESPONSE)) for i in range(ROWS)]
+    samples = [
+        Sample(prompt_ids=draw(PROMPT), group_id=i // 4, response_ids=draw(RESPONSE)) for i in range(ROWS)
+    ]
     return collate_with_advantages(samples, tok.pad_token_id)
 
 
@@ -55,12 +63,21 @@ def build(layout: str, model_dir: str, rank: int, port: int):
     if layout == "fsdp":
         from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
-        return FSDPTrainer(model_dir, objective=objective, rank=rank, world_size=2, master_addr="127.0.0.1",
-                           master_port=port, **KW)  # fmt: skip
+        return FSDPTrainer(
+            model_dir,
+            objective=objective,
+            rank=rank,
+            world_size=2,
+            master_addr="127.0.0.1",
+            master_port=port,
+            **KW,
+        )
     from relax.core.trainers.data_parallel import DataParallel
     from relax.core.trainers.torch_trainer import TorchTrainer
 
-    return TorchTrainer(model_dir, objective=objective, data_parallel=DataParallel(rank, 2, "127.0.0.1", port), **KW)
+    return TorchTrainer(
+        model_dir, objective=objective, data_parallel=DataParallel(rank, 2, "127.0.0.1", port), **KW
+    )
 
 
 def state_bytes(trainer) -> int:
@@ -69,7 +86,12 @@ def state_bytes(trainer) -> int:
 
     params = list(trainer.model.parameters())
     tensors = [local(p) for p in params] + [local(p.grad) for p in params if p.grad is not None]
-    tensors += [local(v) for s in trainer.optimizer.state.values() for v in s.values() if hasattr(v, "dim") and v.dim()]
+    tensors += [
+        local(v)
+        for s in trainer.optimizer.state.values()
+        for v in s.values()
+        if hasattr(v, "dim") and v.dim()
+    ]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -86,9 +108,12 @@ def worker(layout: str, model_dir: str, rank: int, port: int, steps: int, out: s
     for _ in range(steps):
         trainer.train_step(dict(batch))
     elapsed = time.perf_counter() - start
-    result = {"state_bytes": state_bytes(trainer), "tokens_per_s": tokens * steps / elapsed,
-              "rss_added": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
-              "cuda_peak": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None}  # fmt: skip
+    result = {
+        "state_bytes": state_bytes(trainer),
+        "tokens_per_s": tokens * steps / elapsed,
+        "rss_added": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
+        "cuda_peak": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+    }
     Path(out).write_text(json.dumps(result))
     close = getattr(trainer, "close", None) or getattr(trainer.dp, "close", None)
     if close:
@@ -103,8 +128,22 @@ def free_port() -> int:
 
 def run_layout(layout: str, model_dir: str, steps: int, tmp: Path) -> list[dict]:
     port, outs = free_port(), [tmp / f"{layout}-{r}.json" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", layout, model_dir, str(r), str(port), str(steps), str(outs[r])])
-             for r in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                layout,
+                model_dir,
+                str(r),
+                str(port),
+                str(steps),
+                str(outs[r]),
+            ]
+        )
+        for r in range(2)
+    ]
     for p in procs:
         if p.wait(timeout=900):
             raise RuntimeError(f"{layout} rank exited with {p.returncode}")
@@ -117,7 +156,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", **MODEL)
-        results = {layout: run_layout(layout, model_dir, steps, Path(tmp)) for layout in ("replicated", "fsdp")}
+        results = {
+            layout: run_layout(layout, model_dir, steps, Path(tmp)) for layout in ("replicated", "fsdp")
+        }
     print(f"{'layout (N=2)':<14} {'state MiB/rank':>15} {'RSS added MiB/rank':>19} {'tokens/s':>9}")
     for layout, ranks in results.items():
         state = max(r["state_bytes"] for r in ranks) / 2**20
@@ -125,8 +166,10 @@ def main() -> None:
         print(f"{layout:<14} {state:>15.1f} {rss:>19.1f} {ranks[0]['tokens_per_s']:>9.0f}")
     rep, fsdp = results["replicated"], results["fsdp"]
     if rep[0]["cuda_peak"] is not None:
-        print(f"CUDA peak per rank: fsdp {max(r['cuda_peak'] for r in fsdp) / 2**20:.1f} MiB, "
-              f"replicated {max(r['cuda_peak'] for r in rep) / 2**20:.1f} MiB")  # fmt: skip
+        print(
+            f"CUDA peak per rank: fsdp {max(r['cuda_peak'] for r in fsdp) / 2**20:.1f} MiB, "
+            f"replicated {max(r['cuda_peak'] for r in rep) / 2**20:.1f} MiB"
+        )
     speed = fsdp[0]["tokens_per_s"] / rep[0]["tokens_per_s"]
     print(f"train tokens/s: fsdp {speed:.2f}x replicated")
     ratio = max(r["state_bytes"] for r in fsdp) / max(r["state_bytes"] for r in rep)

@@ -30,14 +30,25 @@ import time
 from pathlib import Path
 
 VOCAB, PROMPT = 16384, 64
-MODEL = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32}  # fmt: skip
+MODEL = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+}
 VARIANTS = {
     "padded": {"micro_batch_size": 8, "logits_chunk_tokens": 0},
     "budget": {"max_tokens_per_micro_batch": 2048, "logits_chunk_tokens": 0},
     "packed": {"max_tokens_per_micro_batch": 2048, "pack_sequences": True, "logits_chunk_tokens": 0},
     "chunked": {"max_tokens_per_micro_batch": 2048, "pack_sequences": True, "logits_chunk_tokens": 256},
-    "recompute": {"max_tokens_per_micro_batch": 2048, "pack_sequences": True, "logits_chunk_tokens": 256, "recompute": "full"},
+    "recompute": {
+        "max_tokens_per_micro_batch": 2048,
+        "pack_sequences": True,
+        "logits_chunk_tokens": 256,
+        "recompute": "full",
+    },
 }
 
 
@@ -70,10 +81,15 @@ def make_batch(long_rows: list[int], short_rows: int, seed: int = 0, group: int 
     order = torch.randperm(len(lengths), generator=gen).tolist()  # the long rows anywhere in the batch
     if group:  # GRPO groups: ``group`` responses share each prompt
         prompts = [draw(PROMPT) for _ in range(-(-len(order) // group))]
-        samples = [Sample(prompt_ids=prompts[i // group], group_id=i // group, response_ids=draw(lengths[j]))
-                   for i, j in enumerate(order)]  # fmt: skip
+        samples = [
+            Sample(prompt_ids=prompts[i // group], group_id=i // group, response_ids=draw(lengths[j]))
+            for i, j in enumerate(order)
+        ]
         return with_advantages(samples, pad_id=0)
-    samples = [Sample(prompt_ids=draw(PROMPT), group_id=i // 4, response_ids=draw(lengths[j])) for i, j in enumerate(order)]
+    samples = [
+        Sample(prompt_ids=draw(PROMPT), group_id=i // 4, response_ids=draw(lengths[j]))
+        for i, j in enumerate(order)
+    ]
     return with_advantages(samples, pad_id=0)
 
 
@@ -84,7 +100,9 @@ def status_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def worker(model_dir: str, settings: dict, long_rows: list[int], short_rows: int, out: str, group: int = 0) -> None:
+def worker(
+    model_dir: str, settings: dict, long_rows: list[int], short_rows: int, out: str, group: int = 0
+) -> None:
     import torch
 
     from relax.core.algorithms import build_policy_objective
@@ -92,7 +110,9 @@ def worker(model_dir: str, settings: dict, long_rows: list[int], short_rows: int
     from relax.core.trainers.torch_trainer import TorchTrainer
 
     torch.set_num_threads(2)
-    trainer = TorchTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-5, **settings)
+    trainer = TorchTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-5, **settings
+    )
     batch = make_batch(long_rows, short_rows, group=group)
     tokens = float(batch["attention_mask"].sum())
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
@@ -103,15 +123,34 @@ def worker(model_dir: str, settings: dict, long_rows: list[int], short_rows: int
     for _ in range(2):
         trainer.train_step(dict(batch))
     seconds = (time.perf_counter() - start) / 2
-    Path(out).write_text(json.dumps({"peak_mb": peak / 1024, "tokens_per_s": tokens / seconds, "tokens": tokens,
-                                     "padding_frac": metrics["perf/padding_frac"],
-                                     "micro_batches": metrics["perf/micro_batches"]}))  # fmt: skip
+    Path(out).write_text(
+        json.dumps(
+            {
+                "peak_mb": peak / 1024,
+                "tokens_per_s": tokens / seconds,
+                "tokens": tokens,
+                "padding_frac": metrics["perf/padding_frac"],
+                "micro_batches": metrics["perf/micro_batches"],
+            }
+        )
+    )
 
 
-def run(model_dir: str, settings: dict, long_rows: list[int], short_rows: int, tmp: Path, group: int = 0) -> dict:
+def run(
+    model_dir: str, settings: dict, long_rows: list[int], short_rows: int, tmp: Path, group: int = 0
+) -> dict:
     out = tmp / "result.json"
-    args = [sys.executable, __file__, "--worker", model_dir, json.dumps(settings), json.dumps(long_rows), str(short_rows),
-            str(out), str(group)]  # fmt: skip
+    args = [
+        sys.executable,
+        __file__,
+        "--worker",
+        model_dir,
+        json.dumps(settings),
+        json.dumps(long_rows),
+        str(short_rows),
+        str(out),
+        str(group),
+    ]
     subprocess.run(args, check=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "2"})
     return json.loads(out.read_text())
 
@@ -125,25 +164,35 @@ def main() -> None:
         print(f"{'variant':<10} {'peak MB':>8} {'tokens/s':>9} {'padding':>8} {'micro':>6}")
         for name, settings in VARIANTS.items():
             results[name] = r = run(model_dir, settings, [1024, 1024], 30, tmp)
-            print(f"{name:<10} {r['peak_mb']:>8.0f} {r['tokens_per_s']:>9.0f} {r['padding_frac']:>8.2f} {r['micro_batches']:>6.1f}")
+            print(
+                f"{name:<10} {r['peak_mb']:>8.0f} {r['tokens_per_s']:>9.0f} {r['padding_frac']:>8.2f} {r['micro_batches']:>6.1f}"
+            )
         sweep = {}
-        print(f"\n{'longest':>7} {'peak MB':>8} {'KB/token':>9} {'tokens/s':>9}  (recompute variant, budget = longest + 64)")
+        print(
+            f"\n{'longest':>7} {'peak MB':>8} {'KB/token':>9} {'tokens/s':>9}  (recompute variant, budget = longest + 64)"
+        )
         for longest in [1024, 2048, 4096] if quick else [1024, 2048, 4096, 8192, 16384]:
             settings = {**VARIANTS["recompute"], "max_tokens_per_micro_batch": longest + PROMPT}
             sweep[longest] = r = run(model_dir, settings, [longest], 15, tmp)
             r["kb_per_token"] = r["peak_mb"] * 1024 / (longest + PROMPT)
             print(f"{longest:>7} {r['peak_mb']:>8.0f} {r['kb_per_token']:>9.1f} {r['tokens_per_s']:>9.0f}")
-        print(f"\n{'GRPO, G=8':<10} {'peak MB':>8} {'tokens/s':>9}  (64 rows, 8 prompts; responses 16-64 tokens)")
+        print(
+            f"\n{'GRPO, G=8':<10} {'peak MB':>8} {'tokens/s':>9}  (64 rows, 8 prompts; responses 16-64 tokens)"
+        )
         for name, settings in {"shared": {"micro_batch_size": 16}, "packed": VARIANTS["chunked"]}.items():
             r = run(model_dir, settings, [], 64, tmp, group=8)
             print(f"{name:<10} {r['peak_mb']:>8.0f} {r['tokens_per_s']:>9.0f}")
         per_token = [r["kb_per_token"] for r in sweep.values()]
-        print(f"memory per token, longest / shortest row: {per_token[-1] / per_token[0]:.2f}x (goal: <= 1.2, flat or falling)")
+        print(
+            f"memory per token, longest / shortest row: {per_token[-1] / per_token[0]:.2f}x (goal: <= 1.2, flat or falling)"
+        )
         head, base = results["chunked"], results["padded"]  # (d): no recompute, so no extra compute
         memory, speed = base["peak_mb"] / head["peak_mb"], head["tokens_per_s"] / base["tokens_per_s"]
         recompute = results["recompute"]
-        print(f"with recompute: {base['peak_mb'] / recompute['peak_mb']:.1f}x less peak memory, "
-              f"{recompute['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s")  # fmt: skip
+        print(
+            f"with recompute: {base['peak_mb'] / recompute['peak_mb']:.1f}x less peak memory, "
+            f"{recompute['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s"
+        )
         print(f"long_context: {memory:.1f}x less peak memory, {speed:.2f}x tokens/s vs padded")
 
 

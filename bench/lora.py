@@ -19,8 +19,12 @@ import os
 import statistics
 import tempfile
 
-for _key, _value in {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
-                     "TOKENIZERS_PARALLELISM": "false"}.items():  # fmt: skip
+for _key, _value in {
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
     os.environ.setdefault(_key, _value)
 
 import ray  # noqa: E402
@@ -44,8 +48,14 @@ def objective(inputs):
 
 def batch(rows: int = 8) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    samples = [Sample(prompt_ids=torch.randint(4, 24, (6,), generator=gen).tolist(), group_id=i,
-                      response_ids=torch.randint(4, 24, (4,), generator=gen).tolist()) for i in range(rows)]  # fmt: skip
+    samples = [
+        Sample(
+            prompt_ids=torch.randint(4, 24, (6,), generator=gen).tolist(),
+            group_id=i,
+            response_ids=torch.randint(4, 24, (4,), generator=gen).tolist(),
+        )
+        for i in range(rows)
+    ]
     out = collate(samples, pad_id=0)
     out["advantages"] = torch.randn(out["response_mask"].shape, generator=gen)
     return out
@@ -116,9 +126,15 @@ def main() -> None:
     args = parser.parse_args()
     start_loopback_ray(num_cpus=2)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(tmp, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                                     num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                                     head_dim=args.hidden // 8)  # fmt: skip
+        model_dir = build_tiny_model(
+            tmp,
+            hidden_size=args.hidden,
+            intermediate_size=3 * args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=args.hidden // 8,
+        )
         full = bench(model_dir, None, args)
         lora = bench(model_dir, LoraConfig(rank=args.rank, alpha=2.0 * args.rank), args)
     ray.shutdown()

@@ -41,8 +41,14 @@ ROWS, PROMPT, RESPONSE = 32, 48, 48
 WARMUP = 1
 PEAK_FLOPS, PEAK_NAME = 989e12, "H200/H100 bf16 dense 989 TFLOP/s"
 MFU_ROWS, MFU_PROMPT, MFU_RESPONSE = 16, 512, 512
-MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
-         "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
+MODEL = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+}
 
 
 def make_batch(model_dir: str, rows: int = ROWS, prompt: int = PROMPT, response: int = RESPONSE):
@@ -60,7 +66,9 @@ def make_batch(model_dir: str, rows: int = ROWS, prompt: int = PROMPT, response:
     def draw(n: int) -> list[int]:
         return vocab[torch.randint(len(vocab), (n,), generator=gen)].tolist()
 
-    samples = [Sample(prompt_ids=draw(prompt), group_id=i // 4, response_ids=draw(response)) for i in range(rows)]
+    samples = [
+        Sample(prompt_ids=draw(prompt), group_id=i // 4, response_ids=draw(response)) for i in range(rows)
+    ]
     return collate_with_advantages(samples, tok.pad_token_id)
 
 
@@ -82,15 +90,24 @@ def trainer_kwargs() -> dict:
     return {"objective": build_policy_objective(AlgorithmConfig()), "lr": 1e-4, "micro_batch_size": ROWS}
 
 
-def worker(rank: int, world: int, port: int, model_dir: str, batch_file: str, steps: int, out: str, kind: str) -> None:
+def worker(
+    rank: int, world: int, port: int, model_dir: str, batch_file: str, steps: int, out: str, kind: str
+) -> None:
     """One rank at ``kind``_parallel = ``world`` (``tensor`` or ``data``)."""
     import torch
 
     from relax.megatron.trainer import MegatronTrainer
 
     torch.set_num_threads(1)
-    trainer = MegatronTrainer(model_dir, **trainer_kwargs(), **{f"{kind}_parallel": world}, rank=rank,
-                              world_size=world, master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    trainer = MegatronTrainer(
+        model_dir,
+        **trainer_kwargs(),
+        **{f"{kind}_parallel": world},
+        rank=rank,
+        world_size=world,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
     rate = timed_steps(trainer, torch.load(batch_file), steps)
     if rank == 0:
         Path(out).write_text(json.dumps({"tokens_per_s": rate}))
@@ -102,13 +119,26 @@ def mfu_worker(port: int, model_dir: str, batch_file: str, steps: int, out: str)
 
     from relax.megatron.trainer import MegatronTrainer
 
-    trainer = MegatronTrainer(model_dir, **{**trainer_kwargs(), "micro_batch_size": MFU_ROWS // 2}, device="cuda",
-                              dtype="bfloat16", master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    trainer = MegatronTrainer(
+        model_dir,
+        **{**trainer_kwargs(), "micro_batch_size": MFU_ROWS // 2},
+        device="cuda",
+        dtype="bfloat16",
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
     batch = torch.load(batch_file)
     torch.cuda.synchronize()
     rate = timed_steps(trainer, batch, steps)  # train_step returns floats: every step has synchronised
-    Path(out).write_text(json.dumps({"tokens_per_s": rate, "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-                                     "layer_spec": trainer.layer_spec}))  # fmt: skip
+    Path(out).write_text(
+        json.dumps(
+            {
+                "tokens_per_s": rate,
+                "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "layer_spec": trainer.layer_spec,
+            }
+        )
+    )
 
 
 def mfu(root: Path, tokenizer_dir: str, steps: int) -> str:
@@ -121,16 +151,29 @@ def mfu(root: Path, tokenizer_dir: str, steps: int) -> str:
     batch_file = str(root / "mfu-batch.pt")
     torch.save(make_batch(model_dir, MFU_ROWS, MFU_PROMPT, MFU_RESPONSE), batch_file)
     out = root / "mfu.json"
-    proc = subprocess.run([sys.executable, __file__, "--mfu-worker", str(_free_port()), model_dir, batch_file,
-                           str(steps), str(out)], check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--mfu-worker",
+            str(_free_port()),
+            model_dir,
+            batch_file,
+            str(steps),
+            str(out),
+        ],
+        check=False,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"megatron MFU run failed (exit {proc.returncode})")
     result = json.loads(out.read_text())
     rate = result["tokens_per_s"]
-    return (f"MFU (megatron TP=1 bf16, {result['layer_spec']} layer spec, {torch.cuda.get_device_name(0)}, "
-            f"Qwen3-0.6B-shaped, N={params / 1e6:.0f}M, "
-            f"{MFU_ROWS} x {MFU_PROMPT + MFU_RESPONSE} tokens/step): {rate:.0f} tokens/s, "
-            f"{6 * params * rate / PEAK_FLOPS:.1%} of {PEAK_NAME} (peak memory {result['max_memory_gib']:.1f} GiB)")
+    return (
+        f"MFU (megatron TP=1 bf16, {result['layer_spec']} layer spec, {torch.cuda.get_device_name(0)}, "
+        f"Qwen3-0.6B-shaped, N={params / 1e6:.0f}M, "
+        f"{MFU_ROWS} x {MFU_PROMPT + MFU_RESPONSE} tokens/step): {rate:.0f} tokens/s, "
+        f"{6 * params * rate / PEAK_FLOPS:.1%} of {PEAK_NAME} (peak memory {result['max_memory_gib']:.1f} GiB)"
+    )
 
 
 def _free_port() -> int:
@@ -139,12 +182,31 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def megatron_rate(size: int, model_dir: str, batch_file: str, steps: int, root: Path, kind: str = "tensor") -> float:
+def megatron_rate(
+    size: int, model_dir: str, batch_file: str, steps: int, root: Path, kind: str = "tensor"
+) -> float:
     port = _free_port()
     out = root / f"{kind}{size}.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the CPU path, also on a host with a GPU
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(size), str(port), model_dir, batch_file,
-                               str(steps), str(out), kind], env=env) for r in range(size)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(r),
+                str(size),
+                str(port),
+                model_dir,
+                batch_file,
+                str(steps),
+                str(out),
+                kind,
+            ],
+            env=env,
+        )
+        for r in range(size)
+    ]
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise SystemExit(f"megatron {kind}_parallel={size} rank failed (exit {p.returncode})")
@@ -168,16 +230,32 @@ def omni_inputs(root: Path) -> tuple[str, dict]:
     rng = np.random.default_rng(0)
     Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
     np.save(root / "vid.npy", (rng.random((4, 56, 56, 3)) * 255).astype("uint8"))
-    media = [{"type": "image", "image": str(root / "img.png")}, {"type": "video", "video": f"file://{root / 'vid.npy'}"}]
+    media = [
+        {"type": "image", "image": str(root / "img.png")},
+        {"type": "video", "video": f"file://{root / 'vid.npy'}"},
+    ]
     processor = TinyMediaProcessor(str(model_dir))
-    vocab = [t for t in range(len(processor.hf.tokenizer)) if t not in set(processor.hf.tokenizer.all_special_ids)]
+    vocab = [
+        t for t in range(len(processor.hf.tokenizer)) if t not in set(processor.hf.tokenizer.all_special_ids)
+    ]
     samples = []
     for i in range(OMNI_ROWS):
-        p = processor.process([{"role": "user", "content": [media[i % 2], {"type": "text", "text": "what?"}]}], [], f"row {i}")
+        p = processor.process(
+            [{"role": "user", "content": [media[i % 2], {"type": "text", "text": "what?"}]}], [], f"row {i}"
+        )
         response = [vocab[j] for j in rng.integers(len(vocab), size=OMNI_RESPONSE)]
-        samples.append(Sample(prompt_ids=list(p["prompt_ids"]), group_id=i // 4, response_ids=response, mm_inputs=p["inputs"]))
+        samples.append(
+            Sample(
+                prompt_ids=list(p["prompt_ids"]),
+                group_id=i // 4,
+                response_ids=response,
+                mm_inputs=p["inputs"],
+            )
+        )
     batch = collate(samples, pad_id=0)
-    batch["advantages"] = torch.where(torch.arange(OMNI_ROWS)[:, None] % 2 == 0, 1.0, -0.5) * batch["response_mask"]
+    batch["advantages"] = (
+        torch.where(torch.arange(OMNI_ROWS)[:, None] % 2 == 0, 1.0, -0.5) * batch["response_mask"]
+    )
     return model_dir, batch
 
 
@@ -196,8 +274,10 @@ def main_omni(argv: list[str]) -> None:
         base = timed_steps(TorchTrainer(model_dir, **trainer_kwargs()), batch, steps)
         tp2 = megatron_rate(2, model_dir, batch_file, steps, root)
     tokens = int(batch["attention_mask"].sum())
-    print(f"tiny Qwen2.5-VL, {OMNI_ROWS} image/video rows, {tokens} tokens/step, {steps} timed steps, "
-          "1 thread per process")  # fmt: skip
+    print(
+        f"tiny Qwen2.5-VL, {OMNI_ROWS} image/video rows, {tokens} tokens/step, {steps} timed steps, "
+        "1 thread per process"
+    )
     print(f"{'torch':<22} {base:>10.0f}\n{'megatron TP=2 (2 procs)':<22} {tp2:>10.0f}")
     print(f"megatron-omni: {tp2 / base:.2f}x tokens/s vs torch trainer")
 
@@ -226,8 +306,12 @@ def main(argv: list[str]) -> None:
     print(f"megatron-core {megatron_core_version()}, torch {torch.__version__}")
     print(f"batch {ROWS} x {PROMPT + RESPONSE} tokens, {steps} timed steps, 1 thread per process")
     print(f"{'trainer':<22} {'tokens/s':>10} {'vs torch':>9}")
-    for name, rate in [("torch", base), ("megatron TP=1", tp1), ("megatron TP=2 (2 procs)", tp2),
-                       ("megatron DP=2 (2 procs)", dp2)]:  # fmt: skip
+    for name, rate in [
+        ("torch", base),
+        ("megatron TP=1", tp1),
+        ("megatron TP=2 (2 procs)", tp2),
+        ("megatron DP=2 (2 procs)", dp2),
+    ]:
         print(f"{name:<22} {rate:>10.0f} {rate / base:>8.2f}x")
     print(mfu_line)
     print(f"megatron: {tp1 / base:.2f}x train tokens/s TP=1 megatron vs torch trainer")

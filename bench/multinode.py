@@ -26,18 +26,42 @@ from relax.core.controller.run import run
 from relax.core.testing.cluster import LocalCluster, NodeSpec
 
 SIM = [
-    "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=2", "mode=async",
-    "max_staleness=1", "rollout.prompts_per_step=16", "rollout.n_samples_per_prompt=8",
-    "trainer.recompute_old_logprobs=false", "weight_sync.transport=object_store", "logging.progress=false",
-    "logging.console=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0",
-    "checkpoint.save_hf_final=false", "checkpoint.resume=never", "data.task_size=4000",
+    "rollout.engine=sim",
+    "trainer.backend=sim",
+    "reward.name=sim",
+    "rollout.num_engines=2",
+    "mode=async",
+    "max_staleness=1",
+    "rollout.prompts_per_step=16",
+    "rollout.n_samples_per_prompt=8",
+    "trainer.recompute_old_logprobs=false",
+    "weight_sync.transport=object_store",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_every=0",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
+    "data.task_size=4000",
 ]
 WARMUP = 2
 
 
 def measure(address: str, trainer_node: str, rollout_node: str, steps: int, run_dir: Path) -> float:
-    run(load_config(None, [*SIM, f"total_steps={steps}", f"run_dir={run_dir}", f"ray.address={address}",
-                           f"ray.nodes.trainer={trainer_node}", f"ray.nodes.rollout={rollout_node}"]))
+    run(
+        load_config(
+            None,
+            [
+                *SIM,
+                f"total_steps={steps}",
+                f"run_dir={run_dir}",
+                f"ray.address={address}",
+                f"ray.nodes.trainer={trainer_node}",
+                f"ray.nodes.rollout={rollout_node}",
+            ],
+        )
+    )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = rows[WARMUP:]
     return len(timed) / (timed[-1]["timestamp"] - rows[WARMUP - 1]["timestamp"])

@@ -28,8 +28,14 @@ def setup(root: Path, rows: int):
     from relax.omni.synthetic import make_dataset
 
     data = make_dataset(root / "data", ("image", "image", "video"), rows)
-    params = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28,
-                                 video_max_pixels=56 * 56, max_frames=4, media_root=str(data.parent))
+    params = OmniProcessorParams(
+        min_pixels=56 * 56,
+        max_pixels=112 * 112,
+        video_min_pixels=28 * 28,
+        video_max_pixels=56 * 56,
+        max_frames=4,
+        media_root=str(data.parent),
+    )
     model = tiny_multimodal_dir(root, "qwen2_5_vl")
     proc = make_factory("qwen2_5_vl")(params, PluginContext(role="processor", model_path=model))
     prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
@@ -43,8 +49,15 @@ def decode_tokens_per_s(engine, processed: dict, group: int, new_tokens: int, kv
 
     engine.media_kv_cache = kv_cache
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    requests = [GenerationRequest(f"{kv_cache}/{j}", list(processed["prompt_ids"]), replace(params, seed=j),
-                                  media=processed["inputs"]) for j in range(group)]
+    requests = [
+        GenerationRequest(
+            f"{kv_cache}/{j}",
+            list(processed["prompt_ids"]),
+            replace(params, seed=j),
+            media=processed["inputs"],
+        )
+        for j in range(group)
+    ]
     start = time.perf_counter()
     results = run_async(engine.generate(requests), 3600)
     assert all(len(r.response_ids) == new_tokens for r in results)
@@ -62,8 +75,11 @@ def group_shared(proc, prompts, group: int) -> list:
 
 
 def per_sample(proc, prompts, group: int) -> list:
-    return [proc.process(messages, [], f"bench:{i}")["inputs"] for i, messages in enumerate(prompts)
-            for _ in range(group)]
+    return [
+        proc.process(messages, [], f"bench:{i}")["inputs"]
+        for i, messages in enumerate(prompts)
+        for _ in range(group)
+    ]
 
 
 def prompts_per_s(fn, proc, prompts, group: int) -> float:
@@ -85,14 +101,18 @@ def queued_mb(fn, proc, prompts, group: int, samples: int) -> tuple[float, float
     queue = fn(proc, prompts[: samples // group], group)
     grown = psutil.Process().memory_info().rss - before
     assert len(queue) == samples
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for q in queue for t in q.values()}
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for q in queue for t in q.values()
+    }
     del queue
     gc.collect()
     return sum(storages.values()) / 2**20, grown / 2**20
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
@@ -101,7 +121,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        proc, prompts, model = setup(root, max(args.prompts, 3 * args.queued // (2 * args.group) + 3))  # 2/3 images
+        proc, prompts, model = setup(
+            root, max(args.prompts, 3 * args.queued // (2 * args.group) + 3)
+        )  # 2/3 images
         bench_prompts = prompts[: args.prompts]
         group_shared(proc, bench_prompts[:3], 1)  # warm-up: decoder and processor imports, first calls
         shared, single = [], []
@@ -114,8 +136,10 @@ def main() -> None:
         images = [m for m in prompts if m[0]["content"][0]["type"] == "image"]
         mb_shared = queued_mb(group_shared, proc, images, args.group, args.queued)
         mb_single = queued_mb(per_sample, proc, images, args.group, args.queued)
-        print(f"memory per {args.queued} queued image samples: group-shared {mb_shared[0]:.1f} MB, per-sample "
-              f"{mb_single[0]:.1f} MB of tensors (RSS growth {mb_shared[1]:.1f} / {mb_single[1]:.1f} MB)")
+        print(
+            f"memory per {args.queued} queued image samples: group-shared {mb_shared[0]:.1f} MB, per-sample "
+            f"{mb_single[0]:.1f} MB of tensors (RSS growth {mb_shared[1]:.1f} / {mb_single[1]:.1f} MB)"
+        )
         from relax.core.engines.hf import HFRolloutEngine
 
         engine = HFRolloutEngine(model)
@@ -123,8 +147,10 @@ def main() -> None:
         decode_tokens_per_s(engine, processed, args.group, 4, True)  # warm-up
         kv = decode_tokens_per_s(engine, processed, args.group, args.new_tokens, True)
         full = decode_tokens_per_s(engine, processed, args.group, args.new_tokens, False)
-        print(f"media decode (G={args.group}, {args.new_tokens} new tokens, {len(processed['prompt_ids'])}-token "
-              f"prompt): KV-cached {kv:.0f} tok/s vs full forward per token {full:.0f} tok/s ({kv / full:.1f}x)")
+        print(
+            f"media decode (G={args.group}, {args.new_tokens} new tokens, {len(processed['prompt_ids'])}-token "
+            f"prompt): KV-cached {kv:.0f} tok/s vs full forward per token {full:.0f} tok/s ({kv / full:.1f}x)"
+        )
         print(f"omni: {s / p:.1f}x prompts/s group-shared vs per-sample processing (G={args.group})")
 
 

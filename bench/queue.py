@@ -101,9 +101,13 @@ def main() -> None:
     big = 256
     step_client = TransferQueueClient.create(capacity=2 * big, consumers=["trainer"], inline_bytes=64 << 10)
     rows = [torch.randn(256) for _ in range(big)]
-    raw_rps, q_rps = measure_pair(lambda i: raw_round(rows), lambda i: queue_round(step_client, i + 1, rows), args.seconds_per_case)
-    print(f"1KB rows, batch {big}: queue {1e6 / (q_rps * big):.0f} us/row | raw ray.put/get {1e6 / (raw_rps * big):.0f} us/row"
-          f" | ratio {q_rps / raw_rps:.2f}x")
+    raw_rps, q_rps = measure_pair(
+        lambda i: raw_round(rows), lambda i: queue_round(step_client, i + 1, rows), args.seconds_per_case
+    )
+    print(
+        f"1KB rows, batch {big}: queue {1e6 / (q_rps * big):.0f} us/row | raw ray.put/get {1e6 / (raw_rps * big):.0f} us/row"
+        f" | ratio {q_rps / raw_rps:.2f}x"
+    )
     print(f"1KB rows, batch {args.batch}: queue {1e6 / (ratios['1KB'] * raw_rate_1kb):.0f} us/row")
     m = client.metrics()
     print(

@@ -26,9 +26,20 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        cfg = load_config(None, [f"total_steps={steps}", f"run_dir={run_dir}", "logging.progress=false",
-                                 "logging.console=false", "logging.plot=false", "logging.tensorboard=false",
-                                 "checkpoint.save_every=0", "checkpoint.save_hf_final=false", *overrides])
+        cfg = load_config(
+            None,
+            [
+                f"total_steps={steps}",
+                f"run_dir={run_dir}",
+                "logging.progress=false",
+                "logging.console=false",
+                "logging.plot=false",
+                "logging.tensorboard=false",
+                "checkpoint.save_every=0",
+                "checkpoint.save_hf_final=false",
+                *overrides,
+            ],
+        )
         run(cfg)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = rows[1:] or rows  # first step includes warm-up
@@ -40,7 +51,9 @@ def main(argv: list[str]) -> None:
     print(f"{'step':<10} {step:>8.3f}")
     print(f"reward mean first/last: {rows[0]['reward/mean']:.3f} / {rows[-1]['reward/mean']:.3f}")
     work = sum(mean.values())
-    print(f"quickstart: {step / work:.2f}x step time vs sum of stage times ({steps} steps, {step:.3f} s/step)")
+    print(
+        f"quickstart: {step / work:.2f}x step time vs sum of stage times ({steps} steps, {step:.3f} s/step)"
+    )
 
 
 if __name__ == "__main__":

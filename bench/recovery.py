@@ -35,11 +35,24 @@ from relax.core.plugins import get_plugin_manager
 
 ENGINES = 4
 SIM = [
-    "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", f"rollout.num_engines={ENGINES}",
-    "rollout.prompts_per_step=16", "rollout.n_samples_per_prompt=8", "trainer.recompute_old_logprobs=false",
-    "mode=async", "max_staleness=1", "logging.progress=false", "logging.console=false",
-    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0", "checkpoint.save_hf_final=false",
-    "checkpoint.resume=never", "data.task_size=4000", "rollout.max_restarts=1000",
+    "rollout.engine=sim",
+    "trainer.backend=sim",
+    "reward.name=sim",
+    f"rollout.num_engines={ENGINES}",
+    "rollout.prompts_per_step=16",
+    "rollout.n_samples_per_prompt=8",
+    "trainer.recompute_old_logprobs=false",
+    "mode=async",
+    "max_staleness=1",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_every=0",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
+    "data.task_size=4000",
+    "rollout.max_restarts=1000",
 ]
 WARMUP = 2
 
@@ -99,20 +112,30 @@ def measure(steps: int, root: Path, name: str, every: int | None = None) -> tupl
 def main(argv: list[str]) -> None:
     steps = int(argv[0]) if argv else 40
     every = int(argv[1]) if len(argv) > 1 else 5
-    start_loopback_ray(num_cpus=2 * ENGINES + 2)  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
+    start_loopback_ray(
+        num_cpus=2 * ENGINES + 2
+    )  # 127.0.0.1 only, as `relax run` starts Ray; workers inherit the env
     with tempfile.TemporaryDirectory() as tmp:
         base, _, _ = measure(steps, Path(tmp), "undisturbed")
         rate, last, kills = measure(steps, Path(tmp), "killed", every)
     ray.shutdown()
     recoveries = [serving - killed for killed, serving in kills if serving is not None]
-    print(f"{'run':<12} {'steps/s':>8} {'vs undisturbed':>15} {'kills':>6} {'restarts':>9} {'resubmitted':>12}")
+    print(
+        f"{'run':<12} {'steps/s':>8} {'vs undisturbed':>15} {'kills':>6} {'restarts':>9} {'resubmitted':>12}"
+    )
     print(f"{'undisturbed':<12} {base:>8.3f} {1.0:>14.2f}x {0:>6} {0:>9} {0:>12}")
-    print(f"{'killed':<12} {rate:>8.3f} {rate / base:>14.2f}x {len(kills):>6} {last.get('fault/engine_restarts', 0):>9.0f} "
-          f"{last.get('fault/resubmitted_requests', 0):>12.0f}")
+    print(
+        f"{'killed':<12} {rate:>8.3f} {rate / base:>14.2f}x {len(kills):>6} {last.get('fault/engine_restarts', 0):>9.0f} "
+        f"{last.get('fault/resubmitted_requests', 0):>12.0f}"
+    )
     if recoveries:
-        print(f"kill -> replacement serving: median {statistics.median(recoveries):.2f}s, max {max(recoveries):.2f}s "
-              f"over {len(recoveries)} of {len(kills)} kills (rollout.restart_backoff_s included)")
-    print(f"recovery: {rate / base:.2f}x throughput with one of four engines killed every {every} steps vs undisturbed")
+        print(
+            f"kill -> replacement serving: median {statistics.median(recoveries):.2f}s, max {max(recoveries):.2f}s "
+            f"over {len(recoveries)} of {len(kills)} kills (rollout.restart_backoff_s included)"
+        )
+    print(
+        f"recovery: {rate / base:.2f}x throughput with one of four engines killed every {every} steps vs undisturbed"
+    )
 
 
 if __name__ == "__main__":

@@ -58,9 +58,18 @@ def main() -> None:
 
     data = outputs(args.n)
     warm_math()
-    hub = Hub(HubParams(routes={"math": "math"}, default="math", workers=args.workers, max_concurrency=4 * args.workers,
-                        call_timeout_s=60))
-    asyncio.run(hub.score_group([make_sample("\\boxed{1}", "1", index=i) for i in range(2 * args.workers)]))  # warm
+    hub = Hub(
+        HubParams(
+            routes={"math": "math"},
+            default="math",
+            workers=args.workers,
+            max_concurrency=4 * args.workers,
+            call_timeout_s=60,
+        )
+    )
+    asyncio.run(
+        hub.score_group([make_sample("\\boxed{1}", "1", index=i) for i in range(2 * args.workers)])
+    )  # warm
 
     def serial(chunk):
         return [math_score(r, lab, {}, MathParams())["score"] for r, lab in chunk]
@@ -79,23 +88,31 @@ def main() -> None:
     for r in range(args.rounds):
         chunk = data[r * size : (r + 1) * size]
         seconds, scores = {}, {}
-        for name in (("serial", "pool") if r % 2 == 0 else ("pool", "serial")):
+        for name in ("serial", "pool") if r % 2 == 0 else ("pool", "serial"):
             start = time.perf_counter()
             scores[name] = (serial if name == "serial" else pooled)(chunk)
             seconds[name] = time.perf_counter() - start
             totals[name] += seconds[name]
         if scores["pool"] != scores["serial"]:
             diff = sum(p != s for p, s in zip(scores["pool"], scores["serial"], strict=True))
-            raise SystemExit(f"rewards: the pool's scores differ from the serial ones on {diff} of {len(chunk)} outputs")
+            raise SystemExit(
+                f"rewards: the pool's scores differ from the serial ones on {diff} of {len(chunk)} outputs"
+            )
         ratios.append(seconds["serial"] / seconds["pool"])
-        print(f"round {r}: serial {len(chunk) / seconds['serial']:.0f}/s, pool {len(chunk) / seconds['pool']:.0f}/s, "
-              f"{ratios[-1]:.2f}x")
+        print(
+            f"round {r}: serial {len(chunk) / seconds['serial']:.0f}/s, pool {len(chunk) / seconds['pool']:.0f}/s, "
+            f"{ratios[-1]:.2f}x"
+        )
     hub.close()
     n = len(data)
-    print(f"serial math-verify: {n / totals['serial']:.0f} samples/s; hub pool ({args.workers} workers): "
-          f"{n / totals['pool']:.0f} samples/s; rounds {', '.join(f'{x:.2f}' for x in ratios)}")
-    print(f"rewards: {statistics.median(ratios):.2f}x math samples/s through the hub's {args.workers}-process pool "
-          f"vs serial math-verify in one process (median of {args.rounds} rounds, {n} outputs)")
+    print(
+        f"serial math-verify: {n / totals['serial']:.0f} samples/s; hub pool ({args.workers} workers): "
+        f"{n / totals['pool']:.0f} samples/s; rounds {', '.join(f'{x:.2f}' for x in ratios)}"
+    )
+    print(
+        f"rewards: {statistics.median(ratios):.2f}x math samples/s through the hub's {args.workers}-process pool "
+        f"vs serial math-verify in one process (median of {args.rounds} rounds, {n} outputs)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,11 @@ from relax.sglang.transports import SGLangDiskSync, SGLangDistributedSync, SGLan
 
 def tokens_per_s(engine, requests: int, tokens: int, seed: int) -> float:
     reqs = [
-        GenerationRequest(f"b{seed}-{i}", [4 + i % 7, 5, 6 + i % 5], SamplingParams(max_new_tokens=tokens, ignore_eos=True, seed=seed + i))
+        GenerationRequest(
+            f"b{seed}-{i}",
+            [4 + i % 7, 5, 6 + i % 5],
+            SamplingParams(max_new_tokens=tokens, ignore_eos=True, seed=seed + i),
+        )
         for i in range(requests)
     ]
     start = time.perf_counter()
@@ -53,7 +57,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default=None, help="HF model dir (default: the conformance kit's tiny Qwen3)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--qwen3-0.6b", dest="qwen3", action="store_true", help="a Qwen3-0.6B-shaped model (with --device cuda)")
+    ap.add_argument(
+        "--qwen3-0.6b",
+        dest="qwen3",
+        action="store_true",
+        help="a Qwen3-0.6B-shaped model (with --device cuda)",
+    )
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="relax-bench-sglang-")
     model, other = args.model or tiny_model_dir(root, 1), tiny_model_dir(root, 2)
@@ -61,11 +70,18 @@ def main() -> None:
     dtype = "float32"
     if args.device == "cuda":
         if not os.environ.get("RELAX_SGLANG_PYTHON"):
-            raise SystemExit("--device cuda: set RELAX_SGLANG_PYTHON to an environment's python with CUDA SGLang")
+            raise SystemExit(
+                "--device cuda: set RELAX_SGLANG_PYTHON to an environment's python with CUDA SGLang"
+            )
         dtype = "bfloat16"
         # the CUDA defaults otherwise (relax.sglang.device_defaults): SGLang sizes the KV pool, fast kernels
-        params = SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", dtype=dtype,
-                                    mem_fraction_static=0.4, startup_timeout_s=1200)
+        params = SGLangEngineParams(
+            python=os.environ["RELAX_SGLANG_PYTHON"],
+            device="cuda",
+            dtype=dtype,
+            mem_fraction_static=0.4,
+            startup_timeout_s=1200,
+        )
         if args.qwen3:
             from relax.core.testing.models import build_qwen3_06b
 
@@ -84,7 +100,10 @@ def main() -> None:
             ratios.append(s / h)
             print(f"round {r}: HF {h:,.0f} tok/s, SGLang {s:,.0f} tok/s, ratio {s / h:.2f}")
         if args.model is None and not args.qwen3:  # transports need the trainer's model to match the server's
-            trainers = {"other": torch_trainer(other, device=args.device), "same": torch_trainer(model, device=args.device)}
+            trainers = {
+                "other": torch_trainer(other, device=args.device),
+                "same": torch_trainer(model, device=args.device),
+            }
             makes = [SGLangDiskSync, SGLangTensorSync]
             if args.device == "cpu":
                 makes.append(SGLangDistributedSync)
@@ -100,11 +119,19 @@ def main() -> None:
                         transport.sync(trainers[which], [sgl], version)
                         times.append(time.perf_counter() - start)
                 transport.close()
-                print(f"{transport.name}: {statistics.median(times) * 1e3:.0f} ms per sync (median of {len(times)})")
-        print(f"HF engine: {statistics.median(hf_rates):,.0f} tok/s; SGLang engine: {statistics.median(sgl_rates):,.0f} tok/s "
-              f"({args.requests} requests x {args.tokens} tokens)")
+                print(
+                    f"{transport.name}: {statistics.median(times) * 1e3:.0f} ms per sync (median of {len(times)})"
+                )
+        print(
+            f"HF engine: {statistics.median(hf_rates):,.0f} tok/s; SGLang engine: {statistics.median(sgl_rates):,.0f} tok/s "
+            f"({args.requests} requests x {args.tokens} tokens)"
+        )
         version = sgl.workers[0].get("/server_info").get("version")
-        where = "" if args.device == "cpu" else f" on {torch.cuda.get_device_name(0)}, bf16" + (", Qwen3-0.6B-shaped" if args.qwen3 else "")
+        where = (
+            ""
+            if args.device == "cpu"
+            else f" on {torch.cuda.get_device_name(0)}, bf16" + (", Qwen3-0.6B-shaped" if args.qwen3 else "")
+        )
         where += f", sglang {version}"
         print(f"sglang: {statistics.median(ratios):.2f}x tokens/s SGLang vs HF engine{where}")
     finally:

@@ -41,15 +41,22 @@ def main() -> None:
                 )
             peaks[mode] = max(r["peak_bytes"] for r in reports)
             per_rank = ", ".join(f"{r['peak_bytes'] / 2**20:.0f}" for r in reports)
-            print(f"{mode:>8}: peak MiB per rank [{per_rank}] = {peaks[mode] / full:.2f}x a full copy "
-                  f"({reports[0]['equal']} weights equal the checkpoint's)")  # fmt: skip
-        for mode in ("megatron_tp", "megatron_pp"):  # relax-megatron's trainer at TP or PP = world (rank_load.py)
+            print(
+                f"{mode:>8}: peak MiB per rank [{per_rank}] = {peaks[mode] / full:.2f}x a full copy "
+                f"({reports[0]['equal']} weights equal the checkpoint's)"
+            )
+        for mode in (
+            "megatron_tp",
+            "megatron_pp",
+        ):  # relax-megatron's trainer at TP or PP = world (rank_load.py)
             reports = run_world(model, args.world, mode, free_port(), module="relax.megatron.load_rss")
             per_rank = ", ".join(f"{r['peak_bytes'] / full:.2f}" for r in reports)
             print(f"{mode:>11}: peak per rank [{per_rank}]x a full copy")
-    print(f"sharded_loading: {peaks['sharded'] / peaks['full']:.2f}x peak host RSS per rank, sharded vs "
-          f"whole-model load ({peaks['sharded'] / full:.2f}x vs {peaks['full'] / full:.2f}x a full fp32 copy, "
-          f"world {args.world})")  # fmt: skip
+    print(
+        f"sharded_loading: {peaks['sharded'] / peaks['full']:.2f}x peak host RSS per rank, sharded vs "
+        f"whole-model load ({peaks['sharded'] / full:.2f}x vs {peaks['full'] / full:.2f}x a full fp32 copy, "
+        f"world {args.world})"
+    )
 
 
 if __name__ == "__main__":

@@ -105,7 +105,9 @@ class Task:
     updates: int  # optimizer steps per generation (mini-batches)
     max_steps: int  # a run gives up after this many steps
     plugin_reward: bool  # bench/plugins/vs_trl_reward.py's first_integer instead of core's numeric
-    chars: bool = False  # bench/plugins/vs_trl_chars.py's model and rows, raw prompts (else the quick-start's)
+    chars: bool = (
+        False  # bench/plugins/vs_trl_chars.py's model and rows, raw prompts (else the quick-start's)
+    )
     max_new_tokens: int = 3
     clip_high: float = 0.28
     entropy_coef: float = 0.03
@@ -114,8 +116,17 @@ class Task:
 TASKS = {
     "quickstart": Task(prompts=32, group=8, updates=4, max_steps=80, plugin_reward=False),
     "single": Task(prompts=16, group=16, updates=1, max_steps=200, plugin_reward=True),
-    "chars": Task(prompts=16, group=16, updates=1, max_steps=2000, plugin_reward=True, chars=True, max_new_tokens=4,
-                  clip_high=0.2, entropy_coef=0.02),
+    "chars": Task(
+        prompts=16,
+        group=16,
+        updates=1,
+        max_steps=2000,
+        plugin_reward=True,
+        chars=True,
+        max_new_tokens=4,
+        clip_high=0.2,
+        entropy_coef=0.02,
+    ),
 }
 #: Relax's execution mode for its arm (its own setting; every matched hyper-parameter stays as listed):
 #: colocate takes turns, strictly on-policy; async overlaps rollout and training, one step stale at most
@@ -152,12 +163,15 @@ def trl_worker(task: Task, seed: int, max_steps: int, out: str) -> None:
         data = Dataset.from_list(rows)
     else:
         path, rows = ensure_quickstart_model(), arithmetic_rows(TASK_SIZE, seed=seed)
-        data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
+        data = Dataset.from_list(
+            [{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows]
+        )
     rewards: list[float] = []
 
     if task.plugin_reward:
         from vs_trl_reward import first_integer_matches as matches
     else:
+
         def matches(text: str, y: object) -> float:
             return float(extract_number(text, "first") == float(y))
 
@@ -182,7 +196,10 @@ def trl_worker(task: Task, seed: int, max_steps: int, out: str) -> None:
                 return
             now = time.time()
             step = state.global_step // task.updates
-            self.pending, self.last = dict(event="step", step=step, reward=rewards[step - 1], step_s=now - self.last), now
+            self.pending, self.last = (
+                dict(event="step", step=step, reward=rewards[step - 1], step_s=now - self.last),
+                now,
+            )
             if len(rewards) >= WINDOW and sum(rewards[step - WINDOW : step]) / WINDOW >= TARGET:
                 control.should_training_stop = True
 
@@ -259,14 +276,28 @@ def relax_task_overrides(task: Task, seed: int, workdir: Path) -> list[str]:
 
         data = write_rows(workdir / f"chars_{seed}.jsonl", TASK_SIZE, seed)
         chars = [f"model.path={ensure_chars_model()}", f"data.path={data}", "data.apply_chat_template=false"]
-    return [f"rollout.prompts_per_step={task.prompts}", f"rollout.n_samples_per_prompt={task.group}",
-            f"trainer.num_minibatches={task.updates}", f"rollout.max_new_tokens={task.max_new_tokens}",
-            f"algorithm.clip_ratio_high={task.clip_high}", f"algorithm.entropy_coef={task.entropy_coef}",
-            "algorithm.advantage_params.epsilon=0.0001", *(["reward.name=first_integer"] if task.plugin_reward else []), *chars]
+    return [
+        f"rollout.prompts_per_step={task.prompts}",
+        f"rollout.n_samples_per_prompt={task.group}",
+        f"trainer.num_minibatches={task.updates}",
+        f"rollout.max_new_tokens={task.max_new_tokens}",
+        f"algorithm.clip_ratio_high={task.clip_high}",
+        f"algorithm.entropy_coef={task.entropy_coef}",
+        "algorithm.advantage_params.epsilon=0.0001",
+        *(["reward.name=first_integer"] if task.plugin_reward else []),
+        *chars,
+    ]
 
 
-def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path, relax_mode: str = "colocate",
-           threads: int = 0) -> dict:
+def launch(
+    task_name: str,
+    system: str,
+    seed: int,
+    max_steps: int,
+    workdir: Path,
+    relax_mode: str = "colocate",
+    threads: int = 0,
+) -> dict:
     """One run in a fresh process; returns its seconds to reward (None if it never got there) and its steps.
     ``threads``: torch threads of the run (0: each side's default; Relax's driver takes every core)."""
     task = TASKS[task_name]
@@ -275,18 +306,44 @@ def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path
     if threads:  # TRL: torch reads OMP_NUM_THREADS; Relax: vs_trl_timer sets it once the roles are up
         env["OMP_NUM_THREADS"] = env["VS_TRL_THREADS"] = str(threads)
     if system == "relax":
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE / "plugins"), env.get("PYTHONPATH", "")] if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [str(HERE / "plugins"), env.get("PYTHONPATH", "")] if p
+        )
         env["RELAX_PLUGINS"] = "vs_trl_timer" + (",vs_trl_reward" if task.plugin_reward else "")
-        cmd = [sys.executable, "-m", "relax.core.cli", "run", str(ROOT / "examples" / "quickstart.yaml"),
-               f"seed={seed}", f"run_dir={workdir / f'relax_{seed}'}", f"total_steps={max_steps}",
-               "checkpoint.save_every=0", "checkpoint.save_hf_final=false", "logging.plot=false",
-               "logging.progress=false", *relax_task_overrides(task, seed, workdir), *RELAX_MODES[relax_mode]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "relax.core.cli",
+            "run",
+            str(ROOT / "examples" / "quickstart.yaml"),
+            f"seed={seed}",
+            f"run_dir={workdir / f'relax_{seed}'}",
+            f"total_steps={max_steps}",
+            "checkpoint.save_every=0",
+            "checkpoint.save_hf_final=false",
+            "logging.plot=false",
+            "logging.progress=false",
+            *relax_task_overrides(task, seed, workdir),
+            *RELAX_MODES[relax_mode],
+        ]
     else:
-        cmd = [sys.executable, __file__, "--worker", "trl", "--task", task_name, "--seed", str(seed),
-               "--max-steps", str(max_steps)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "trl",
+            "--task",
+            task_name,
+            "--seed",
+            str(seed),
+            "--max-steps",
+            str(max_steps),
+        ]
     log = open(workdir / f"{system}_{seed}.log", "w")
     started = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+    )
     hit = None
     while proc.poll() is None:  # Relax: stop the run (Ctrl-C) once it crossed; TRL stops itself
         time.sleep(0.5)
@@ -303,7 +360,9 @@ def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path
     hit = crossing(steps)
     if begin is None or not steps:
         tail = (workdir / f"{system}_{seed}.log").read_text()[-2000:]
-        raise RuntimeError(f"{system} seed {seed} produced no steps (exit {proc.returncode}); log tail:\n{tail}")
+        raise RuntimeError(
+            f"{system} seed {seed} produced no steps (exit {proc.returncode}); log tail:\n{tail}"
+        )
     return {
         "system": system,
         "seed": seed,
@@ -320,7 +379,10 @@ def launch(task_name: str, system: str, seed: int, max_steps: int, workdir: Path
 def mean_rewards(results: list[dict], seed: int) -> tuple[int, float, float]:
     """Steps both arms of ``seed`` ran, and TRL's and Relax's mean reward over them: learning per step without
     the threshold's noise (a 5-step mean first crossing 0.8 is a rare fluctuation where the curve plateaus)."""
-    trl, relax = (next(r["rewards"] for r in results if r["seed"] == seed and r["system"] == s) for s in ("trl", "relax"))
+    trl, relax = (
+        next(r["rewards"] for r in results if r["seed"] == seed and r["system"] == s)
+        for s in ("trl", "relax")
+    )
     n = min(len(trl), len(relax))
     return n, sum(trl[:n]) / n, sum(relax[:n]) / n
 
@@ -330,7 +392,9 @@ def print_mean_rewards(results: list[dict], seeds: list[int]) -> None:
     for seed, (n, trl, relax) in zip(seeds, rows, strict=True):
         print(f"seed {seed}: mean reward over the {n} steps both ran: TRL {trl:.3f} | Relax {relax:.3f}")
     trl, relax = (sum(r[i] for r in rows) / len(rows) for i in (1, 2))
-    print(f"mean over seeds {seeds}: TRL {trl:.3f} | Relax {relax:.3f} mean reward per step | ratio {relax / trl:.2f}x")
+    print(
+        f"mean over seeds {seeds}: TRL {trl:.3f} | Relax {relax:.3f} mean reward per step | ratio {relax / trl:.2f}x"
+    )
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -343,7 +407,9 @@ def plot(results: list[dict], path: Path) -> None:
     fig, (ax, ax_entropy) = plt.subplots(1, 2, figsize=(13, 4.5))
     for r in results:
         style = dict(linestyle="--" if r["system"] == "trl" else "-", color=f"C{r['seed']}", linewidth=1)
-        ax.plot(range(1, len(r["rewards"]) + 1), r["rewards"], label=f"{r['system']} seed {r['seed']}", **style)
+        ax.plot(
+            range(1, len(r["rewards"]) + 1), r["rewards"], label=f"{r['system']} seed {r['seed']}", **style
+        )
         steps = [(i, e) for i, e in enumerate(r["entropies"], 1) if e is not None]
         ax_entropy.plot([i for i, _ in steps], [e for _, e in steps], **style)
     ax.axhline(TARGET, color="grey", linewidth=0.5)
@@ -357,16 +423,31 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (>= 3 for the headline)")
-    parser.add_argument("--task", choices=sorted(TASKS), default="quickstart", help="what both train (see above)")
-    parser.add_argument("--max-steps", type=int, help="give up on a run after this many steps (default: the task's)")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_vs_trl", help="where the curves go")
+    parser.add_argument(
+        "--task", choices=sorted(TASKS), default="quickstart", help="what both train (see above)"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, help="give up on a run after this many steps (default: the task's)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "runs" / "bench_vs_trl", help="where the curves go"
+    )
     parser.add_argument("--quick", action="store_true", help="one seed, 60 steps: a smoke run, not a result")
-    parser.add_argument("--relax-mode", choices=sorted(RELAX_MODES), default="colocate",
-                        help="Relax's execution mode (colocate: faster here, see docs/benchmarks.md)")
-    parser.add_argument("--concurrent", action="store_true",
-                        help="run a seed's two arms at the same time (steps to reward and mean reward per step "
-                             "still compare; seconds do not: the arms share the cores)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: each side's default)")
+    parser.add_argument(
+        "--relax-mode",
+        choices=sorted(RELAX_MODES),
+        default="colocate",
+        help="Relax's execution mode (colocate: faster here, see docs/benchmarks.md)",
+    )
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run a seed's two arms at the same time (steps to reward and mean reward per step "
+        "still compare; seconds do not: the arms share the cores)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads per run (0: each side's default)"
+    )
     parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -387,18 +468,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         for i, seed in enumerate(seeds):
             order = ("trl", "relax") if i % 2 == 0 else ("relax", "trl")
-            runs = [partial(launch, args.task, system, seed, max_steps, Path(tmp), args.relax_mode, args.threads)
-                    for system in order]  # fmt: skip
-            if args.concurrent:  # both arms at once: learning per step on a loaded machine (timings share the cores)
+            runs = [
+                partial(launch, args.task, system, seed, max_steps, Path(tmp), args.relax_mode, args.threads)
+                for system in order
+            ]
+            if (
+                args.concurrent
+            ):  # both arms at once: learning per step on a loaded machine (timings share the cores)
                 with ThreadPoolExecutor(2) as pool:
                     seed_results = list(pool.map(lambda run: run(), runs))
             else:
                 seed_results = [run() for run in runs]
             for system, r in zip(order, seed_results, strict=True):
                 results.append(r)
-                reached = (f"reward {TARGET} at step {r['steps']}: {r['launch_s']:.1f} s from launch, "
-                           f"{r['train_s']:.1f} s of training" if r["steps"] else f"no {TARGET} in {max_steps} steps")
-                print(f"seed {seed} {system:<5} start {r['start_s']:5.1f} s | {r['step_s']:.3f} s/step | {reached}", flush=True)
+                reached = (
+                    f"reward {TARGET} at step {r['steps']}: {r['launch_s']:.1f} s from launch, "
+                    f"{r['train_s']:.1f} s of training"
+                    if r["steps"]
+                    else f"no {TARGET} in {max_steps} steps"
+                )
+                print(
+                    f"seed {seed} {system:<5} start {r['start_s']:5.1f} s | {r['step_s']:.3f} s/step | {reached}",
+                    flush=True,
+                )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"runs_{args.task}.json").write_text(json.dumps(results))
     plot(results, args.out / f"curves_{args.task}.png")
@@ -406,7 +498,9 @@ def main() -> None:
     print_mean_rewards(results, seeds)
     both = [s for s in seeds if all(r["steps"] for r in results if r["seed"] == s)]
     if not both:
-        print(f"vs_trl: nanx time to reward {TARGET} (TRL / Relax) on task {args.task}: no seed reached it in both")
+        print(
+            f"vs_trl: nanx time to reward {TARGET} (TRL / Relax) on task {args.task}: no seed reached it in both"
+        )
         return
     total = {
         (sys_, key): sum(r[key] for r in results if r["system"] == sys_ and r["seed"] in both)
@@ -414,14 +508,23 @@ def main() -> None:
         for key in ("launch_s", "train_s", "steps", "start_s", "step_s")
     }
     n = len(both)
-    for key, what in (("start_s", "s launch -> first step"), ("step_s", "s per step"), ("steps", "steps to reward"),
-                      ("train_s", "s of training to reward"), ("launch_s", "s from launch to reward")):
+    for key, what in (
+        ("start_s", "s launch -> first step"),
+        ("step_s", "s per step"),
+        ("steps", "steps to reward"),
+        ("train_s", "s of training to reward"),
+        ("launch_s", "s from launch to reward"),
+    ):
         f = ".3f" if key == "step_s" else ".1f"
-        print(f"mean over seeds {both}: TRL {total['trl', key] / n:7{f}} | Relax {total['relax', key] / n:7{f}} {what}"
-              f" | ratio {total['trl', key] / total['relax', key]:.2f}x")
-    print(f"vs_trl: {total['trl', 'launch_s'] / total['relax', 'launch_s']:.2f}x time to reward {TARGET} (TRL / Relax)"
-          f", from launch, task {args.task}; {total['trl', 'train_s'] / total['relax', 'train_s']:.2f}x in training time"
-          f"; {total['trl', 'steps'] / total['relax', 'steps']:.2f}x in steps")
+        print(
+            f"mean over seeds {both}: TRL {total['trl', key] / n:7{f}} | Relax {total['relax', key] / n:7{f}} {what}"
+            f" | ratio {total['trl', key] / total['relax', key]:.2f}x"
+        )
+    print(
+        f"vs_trl: {total['trl', 'launch_s'] / total['relax', 'launch_s']:.2f}x time to reward {TARGET} (TRL / Relax)"
+        f", from launch, task {args.task}; {total['trl', 'train_s'] / total['relax', 'train_s']:.2f}x in training time"
+        f"; {total['trl', 'steps'] / total['relax', 'steps']:.2f}x in steps"
+    )
 
 
 if __name__ == "__main__":

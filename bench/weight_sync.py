@@ -46,7 +46,9 @@ from relax.core.weight_sync import TRANSPORTS, serve_receiver, serve_sender  # n
 def memory() -> dict[str, int]:
     """This process's resident and peak resident bytes."""
     status = open("/proc/self/status").read()
-    return {k: int(re.search(rf"{k}:\s+(\d+) kB", status).group(1)) << 10 for k in ("VmRSS", "VmHWM", "RssShmem")}
+    return {
+        k: int(re.search(rf"{k}:\s+(\d+) kB", status).group(1)) << 10 for k in ("VmRSS", "VmHWM", "RssShmem")
+    }
 
 
 def reset_peak() -> dict[str, int]:
@@ -105,7 +107,9 @@ class TrainerHost:
 
     def shapes_and_checksum(self):
         state = self.trainer.state
-        return {n: tuple(t.shape) for n, t in state.items()}, float(sum(t.double().sum() for t in state.values()))
+        return {n: tuple(t.shape) for n, t in state.items()}, float(
+            sum(t.double().sum() for t in state.values())
+        )
 
     def reset_peak(self):
         return reset_peak()
@@ -207,8 +211,10 @@ def main() -> None:
             results[name] = bench_transport(name, args, tmp, x)
     ray.shutdown()
 
-    print(f"model: {nbytes / 2**20:.1f} MiB in {len(Trainer(args.mb).state)} tensors; bucket {args.bucket_mb} MiB; "
-          f"median of {args.repeats} syncs after a cold one; torch threads {torch.get_num_threads()}")
+    print(
+        f"model: {nbytes / 2**20:.1f} MiB in {len(Trainer(args.mb).state)} tensors; bucket {args.bucket_mb} MiB; "
+        f"median of {args.repeats} syncs after a cold one; torch threads {torch.get_num_threads()}"
+    )
     for name, r in results.items():
         print(
             f"{name:>12}: {r['bps'] / 1e9:.2f} GB/s = {r['ratio']:.2f}x memcpy ({r['memcpy_bps'] / 1e9:.2f} GB/s), "
@@ -218,7 +224,9 @@ def main() -> None:
             f"(cold sync: {r['cold_extra']['trainer']:.2f}, {r['cold_extra']['engine']:.2f}; of the timed peak, "
             f"shared object-store pages: {r['extra']['trainer_shm']:.2f}, {r['extra']['engine_shm']:.2f})"
         )
-    print(f"weight_sync: {results['broadcast']['ratio']:.2f}x gloo broadcast vs single-process memcpy bandwidth")
+    print(
+        f"weight_sync: {results['broadcast']['ratio']:.2f}x gloo broadcast vs single-process memcpy bandwidth"
+    )
 
 
 if __name__ == "__main__":

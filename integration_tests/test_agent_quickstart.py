@@ -20,8 +20,14 @@ from relax.core.controller.run import run
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SHORT = ["rollout.prompts_per_step=8"]  # 8 prompts x 8 episodes per step
-QUIET = ["logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
-         "checkpoint.save_every=0", "checkpoint.save_hf_final=false"]
+QUIET = [
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_every=0",
+    "checkpoint.save_hf_final=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +51,10 @@ def _mean(values: list[float]) -> float:
 def _assert_learns(run_dir: Path, steps: int, reward_rise: float, call_rise: float, window: int = 2) -> None:
     rewards, calls = _curves(run_dir)
     assert len(rewards) == steps
-    assert rewards[0] <= 0.35 and calls[0] <= 0.4, (rewards[:3], calls[:3])  # tool use is rare at the start ...
+    assert rewards[0] <= 0.35 and calls[0] <= 0.4, (
+        rewards[:3],
+        calls[:3],
+    )  # tool use is rare at the start ...
     # only episodes that called the tool can be right: the reward never exceeds the call rate
     assert all(r <= c + 1e-9 for r, c in zip(rewards, calls, strict=True)), (rewards, calls)
     first, last = slice(0, window), slice(steps - window, steps)
@@ -55,16 +64,20 @@ def _assert_learns(run_dir: Path, steps: int, reward_rise: float, call_rise: flo
 
 def test_the_agent_quickstart_learns_to_call_the_calculator(tmp_path, prepared):
     steps = 8
-    cfg = load_config(str(EXAMPLES / "quickstart_agent.yaml"),
-                      [*prepared, *SHORT, f"total_steps={steps}", f"run_dir={tmp_path}", *QUIET])
+    cfg = load_config(
+        str(EXAMPLES / "quickstart_agent.yaml"),
+        [*prepared, *SHORT, f"total_steps={steps}", f"run_dir={tmp_path}", *QUIET],
+    )
     run(cfg)
     _assert_learns(tmp_path, steps, reward_rise=0.3, call_rise=0.3)
 
 
 def test_the_async_agent_quickstart_learns_too(tmp_path, prepared, ray_session):
     steps = 6
-    cfg = load_config(str(EXAMPLES / "quickstart_agent_async.yaml"),
-                      [*prepared, *SHORT, f"total_steps={steps}", f"run_dir={tmp_path}", *QUIET])
+    cfg = load_config(
+        str(EXAMPLES / "quickstart_agent_async.yaml"),
+        [*prepared, *SHORT, f"total_steps={steps}", f"run_dir={tmp_path}", *QUIET],
+    )
     assert cfg.mode == "async" and cfg.max_staleness == 1
     run(cfg)
     _assert_learns(tmp_path, steps, reward_rise=0.2, call_rise=0.2)

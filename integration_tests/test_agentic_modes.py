@@ -43,7 +43,9 @@ def repeat_env(monkeypatch):
     get_plugin_manager(refresh=True)
 
 
-@pytest.mark.parametrize(("mode", "extra"), [("colocate", []), ("async", ["max_staleness=1"]), ("hybrid", ["max_staleness=1"])])
+@pytest.mark.parametrize(
+    ("mode", "extra"), [("colocate", []), ("async", ["max_staleness=1"]), ("hybrid", ["max_staleness=1"])]
+)
 def test_two_turn_episodes_train_in_every_mode(ray_session, repeat_env, tmp_path, mode, extra):
     run_dir = tmp_path / mode
     run(load_config(None, [*SMALL, f"run_dir={run_dir}", f"mode={mode}", *extra]))

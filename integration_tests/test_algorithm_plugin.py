@@ -47,9 +47,17 @@ def relax_register_algorithms(register):
 """
 
 SMALL = [
-    "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3",
-    "trainer.micro_batch_size=8", "data.task_size=50", "logging.progress=false", "logging.console=false",
-    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never",
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples_per_prompt=4",
+    "rollout.max_new_tokens=3",
+    "trainer.micro_batch_size=8",
+    "data.task_size=50",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
 ]
 
 
@@ -69,17 +77,28 @@ def test_validation_errors_come_from_the_plugins_declarations(algorithm_plugin):
     with pytest.raises(ConfigError) as err:
         load_config(None, [*SMALL, "algorithm.advantage_estimator=valued", "mode=async", "max_staleness=1"])
     text = str(err.value)
-    assert ("algorithm.critic.enable: advantage estimator 'valued' (plugin 'ref_grpo_plugin') needs critic values; "
-            "set algorithm.critic.enable=true") in text
+    assert (
+        "algorithm.critic.enable: advantage estimator 'valued' (plugin 'ref_grpo_plugin') needs critic values; "
+        "set algorithm.critic.enable=true"
+    ) in text
     assert "mode: advantage estimator 'valued' (plugin 'ref_grpo_plugin') supports mode colocate only" in text
-    with pytest.raises(ConfigError, match=r"rollout.n_samples_per_prompt: advantage estimator 'ref_grpo' \(plugin "
-                                          r"'ref_grpo_plugin'\) compares responses within a group and needs >= 2"):
-        load_config(None, [*SMALL, "algorithm.advantage_estimator=ref_grpo", "rollout.n_samples_per_prompt=1"])
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.n_samples_per_prompt: advantage estimator 'ref_grpo' \(plugin "
+        r"'ref_grpo_plugin'\) compares responses within a group and needs >= 2",
+    ):
+        load_config(
+            None, [*SMALL, "algorithm.advantage_estimator=ref_grpo", "rollout.n_samples_per_prompt=1"]
+        )
 
 
-def test_runtime_starts_the_reference_role_a_plugin_algorithm_declares(ray_session, tmp_path, algorithm_plugin):
-    cfg = load_config(None, [*SMALL, "algorithm.advantage_estimator=ref_grpo", "total_steps=2",
-                             f"run_dir={tmp_path / 'run'}"])
+def test_runtime_starts_the_reference_role_a_plugin_algorithm_declares(
+    ray_session, tmp_path, algorithm_plugin
+):
+    cfg = load_config(
+        None,
+        [*SMALL, "algorithm.advantage_estimator=ref_grpo", "total_steps=2", f"run_dir={tmp_path / 'run'}"],
+    )
     assert cfg.algorithm.kl.coef == 0  # only the declaration asks for a reference model
     summary = run(cfg)
     assert summary["steps"] == 2

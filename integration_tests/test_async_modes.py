@@ -34,11 +34,22 @@ def _metrics(run_dir: Path) -> list[dict]:
 def test_async_with_zero_staleness_reproduces_colocate(ray_session, tmp_path):
     colocate, asynchronous = tmp_path / "colocate", tmp_path / "async"
     run(load_config(None, [*SMALL, "total_steps=3", f"run_dir={colocate}"]))
-    run(load_config(None, [*SMALL, "total_steps=3", f"run_dir={asynchronous}", "mode=async", "max_staleness=0"]))
+    run(
+        load_config(
+            None, [*SMALL, "total_steps=3", f"run_dir={asynchronous}", "mode=async", "max_staleness=0"]
+        )
+    )
     a, b = _metrics(colocate), _metrics(asynchronous)
     assert len(a) == len(b) == 3
     for ra, rb in zip(a, b, strict=True):
-        for key in ["reward/mean", "response/length_mean", "train/loss", "train/pg_loss", "train/grad_norm", "train/entropy"]:
+        for key in [
+            "reward/mean",
+            "response/length_mean",
+            "train/loss",
+            "train/pg_loss",
+            "train/grad_norm",
+            "train/entropy",
+        ]:
             assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), (ra["step"], key)
         assert rb["staleness/max"] == 0
 
@@ -46,8 +57,17 @@ def test_async_with_zero_staleness_reproduces_colocate(ray_session, tmp_path):
 @pytest.mark.parametrize(("mode", "staleness"), [("async", 2), ("hybrid", 1)])
 def test_staleness_never_exceeds_the_bound(ray_session, tmp_path, mode, staleness):
     run_dir = tmp_path / mode
-    cfg = load_config(None, [*SMALL, "total_steps=5", f"run_dir={run_dir}", f"mode={mode}", f"max_staleness={staleness}",
-                             "algorithm.kl.coef=0.01"])
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "total_steps=5",
+            f"run_dir={run_dir}",
+            f"mode={mode}",
+            f"max_staleness={staleness}",
+            "algorithm.kl.coef=0.01",
+        ],
+    )
     run(cfg)
     rows = _metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
@@ -61,9 +81,20 @@ def test_partial_rollout_spans_weight_updates_in_a_run(ray_session, tmp_path):
     """Generation (200 tokens, EOS ignored, 4 sequences at a time) outlasts a train step, so updates land
     mid-sequence (with the whole step decoding at once, the engine can finish before the trainer syncs)."""
     run_dir = tmp_path / "partial"
-    cfg = load_config(None, [*SMALL, "total_steps=4", f"run_dir={run_dir}", "mode=async", "max_staleness=1",
-                             "rollout.max_new_tokens=200", "rollout.ignore_eos=true", "rollout.prompts_per_step=8",
-                             "rollout.engine_params.max_batch_size=4"])
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "total_steps=4",
+            f"run_dir={run_dir}",
+            "mode=async",
+            "max_staleness=1",
+            "rollout.max_new_tokens=200",
+            "rollout.ignore_eos=true",
+            "rollout.prompts_per_step=8",
+            "rollout.engine_params.max_batch_size=4",
+        ],
+    )
     run(cfg)
     rows = _metrics(run_dir)
     assert sum(r["rollout/mixed_version_frac"] for r in rows) > 0, "no sequence spanned a weight update"
@@ -75,11 +106,25 @@ def test_partial_rollout_spans_weight_updates_in_a_run(ray_session, tmp_path):
 def test_quickstart_learns_off_policy(ray_session, tmp_path, mode, staleness):
     """The bundled quick-start settings, run asynchronously: reward rises well above chance."""
     run_dir = tmp_path / f"{mode}{staleness}"
-    steps = 24 + 4 * staleness  # staler data learns slower per step: async-2 rose only 0.14 in 24 steps once in CI
-    cfg = load_config(None, [f"total_steps={steps}", f"run_dir={run_dir}", f"mode={mode}", f"max_staleness={staleness}",
-                             "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
-                             "logging.plot=false", "checkpoint.save_every=0", "checkpoint.save_hf_final=false",
-                             "checkpoint.resume=never"])
+    steps = (
+        24 + 4 * staleness
+    )  # staler data learns slower per step: async-2 rose only 0.14 in 24 steps once in CI
+    cfg = load_config(
+        None,
+        [
+            f"total_steps={steps}",
+            f"run_dir={run_dir}",
+            f"mode={mode}",
+            f"max_staleness={staleness}",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_every=0",
+            "checkpoint.save_hf_final=false",
+            "checkpoint.resume=never",
+        ],
+    )
     run(cfg)
     rows = _metrics(run_dir)
     first = sum(r["reward/mean"] for r in rows[:4]) / 4
@@ -102,5 +147,8 @@ def test_async_resume_continues_from_the_trained_position(ray_session, tmp_path)
     assert [r["step"] for r in resumed] == [3, 4]
     assert max(r["staleness/max"] for r in full) == 1, "rollout never ran ahead of training"
     for a, b in zip(full[2:], resumed, strict=True):
-        assert (a["data/group_id_min"], a["data/group_id_max"]) == (b["data/group_id_min"], b["data/group_id_max"])
+        assert (a["data/group_id_min"], a["data/group_id_max"]) == (
+            b["data/group_id_min"],
+            b["data/group_id_max"],
+        )
     assert [r["data/group_id_min"] for r in full] == [0, 4, 8, 12]

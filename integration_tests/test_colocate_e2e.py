@@ -29,13 +29,25 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_colocate_run_writes_metrics_checkpoints_and_hf_model(ray_session, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = load_config(None, [*SMALL, "total_steps=3", f"run_dir={run_dir}", "logging.wandb=true", "checkpoint.save_every=2"])
+    cfg = load_config(
+        None, [*SMALL, "total_steps=3", f"run_dir={run_dir}", "logging.wandb=true", "checkpoint.save_every=2"]
+    )
     summary = run(cfg)
     assert summary["steps"] == 3
     rows = _metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for key in ["reward/mean", "reward/accuracy", "response/length_mean", "train/loss", "train/grad_norm",
-                "train/entropy", "time/generate_s", "time/train_s", "time/sync_s", "perf/tokens_per_s"]:
+    for key in [
+        "reward/mean",
+        "reward/accuracy",
+        "response/length_mean",
+        "train/loss",
+        "train/grad_norm",
+        "train/entropy",
+        "time/generate_s",
+        "time/train_s",
+        "time/sync_s",
+        "perf/tokens_per_s",
+    ]:
         assert key in rows[-1], key
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
 

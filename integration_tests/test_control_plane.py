@@ -129,13 +129,29 @@ def test_scale_out_and_in_during_an_async_quickstart_run(ray_session, serve_port
     get_plugin_manager().pm.register(operator, name="control-test-operator")
     run_dir = tmp_path / "run"
     try:
-        cfg = load_config(None, [
-            f"rollout.prompts_per_step={P}", f"rollout.n_samples_per_prompt={N}", "rollout.max_new_tokens=3",
-            "trainer.micro_batch_size=16", "data.task_size=200", f"total_steps={STEPS}", f"run_dir={run_dir}",
-            "mode=async", "max_staleness=1", "logging.progress=false", "logging.console=false",
-            "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false",
-            "checkpoint.resume=never", "control.enabled=true", f"control.port={serve_port}", "control.publish_s=0.2",
-        ])
+        cfg = load_config(
+            None,
+            [
+                f"rollout.prompts_per_step={P}",
+                f"rollout.n_samples_per_prompt={N}",
+                "rollout.max_new_tokens=3",
+                "trainer.micro_batch_size=16",
+                "data.task_size=200",
+                f"total_steps={STEPS}",
+                f"run_dir={run_dir}",
+                "mode=async",
+                "max_staleness=1",
+                "logging.progress=false",
+                "logging.console=false",
+                "logging.tensorboard=false",
+                "logging.plot=false",
+                "checkpoint.save_hf_final=false",
+                "checkpoint.resume=never",
+                "control.enabled=true",
+                f"control.port={serve_port}",
+                "control.publish_s=0.2",
+            ],
+        )
         summary = run(cfg)
     finally:
         get_plugin_manager().pm.unregister(operator)
@@ -149,7 +165,8 @@ def test_scale_out_and_in_during_an_async_quickstart_run(ray_session, serve_port
     assert out["history"] == ["pending", "taken", "creating", "health-checking", "weight-syncing", "active"]
     scaled = log["status_scaled"]
     assert [(e["engine_id"], e["healthy"], e["weight_version"]) for e in scaled["engines"]] == [
-        (i, True, scaled["weight_version"]) for i in range(3)]
+        (i, True, scaled["weight_version"]) for i in range(3)
+    ]
     assert [e["protected"] for e in scaled["engines"]] == [True, False, False]
     assert scaled["state"] == "paused"
     # relax status against the live run
@@ -168,7 +185,7 @@ def test_scale_out_and_in_during_an_async_quickstart_run(ray_session, serve_port
     assert max(r["fault/engines_live"] for r in rows) == 3.0 and rows[-1]["fault/engines_live"] == 1.0
 
 
-PROBE = '''
+PROBE = """
 import json, os, threading, time
 import requests
 
@@ -239,34 +256,67 @@ def relax_on_run_end(run, status):
     RECORD["status"] = status
     with open(OUT, "w") as f:
         json.dump(RECORD, f)
-'''
+"""
 
 SIM = [
-    "rollout.engine=sim", "trainer.backend=sim", "reward.name=sim", "rollout.num_engines=1",
-    "rollout.engine_params.slots=2", "rollout.engine_params.token_s=0.003", "rollout.engine_params.mean_len=30",
-    "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "trainer.recompute_old_logprobs=false",
-    "mode=async", "max_staleness=1", "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
-    "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never", "data.task_size=2000",
-    "control.enabled=true", "control.publish_s=0.2", "control.autoscaler.enabled=true",
-    "control.autoscaler.max_engines=3", "control.autoscaler.steps=2", "control.autoscaler.cooldown_s=1",
+    "rollout.engine=sim",
+    "trainer.backend=sim",
+    "reward.name=sim",
+    "rollout.num_engines=1",
+    "rollout.engine_params.slots=2",
+    "rollout.engine_params.token_s=0.003",
+    "rollout.engine_params.mean_len=30",
+    "rollout.prompts_per_step=4",
+    "rollout.n_samples_per_prompt=4",
+    "trainer.recompute_old_logprobs=false",
+    "mode=async",
+    "max_staleness=1",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
+    "data.task_size=2000",
+    "control.enabled=true",
+    "control.publish_s=0.2",
+    "control.autoscaler.enabled=true",
+    "control.autoscaler.max_engines=3",
+    "control.autoscaler.steps=2",
+    "control.autoscaler.cooldown_s=1",
 ]
 
 
 def test_autoscaler_scales_out_a_starved_trainer_and_scale_in_drains_a_busy_engine(tmp_path):
     (tmp_path / "ctl_probe.py").write_text(textwrap.dedent(PROBE))
     port, out, run_dir = _free_port(), tmp_path / "probe.json", tmp_path / "run"
-    env = {**os.environ, "RAY_ADDRESS": "", "RELAX_PLUGINS": "sim_plugin,ctl_probe",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "bench" / "plugins"), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "PROBE_BASE": f"http://127.0.0.1:{port}", "PROBE_OUT": str(out), "PROBE_STEPS": "40"}
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": "",
+        "RELAX_PLUGINS": "sim_plugin,ctl_probe",
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "bench" / "plugins"), str(tmp_path), os.environ.get("PYTHONPATH", "")]
+        ),
+        "PROBE_BASE": f"http://127.0.0.1:{port}",
+        "PROBE_OUT": str(out),
+        "PROBE_STEPS": "40",
+    }
     args = [*SIM, "total_steps=40", f"run_dir={run_dir}", f"control.port={port}"]
-    proc = subprocess.run([sys.executable, "-m", "relax.core.cli", "run", *args], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relax.core.cli", "run", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     assert "error" not in record, record["error"]
     # the autoscaler saw the starved trainer and scaled out, saying why
     outs = [d for d in record["decisions"].values() if d["action"] == "scale_out"]
-    assert len(outs) >= 2 and all("rollout is the bottleneck" in d["reason"] for d in outs), record["decisions"]
+    assert len(outs) >= 2 and all("rollout is the bottleneck" in d["reason"] for d in outs), record[
+        "decisions"
+    ]
     assert "autoscaler: step" in proc.stderr
     # steps ran with one engine, then with the three the autoscaler asked for (the throughput they add is
     # bench/elastic.py's: on the 2-core CI machine a one-step mean at 3 engines came out at 1.2x a 20-step one at 1)
@@ -276,6 +326,8 @@ def test_autoscaler_scales_out_a_starved_trainer_and_scale_in_drains_a_busy_engi
     # scale-in of a busy engine drained it: its in-flight requests finished there, none resubmitted
     scale_in = record["scale_in"]
     assert record["load_at_scale_in"] > 0 and scale_in["state"] == "done", scale_in
-    assert scale_in["result"]["engines"] == {str(record["drained_engine"]): {"drained": True, "forced_requests": 0}}
+    assert scale_in["result"]["engines"] == {
+        str(record["drained_engine"]): {"drained": True, "forced_requests": 0}
+    }
     assert scale_in["history"][:3] == ["pending", "taken", "draining"]
     assert rows[-1]["fault/resubmitted_requests"] == 0 and len(rows) == 40

@@ -59,12 +59,26 @@ def elastic_plugin(tmp_path, monkeypatch):
 
 def test_add_and_remove_engines_between_steps_of_an_async_run(ray_session, tmp_path, elastic_plugin):
     run_dir = tmp_path / "run"
-    cfg = load_config(None, [
-        f"rollout.prompts_per_step={P}", f"rollout.n_samples_per_prompt={N}", "rollout.max_new_tokens=3",
-        "trainer.micro_batch_size=16", "data.task_size=200", f"total_steps={STEPS}", f"run_dir={run_dir}",
-        "mode=async", "max_staleness=1", "logging.progress=false", "logging.console=false",
-        "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"rollout.prompts_per_step={P}",
+            f"rollout.n_samples_per_prompt={N}",
+            "rollout.max_new_tokens=3",
+            "trainer.micro_batch_size=16",
+            "data.task_size=200",
+            f"total_steps={STEPS}",
+            f"run_dir={run_dir}",
+            "mode=async",
+            "max_staleness=1",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_hf_final=false",
+            "checkpoint.resume=never",
+        ],
+    )
     summary = run(cfg)
     record = elastic_plugin
     assert summary["steps"] == STEPS and record["status"] == "completed"

@@ -21,12 +21,23 @@ def test_agentic_eval_reports_turns_and_tool_calls(tmp_path):
 
     train = ensure_task_data(tmp_path / "train.jsonl", n=64)
     held = ensure_task_data(tmp_path / "held.jsonl", n=16, seed=1)
-    cfg = load_config(EXAMPLES / "quickstart_agent.yaml", [
-        f"model.path={ensure_agent_model()}", f"data.path={train}", f"run_dir={tmp_path / 'run'}", "total_steps=1",
-        "rollout.prompts_per_step=4", "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
-        "logging.plot=false", "checkpoint.save_hf_final=false", f"eval.sets.tools.path={held}",
-        "eval.sets.tools.max_prompts=8",
-    ])
+    cfg = load_config(
+        EXAMPLES / "quickstart_agent.yaml",
+        [
+            f"model.path={ensure_agent_model()}",
+            f"data.path={train}",
+            f"run_dir={tmp_path / 'run'}",
+            "total_steps=1",
+            "rollout.prompts_per_step=4",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_hf_final=false",
+            f"eval.sets.tools.path={held}",
+            "eval.sets.tools.max_prompts=8",
+        ],
+    )
     run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
@@ -34,6 +45,9 @@ def test_agentic_eval_reports_turns_and_tool_calls(tmp_path):
         assert r["eval/tools/prompts"] == 8 and r["eval/tools/failed"] == 0
         assert 1 <= r["eval/tools/turns_mean"] <= 3  # quickstart_agent: max_turns 3
         assert 0 <= r["eval/tools/tool_calls_mean"] <= r["eval/tools/turns_mean"]
-    episodes = [json.loads(line) for line in (tmp_path / "run" / "eval" / "tools" / "step_1.jsonl").read_text().splitlines()]
+    episodes = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "eval" / "tools" / "step_1.jsonl").read_text().splitlines()
+    ]
     assert len(episodes) == 8 and all(e["episode"]["turns"] >= 1 for e in episodes)
     assert sum(e["episode"]["tool_calls"] for e in episodes) / 8 == rows[1]["eval/tools/tool_calls_mean"]

@@ -14,13 +14,31 @@ pytestmark = pytest.mark.slow
 
 
 def test_async_run_evaluates_with_version_tagged_results(ray_session, tmp_path):
-    cfg = load_config(None, [
-        "mode=async", "max_staleness=1", "total_steps=4", f"run_dir={tmp_path}", "rollout.prompts_per_step=4",
-        "rollout.n_samples_per_prompt=4", "trainer.micro_batch_size=16", "data.task_size=200", "data.task_heldout=6",
-        "logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
-        "checkpoint.save_hf_final=false", "checkpoint.resume=never", "eval.every_n_steps=2", "eval.sets.heldout.path=null",
-        "eval.sets.sampled.path=null", "eval.sets.sampled.n_samples=2", "eval.sets.sampled.temperature=1.0",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "mode=async",
+            "max_staleness=1",
+            "total_steps=4",
+            f"run_dir={tmp_path}",
+            "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "trainer.micro_batch_size=16",
+            "data.task_size=200",
+            "data.task_heldout=6",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_hf_final=false",
+            "checkpoint.resume=never",
+            "eval.every_n_steps=2",
+            "eval.sets.heldout.path=null",
+            "eval.sets.sampled.path=null",
+            "eval.sets.sampled.n_samples=2",
+            "eval.sets.sampled.temperature=1.0",
+        ],
+    )
     run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]

@@ -86,12 +86,16 @@ class Observer:
 
     @hookimpl
     def relax_filter_group(self, group):
-        self.trained += [(s.group_id, s.index_in_group, len(s.response_ids), tuple(s.versions)) for s in group]
+        self.trained += [
+            (s.group_id, s.index_in_group, len(s.response_ids), tuple(s.versions)) for s in group
+        ]
         return True
 
     def check_every_sample_trained_once(self, steps: int, max_staleness: int = 0) -> None:
         ids = Counter((g, i) for g, i, _, _ in self.trained)
-        assert ids == Counter({(g, i): 1 for g in range(steps * PROMPTS) for i in range(GROUP)}), "lost or duplicated"
+        assert ids == Counter({(g, i): 1 for g in range(steps * PROMPTS) for i in range(GROUP)}), (
+            "lost or duplicated"
+        )
         for group, _, length, versions in self.trained:
             step = group // PROMPTS + 1
             assert length == TOKENS, (group, length)  # a complete response, never a truncated retry
@@ -122,7 +126,11 @@ def _when_generating(run, at_step: int, timeout_s: float = 120.0) -> dict[int, o
     while time.monotonic() < deadline:
         if run.step + 1 >= at_step:
             engines = run._state.fleet.live()
-            busy = {i: h for i, h in engines.items() if ray.get(h.health.remote(), timeout=30).get("in_flight", 0) > 0}
+            busy = {
+                i: h
+                for i, h in engines.items()
+                if ray.get(h.health.remote(), timeout=30).get("in_flight", 0) > 0
+            }
             if busy:
                 return busy
         time.sleep(0.02)
@@ -143,11 +151,23 @@ def _kill_one_engine_mid_step(obs: Observer, run) -> None:
 
 
 @pytest.mark.parametrize(("mode", "staleness"), [("colocate", 0), ("async", 1)])
-def test_engine_killed_mid_step_is_replaced_and_nothing_is_lost(ray_session, tmp_path, observer, mode, staleness):
+def test_engine_killed_mid_step_is_replaced_and_nothing_is_lost(
+    ray_session, tmp_path, observer, mode, staleness
+):
     obs = observer(_kill_one_engine_mid_step)
     steps = 3
-    cfg = load_config(None, [*SMALL, f"total_steps={steps}", f"run_dir={tmp_path}", f"mode={mode}",
-                             f"max_staleness={staleness}", "rollout.num_engines=2", "rollout.max_restarts=1"])
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            f"total_steps={steps}",
+            f"run_dir={tmp_path}",
+            f"mode={mode}",
+            f"max_staleness={staleness}",
+            "rollout.num_engines=2",
+            "rollout.max_restarts=1",
+        ],
+    )
     summary = run(cfg)
     assert summary["steps"] == steps
     obs.check_every_sample_trained_once(steps, staleness)
@@ -165,7 +185,7 @@ def _stop(obs: Observer, handle) -> None:
 
 
 def _stop_while_generating(obs: Observer, run) -> None:
-    (_, handle), = _when_generating(run, at_step=2).items()
+    ((_, handle),) = _when_generating(run, at_step=2).items()
     _stop(obs, handle)
 
 
@@ -183,16 +203,33 @@ def _stop_when_idle_after_step_1(obs: Observer, run, step: int) -> None:
     _stop(obs, handle)
 
 
-@pytest.mark.parametrize(("mode", "operation", "bound"), [("colocate", "finish generate", "rollout.timeout_s"),
-                                                          ("async", "answer pause", "rollout.control_timeout_s")])
-def test_stopped_engine_fails_the_run_naming_it_within_the_bound(ray_session, tmp_path, observer, mode, operation, bound):
+@pytest.mark.parametrize(
+    ("mode", "operation", "bound"),
+    [
+        ("colocate", "finish generate", "rollout.timeout_s"),
+        ("async", "answer pause", "rollout.control_timeout_s"),
+    ],
+)
+def test_stopped_engine_fails_the_run_naming_it_within_the_bound(
+    ray_session, tmp_path, observer, mode, operation, bound
+):
     if mode == "colocate":
         obs = observer(inject=_stop_while_generating)
     else:
         obs = observer(on_step_end=_stop_when_idle_after_step_1)
     limit = 4.0
-    cfg = load_config(None, [*SMALL, "total_steps=50", f"run_dir={tmp_path}", f"mode={mode}", "rollout.max_restarts=0",
-                             f"{bound}={limit}", f"max_staleness={int(mode == 'async')}"])
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "total_steps=50",
+            f"run_dir={tmp_path}",
+            f"mode={mode}",
+            "rollout.max_restarts=0",
+            f"{bound}={limit}",
+            f"max_staleness={int(mode == 'async')}",
+        ],
+    )
     with pytest.raises(NoEnginesLeft) as err:
         run(cfg)
     elapsed = time.monotonic() - obs.stopped_at
@@ -204,13 +241,19 @@ def test_stopped_engine_fails_the_run_naming_it_within_the_bound(ray_session, tm
 
 
 def _kill_the_only_engine(obs: Observer, run) -> None:
-    (_, handle), = _when_generating(run, at_step=2).items()
+    ((_, handle),) = _when_generating(run, at_step=2).items()
     os.kill(_pid(handle), signal.SIGKILL)
 
 
 def test_emergency_checkpoint_then_resume_auto_continues(ray_session, tmp_path, observer):
     obs = observer(_kill_the_only_engine)
-    common = [*SMALL, "total_steps=3", f"run_dir={tmp_path}", "rollout.max_restarts=0", "checkpoint.keep_last=5"]
+    common = [
+        *SMALL,
+        "total_steps=3",
+        f"run_dir={tmp_path}",
+        "rollout.max_restarts=0",
+        "checkpoint.keep_last=5",
+    ]
     with pytest.raises(NoEnginesLeft, match=r"rollout engine\[0\] died during generate") as err:
         run(load_config(None, common))
     assert err.value.relax_step == 1
@@ -234,8 +277,10 @@ def _kill_the_trainer(obs: Observer, run) -> None:
 
 def test_dead_trainer_restarts_from_the_latest_checkpoint(ray_session, tmp_path, observer):
     observer(_kill_the_trainer)
-    cfg = load_config(None, [*SMALL, "total_steps=3", f"run_dir={tmp_path}", "checkpoint.save_every=1",
-                             "trainer.max_restarts=1"])
+    cfg = load_config(
+        None,
+        [*SMALL, "total_steps=3", f"run_dir={tmp_path}", "checkpoint.save_every=1", "trainer.max_restarts=1"],
+    )
     summary = run(cfg)
     assert summary["steps"] == 3
     rows = _metrics(tmp_path)
@@ -246,23 +291,36 @@ def test_dead_trainer_restarts_from_the_latest_checkpoint(ray_session, tmp_path,
 
 def _stop_the_engine_and_kill_the_trainer(obs: Observer, run) -> None:
     trainer = _pid(run._state.roles.trainer)
-    (_, handle), = _when_generating(run, at_step=2).items()
+    ((_, handle),) = _when_generating(run, at_step=2).items()
     _stop(obs, handle)
     os.kill(trainer, signal.SIGKILL)
 
 
-def test_stuck_engine_and_dead_trainer_report_the_trainer_and_start_no_replacement(ray_session, tmp_path, observer):
+def test_stuck_engine_and_dead_trainer_report_the_trainer_and_start_no_replacement(
+    ray_session, tmp_path, observer
+):
     """The engine stops and the trainer dies at the same moment: the engine is evicted after its bound,
     but no replacement is started (it would be synced from a dead trainer), and the trainer's death
     is the reported cause, not the engine's."""
     obs = observer(inject=_stop_the_engine_and_kill_the_trainer)
-    cfg = load_config(None, [*SMALL, "total_steps=50", f"run_dir={tmp_path}", "mode=colocate", "rollout.max_restarts=2",
-                             "rollout.timeout_s=4"])
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "total_steps=50",
+            f"run_dir={tmp_path}",
+            "mode=colocate",
+            "rollout.max_restarts=2",
+            "rollout.timeout_s=4",
+        ],
+    )
     with pytest.raises(RoleDied) as err:
         run(cfg)
     assert err.value.role == "trainer" and str(err.value).startswith("trainer died"), str(err.value)
     assert "rollout engine[0] did not finish generate within 4s" in str(err.value)  # what the run also saw
-    assert err.value.relax_step == 1 and err.value.relax_checkpoint is None  # no trainer: no emergency checkpoint
+    assert (
+        err.value.relax_step == 1 and err.value.relax_checkpoint is None
+    )  # no trainer: no emergency checkpoint
     fleet = obs.run._state.fleet
     assert fleet.counters.get("engine_evictions") == 1
     assert fleet._restarts == 0 and fleet.counters.get("engine_start_failures") == 0  # no replacement started

@@ -26,9 +26,18 @@ pytestmark = pytest.mark.slow
 
 RELAX = [sys.executable, "-m", "relax.core.cli", "run"]
 ARGS = [
-    "total_steps=400", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3",
-    "trainer.micro_batch_size=16", "trainer.num_minibatches=1", "data.task_size=200", "logging.progress=false",
-    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never",
+    "total_steps=400",
+    "rollout.prompts_per_step=4",
+    "rollout.n_samples_per_prompt=4",
+    "rollout.max_new_tokens=3",
+    "trainer.micro_batch_size=16",
+    "trainer.num_minibatches=1",
+    "data.task_size=200",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
 ]
 LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|\[::ffff:127\.\d+\.\d+\.\d+\]|\[::1\]|localhost):\d+$")
 
@@ -37,12 +46,23 @@ class RelaxRun:
     """A ``relax run`` subprocess in its own process group, its output and its Ray processes."""
 
     def __init__(self, run_dir: Path, *extra: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # Ray's default auth, as users get it
-        env.update(RAY_ENABLE_UV_RUN_RUNTIME_ENV="0", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        env = {
+            k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"
+        }  # Ray's default auth, as users get it
+        env.update(
+            RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
+            RAY_USAGE_STATS_ENABLED="0",
+            HF_HUB_OFFLINE="1",
+            OMP_NUM_THREADS="1",
+        )
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
-            [*RELAX, *ARGS, f"run_dir={run_dir}", *extra], env=env, start_new_session=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [*RELAX, *ARGS, f"run_dir={run_dir}", *extra],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.lines: list[str] = []
         self.ray: dict[int, int] = {}  # every Ray process seen descending from the run: pid -> start time
@@ -137,7 +157,9 @@ def test_ctrl_c_exits_with_a_message_saves_and_leaves_no_ray_process(relax_run, 
     step = int(re.search(r"relax: stopped at step (\d+) of 400: interrupted by SIGINT", out).group(1))
     checkpoint = r.run_dir / "checkpoints" / f"step_{step:06d}"
     assert f"relax: resume from {checkpoint} with: relax run" in out and "checkpoint.resume=auto" in out
-    assert json.loads((checkpoint / "controller.json").read_text())["step"] == step  # the emergency checkpoint
+    assert (
+        json.loads((checkpoint / "controller.json").read_text())["step"] == step
+    )  # the emergency checkpoint
     assert "Traceback" not in out
     assert not alive(r.ray), f"Ray processes of the run left behind: {sorted(alive(r.ray))}"
 

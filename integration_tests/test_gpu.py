@@ -21,7 +21,9 @@ from relax.core.trainers.torch_trainer import TorchTrainer
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ),
 ]
 
 
@@ -30,9 +32,15 @@ def test_engine_and_trainer_logprobs_agree_on_cuda(tmp_path):
     engine = HFRolloutEngine(path, device="cuda")
     trainer = TorchTrainer(path, device="cuda")
     prompts = [[1, 4, 23, 10, 17], [10, 17, 11, 20], [7]]
-    requests = [GenerationRequest(str(i), p, SamplingParams(max_new_tokens=12, seed=i, ignore_eos=True)) for i, p in enumerate(prompts)]
+    requests = [
+        GenerationRequest(str(i), p, SamplingParams(max_new_tokens=12, seed=i, ignore_eos=True))
+        for i, p in enumerate(prompts)
+    ]
     results = asyncio.run(engine.generate(requests))
-    samples = [Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids) for i, (p, r) in enumerate(zip(prompts, results, strict=True))]
+    samples = [
+        Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids)
+        for i, (p, r) in enumerate(zip(prompts, results, strict=True))
+    ]
     trainer_lp = trainer.forward_logprobs(collate(samples, 0)).cpu()
     for i, r in enumerate(results):
         assert torch.allclose(torch.tensor(r.logprobs), trainer_lp[i, : len(r.logprobs)], atol=1e-3)
@@ -57,8 +65,19 @@ def test_colocate_quickstart_learns_on_cuda(ray_session, tmp_path):
     from relax.core.controller.run import run
 
     run_dir = tmp_path / "gpu"
-    run(load_config(None, ["total_steps=30", f"run_dir={run_dir}", "trainer.backend_params={device: cuda}",
-                           "rollout.engine_params={device: cuda}", "logging.progress=false", "checkpoint.resume=never"]))
+    run(
+        load_config(
+            None,
+            [
+                "total_steps=30",
+                f"run_dir={run_dir}",
+                "trainer.backend_params={device: cuda}",
+                "rollout.engine_params={device: cuda}",
+                "logging.progress=false",
+                "checkpoint.resume=never",
+            ],
+        )
+    )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["reward/mean"] for r in rows[-5:]) / 5 > sum(r["reward/mean"] for r in rows[:5]) / 5 + 0.15
 
@@ -97,8 +116,11 @@ def test_nccl_broadcast_is_bit_identical(ray_session):
 
     class Trainer:
         def __init__(self):  # small CPU tensors are staged on the GPU; the large CUDA one is sent directly
-            self.state = {"a": torch.randn(1000, 33), "b": torch.randn(7).to(torch.bfloat16),
-                          "c": torch.randn(700, 600, device="cuda")}
+            self.state = {
+                "a": torch.randn(1000, 33),
+                "b": torch.randn(7).to(torch.bfloat16),
+                "c": torch.randn(700, 600, device="cuda"),
+            }
 
         def export_weights(self, bucket_bytes):
             yield list(self.state.items())

@@ -21,7 +21,9 @@ import rows  # noqa: E402  (scripts/gpu_check/rows.py: not a package)
 
 def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "OUT": str(tmp_path / "out"), "RELAX_PYTHON": sys.executable, **env}
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=600
+    )
 
 
 def table(tmp_path: Path) -> dict[str, str]:
@@ -33,11 +35,18 @@ def test_dry_run_lists_every_row_and_checks_the_locks(tmp_path):
     done = run(["--dry-run"], tmp_path, RELAX_GPU_CHECK_QUICK="1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    for step in ("uv sync --frozen --no-group cpu --group cuda", "packages/relax-sglang/server-cuda/uv.lock",
-                 "packages/relax-sglang/tests/test_gpu.py (240s)", "integration_tests/test_gpu.py (180s)",
-                 "weight-sync latency", "scripts/gpu_check/colocate_megatron_sglang.yaml"):  # fmt: skip
+    for step in (
+        "uv sync --frozen --no-group cpu --group cuda",
+        "packages/relax-sglang/server-cuda/uv.lock",
+        "packages/relax-sglang/tests/test_gpu.py (240s)",
+        "integration_tests/test_gpu.py (180s)",
+        "weight-sync latency",
+        "scripts/gpu_check/colocate_megatron_sglang.yaml",
+    ):
         assert step in out, f"the dry run does not list {step!r}"
-    assert out.index("relax-sglang/tests/test_gpu.py") < out.index("relax-megatron/tests/test_gpu.py")  # SGLang first
+    assert out.index("relax-sglang/tests/test_gpu.py") < out.index(
+        "relax-megatron/tests/test_gpu.py"
+    )  # SGLang first
     rows_ = table(tmp_path)
     assert rows_["check: locks name one CUDA line"] == "ok (CUDA 13.0 in both locks: driver >= 580.65.06)"
     assert rows_["check: driver"] == "ok (no GPU here; a GPU needs >= 580.65.06)"
@@ -69,28 +78,50 @@ def test_on_a_fake_gpu_each_file_gets_its_rows_and_the_budget_holds(tmp_path):
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     smi = bin_dir / "nvidia-smi"  # the fake GPU
-    smi.write_text('#!/bin/sh\ncase "$*" in *-L*) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-fake)";; '
-                   '*driver_version*) echo "${FAKE_DRIVER}";; *) echo "0, NVIDIA H100 80GB HBM3, 81559 MiB";; esac\n')
+    smi.write_text(
+        '#!/bin/sh\ncase "$*" in *-L*) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-fake)";; '
+        '*driver_version*) echo "${FAKE_DRIVER}";; *) echo "0, NVIDIA H100 80GB HBM3, 81559 MiB";; esac\n'
+    )
     smi.chmod(0o755)
     sglang_env = tmp_path / "sglang-env"
     sglang_env.mkdir()
     (sglang_env / ".relax-ready").touch()
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "RELAX_CUDA_VENV": str(venv), "RELAX_SGLANG_GPU_ENV": str(sglang_env)}
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RELAX_CUDA_VENV": str(venv),
+        "RELAX_SGLANG_GPU_ENV": str(sglang_env),
+    }
     done = run([], tmp_path, FAKE_DRIVER="570.124.06", **env)
     assert done.returncode == 1
-    assert table(tmp_path)["driver / CUDA"].startswith("FAILED (exit 1") and "570.124.06 < 580.65.06" in done.stdout
+    assert (
+        table(tmp_path)["driver / CUDA"].startswith("FAILED (exit 1")
+        and "570.124.06 < 580.65.06" in done.stdout
+    )
     done = run([], tmp_path, FAKE_DRIVER="580.82.07", **env)
-    assert done.returncode == 1 and "run bash scripts/gpu_check.sh --prepare" in table(tmp_path)["prepared envs"]
-    subprocess.run(["bash", "-c", f'touch "{venv}"/.relax-gpu-check-$(cat uv.lock packages/relax-sglang/server-cuda/uv.lock'
-                    ' | sha256sum | cut -c1-12)'], cwd=ROOT, check=True)  # fmt: skip
+    assert (
+        done.returncode == 1 and "run bash scripts/gpu_check.sh --prepare" in table(tmp_path)["prepared envs"]
+    )
+    subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'touch "{venv}"/.relax-gpu-check-$(cat uv.lock packages/relax-sglang/server-cuda/uv.lock'
+            " | sha256sum | cut -c1-12)",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
     done = run([], tmp_path, FAKE_DRIVER="580.82.07", RELAX_GPU_CHECK_BUDGET_S="75", **env)
     assert done.returncode == 1  # rows not run count against the check
     got = table(tmp_path)
     names = list(got)
     assert got["driver / CUDA"] == "driver 580.82.07 >= 580.65.06 (CUDA 13.0), 1 GPU(s)"
     assert got["GPUs"].startswith("1: 1-GPU mode")
-    assert got["relax-sglang/test_gpu_nccl.py"] == got["relax-core/trainers/fsdp/test_fsdp_gpu_world2.py"] == (
-        "skipped: needs 2 GPUs")  # 2-GPU files: a row saying why, not a run
+    assert (
+        got["relax-sglang/test_gpu_nccl.py"]
+        == got["relax-core/trainers/fsdp/test_fsdp_gpu_world2.py"]
+        == ("skipped: needs 2 GPUs")
+    )  # 2-GPU files: a row saying why, not a run
     first = names.index("relax-sglang/test_gpu.py")
     assert names[first + 1].startswith("relax-sglang/test_gpu.py::test_")  # its tests' rows follow it
     assert got[names[first + 1]].startswith("skipped: needs a CUDA GPU")
@@ -99,7 +130,10 @@ def test_on_a_fake_gpu_each_file_gets_its_rows_and_the_budget_holds(tmp_path):
     done = run([], tmp_path, FAKE_DRIVER="580.82.07", RELAX_GPU_CHECK_BUDGET_S="1", **env)
     assert done.returncode == 1
     got = table(tmp_path)
-    assert got["grpo: megatron bf16 + sglang_tensor, 20 colocated steps"] == "not run: the check's 1s budget is spent"
+    assert (
+        got["grpo: megatron bf16 + sglang_tensor, 20 colocated steps"]
+        == "not run: the check's 1s budget is spent"
+    )
     assert got["relax-sglang/test_gpu.py"] == "not run: the check's 1s budget is spent"
 
 
@@ -119,10 +153,16 @@ def test_rows_of_a_file_its_limit_cut_off():
         ("  relax-sglang/test_gpu.py::test_c", "TIMED OUT (running when the 240s limit hit)"),
         ("  relax-sglang/test_gpu.py: 1 more", "not run (the file's time limit hit first)"),
     ]
-    done = log + "PASSED [ 75%]\n" + "packages/relax-sglang/tests/test_gpu.py::test_d FAILED [100%]\n" + (
-        "0.52s call     packages/relax-sglang/tests/test_gpu.py::test_d\n"
-        "SKIPPED [1] packages/relax-sglang/tests/test_gpu.py:12: needs 2 GPUs\n"
-        "FAILED packages/relax-sglang/tests/test_gpu.py::test_d - AssertionError: 3 != 4\n")
+    done = (
+        log
+        + "PASSED [ 75%]\n"
+        + "packages/relax-sglang/tests/test_gpu.py::test_d FAILED [100%]\n"
+        + (
+            "0.52s call     packages/relax-sglang/tests/test_gpu.py::test_d\n"
+            "SKIPPED [1] packages/relax-sglang/tests/test_gpu.py:12: needs 2 GPUs\n"
+            "FAILED packages/relax-sglang/tests/test_gpu.py::test_d - AssertionError: 3 != 4\n"
+        )
+    )
     got = rows.rows(done, "relax-sglang/test_gpu.py")
     assert got[1][1] == "skipped: needs 2 GPUs" and got[2][1] == "passed"
     assert got[3] == ("  relax-sglang/test_gpu.py::test_d", "FAILED: AssertionError: 3 != 4", "1")

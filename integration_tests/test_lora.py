@@ -19,8 +19,13 @@ pytestmark = pytest.mark.slow
 # The full model needs 36-38. One seed here: CI time.
 STEPS, TARGET, WINDOW = 80, 0.8, 5
 EXAMPLE = Path(__file__).parents[1] / "examples" / "quickstart_lora.yaml"
-QUIET = ["logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
-         "checkpoint.save_every=0"]  # fmt: skip
+QUIET = [
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_every=0",
+]
 
 
 def _metrics(run_dir: Path) -> list[dict]:

@@ -22,15 +22,28 @@ STEPS, WINDOW, TARGET, START, RISE = 10, 5, 0.6, 0.5, 0.3
 
 def test_the_vl_quickstart_learns_on_megatron_tp2(ray_session, tmp_path):
     """10 steps of the quick-start (its own rows, model and settings; the trainer swapped for megatron's at TP=2)."""
-    cfg = load_config(str(EXAMPLE), [
-        "trainer.backend=megatron", "trainer.backend_params.tensor_parallel=2", f"total_steps={STEPS}",
-        f"run_dir={tmp_path}", "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
-        "logging.plot=false", "checkpoint.save_every=0", "checkpoint.save_hf_final=false",
-    ], check_paths=True)  # fmt: skip
+    cfg = load_config(
+        str(EXAMPLE),
+        [
+            "trainer.backend=megatron",
+            "trainer.backend_params.tensor_parallel=2",
+            f"total_steps={STEPS}",
+            f"run_dir={tmp_path}",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_every=0",
+            "checkpoint.save_hf_final=false",
+        ],
+        check_paths=True,
+    )
     assert cfg.trainer.backend == "megatron" and cfg.trainer.backend_params.tensor_parallel == 2
     summary = run(cfg)
     assert summary["steps"] == STEPS
-    rewards = [json.loads(line)["reward/mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rewards = [
+        json.loads(line)["reward/mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
     means = [sum(rewards[i - WINDOW : i]) / WINDOW for i in range(WINDOW, len(rewards) + 1)]
     assert rewards[0] < START, f"first step's reward {rewards[0]:.3f}: a head start, not chance"
     assert max(means) >= TARGET, f"best {WINDOW}-step mean {max(means):.3f} in {STEPS} steps: {rewards}"

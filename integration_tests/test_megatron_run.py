@@ -47,13 +47,25 @@ def test_quickstart_trains_and_syncs_the_gathered_weights(ray_session, tmp_path,
     """TP=2 x PP=2 (four rank actors) in one run: it covers what TP=2 and PP=2 runs each would, in the time of one."""
     run_dir = tmp_path / "megatron"
     tp, pp = 2, 2
-    cfg = load_config(EXAMPLE, [
-        f"trainer.backend_params.tensor_parallel={tp}", f"trainer.backend_params.pipeline_parallel={pp}",
-        "total_steps=2", f"run_dir={run_dir}", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
-        "trainer.micro_batch_size=8", "data.task_size=200", "logging.progress=false", "logging.console=false",
-        "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false",
-        "checkpoint.resume=never",
-    ])  # fmt: skip
+    cfg = load_config(
+        EXAMPLE,
+        [
+            f"trainer.backend_params.tensor_parallel={tp}",
+            f"trainer.backend_params.pipeline_parallel={pp}",
+            "total_steps=2",
+            f"run_dir={run_dir}",
+            "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "trainer.micro_batch_size=8",
+            "data.task_size=200",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_hf_final=false",
+            "checkpoint.resume=never",
+        ],
+    )
     assert cfg.trainer.backend == "megatron" and cfg.trainer.backend_params.pipeline_parallel == 2
     summary = run(cfg)
     assert summary["steps"] == 2
@@ -72,4 +84,6 @@ def test_quickstart_trains_and_syncs_the_gathered_weights(ray_session, tmp_path,
     from relax.core.testing.models import load_hf_weights
 
     initial = load_hf_weights(resolve_model_path(cfg))
-    assert any(not torch.equal(initial[n], t) for n, t in exported.items() if n in initial)  # training moved them
+    assert any(
+        not torch.equal(initial[n], t) for n, t in exported.items() if n in initial
+    )  # training moved them

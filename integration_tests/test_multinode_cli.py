@@ -75,7 +75,9 @@ def _settled(client: ControlClient, engines: int) -> dict | None:
     in flight when the pause arrived has committed and synced)."""
     status = client.request("GET", "/status")
     engines = status["engines"] if len(status["engines"]) == engines else []
-    in_sync = engines and all(e["healthy"] and e["weight_version"] == status["weight_version"] for e in engines)
+    in_sync = engines and all(
+        e["healthy"] and e["weight_version"] == status["weight_version"] for e in engines
+    )
     return status if status["state"] == "paused" and in_sync and status["operation"] is None else None
 
 
@@ -87,23 +89,42 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
     stranger_dir = tmp_path / "stranger"  # a driver that does not run token auth
     stranger_dir.mkdir()
     (stranger_dir / "cluster.yaml").write_text(CONFIG.format(steps=STEPS, port=free_port()))
-    with tempfile.TemporaryDirectory(prefix="rx") as short, RayStartCluster(short, auth_token=uuid.uuid4().hex) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="rx") as short,
+        RayStartCluster(short, auth_token=uuid.uuid4().hex) as cluster,
+    ):
         cluster.start(NodeSpec("head", 1))
         cluster.start(NodeSpec("train", 2), NodeSpec("rollout-a", 1, label="rollout"))
         log = tmp_path / "run.log"
         relax = str(Path(sys.executable).with_name("relax"))
         with log.open("w") as out:
-            proc = subprocess.Popen([relax, "run", "cluster.yaml", "--address", cluster.address], cwd=driver_dir,
-                                    stdout=out, stderr=subprocess.STDOUT, env=cluster.env())
-        stranger = subprocess.Popen([relax, "run", "cluster.yaml", "--address", cluster.address], cwd=stranger_dir,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env={**cluster.env(), "RAY_AUTH_MODE": "disabled"})
+            proc = subprocess.Popen(
+                [relax, "run", "cluster.yaml", "--address", cluster.address],
+                cwd=driver_dir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=cluster.env(),
+            )
+        stranger = subprocess.Popen(
+            [relax, "run", "cluster.yaml", "--address", cluster.address],
+            cwd=stranger_dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**cluster.env(), "RAY_AUTH_MODE": "disabled"},
+        )
         try:
             client = ControlClient(f"http://127.0.0.1:{port}", timeout_s=10)
-            _until("the control plane", lambda: client.request("GET", "/status")["state"] == "running", proc, log)
-            assert _cli("pause", "--wait", "--address", client.address)[0] == 0  # holds after the step in flight
+            _until(
+                "the control plane", lambda: client.request("GET", "/status")["state"] == "running", proc, log
+            )
+            assert (
+                _cli("pause", "--wait", "--address", client.address)[0] == 0
+            )  # holds after the step in flight
             # 1. two nodes join; the operator scales out with the CLI: Ray puts the engine on one of them
-            joined = set(cluster.start(*(NodeSpec(f"rollout-{n}", 1, label="rollout") for n in "bc"), timeout_s=300))  # a loaded machine
+            joined = set(
+                cluster.start(*(NodeSpec(f"rollout-{n}", 1, label="rollout") for n in "bc"), timeout_s=300)
+            )  # a loaded machine
             rc, text = _cli("scale-out", "1", "--wait", "--json", "--address", client.address)
             cli_op = json.loads(text)
             assert rc == 0 and cli_op["state"] == "active" and cli_op["engine_ids"] == [1], text
@@ -114,15 +135,28 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
             assert rc == 0 and nodes[0] == cluster.ips["rollout-a"] and nodes[1] in joined, nodes
             # 2. the autoscaler (rollout the bottleneck for 3 steps) puts its engine on the other one
             assert _cli("resume", "--wait", "--address", client.address)[0] == 0
-            op = _until("an autoscaler scale-out", lambda: next(
-                (o for o in client.request("GET", "/operations") if o["source"] == "autoscaler"), None), proc, log)
+            op = _until(
+                "an autoscaler scale-out",
+                lambda: next(
+                    (o for o in client.request("GET", "/operations") if o["source"] == "autoscaler"), None
+                ),
+                proc,
+                log,
+            )
             assert _cli("pause", "--wait", "--address", client.address)[0] == 0
-            auto_op = _until("the autoscaler's engine serving", lambda: (o := client.request(
-                "GET", f"/operations/{op['id']}"))["state"] == "active" and o, proc, log)
+            auto_op = _until(
+                "the autoscaler's engine serving",
+                lambda: (o := client.request("GET", f"/operations/{op['id']}"))["state"] == "active" and o,
+                proc,
+                log,
+            )
             assert auto_op["kind"] == "scale_out" and auto_op["engine_ids"] == [2], auto_op
             assert auto_op["history"][-2:] == ["weight-syncing", "active"]
             status = _until("the paused run settled", lambda: _settled(client, 3), proc, log)
-            assert {e["engine_id"]: e["node"] for e in status["engines"]} == {**nodes, 2: (joined - {nodes[1]}).pop()}
+            assert {e["engine_id"]: e["node"] for e in status["engines"]} == {
+                **nodes,
+                2: (joined - {nodes[1]}).pop(),
+            }
             assert _cli("resume", "--wait", "--address", client.address)[0] == 0
             assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
             said = stranger.communicate(timeout=120)[0]
@@ -132,9 +166,11 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
                     p.terminate()
                     p.wait(timeout=60)
     assert stranger.returncode == 1, said[-3000:]
-    assert (f"relax: stopped: ClusterJoinError: could not join the Ray cluster at {cluster.address}: authentication: "
-            "the cluster runs Ray's token authentication and this driver does not (RAY_AUTH_MODE=disabled): run "
-            "`export RAY_AUTH_MODE=token`") in said, said[-3000:]
+    assert (
+        f"relax: stopped: ClusterJoinError: could not join the Ray cluster at {cluster.address}: authentication: "
+        "the cluster runs Ray's token authentication and this driver does not (RAY_AUTH_MODE=disabled): run "
+        "`export RAY_AUTH_MODE=token`"
+    ) in said, said[-3000:]
     output = log.read_text()
     assert f"in hybrid mode for {STEPS} steps -> {driver_dir / 'runs' / 'cli'}" in output
     assert "relax: done in" in output
@@ -144,4 +180,3 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
     assert rows[-1]["fault/engines_live"] == 3 and rows[-1]["weight_sync/bytes"] > 0
     # the trainer, on another node with another current directory, saved where the driver's run_dir is
     assert (run_dir / "checkpoints" / f"step_{STEPS:06d}" / "manifest.json").is_file()
-

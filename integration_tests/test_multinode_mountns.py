@@ -57,11 +57,19 @@ def shared_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _relax_run(cluster: RayStartCluster, cwd: Path, *overrides: str, timeout_s: float = 240) -> tuple[int, str]:
+def _relax_run(
+    cluster: RayStartCluster, cwd: Path, *overrides: str, timeout_s: float = 240
+) -> tuple[int, str]:
     relax = str(Path(sys.executable).with_name("relax"))
-    done = subprocess.run([relax, "run", "cluster.yaml", *overrides, "--address", cluster.address], cwd=cwd,
-                          env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout_s)
+    done = subprocess.run(
+        [relax, "run", "cluster.yaml", *overrides, "--address", cluster.address],
+        cwd=cwd,
+        env=cluster.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+    )
     return done.returncode, done.stdout
 
 
@@ -69,9 +77,11 @@ def test_nodes_in_separate_mount_namespaces_share_no_files(shared_dir, monkeypat
     if reason := mount_namespaces_unavailable():
         pytest.skip(f"nodes in mount namespaces of their own: {reason}")
     if hidden := [p for p in (Path(sys.prefix), Path(__file__)) if _private(p)]:
-        pytest.skip(f"nodes in mount namespaces of their own: {hidden[0]} is under {PRIVATE_MOUNTS}, which every "
-                    "namespaced node replaces with its own tmpfs, so its `ray start` could not run this venv; run "
-                    "from a checkout outside them")
+        pytest.skip(
+            f"nodes in mount namespaces of their own: {hidden[0]} is under {PRIVATE_MOUNTS}, which every "
+            "namespaced node replaces with its own tmpfs, so its `ray start` could not run this venv; run "
+            "from a checkout outside them"
+        )
     from relax.core.quickstart_model import ensure_quickstart_model
 
     model = Path(ensure_quickstart_model())  # the driver resolves it and hands the path to every role
@@ -94,11 +104,19 @@ def test_nodes_in_separate_mount_namespaces_share_no_files(shared_dir, monkeypat
         # 2. disk sync on a /tmp path: the trainer (a Ray actor on its node) writes the directory and a
         # probe; the engine's node cannot see it, and the transport says so before loading any weights
         weights = Path("/tmp") / mark / "weights"
-        rc, output = _relax_run(cluster, driver_dir, "weight_sync.transport=disk",
-                                f"weight_sync.params.directory={weights}", "total_steps=1", "run_dir=runs/disk")
+        rc, output = _relax_run(
+            cluster,
+            driver_dir,
+            "weight_sync.transport=disk",
+            f"weight_sync.params.directory={weights}",
+            "total_steps=1",
+            "run_dir=runs/disk",
+        )
         assert rc != 0, output[-4000:]
-        assert (f"weight_sync.params.directory {weights} is not visible from this engine's node "
-                f"({cluster.ips['rollout']})") in output, output[-4000:]
+        assert (
+            f"weight_sync.params.directory {weights} is not visible from this engine's node "
+            f"({cluster.ips['rollout']})"
+        ) in output, output[-4000:]
         assert cluster.sees("train", weights)  # the trainer wrote it, in its node's /tmp ...
         assert not cluster.sees("rollout", weights) and not weights.exists()  # ... and nobody else sees it
 

@@ -27,7 +27,10 @@ RECIPES = {  # file -> the family its processor needs
     "omni/qwen3_vl_4b_grpo.yaml": "qwen3_vl",
     "omni/qwen3_omni_30b_a3b_grpo.yaml": "qwen3_omni",
 }
-QUICK = {"quickstart_omni_vl.yaml": "omni_vl_quickstart", "quickstart_omni_audio.yaml": "omni_audio_quickstart"}
+QUICK = {
+    "quickstart_omni_vl.yaml": "omni_vl_quickstart",
+    "quickstart_omni_audio.yaml": "omni_audio_quickstart",
+}
 # Short runs: 20 of the files' 40 steps. The bar stays the issue's 5-step mean of 0.6, out of reach without the
 # media (chance is 0.42 for VL, 1/3 for audio): seeds 0-4 reached 0.86-1.00 by step 20 (docs/multimodal.md).
 STEPS, WINDOW, TARGET, RISE = 20, 5, 0.6, 0.3  # RISE: best 5-step mean minus the first step's reward
@@ -107,14 +110,27 @@ def test_the_quickstart_learns_to_read_its_media(cache, recipe, tmp_path, monkey
 
     plugin, groups = observer()
     monkeypatch.setattr(plugins, "_MANAGER", plugins.RelaxPluginManager(extra_plugins={"observer": plugin}))
-    cfg = load_config(str(EXAMPLES / recipe), [
-        f"inputs.params.cache_dir={cache}", f"total_steps={STEPS}", f"run_dir={tmp_path}", "logging.progress=false",
-        "logging.console=false", "logging.tensorboard=false", "checkpoint.save_every=0",
-        "checkpoint.save_hf_final=false"])  # fmt: skip
+    cfg = load_config(
+        str(EXAMPLES / recipe),
+        [
+            f"inputs.params.cache_dir={cache}",
+            f"total_steps={STEPS}",
+            f"run_dir={tmp_path}",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "checkpoint.save_every=0",
+            "checkpoint.save_hf_final=false",
+        ],
+    )
     run(cfg)  # builds the inputs (or reuses the previous test's) as relax run does
-    rewards = [json.loads(line)["reward/mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rewards = [
+        json.loads(line)["reward/mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
     means = [sum(rewards[i - WINDOW : i]) / WINDOW for i in range(WINDOW, len(rewards) + 1)]
-    assert len(rewards) == STEPS and max(means) >= TARGET, f"best {WINDOW}-step mean {max(means):.3f} in {STEPS} steps"
+    assert len(rewards) == STEPS and max(means) >= TARGET, (
+        f"best {WINDOW}-step mean {max(means):.3f} in {STEPS} steps"
+    )
     assert max(means) - rewards[0] >= RISE, (rewards[0], max(means))  # from chance, not from a head start
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert set(groups) == set(QUICKSTARTS[QUICK[recipe]].tasks)
@@ -122,4 +138,6 @@ def test_the_quickstart_learns_to_read_its_media(cache, recipe, tmp_path, monkey
         last = [(reward, label) for step, reward, label in seen if step > STEPS - LAST]
         blind = max(Counter(label for _, label in last).values()) / len(last)  # its best constant answer
         got = sum(reward for reward, _ in last) / len(last)
-        assert got >= blind + MARGIN, f"{task}: reward {got:.2f} over the last {LAST} steps, blind best {blind:.2f}"
+        assert got >= blind + MARGIN, (
+            f"{task}: reward {got:.2f} over the last {LAST} steps, blind best {blind:.2f}"
+        )

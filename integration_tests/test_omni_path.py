@@ -44,13 +44,36 @@ def omni_setup(tmp_path_factory):
             ImageDraw.Draw(img).ellipse((4 + 16 * c, 20, 16 + 16 * c, 32), fill="black")
         img.save(root / f"shapes{i}.png")
         text = f"how many circles? {i}"
-        rows.append({"messages": [{"role": "user", "content": [
-            {"type": "image", "image": str(root / f"shapes{i}.png")}, {"type": "text", "text": text}]}],
-            "label": str(i % 3 + 1)})
+        rows.append(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "image": str(root / f"shapes{i}.png")},
+                            {"type": "text", "text": text},
+                        ],
+                    }
+                ],
+                "label": str(i % 3 + 1),
+            }
+        )
     Image.new("RGB", (112, 112), "white").save(root / "big.png")  # 16 image tokens: over max_prompt_length
-    bad = [{"messages": [{"role": "user", "content": [{"type": "image", "image": str(root / name)},
-                                                      {"type": "text", "text": "how many circles? 9"}]}], "label": "1"}
-           for name in ("missing.png", "big.png")]
+    bad = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "image": str(root / name)},
+                        {"type": "text", "text": "how many circles? 9"},
+                    ],
+                }
+            ],
+            "label": "1",
+        }
+        for name in ("missing.png", "big.png")
+    ]
     data = root / "shapes.jsonl"  # drawn in file order: the first step meets both bad rows
     data.write_text("".join(json.dumps(r) + "\n" for r in [bad[0], rows[0], bad[1], *rows[1:]]))
     return model_dir, data, rows
@@ -68,7 +91,9 @@ def observer(monkeypatch):
         (engine,) = state.fleet.live().values()
         if isinstance(engine, LocalHandle):  # rollout.host=driver: the roles live in this process
             out["served"] = engine.local.call("state_dict")
-            out["exported"] = {n: t for bucket in state.roles.trainer.local.export_weights(1 << 20) for n, t in bucket}
+            out["exported"] = {
+                n: t for bucket in state.roles.trainer.local.export_weights(1 << 20) for n, t in bucket
+            }
             return
         out["served"] = ray.get(engine.call.remote("state_dict"), timeout=120)
         stream = state.roles.trainer.export_weights.options(num_returns="streaming").remote(1 << 20)
@@ -82,13 +107,29 @@ def observer(monkeypatch):
 
 def overrides(model_dir, data, run_dir, mode, max_prompt_length):
     return [
-        f"model.path={model_dir}", f"data.path={data}", "data.prompt_key=messages", "data.processor=qwen2_5_vl",
-        "data.shuffle=false", "data.on_error=skip", f"data.max_prompt_length={max_prompt_length}",
-        "data.processor_params.max_pixels=12544", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
-        "rollout.max_new_tokens=3", "trainer.micro_batch_size=2", "trainer.lr=1e-3", "total_steps=2",
-        f"run_dir={run_dir}", f"mode={mode}", "logging.progress=false", "logging.console=false",
-        "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never",
-    ]  # fmt: skip
+        f"model.path={model_dir}",
+        f"data.path={data}",
+        "data.prompt_key=messages",
+        "data.processor=qwen2_5_vl",
+        "data.shuffle=false",
+        "data.on_error=skip",
+        f"data.max_prompt_length={max_prompt_length}",
+        "data.processor_params.max_pixels=12544",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples_per_prompt=2",
+        "rollout.max_new_tokens=3",
+        "trainer.micro_batch_size=2",
+        "trainer.lr=1e-3",
+        "total_steps=2",
+        f"run_dir={run_dir}",
+        f"mode={mode}",
+        "logging.progress=false",
+        "logging.console=false",
+        "logging.tensorboard=false",
+        "logging.plot=false",
+        "checkpoint.save_hf_final=false",
+        "checkpoint.resume=never",
+    ]
 
 
 def fresh(rows, model_dir):
@@ -97,8 +138,11 @@ def fresh(rows, model_dir):
 
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
 
-    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen2_5_vl"],
-                             OmniProcessorParams(max_pixels=12544))
+    proc = QwenOmniProcessor(
+        AutoProcessor.from_pretrained(model_dir),
+        FAMILIES["qwen2_5_vl"],
+        OmniProcessorParams(max_pixels=12544),
+    )
     out = {}
     for i, r in enumerate(rows):
         p = proc.process(r["messages"], [], f"shapes.jsonl:{i + 1}")
@@ -112,7 +156,9 @@ def check_run(run_dir, model_dir, observer, frozen_towers: set[str], trained_tow
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["policy_version"] for m in metrics] == [1, 2]
     assert all(math.isfinite(m["train/loss"]) and m["train/grad_norm"] > 0 for m in metrics)
-    assert all(m["rollout/train_logprob_abs_diff"] < 1e-4 for m in metrics), [m["rollout/train_logprob_abs_diff"] for m in metrics]
+    assert all(m["rollout/train_logprob_abs_diff"] < 1e-4 for m in metrics), [
+        m["rollout/train_logprob_abs_diff"] for m in metrics
+    ]
     served, exported = observer["served"], observer["exported"]
     assert set(served) - set(exported) == frozen_towers
     assert all(torch.equal(served[n], t) for n, t in exported.items())
@@ -122,7 +168,9 @@ def check_run(run_dir, model_dir, observer, frozen_towers: set[str], trained_tow
     assert any(not torch.equal(initial[n], t) for n, t in exported.items()), "training moved no weight"
     assert all(torch.equal(initial[n], served[n]) for n in frozen_towers), "a frozen tower changed"
     if trained_towers:
-        assert any(not torch.equal(initial[n], served[n]) for n in trained_towers), "a tower did not train or sync"
+        assert any(not torch.equal(initial[n], served[n]) for n in trained_towers), (
+            "a tower did not train or sync"
+        )
     return metrics
 
 
@@ -149,7 +197,10 @@ def test_async_media_run_reaches_the_trainer_intact(ray_session, omni_setup, tmp
     metrics = check_run(tmp_path, model_dir, observer, frozen_towers=towers, trained_towers=set())
     for m in metrics:  # counted as drawn, in every step's row (not only the load-time counts of the first)
         assert (m["data/skipped_media"], m["data/filtered_too_long"]) == (1, 1), m
-        assert m["data/processed_prompts"] >= 2 * m["step"] and m["data/media_image"] == m["data/processed_prompts"]
+        assert (
+            m["data/processed_prompts"] >= 2 * m["step"]
+            and m["data/media_image"] == m["data/processed_prompts"]
+        )
     assert towers and len(seen) == 2 * 4
     for row in seen:
         expected = {k: v for k, v in want[row["text"]]["inputs"].items() if k != "mm_token_type_ids"}
@@ -167,11 +218,21 @@ def test_audio_quickstart_runs_colocate(ray_session, tmp_path_factory, tmp_path,
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
     data = make_dataset(tmp_path_factory.mktemp("omni_audio_task") / "audio", ("audio", "image"), rows=8)
-    overrides = [f"model.path={model_dir}", f"data.path={data}", f"data.processor_params.media_root={data.parent}",
-                 "total_steps=2", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2",
-                 "algorithm.entropy_coef=0.03",  # a gradient even when a group's rewards tie (the file trains without)
-                 f"run_dir={tmp_path}", "logging.progress=false", "logging.console=false",
-                 "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false"]
+    overrides = [
+        f"model.path={model_dir}",
+        f"data.path={data}",
+        f"data.processor_params.media_root={data.parent}",
+        "total_steps=2",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples_per_prompt=2",
+        "algorithm.entropy_coef=0.03",  # a gradient even when a group's rewards tie (the file trains without)
+        f"run_dir={tmp_path}",
+        "logging.progress=false",
+        "logging.console=false",
+        "logging.tensorboard=false",
+        "logging.plot=false",
+        "checkpoint.save_hf_final=false",
+    ]
     summary = run(load_config(str(EXAMPLES / "quickstart_omni_audio.yaml"), overrides))
     assert summary["steps"] == 2
     towers = {n for n in observer["served"] if n.startswith(("model.audio_tower.", "model.visual."))}

@@ -115,7 +115,9 @@ def test_every_quickstart_recipe_is_covered():
     recipes = set()
     for path in EXAMPLES.glob("*.yaml"):
         data = yaml.safe_load(path.read_text())
-        own_inputs = (data.get("inputs") or {}).get("name")  # a model an inputs plugin builds (smollm2_eval), not the quick-start's
+        own_inputs = (data.get("inputs") or {}).get(
+            "name"
+        )  # a model an inputs plugin builds (smollm2_eval), not the quick-start's
         if data["model"]["path"] is None and not own_inputs and not path.stem.startswith("quickstart"):
             recipes.add(path.stem)
     assert recipes == set(RECIPES)
@@ -167,6 +169,11 @@ def test_remax_greedy_baseline_and_truncated_is(ray_session, tmp_path):
     ]
     rows, _ = _run("grpo", overrides, tmp_path / "remax")
     _check_metrics("remax", rows)
-    for key in ["reward/greedy_mean", "time/greedy_baseline_s", "train/is_clip_frac", "train/mismatch_abs_logprob_diff"]:
+    for key in [
+        "reward/greedy_mean",
+        "time/greedy_baseline_s",
+        "train/is_clip_frac",
+        "train/mismatch_abs_logprob_diff",
+    ]:
         assert key in rows[-1], key
     assert all(0.0 <= r["reward/greedy_mean"] <= 1.0 for r in rows)

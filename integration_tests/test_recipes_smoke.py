@@ -39,8 +39,12 @@ def test_converted_rows_score_with_their_reward(tmp_path):
     wrapped, plain = converted("multimodal-open-r1-8k-verified", tmp_path)[:2]  # "<answer>1</answer>", "2"
     good = openr1_score("<think>one square</think><answer>1</answer>", wrapped["label"], {}, OpenR1Params())
     assert good == {"score": 2.0, "acc": 1.0, "format": 1.0}
-    assert openr1_score("<think>two</think><answer>2</answer>", plain["label"], {}, OpenR1Params())["acc"] == 1.0
-    assert openr1_score("<think>two</think><answer>3</answer>", plain["label"], {}, OpenR1Params())["acc"] == 0.0
+    assert (
+        openr1_score("<think>two</think><answer>2</answer>", plain["label"], {}, OpenR1Params())["acc"] == 1.0
+    )
+    assert (
+        openr1_score("<think>two</think><answer>3</answer>", plain["label"], {}, OpenR1Params())["acc"] == 0.0
+    )
     avqa = converted("avqa-r1-6k", tmp_path)[2]  # correct option C
     meta = {"options": avqa["options"]}
     assert choice_score("It sounds like three.\nAnswer: C", avqa["label"], meta, ChoiceParams())["acc"] == 1.0
@@ -58,10 +62,19 @@ def test_recipe_passes_relax_validate(tmp_path_factory, tmp_path, recipe, capsys
     spec = DATASETS[RECIPES[recipe].dataset]
     data = Path(prepare_smoke(spec.name, tmp_path / "data", rows=2, heldout=2).path)
     family = {"qwen3_vl": "qwen3_vl", "qwen3_omni": "qwen3_omni"}.get(spec.smoke_model)
-    model = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family) if family else ensure_quickstart_model()
+    model = (
+        tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family) if family else ensure_quickstart_model()
+    )
     media = [f"data.processor_params.media_root={data.parent}"] if spec.media else []
-    argv = ["validate", str(REPO / RECIPES[recipe].example), f"model.path={model}", f"data.path={data}",
-            f"eval.sets.heldout.path={data.parent / spec.heldout_file}", f"run_dir={tmp_path / 'run'}", *media]
+    argv = [
+        "validate",
+        str(REPO / RECIPES[recipe].example),
+        f"model.path={model}",
+        f"data.path={data}",
+        f"eval.sets.heldout.path={data.parent / spec.heldout_file}",
+        f"run_dir={tmp_path / 'run'}",
+        *media,
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     assert "config OK" in capsys.readouterr().out
 
@@ -79,27 +92,39 @@ EXPECTED = {
 def test_smoke_variant_runs(tmp_path, recipe):
     spec = RECIPES[recipe]
     cfg = load_config(REPO / spec.smoke, [*QUIET, f"run_dir={tmp_path / 'run'}"], check_paths=True)
-    assert in_driver(cfg)  # colocate with a reward declared in_driver (relax-rewards'): every role here, no Ray
+    assert in_driver(
+        cfg
+    )  # colocate with a reward declared in_driver (relax-rewards'): every role here, no Ray
     assert Path(cfg.data.path).parent.name.startswith(f"{spec.dataset}-smoke")  # inputs built it
     whole = WHOLE_OMNI.get(DATASETS[spec.dataset].smoke_model)
-    if whole:  # an Omni recipe's model comes whole (thinker, talker): so does the smoke's, its thinker trained
+    if (
+        whole
+    ):  # an Omni recipe's model comes whole (thinker, talker): so does the smoke's, its thinker trained
         assert json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"] == whole[0]
     report = json.loads((Path(cfg.data.path).parent / "prepare_report.json").read_text())
-    assert report["rows"] == 8 and sum(report["skipped"].values()) >= 2  # the malformed fixture rows were skipped
+    assert (
+        report["rows"] == 8 and sum(report["skipped"].values()) >= 2
+    )  # the malformed fixture rows were skipped
     heldout = [json.loads(line) for line in Path(cfg.eval.sets["heldout"].path).read_text().splitlines()]
     assert len(heldout) == 2 and Path(cfg.eval.sets["heldout"].path).parent == Path(cfg.data.path).parent
     summary = run(cfg)
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r for r in logged if "eval/heldout/accuracy" in r}
-    assert sorted(evals) == [0, cfg.total_steps], f"{recipe}: evaluated at {sorted(evals)}"  # before_train, at_end
-    assert all(r["eval/heldout/prompts"] == 2 and r["eval/heldout/failed"] == 0 for r in evals.values()), evals
+    assert sorted(evals) == [0, cfg.total_steps], (
+        f"{recipe}: evaluated at {sorted(evals)}"
+    )  # before_train, at_end
+    assert all(r["eval/heldout/prompts"] == 2 and r["eval/heldout/failed"] == 0 for r in evals.values()), (
+        evals
+    )
     rows = [r for r in logged if r["step"] > 0]
     assert summary["steps"] == cfg.total_steps == len(rows)
     for row in rows:
         bad = {k: v for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
         assert not bad, f"{recipe} step {row['step']}: non-finite {bad}"
     last = rows[-1]
-    missing = ({"reward/mean", "train/loss", "train/grad_norm", "rollout/train_logprob_abs_diff"} | EXPECTED[recipe]) - set(last)
+    missing = (
+        {"reward/mean", "train/loss", "train/grad_norm", "rollout/train_logprob_abs_diff"} | EXPECTED[recipe]
+    ) - set(last)
     assert not missing, f"{recipe}: missing metrics {missing}"
     assert last["reward/failures"] == 0.0
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt

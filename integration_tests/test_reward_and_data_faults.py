@@ -62,30 +62,61 @@ def relax_register_rewards(register):
 def test_hanging_reward_judge_and_bad_data_in_async_mode(tmp_path):
     (tmp_path / "probe_plugin.py").write_text(PLUGIN)
     data = tmp_path / "train.jsonl"
-    rows = [json.dumps({"prompt": f"{a}+{b}=", "label": str(a + b)}).encode() for a in range(5) for b in range(5)]
+    rows = [
+        json.dumps({"prompt": f"{a}+{b}=", "label": str(a + b)}).encode() for a in range(5) for b in range(5)
+    ]
     rows.insert(3, b'{"prompt": "caf\xe9", "label": "1"}')
     data.write_bytes(b"\n".join(rows) + b"\n")
     run_dir = tmp_path / "run"
     args = [
-        "mode=async", "max_staleness=1", "total_steps=2", f"run_dir={run_dir}", f"data.path={data}",
-        "data.on_error=skip", "data.apply_chat_template=false", "rollout.prompts_per_step=4",
-        "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3", "trainer.micro_batch_size=16",
-        "reward.name=probe", "reward.timeout_s=2", "reward.on_error=zero", "reward.fallback_score=-1",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", "logging.console=false",
-        "checkpoint.save_hf_final=false", "checkpoint.resume=never",
+        "mode=async",
+        "max_staleness=1",
+        "total_steps=2",
+        f"run_dir={run_dir}",
+        f"data.path={data}",
+        "data.on_error=skip",
+        "data.apply_chat_template=false",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=3",
+        "trainer.micro_batch_size=16",
+        "reward.name=probe",
+        "reward.timeout_s=2",
+        "reward.on_error=zero",
+        "reward.fallback_score=-1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "logging.plot=false",
+        "logging.console=false",
+        "checkpoint.save_hf_final=false",
+        "checkpoint.resume=never",
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "RELAX_PLUGINS": "probe_plugin", "RAY_ADDRESS": ""}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "RELAX_PLUGINS": "probe_plugin",
+        "RAY_ADDRESS": "",
+    }
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "relax.core.cli", "run", *args], capture_output=True, text=True,
-                          env=env, timeout=900, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "relax.core.cli", "run", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=tmp_path,
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "25 prompts loaded, 1 malformed rows skipped" in proc.stderr
     assert f"{data}: row 4: byte offset" in proc.stderr and "invalid UTF-8 (byte 0xe9" in proc.stderr
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert (rows[0]["data/loaded"], rows[0]["data/skipped_malformed"], rows[0]["data/filtered_too_long"]) == (25, 1, 0)
+    assert (rows[0]["data/loaded"], rows[0]["data/skipped_malformed"], rows[0]["data/filtered_too_long"]) == (
+        25,
+        1,
+        0,
+    )
     assert "data/loaded" not in rows[1]
     for r in rows:  # one group 4k per step: one hung sample, one failing sample
         assert (r["reward/timeouts"], r["reward/failures"]) == (1.0, 2.0), r

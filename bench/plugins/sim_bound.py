@@ -36,21 +36,30 @@ def _finish_time(lengths: list[int], start: float, free: list[float], engine: Si
 
 
 def ideal_seconds_per_step(
-    staleness: int | None, rows: int, slots: int, steps: int = 400, seed: int = 0,
-    engine: SimEngineParams = ENGINE, trainer: SimTrainerParams = TRAINER,
+    staleness: int | None,
+    rows: int,
+    slots: int,
+    steps: int = 400,
+    seed: int = 0,
+    engine: SimEngineParams = ENGINE,
+    trainer: SimTrainerParams = TRAINER,
 ) -> float:
     """Mean seconds per step after a warm-up: async at ``staleness``, or colocate (generate the whole
     step on idle engines, then train) for ``None``."""
     rng = random.Random(seed)
     mu = math.log(engine.mean_len) - engine.sigma**2 / 2
-    lengths = [[max(1, min(engine.max_len, int(rng.lognormvariate(mu, engine.sigma)))) for _ in range(rows)]
-               for _ in range(steps + 1)]  # fmt: skip
+    lengths = [
+        [max(1, min(engine.max_len, int(rng.lognormvariate(mu, engine.sigma)))) for _ in range(rows)]
+        for _ in range(steps + 1)
+    ]
 
     def train_s(k: int) -> float:
         return sum(lengths[k]) * trainer.train_token_s
 
     if staleness is None:
-        per_step = [_finish_time(lengths[k], 0.0, [0.0] * slots, engine) + train_s(k) for k in range(1, steps + 1)]
+        per_step = [
+            _finish_time(lengths[k], 0.0, [0.0] * slots, engine) + train_s(k) for k in range(1, steps + 1)
+        ]
         warm = steps // 10
         return sum(per_step[warm:]) / (steps - warm)
     published, finished, free = [0.0], [0.0], [0.0] * slots  # version v published at published[v]

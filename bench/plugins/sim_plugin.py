@@ -62,11 +62,15 @@ class SimEngine:
                 while not self._running.is_set():
                     await asyncio.sleep(0.002)
                 if self._abort_epoch != epoch:
-                    return GenerationResult(request.request_id, [1] * len(versions), [0.0] * len(versions), versions, "abort")
+                    return GenerationResult(
+                        request.request_id, [1] * len(versions), [0.0] * len(versions), versions, "abort"
+                    )
                 n = min(CHUNK_TOKENS, length - len(versions))
                 await asyncio.sleep(n * self.token_s)
                 versions += [self._version] * n
-            return GenerationResult(request.request_id, [1] * length, [-1.0] * length, versions, "stop", text="1")
+            return GenerationResult(
+                request.request_id, [1] * length, [-1.0] * length, versions, "stop", text="1"
+            )
         finally:
             self.slots.release()
 

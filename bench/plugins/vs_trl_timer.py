@@ -29,5 +29,10 @@ def relax_on_run_start(run) -> None:
 
 @hookimpl
 def relax_on_step_end(step, metrics) -> None:
-    _write(event="step", step=step, reward=metrics["reward/mean"], step_s=metrics["time/step_s"],
-           entropy=metrics.get("train/entropy"))
+    _write(
+        event="step",
+        step=step,
+        reward=metrics["reward/mean"],
+        step_s=metrics["time/step_s"],
+        entropy=metrics.get("train/entropy"),
+    )

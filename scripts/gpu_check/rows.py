@@ -50,7 +50,11 @@ def rows(log: str, file_id: str, timed_out_after: float | None = None) -> list[t
         name = f"  {file_id}::{test.split('::', 1)[1]}"
         outcome = results.get(test)
         if outcome is None:
-            result = f"TIMED OUT (running when the {timed_out_after:.0f}s limit hit)" if timed_out_after else "no outcome"
+            result = (
+                f"TIMED OUT (running when the {timed_out_after:.0f}s limit hit)"
+                if timed_out_after
+                else "no outcome"
+            )
         elif outcome == "SKIPPED":
             result = "skipped: " + reason.get(test, "")[:90]
         elif outcome in ("FAILED", "ERROR"):

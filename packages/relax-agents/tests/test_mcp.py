@@ -33,8 +33,12 @@ def _step(env, *calls: ToolCall):
 
 
 def test_mcp_tools_round_trip_and_the_server_stops_at_close():
-    params = ToolsEnvParams(tools=["calculator"], tool_timeout_s=1.0, max_tool_calls_per_turn=6,
-                            mcp_servers=[MCPServerParams("test", SERVER, env={"RELAX_TEST": "1"}, tool_prefix="t_")])
+    params = ToolsEnvParams(
+        tools=["calculator"],
+        tool_timeout_s=1.0,
+        max_tool_calls_per_turn=6,
+        mcp_servers=[MCPServerParams("test", SERVER, env={"RELAX_TEST": "1"}, tool_prefix="t_")],
+    )
     env = ToolsEnvironment(params)
     assert env._mcp is not None and env._mcp._loop is None  # nothing started before it is needed
     try:
@@ -42,12 +46,21 @@ def test_mcp_tools_round_trip_and_the_server_stops_at_close():
         assert sorted(schemas) == ["calculator", "t_add", "t_fail", "t_pid", "t_slow"]
         assert schemas["t_add"]["description"] == "Add two integers."
         assert schemas["t_add"]["parameters"]["required"] == ["a", "b"]
-        result = _step(env, ToolCall("t_add", {"a": 2, "b": 3}), ToolCall("t_fail", {"message": "on purpose"}),
-                       ToolCall("t_add", {"a": "x", "b": 1}), ToolCall("t_slow", {"seconds": 30}),
-                       ToolCall("calculator", {"expression": "2+3"}), ToolCall("t_pid", {}))
+        result = _step(
+            env,
+            ToolCall("t_add", {"a": 2, "b": 3}),
+            ToolCall("t_fail", {"message": "on purpose"}),
+            ToolCall("t_add", {"a": "x", "b": 1}),
+            ToolCall("t_slow", {"seconds": 30}),
+            ToolCall("calculator", {"expression": "2+3"}),
+            ToolCall("t_pid", {}),
+        )
         texts = [o["content"] for o in result.observations]
         assert texts[0] == "5" and texts[4] == "5"
-        assert texts[1].startswith("Error: tool 't_fail' failed:") and "fail was asked to fail: on purpose" in texts[1]
+        assert (
+            texts[1].startswith("Error: tool 't_fail' failed:")
+            and "fail was asked to fail: on purpose" in texts[1]
+        )
         assert texts[2].startswith("Error: bad arguments for tool 't_add': a: 'x' is not of type 'integer'")
         assert texts[3] == "Error: tool 't_slow' failed: MCP tool 'slow' did not answer within 1s"
         assert result.info["tool_calls_ok"] == 3.0 and result.info["tool_errors"] == 3.0
@@ -72,7 +85,9 @@ DRIVER = textwrap.dedent("""
 
 
 def test_a_killed_driver_leaves_no_server_behind():
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(server=SERVER)], stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(server=SERVER)], stdout=subprocess.PIPE, text=True
+    )
     try:
         pid = int(json.loads(driver.stdout.readline()))
         assert _alive(pid)
@@ -86,17 +101,24 @@ def test_a_killed_driver_leaves_no_server_behind():
 
 
 def test_a_server_that_does_not_start_is_a_clear_error_once():
-    broken = MCPServerParams("broken", [sys.executable, "-c", "import sys; print('no such tool server', file=sys.stderr); sys.exit(3)"],
-                             start_timeout_s=20)
+    broken = MCPServerParams(
+        "broken",
+        [sys.executable, "-c", "import sys; print('no such tool server', file=sys.stderr); sys.exit(3)"],
+        start_timeout_s=20,
+    )
     env = ToolsEnvironment(ToolsEnvParams(tools=["calculator"], mcp_servers=[broken]))
-    missing = ToolsEnvironment(ToolsEnvParams(mcp_servers=[MCPServerParams("gone", ["/nonexistent/mcp-server"])]))
+    missing = ToolsEnvironment(
+        ToolsEnvParams(mcp_servers=[MCPServerParams("gone", ["/nonexistent/mcp-server"])])
+    )
     try:
         for _ in range(2):  # the failed start is remembered, not retried by every episode
             with pytest.raises(RuntimeError, match=r"^MCP server 'broken' \(.*\) did not start") as info:
                 env.tools()
             assert "no such tool server" in str(info.value)  # its stderr, to say why
         assert len(env._mcp._tasks) == 1
-        with pytest.raises(RuntimeError, match=r"MCP server 'gone' \(/nonexistent/mcp-server\) did not start"):
+        with pytest.raises(
+            RuntimeError, match=r"MCP server 'gone' \(/nonexistent/mcp-server\) did not start"
+        ):
             missing.tools()
     finally:
         env.close()

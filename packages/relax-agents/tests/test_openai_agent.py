@@ -24,8 +24,16 @@ from relax.core.protocols import SamplingParams, ToolCall
 from relax.core.quickstart_model import build_tiny_model
 
 PROMPTS = ["3+4=", "12*3-5=", "7", "99-1="]  # one per group: sessions must not see each other's
-TOOLS = [{"type": "function", "function": {"name": "count", "description": "length of a text",
-                                           "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "count",
+            "description": "length of a text",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+    }
+]
 
 
 class CountEveryTurn:
@@ -43,8 +51,13 @@ def counting_agent(client: openai.OpenAI, row: dict, log: dict, turns: int = 3) 
     for _ in range(turns):
         reply = client.chat.completions.create(model="relax", messages=messages, tools=TOOLS, logprobs=True)
         message = reply.choices[0].message
-        seen.append({"content": message.content or "", "usage": reply.usage.completion_tokens,
-                     "logprobs": [t.logprob for t in reply.choices[0].logprobs.content]})
+        seen.append(
+            {
+                "content": message.content or "",
+                "usage": reply.usage.completion_tokens,
+                "logprobs": [t.logprob for t in reply.choices[0].logprobs.content],
+            }
+        )
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls or []:
             text = json.loads(call.function.arguments)["text"]
@@ -87,9 +100,13 @@ def rollout(engine, tokenizer, agent_fn, groups=2, size=2, max_turns=4, turn_tim
     recording = Recording(engine)
     samples = []
     for g in range(groups):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[g]}], tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPTS[g]}], tokenize=False, add_generation_prompt=True
+        )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        samples.append([Sample(list(ids), g, i, prompt_text=text, metadata={"prompt": PROMPTS[g]}) for i in range(size)])
+        samples.append(
+            [Sample(list(ids), g, i, prompt_text=text, metadata={"prompt": PROMPTS[g]}) for i in range(size)]
+        )
     params = SamplingParams(max_new_tokens=6, stop_token_ids=tuple(stop_token_ids(tokenizer)))
     router = EngineRouter([LocalHandle(recording)])
     for _ in stream_groups(router, samples, params, seed=3, step=1, timeout_s=60, turns=turns):
@@ -106,7 +123,10 @@ def test_agent_episodes_are_exactly_sampled_plus_observation_tokens(engine, toke
         session = env.session_of(sample)
         assert sample.metadata.get("episode_error") is None
         assert sample.metadata["episode_reward"] == 3.0 and sample.metadata["episode"]["agent_turns"] == 3.0
-        assert session.messages[0] == {"role": "user", "content": PROMPTS[sample.group_id]}  # its own prompt only
+        assert session.messages[0] == {
+            "role": "user",
+            "content": PROMPTS[sample.group_id],
+        }  # its own prompt only
         key = f"1/{sample.group_id}/{sample.index_in_group}"
         expected, mask, logprobs = [], [], []
         for t, record in enumerate(session.records):
@@ -116,21 +136,35 @@ def test_agent_episodes_are_exactly_sampled_plus_observation_tokens(engine, toke
             body = result.response_ids[:-1] if result.response_ids[-1] in stops else result.response_ids
             sampled_text = tokenizer.decode(body, skip_special_tokens=False)
             # the agent saw exactly the sampled text, token counts and logprobs
-            assert log[session.base_url + "/"][t] == {"content": sampled_text, "usage": len(result.response_ids),
-                                                      "logprobs": result.logprobs}
+            assert log[session.base_url + "/"][t] == {
+                "content": sampled_text,
+                "usage": len(result.response_ids),
+                "logprobs": result.logprobs,
+            }
             expected += result.response_ids
             mask += [1.0] * len(result.response_ids)
             logprobs += result.logprobs
             if t < 2:  # the agent's tool result, rendered as a template continuation at mask 0
-                assert record.observations == [{"role": "tool", "content": str(len(sampled_text)),
-                                                 "tool_call_id": record.tool_calls[0]["id"]}]
-                ended = tokenizer.decode([result.response_ids[-1]]) if result.response_ids[-1] in stops else None
+                assert record.observations == [
+                    {
+                        "role": "tool",
+                        "content": str(len(sampled_text)),
+                        "tool_call_id": record.tool_calls[0]["id"],
+                    }
+                ]
+                ended = (
+                    tokenizer.decode([result.response_ids[-1]]) if result.response_ids[-1] in stops else None
+                )
                 obs = renderer.ids(record.observations, ended)
                 expected += obs
                 mask += [0.0] * len(obs)
                 logprobs += [0.0] * len(obs)
         assert len(session.records) == 3
-        assert sample.response_ids == expected and sample.loss_mask == mask and sample.rollout_logprobs == logprobs
+        assert (
+            sample.response_ids == expected
+            and sample.loss_mask == mask
+            and sample.rollout_logprobs == logprobs
+        )
         assert mask.count(0.0) == sample.metadata["episode"]["observation_tokens"] > 0
     env.close()
 
@@ -139,7 +173,9 @@ def test_models_route_and_bad_requests_answer_at_once(tokenizer):
     env = OpenAIAgentEnvironment(OpenAIAgentParams(model="policy"), tokenizer, agent=lambda client, row: 0.0)
     client = openai.OpenAI(base_url=f"{env.server.url}/v1", api_key="x", max_retries=0, timeout=5)
     assert [m.id for m in client.models.list().data] == ["policy"]
-    gone = openai.OpenAI(base_url=f"{env.server.url}/s/nosuchsession/v1", api_key="x", max_retries=0, timeout=5)
+    gone = openai.OpenAI(
+        base_url=f"{env.server.url}/s/nosuchsession/v1", api_key="x", max_retries=0, timeout=5
+    )
     with pytest.raises(openai.APIStatusError, match="does not exist or has ended") as err:
         gone.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1"}])
     assert err.value.status_code == 410
@@ -184,8 +220,14 @@ def _assistant(client, messages):
 
 def _forever(client, messages):
     while True:  # the agent never stops; core's max_turns ends the episode
-        reply = client.chat.completions.create(model="relax", messages=[*messages, {"role": "user", "content": "1"}])
-        messages = [*messages, {"role": "user", "content": "1"}, reply.choices[0].message.model_dump(exclude_none=True)]
+        reply = client.chat.completions.create(
+            model="relax", messages=[*messages, {"role": "user", "content": "1"}]
+        )
+        messages = [
+            *messages,
+            {"role": "user", "content": "1"},
+            reply.choices[0].message.model_dump(exclude_none=True),
+        ]
 
 
 @pytest.mark.parametrize(
@@ -194,7 +236,11 @@ def _forever(client, messages):
         (_raise, "the agent raised ValueError: agent exploded", None),
         (_rewrite, "rewrites message 0 of the conversation", 400),
         (_assistant, "added an assistant message of its own", 400),
-        (lambda client, messages: time.sleep(30), "did not return within environment.turn_timeout_s=1s", None),
+        (
+            lambda client, messages: time.sleep(30),
+            "did not return within environment.turn_timeout_s=1s",
+            None,
+        ),
         (_forever, None, 410),
     ],
     ids=["raises", "rewrites-history", "injects-assistant", "hangs", "outlives-the-episode"],
@@ -202,7 +248,9 @@ def _forever(client, messages):
 def test_a_misbehaving_agent_ends_its_episode_with_a_clear_error(engine, tokenizer, after, error, http):
     log: list = []
     started = time.monotonic()
-    env, samples, _ = rollout(engine, tokenizer, _agent_then(after, log), groups=1, size=1, max_turns=2, turn_timeout_s=1.0)
+    env, samples, _ = rollout(
+        engine, tokenizer, _agent_then(after, log), groups=1, size=1, max_turns=2, turn_timeout_s=1.0
+    )
     (sample,) = samples
     session = env.session_of(sample)
     if error is None:  # ended by core's turn limit: no error, the agent's waiting call is refused
@@ -224,8 +272,10 @@ def test_a_misbehaving_agent_ends_its_episode_with_a_clear_error(engine, tokeniz
 
 def test_first_request_must_render_to_the_sample_prompt(engine, tokenizer):
     def agent(client, row):  # a system prompt the dataset row does not have
-        client.chat.completions.create(model="relax", messages=[{"role": "system", "content": "1"},
-                                                                 {"role": "user", "content": row["prompt"]}])
+        client.chat.completions.create(
+            model="relax",
+            messages=[{"role": "system", "content": "1"}, {"role": "user", "content": row["prompt"]}],
+        )
 
     env, (sample,), _ = rollout(engine, tokenizer, agent, groups=1, size=1)
     message = sample.metadata["episode_error"]
@@ -243,8 +293,9 @@ def test_async_agents_and_import_strings(engine, tokenizer, tmp_path, monkeypatc
         "    return {'reward': len(reply.choices[0].message.content or '') + bonus, 'ids': sum(ids), 'n': len(ids)}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    env, samples, recording = rollout(engine, tokenizer, None, groups=1, size=2, agent="my_async_agent:agent",
-                                      agent_kwargs={"bonus": 0.5})
+    env, samples, recording = rollout(
+        engine, tokenizer, None, groups=1, size=2, agent="my_async_agent:agent", agent_kwargs={"bonus": 0.5}
+    )
     for sample in samples:
         (record,) = env.session_of(sample).records
         assert sample.metadata["episode_reward"] == len(record.content) + 0.5
@@ -284,17 +335,31 @@ def test_registered_with_typed_params(model_dir):
 
     manager = get_plugin_manager()
     errors: list[str] = []
-    build_section(manager.registration("environment", "openai_agent").config, {"agent": "no_colon", "call_timeout_s": 0},
-                  "environment.params", errors)
-    assert errors == ["environment.params.agent: expected 'module:function', got 'no_colon'",
-                      "environment.params.call_timeout_s: must be > 0, got 0.0"]
-    params = build_section(manager.registration("environment", "openai_agent").config,
-                           {"agent": "json:dumps", "model": "policy"}, "environment.params", errors)
-    env = manager.get("environment", "openai_agent")(params, PluginContext(role="environment", tokenizer_path=model_dir))
+    build_section(
+        manager.registration("environment", "openai_agent").config,
+        {"agent": "no_colon", "call_timeout_s": 0},
+        "environment.params",
+        errors,
+    )
+    assert errors == [
+        "environment.params.agent: expected 'module:function', got 'no_colon'",
+        "environment.params.call_timeout_s: must be > 0, got 0.0",
+    ]
+    params = build_section(
+        manager.registration("environment", "openai_agent").config,
+        {"agent": "json:dumps", "model": "policy"},
+        "environment.params",
+        errors,
+    )
+    env = manager.get("environment", "openai_agent")(
+        params, PluginContext(role="environment", tokenizer_path=model_dir)
+    )
     client = openai.OpenAI(base_url=f"{env.server.url}/v1", api_key="x", max_retries=0, timeout=5)
     assert [m.id for m in client.models.list().data] == ["policy"]
     env.close()
     verifiers = manager.registration("environment", "verifiers").config
     build_section(verifiers, {"env": "", "episode_timeout_s": -1}, "environment.params", errors)
-    assert errors[-2:] == ["environment.params.env: expected 'module:function', got ''",
-                           "environment.params.episode_timeout_s: must be > 0, got -1.0"]
+    assert errors[-2:] == [
+        "environment.params.env: expected 'module:function', got ''",
+        "environment.params.episode_timeout_s: must be > 0, got -1.0",
+    ]

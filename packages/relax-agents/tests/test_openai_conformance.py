@@ -33,9 +33,13 @@ class TestOpenAIAgentConformance(EnvironmentConformance):
         tokenizer = build_tokenizer()
         out = []
         for i, (prompt, label) in enumerate(CASES):
-            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            out.append(Sample(prompt_ids=ids, group_id=i, prompt_text=text, label=label, metadata={"prompt": prompt}))
+            out.append(
+                Sample(prompt_ids=ids, group_id=i, prompt_text=text, label=label, metadata={"prompt": prompt})
+            )
         return out
 
     def expected_rewards(self):

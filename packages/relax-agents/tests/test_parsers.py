@@ -23,11 +23,16 @@ def test_one_call_and_the_text_around_it(parser):
 
 
 def test_several_calls_keep_their_order_and_ids(parser):
-    text = ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call> then '
-            '<tool_call>{"name": "mul", "arguments": "{\\"a\\": 3}"}</tool_call>')
+    text = (
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call> then '
+        '<tool_call>{"name": "mul", "arguments": "{\\"a\\": 3}"}</tool_call>'
+    )
     content, calls = parser.parse(text)
     assert content == "then"
-    assert [(c.name, c.arguments, c.id) for c in calls] == [("add", {"a": 1, "b": 2}, "call_0"), ("mul", {"a": 3}, "call_1")]
+    assert [(c.name, c.arguments, c.id) for c in calls] == [
+        ("add", {"a": 1, "b": 2}, "call_0"),
+        ("mul", {"a": 3}, "call_1"),
+    ]
     assert not any(c.error for c in calls)
 
 
@@ -35,13 +40,16 @@ def test_no_call_is_plain_text(parser):
     assert parser.parse("The answer is 56088.") == ("The answer is 56088.", [])
 
 
-@pytest.mark.parametrize(("body", "error"), [
-    ('{"name": "add", "arguments": {"a": 1}', "not valid JSON"),
-    ('{"arguments": {"a": 1}}', 'no "name"'),
-    ('["add"]', "must be a JSON object"),
-    ('{"name": "add", "arguments": [1, 2]}', '"arguments" must be a JSON object'),
-    ('{"name": "add", "arguments": "not json"}', "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ('{"name": "add", "arguments": {"a": 1}', "not valid JSON"),
+        ('{"arguments": {"a": 1}}', 'no "name"'),
+        ('["add"]', "must be a JSON object"),
+        ('{"name": "add", "arguments": [1, 2]}', '"arguments" must be a JSON object'),
+        ('{"name": "add", "arguments": "not json"}', "not a JSON object"),
+    ],
+)
 def test_malformed_calls_are_errors_not_exceptions(parser, body, error):
     content, calls = parser.parse(f"x <tool_call>{body}</tool_call> y")
     assert content == "x  y"

@@ -38,9 +38,11 @@ def test_the_tools_environment_answers_the_call_with_the_label():
     row = problem_rows(1, seed=7)[0]
     content, calls = HermesParser().parse(tool_call_text(row["prompt"].rstrip("=")))
     assert content == "" and [(c.name, c.arguments, c.error) for c in calls] == [
-        ("calculator", {"expression": row["prompt"].rstrip("=")}, "")]
+        ("calculator", {"expression": row["prompt"].rstrip("=")}, "")
+    ]
     episode = ToolsEnvironment(ToolsEnvParams(tools=["calculator"], answer="numeric")).start(
-        Sample(prompt_ids=[], group_id=0, label=row["label"]))
+        Sample(prompt_ids=[], group_id=0, label=row["label"])
+    )
     observed = episode.step(Turn(0, "", [], calls, "stop"))
     assert observed.observations == [{"role": "tool", "content": row["label"]}] and not observed.done
     assert episode.step(Turn(1, row["label"], [], [], "stop", row["label"])).reward == 1.0
@@ -56,15 +58,25 @@ def test_a_transcript_is_what_a_rollout_appends(tokenizer):
     # the observation is exactly core's continuation after the call's end-of-turn token
     observation = renderer.ids([{"role": "tool", "content": "56088"}], ended_with="<|im_end|>")
     trained = [t for t, m in zip(ids, mask, strict=True) if m]
-    untrained_tail = [t for t, m in zip(ids, mask, strict=True) if not m][-len(observation):]
+    untrained_tail = [t for t, m in zip(ids, mask, strict=True) if not m][-len(observation) :]
     assert untrained_tail == observation
-    assert tokenizer.decode(trained, skip_special_tokens=False) == tool_call_text("123*456") + "<|im_end|>56088<|im_end|>"
-    assert tokenizer.decode(ids[: len(tokenizer(text[:call_end], add_special_tokens=False)["input_ids"])],
-                            skip_special_tokens=False) == text[:call_end]
+    assert (
+        tokenizer.decode(trained, skip_special_tokens=False)
+        == tool_call_text("123*456") + "<|im_end|>56088<|im_end|>"
+    )
+    assert (
+        tokenizer.decode(
+            ids[: len(tokenizer(text[:call_end], add_special_tokens=False)["input_ids"])],
+            skip_special_tokens=False,
+        )
+        == text[:call_end]
+    )
     # a direct answer trains only its (random) number; without the decision its first token is untrained
     ids, mask = transcript(tokenizer, renderer, 123, 456, use_tool=False, guess=31337)
     assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "31337<|im_end|>"
-    _, undecided = transcript(tokenizer, renderer, 123, 456, use_tool=False, guess=31337, train_decision=False)
+    _, undecided = transcript(
+        tokenizer, renderer, 123, 456, use_tool=False, guess=31337, train_decision=False
+    )
     assert sum(undecided) == sum(mask) - 1
 
 
@@ -104,7 +116,9 @@ def test_the_model_is_built_once_per_recipe(tmp_path):
     assert tokenizer.decode(tokenizer(tool_call_text("1*2"))["input_ids"]) == tool_call_text("1*2")
     other = WarmupConfig(steps=1, batch_size=4)
     ensure_agent_model(tmp_path / "m", warmup=other)  # another recipe: rebuilt in place
-    assert json.loads((tmp_path / "m" / "relax_agent_quickstart.json").read_text())["fingerprint"] == recipe_fingerprint(other)
+    assert json.loads((tmp_path / "m" / "relax_agent_quickstart.json").read_text())[
+        "fingerprint"
+    ] == recipe_fingerprint(other)
 
 
 def test_relax_has_the_prepare_command():
@@ -125,9 +139,13 @@ def test_the_warm_up_is_a_helper_any_task_can_call(tokenizer):
     def example(rng):
         word = rng.choice(["relax", "agent", "tool"])
         turns = [call.format(word), [{"role": "tool", "content": word[::-1]}], word[::-1]]
-        return conversation_transcript(tokenizer, renderer, [{"role": "user", "content": f"define {word}"}], turns)
+        return conversation_transcript(
+            tokenizer, renderer, [{"role": "user", "content": f"define {word}"}], turns
+        )
 
     ids, mask = example(__import__("random").Random(0))
-    assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m]).count("<|im_start|>tool") == 1
+    assert (
+        tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m]).count("<|im_start|>tool") == 1
+    )
     losses = supervised_warm_up(build_model(tokenizer, seed=0), example, steps=25, batch_size=4, lr=6e-3)
     assert len(losses) == 25 and losses[-1] < losses[0] / 2  # it learns the format

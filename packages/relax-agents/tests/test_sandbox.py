@@ -33,7 +33,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_runs_code_in_a_fresh_directory():
-    result, _ = _run("import os, math\nopen('note.txt', 'w').write('hi')\nprint(sorted(os.listdir('.')), math.factorial(5))")
+    result, _ = _run(
+        "import os, math\nopen('note.txt', 'w').write('hi')\nprint(sorted(os.listdir('.')), math.factorial(5))"
+    )
     assert result.ok and result.stdout == "['main.py', 'note.txt'] 120\n"
     again, _ = _run("import os\nprint(os.listdir('.'))")  # nothing of the last call is left
     assert again.stdout == "['main.py']\n"
@@ -78,12 +80,16 @@ def _sandbox_processes() -> list[int]:
 
 
 def test_a_process_that_escapes_the_group_is_killed_too():
-    code = ("import os, sys, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    os.write(w, str(os.getpid()).encode())\n"
-            "    time.sleep(60)\nelse:\n    print(os.read(r, 20).decode())")
+    code = (
+        "import os, sys, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    os.write(w, str(os.getpid()).encode())\n"
+        "    time.sleep(60)\nelse:\n    print(os.read(r, 20).decode())"
+    )
     result, _ = _run(code)
     assert result.ok
     if os.geteuid() != 0:
-        pytest.skip("only a root parent can kill every process of the call's own uid; see docs/agents-tools.md")
+        pytest.skip(
+            "only a root parent can kill every process of the call's own uid; see docs/agents-tools.md"
+        )
     assert not _alive(int(result.stdout))
 
 
@@ -93,17 +99,27 @@ def test_no_network():
     server.listen()
     port = server.getsockname()[1]
     try:
-        result, took = _run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')")
+        result, took = _run(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+        )
         if not result.isolation.get("network"):
-            pytest.skip("no network namespace or Landlock TCP rules here: the network is not isolated (documented)")
+            pytest.skip(
+                "no network namespace or Landlock TCP rules here: the network is not isolated (documented)"
+            )
         assert not result.ok and "connected" not in result.stdout and took < 10
-        assert any(e in result.stderr for e in ("PermissionError", "Network is unreachable", "ConnectionRefused"))
-        namespace_only = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
-                                    SandboxLimits(restrict_files=False))  # no Landlock: the empty namespace alone
+        assert any(
+            e in result.stderr for e in ("PermissionError", "Network is unreachable", "ConnectionRefused")
+        )
+        namespace_only = run_python(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
+            SandboxLimits(restrict_files=False),
+        )  # no Landlock: the empty namespace alone
         if namespace_only.isolation.get("network"):
             assert not namespace_only.ok and "Network is unreachable" in namespace_only.stderr
-        allowed = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')",
-                             SandboxLimits(network=True, restrict_files=False))
+        allowed = run_python(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')",
+            SandboxLimits(network=True, restrict_files=False),
+        )
         assert allowed.ok and allowed.stdout == "connected\n"  # the same code reaches it when allowed
     finally:
         server.close()
@@ -129,8 +145,9 @@ def test_output_is_bounded():
 
 
 def test_the_python_tool_turns_failures_into_error_observations():
-    env = ToolsEnvironment(ToolsEnvParams(tools=["python"], sandbox=SandboxLimits(wall_s=30, memory_mb=256),
-                                          tool_timeout_s=2.0))
+    env = ToolsEnvironment(
+        ToolsEnvParams(tools=["python"], sandbox=SandboxLimits(wall_s=30, memory_mb=256), tool_timeout_s=2.0)
+    )
     codes = ["print(6*7)", "raise SystemExit('bye')", "while True: pass", "x = bytearray(2 * 1024**3)"]
     calls = [ToolCall("python", {"code": c}) for c in codes]
     started = time.monotonic()
@@ -139,8 +156,12 @@ def test_the_python_tool_turns_failures_into_error_observations():
     texts = [o["content"] for o in result.observations]
     assert texts[0] == "42\n"
     assert texts[1].startswith("Error: tool 'python' failed: exit code 1") and "bye" in texts[1]
-    assert texts[2].startswith("Error: tool 'python' failed: killed: wall-time limit of 2s exceeded")  # min(wall_s, tool_timeout_s)
-    assert texts[3].startswith("Error: tool 'python' failed: exit code 1") and texts[3].rstrip().endswith("MemoryError")
+    assert texts[2].startswith(
+        "Error: tool 'python' failed: killed: wall-time limit of 2s exceeded"
+    )  # min(wall_s, tool_timeout_s)
+    assert texts[3].startswith("Error: tool 'python' failed: exit code 1") and texts[3].rstrip().endswith(
+        "MemoryError"
+    )
     assert result.info["tool_calls_ok"] == 1.0 and result.info["tool_errors"] == 3.0
     schema = env.tool_schemas()[0]["function"]
     assert schema["name"] == "python" and schema["parameters"]["required"] == ["code"]

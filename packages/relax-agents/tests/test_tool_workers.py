@@ -15,7 +15,12 @@ from relax.core.data import Sample
 from relax.core.protocols import ToolCall, Turn
 
 SAMPLE = Sample(prompt_ids=[1], group_id=0)
-FUNCS = ["agent_tool_funcs:lookup", "agent_tool_funcs:spin", "agent_tool_funcs:crash", "agent_tool_funcs:explode"]
+FUNCS = [
+    "agent_tool_funcs:lookup",
+    "agent_tool_funcs:spin",
+    "agent_tool_funcs:crash",
+    "agent_tool_funcs:explode",
+]
 
 
 @pytest.fixture
@@ -39,9 +44,13 @@ def _cpu_seconds(pid: int) -> float | None:
 def test_a_spinning_tool_is_killed_and_its_cpu_freed(env, tmp_path):
     turn = Turn(0, "", [], [ToolCall("spin", {"seconds": 3600})], "stop")
     result = env.start(SAMPLE).step(turn)
-    assert result.observations == [{"role": "tool", "content": "Error: tool 'spin' did not finish within 0.5s."}]
+    assert result.observations == [
+        {"role": "tool", "content": "Error: tool 'spin' did not finish within 0.5s."}
+    ]
     assert result.info["tool_timeouts"] == 1.0
-    assert result.failures == ["tool 'spin' did not finish within 0.5s."]  # reported to core (console, failures.jsonl)
+    assert result.failures == [
+        "tool 'spin' did not finish within 0.5s."
+    ]  # reported to core (console, failures.jsonl)
     pid = int((tmp_path / "spin.pid").read_text())
     assert pid != os.getpid()  # it ran in a worker process
     assert _cpu_seconds(pid) is None  # killed and reaped: it uses no more CPU
@@ -56,9 +65,15 @@ def test_workers_are_reused_and_a_crash_or_an_exception_is_named(env):
     assert first.observations == again.observations == [{"role": "tool", "content": "an RL engine"}]
     assert len(pids) == 1 and env._workers.pids() == pids  # one idle worker, reused: a call is a round trip
     crashed = episode.step(Turn(2, "", [], [ToolCall("crash", {"code": 3})], "stop"))
-    assert crashed.observations[0]["content"] == "Error: tool 'crash' crashed: its worker process died (exit code 3)"
+    assert (
+        crashed.observations[0]["content"]
+        == "Error: tool 'crash' crashed: its worker process died (exit code 3)"
+    )
     raised = episode.step(Turn(3, "", [], [ToolCall("explode", {"reason": "no table"})], "stop"))
-    assert raised.observations[0]["content"] == "Error: tool 'explode' raised ValueError: exploded because no table"
+    assert (
+        raised.observations[0]["content"]
+        == "Error: tool 'explode' raised ValueError: exploded because no table"
+    )
     assert raised.failures == ["tool 'explode' raised ValueError: exploded because no table"]
     env.close()
     deadline = time.monotonic() + 10

@@ -14,8 +14,11 @@ class TestToolsEnvironment(EnvironmentConformance):
 
     def policy_turns(self, sample):
         call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
-        return [malformed_turn(), make_turn(call, [ToolCall("calculator", {"expression": "6*7"}, raw=call)]),
-                make_turn(f"The answer is {sample.label}.")]
+        return [
+            malformed_turn(),
+            make_turn(call, [ToolCall("calculator", {"expression": "6*7"}, raw=call)]),
+            make_turn(f"The answer is {sample.label}."),
+        ]
 
     def expected_rewards(self):
         return [1.0, 1.0, 1.0, 1.0]

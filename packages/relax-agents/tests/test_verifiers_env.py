@@ -27,7 +27,9 @@ from relax.core.protocols import SamplingParams, ToolCall  # noqa: E402
 from relax.core.quickstart_model import build_tiny_model  # noqa: E402
 
 MODULE = "relax_vf_tiny"  # verifiers resolves tasksets and harnesses by importable module id
-TOOLS = [{"type": "function", "function": {"name": "count", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "count", "parameters": {"type": "object", "properties": {}}}}
+]
 
 
 class ArithmeticTask(vf.Task):
@@ -73,8 +75,11 @@ class CountingHarness(vf.Harness[vf.HarnessConfig]):
 
 def make_env(fail: bool = False):
     harness = {"id": MODULE, "env": {"FAIL": "1"} if fail else {}}
-    config = {"taskset": {"id": MODULE}, "agent": {"harness": harness, "runtime": {"type": "subprocess"}},
-              "interception": {"type": "server"}}
+    config = {
+        "taskset": {"id": MODULE},
+        "agent": {"harness": harness, "runtime": {"type": "subprocess"}},
+        "interception": {"type": "server"},
+    }
     return vf.SingleAgentEnvConfig.model_validate(config)
 
 
@@ -88,7 +93,11 @@ class CountEveryTurn:
 @pytest.fixture(scope="module")
 def vf_module():
     module = types.ModuleType(MODULE)
-    module.ArithmeticTaskset, module.CountingHarness, module.make_env = ArithmeticTaskset, CountingHarness, make_env
+    module.ArithmeticTaskset, module.CountingHarness, module.make_env = (
+        ArithmeticTaskset,
+        CountingHarness,
+        make_env,
+    )
     module.__all__ = ["ArithmeticTaskset", "CountingHarness"]
     sys.modules[MODULE] = module
     yield module
@@ -101,12 +110,21 @@ def model_dir(tmp_path_factory):
 
 
 def rollout(env, model_dir, samples, tokenizer):
-    relax_env = VerifiersEnvironment(VerifiersParams(call_timeout_s=30, episode_timeout_s=60), tokenizer, env=env)
-    turns = Turns(relax_env, CountEveryTurn(), tokenizer, EpisodeLimits(max_turns=4, max_total_tokens=200, turn_timeout_s=30),
-                  stop_token_ids(tokenizer))
+    relax_env = VerifiersEnvironment(
+        VerifiersParams(call_timeout_s=30, episode_timeout_s=60), tokenizer, env=env
+    )
+    turns = Turns(
+        relax_env,
+        CountEveryTurn(),
+        tokenizer,
+        EpisodeLimits(max_turns=4, max_total_tokens=200, turn_timeout_s=30),
+        stop_token_ids(tokenizer),
+    )
     params = SamplingParams(max_new_tokens=6, stop_token_ids=tuple(stop_token_ids(tokenizer)))
     router = EngineRouter([LocalHandle(_Engine(HFRolloutEngine(model_dir)))])
-    for _ in stream_groups(router, [[s] for s in samples], params, seed=5, step=1, timeout_s=120, turns=turns):
+    for _ in stream_groups(
+        router, [[s] for s in samples], params, seed=5, step=1, timeout_s=120, turns=turns
+    ):
         pass
     return relax_env
 
@@ -115,8 +133,10 @@ def dataset_samples(env, tokenizer, path):
     """The environment's tasks as a Relax dataset (export, then core's own loader renders the prompts)."""
     assert export_dataset(env, path) == 2
     config = DatasetConfig(path=str(path), metadata_keys=["vf_task"], shuffle=False, batch_size=2)
-    return [Sample(it.prompt_ids, g, 0, prompt_text=it.prompt_text, label=it.label, metadata=it.metadata)
-            for g, it in enumerate(PromptDataset(config, tokenizer).items)]
+    return [
+        Sample(it.prompt_ids, g, 0, prompt_text=it.prompt_text, label=it.label, metadata=it.metadata)
+        for g, it in enumerate(PromptDataset(config, tokenizer).items)
+    ]
 
 
 def test_a_verifiers_environment_runs_as_relax_rollouts(vf_module, model_dir, tmp_path):
@@ -134,12 +154,16 @@ def test_a_verifiers_environment_runs_as_relax_rollouts(vf_module, model_dir, tm
         first, last = session.records
         assert session.messages[0] == {"role": "system", "content": str(sample.group_id)}  # its own task
         assert sample.metadata["episode_reward"] == 2.5  # the rubric ran on the conversation the policy had
-        assert sample.metadata["episode"]["last_reply_chars"] == len(last.content)  # ... and saw its sampled text
+        assert sample.metadata["episode"]["last_reply_chars"] == len(
+            last.content
+        )  # ... and saw its sampled text
         ended = tokenizer.decode([first.token_ids[-1]]) if first.token_ids[-1] in stops else None
         observation = renderer.ids(first.observations, ended)
         assert first.observations[0]["role"] == "tool"
         assert sample.response_ids == first.token_ids + observation + last.token_ids
-        assert sample.loss_mask == [1.0] * len(first.token_ids) + [0.0] * len(observation) + [1.0] * len(last.token_ids)
+        assert sample.loss_mask == [1.0] * len(first.token_ids) + [0.0] * len(observation) + [1.0] * len(
+            last.token_ids
+        )
         assert sample.rollout_logprobs == first.logprobs + [0.0] * len(observation) + last.logprobs
     relax_env.close()
 

@@ -20,7 +20,12 @@ def _mount_tmpfs(path, options: str) -> bool:
     import subprocess
 
     path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _umount(path) -> None:

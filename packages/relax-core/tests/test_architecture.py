@@ -231,11 +231,18 @@ def _explain(graph: dict[str, set[str]], modules: dict[str, Module] | None = Non
     lines = []
     for component in components(graph):
         cycle = _shortest_cycle(graph, component)
-        lines.append(" -> ".join(cycle) + f"   (one circle of {len(component)}: {', '.join(sorted(component))})")
+        lines.append(
+            " -> ".join(cycle) + f"   (one circle of {len(component)}: {', '.join(sorted(component))})"
+        )
         if modules is not None:  # for a room cycle: which files carry each arrow
             for a, b in zip(cycle, cycle[1:], strict=False):
-                carriers = sorted(f"{n} -> {t}" for n, m in modules.items() if room_of(n) == a
-                                  for t in m.imports if room_of(t) == b)
+                carriers = sorted(
+                    f"{n} -> {t}"
+                    for n, m in modules.items()
+                    if room_of(n) == a
+                    for t in m.imports
+                    if room_of(t) == b
+                )
                 lines.extend(f"    {c}" for c in carriers)
     return "\n".join(lines)
 
@@ -246,11 +253,20 @@ MODULES = scan(discover())
 def test_the_graph_covers_every_distribution_and_sees_lazy_imports():
     """The scan is the graph Python runs: it finds all five packages and the in-function imports."""
     assert {m.distribution for m in MODULES.values()} >= {
-        "relax-core", "relax-megatron", "relax-sglang", "relax-rewards", "relax-omni"}
+        "relax-core",
+        "relax-megatron",
+        "relax-sglang",
+        "relax-rewards",
+        "relax-omni",
+    }
     assert len(MODULES) > 150
     # relax.rewards builds on core: an arrow across the namespace, resolved through packages/*/src
-    assert any(room_of(t) == "relax.core.rewards" for n, m in MODULES.items() if n.startswith("relax.rewards")
-               for t in m.imports)
+    assert any(
+        room_of(t) == "relax.core.rewards"
+        for n, m in MODULES.items()
+        if n.startswith("relax.rewards")
+        for t in m.imports
+    )
     # lazy_ray imports ray only inside functions; the CLI imports the controller's run lazily
     assert "relax.core.controller.run" in MODULES["relax.core.cli"].imports
 
@@ -266,7 +282,8 @@ def test_scan_skips_type_checking_and_flags_foreign_privates(tmp_path):
         "relax-b/src/relax/b/y.py": "",
         "relax-b/src/relax/b/z.py": (
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from relax.b import y\n"
-            "def f():\n    from relax.a.x import _p\n    import relax.a.x as ax\n    return ax._p\n"),
+            "def f():\n    from relax.a.x import _p\n    import relax.a.x as ax\n    return ax._p\n"
+        ),
     }
     for path, text in files.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -286,10 +303,15 @@ def test_no_import_cycle_among_rooms():
     """Every room imports only rooms below it (an upward import closes a cycle here)."""
     graph = room_graph(MODULES)
     if cycles(graph):
-        pytest.fail("import cycles among rooms (a room imports one above it):\n" + _explain(graph, MODULES), pytrace=False)
+        pytest.fail(
+            "import cycles among rooms (a room imports one above it):\n" + _explain(graph, MODULES),
+            pytrace=False,
+        )
 
 
 def test_no_package_imports_a_private_name_of_another_package():
     found = [p for m in MODULES.values() for p in m.privates]
     if found:
-        pytest.fail("underscore names imported across distribution packages:\n" + "\n".join(found), pytrace=False)
+        pytest.fail(
+            "underscore names imported across distribution packages:\n" + "\n".join(found), pytrace=False
+        )

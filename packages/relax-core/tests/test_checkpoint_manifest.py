@@ -74,7 +74,9 @@ def test_truncated_trainer_file_falls_back_to_the_previous_checkpoint_naming_wha
         found = resolve_resume("auto", manager.root)
     assert found == paths[1]
     warning = caplog.text
-    assert f"skipped checkpoint {paths[-1]}" in warning and f"{state}: 100 bytes, the manifest says" in warning
+    assert (
+        f"skipped checkpoint {paths[-1]}" in warning and f"{state}: 100 bytes, the manifest says" in warning
+    )
     assert "invalid-step_000003" in warning
     # moved aside (kept), so later saves' pruning can never delete the checkpoint the run resumed from
     assert (manager.root / "invalid-step_000003" / "trainer" / "state.pt").is_file()
@@ -91,7 +93,9 @@ def test_same_size_corruption_is_caught_by_the_checksum(three):
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
     assert problems(paths[-1]) == [f"{state}: checksum mismatch (corrupt)"]
-    with pytest.raises(CheckpointError, match=rf"checkpoint {paths[-1]} is unusable: {state}: checksum mismatch"):
+    with pytest.raises(
+        CheckpointError, match=rf"checkpoint {paths[-1]} is unusable: {state}: checksum mismatch"
+    ):
         resolve_resume(str(paths[-1]), paths[-1].parent)  # an explicit path: verified, no fallback
 
 
@@ -99,7 +103,9 @@ def test_corrupt_controller_state_names_the_file_not_a_bare_json_error(three, ca
     manager, paths = three
     controller = paths[-1] / "controller.json"
     controller.write_text('{"step": 3, "vers')
-    with pytest.raises(CheckpointError, match=rf"{controller}: unreadable controller state of checkpoint {paths[-1]}"):
+    with pytest.raises(
+        CheckpointError, match=rf"{controller}: unreadable controller state of checkpoint {paths[-1]}"
+    ):
         read_controller_state(paths[-1])
     with caplog.at_level(logging.WARNING, logger="relax"):
         assert resolve_resume("auto", manager.root) == paths[1]

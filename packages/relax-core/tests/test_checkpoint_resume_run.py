@@ -20,10 +20,21 @@ from relax.core.config import load_config
 from relax.core.controller.recovery import resume_point
 
 ARGS = [
-    "total_steps=2", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=3",
-    "trainer.micro_batch_size=4", "trainer.num_minibatches=1", "data.task_size=50", "logging.progress=false",
-    "logging.console=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false",
-    "checkpoint.save_every=1", "checkpoint.keep_last=5", "rollout.host=driver",
+    "total_steps=2",
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples_per_prompt=2",
+    "rollout.max_new_tokens=3",
+    "trainer.micro_batch_size=4",
+    "trainer.num_minibatches=1",
+    "data.task_size=50",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.save_every=1",
+    "checkpoint.keep_last=5",
+    "rollout.host=driver",
 ]
 
 
@@ -52,13 +63,18 @@ def test_damaged_checkpoint_is_named_and_the_printed_command_resumes(tmp_path, c
     printed = re.search(r"relax: resume from (\S+) with: (relax run .*)", err)
     assert printed and printed.group(1) == str(step1), err
     command = shlex.split(printed.group(2))
-    assert "checkpoint.resume=auto" in command and not any(a.startswith(f"checkpoint.resume={step2}") for a in command)
+    assert "checkpoint.resume=auto" in command and not any(
+        a.startswith(f"checkpoint.resume={step2}") for a in command
+    )
 
     with caplog.at_level(logging.INFO, logger="relax"):
         assert cli.main(command[1:]) == 0  # exactly what was printed
     assert f"skipped checkpoint {step2}" in caplog.text and f"{state}: 100 bytes" in caplog.text
     assert f"resumed from {step1} at step 1" in caplog.text  # not step 0
-    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+    ]
     assert (run_dir / "checkpoints" / "invalid-step_000002" / "trainer" / state.name).is_file()
 
 
@@ -72,14 +88,19 @@ def test_a_failure_before_any_checkpoint_still_prints_a_resuming_command(tmp_pat
     assert cli.main(["run", *ARGS, f"run_dir={run_dir}", f"checkpoint.resume={bad}"]) == 1
     err = capsys.readouterr().err
     assert f"{bad} is not a Relax checkpoint" in err
-    command = shlex.split(re.search(r"no checkpoint to resume from; start again with: (relax run .*)", err).group(1))
+    command = shlex.split(
+        re.search(r"no checkpoint to resume from; start again with: (relax run .*)", err).group(1)
+    )
     assert f"checkpoint.resume={bad}" in command
 
     cfg = load_config(None, [*ARGS, f"run_dir={run_dir}", "checkpoint.resume=never"])
     assert resume_point(cfg, None) == (None, "checkpoint.resume=auto")
     manager = CheckpointManager(run_dir / "checkpoints")
     saved = manager.save(4, lambda tmp: None, {"step": 4})
-    assert resume_point(cfg, None) == (str(saved), "checkpoint.resume=auto")  # found on disk, not only on the error
+    assert resume_point(cfg, None) == (
+        str(saved),
+        "checkpoint.resume=auto",
+    )  # found on disk, not only on the error
     elsewhere = CheckpointManager(tmp_path / "other").save(7, lambda tmp: None, {"step": 7})
     assert resume_point(cfg, str(elsewhere)) == (str(elsewhere), f"checkpoint.resume={elsewhere}")
 

@@ -17,7 +17,11 @@ from relax.core.quickstart_model import build_tiny_model
 
 def relax_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "relax.core.cli", *args], capture_output=True, text=True, timeout=180, cwd=cwd,
+        [sys.executable, "-m", "relax.core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=cwd,
         env={**os.environ, "RAY_ADDRESS": ""},
     )
 
@@ -67,14 +71,20 @@ def test_run_cli_rejects_before_starting_ray(tmp_path):
 
 #: ``rollout.host`` values the loader alone accepts but no run can honour: (overrides, the one problem)
 IMPOSSIBLE_HOSTS = [
-    (["rollout.host=driver", "algorithm.kl.coef=0.01"],
-     "rollout.host: 'driver' is not possible here: the algorithm needs a reference model (its own actor) "
-     "(use 'auto' or 'trainer')"),
-    (["rollout.host=driver", "rollout.num_engines=2"],
-     "rollout.host: 'driver' is not possible here: rollout.num_engines is 2, not 1 (use 'auto' or 'separate')"),
-    (["trainer.offload=true"],  # the quick-start hosts its engine on the trainer's model
-     "trainer.offload: the engine runs on the trainer's own model (rollout.host 'auto': in the driver), so "
-     "offloading the trainer would take the engine's weights along; set rollout.host: separate"),
+    (
+        ["rollout.host=driver", "algorithm.kl.coef=0.01"],
+        "rollout.host: 'driver' is not possible here: the algorithm needs a reference model (its own actor) "
+        "(use 'auto' or 'trainer')",
+    ),
+    (
+        ["rollout.host=driver", "rollout.num_engines=2"],
+        "rollout.host: 'driver' is not possible here: rollout.num_engines is 2, not 1 (use 'auto' or 'separate')",
+    ),
+    (
+        ["trainer.offload=true"],  # the quick-start hosts its engine on the trainer's model
+        "trainer.offload: the engine runs on the trainer's own model (rollout.host 'auto': in the driver), so "
+        "offloading the trainer would take the engine's weights along; set rollout.host: separate",
+    ),
 ]
 
 
@@ -106,7 +116,9 @@ def test_run_dir_under_proc_is_not_writable():
     if not Path("/proc/self").is_dir():
         pytest.skip("no /proc on this system")
     errors = writable_dir_errors("run_dir", "/proc/relax-run")
-    assert len(errors) == 1 and errors[0].startswith("run_dir: '/proc/relax-run' cannot be created: '/proc' "), errors
+    assert len(errors) == 1 and errors[0].startswith(
+        "run_dir: '/proc/relax-run' cannot be created: '/proc' "
+    ), errors
     assert writable_dir_errors("run_dir", "/proc")[0].startswith("run_dir: '/proc' is not writable (")
 
 
@@ -116,7 +128,9 @@ def test_writable_dir_probe_leaves_nothing(tmp_path):
 
 
 def test_model_dir_needs_config_and_tokenizer(tmp_path, model_dir):
-    load_config(None, [f"model.path={model_dir}", f"run_dir={tmp_path}/run"], check_paths=True)  # complete: OK
+    load_config(
+        None, [f"model.path={model_dir}", f"run_dir={tmp_path}/run"], check_paths=True
+    )  # complete: OK
     empty = tmp_path / "empty_model"
     empty.mkdir()
     with pytest.raises(ConfigError) as err:
@@ -157,7 +171,9 @@ def test_every_float_is_checked_including_lists_and_plugin_sections():
             load_config(None, [override])
         assert f"{field}: must be a finite number" in str(err.value), override
     # the walk itself: nested dataclasses, dicts and lists
-    assert nonfinite_errors({"a": [1.0, {"b": float("-inf")}]}) == ["a[1].b: must be a finite number, got -inf"]
+    assert nonfinite_errors({"a": [1.0, {"b": float("-inf")}]}) == [
+        "a[1].b: must be a finite number, got -inf"
+    ]
     assert launch_errors(RelaxConfig()) == []
 
 
@@ -184,7 +200,9 @@ def test_suffix_rules_cover_fields_nobody_wrote_a_rule_for():
     from relax.core.checks import range_errors
 
     cfg = RelaxConfig()
-    cfg = replace(cfg, rollout=replace(cfg.rollout, engine_params={"warmup_timeout_s": 0, "num_gpus": -1, "n": -5}))
+    cfg = replace(
+        cfg, rollout=replace(cfg.rollout, engine_params={"warmup_timeout_s": 0, "num_gpus": -1, "n": -5})
+    )
     errors = range_errors(cfg)
     assert "rollout.engine_params.warmup_timeout_s: must be > 0, got 0" in errors
     assert "rollout.engine_params.num_gpus: must be >= 0, got -1" in errors

@@ -11,8 +11,15 @@ from relax.core.data import Sample, collate
 
 def test_prompts_are_left_padded_and_responses_right_padded():
     samples = [
-        Sample(prompt_ids=[5, 6, 7], group_id=0, response_ids=[8, 9], loss_mask=[1.0, 0.0],
-               rollout_logprobs=[-0.5, -1.5], versions=[2, 3], reward=1.0),
+        Sample(
+            prompt_ids=[5, 6, 7],
+            group_id=0,
+            response_ids=[8, 9],
+            loss_mask=[1.0, 0.0],
+            rollout_logprobs=[-0.5, -1.5],
+            versions=[2, 3],
+            reward=1.0,
+        ),
         Sample(prompt_ids=[4], group_id=1, index_in_group=1, response_ids=[3, 2, 1], versions=[1, 1, 1]),
         Sample(prompt_ids=[4, 4], group_id=1, response_ids=[], reward=0.5),  # no response at all
     ]

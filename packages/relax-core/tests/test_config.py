@@ -20,8 +20,16 @@ def test_quickstart_defaults_and_example_file_agree():
 
 
 def test_overrides_are_typed_and_nested(tmp_path):
-    cfg = load_config(None, ["trainer.lr=1e-5", "rollout.n_samples_per_prompt=4", "rollout.stop=[foo, bar]",
-                             "algorithm.kl.coef=0.01", "model.path=null"])
+    cfg = load_config(
+        None,
+        [
+            "trainer.lr=1e-5",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.stop=[foo, bar]",
+            "algorithm.kl.coef=0.01",
+            "model.path=null",
+        ],
+    )
     assert cfg.trainer.lr == 1e-5 and cfg.rollout.n_samples_per_prompt == 4
     assert cfg.rollout.stop == ["foo", "bar"] and cfg.algorithm.kl.coef == 0.01
     assert parse_overrides(["a.b.c=3"]) == {"a": {"b": {"c": 3}}}
@@ -45,25 +53,44 @@ BAD = [
     (["total_steps=2.5"], "total_steps: expected int, got float 2.5"),
     (["mode=turbo"], "mode: 'turbo' is not allowed; allowed values: 'colocate', 'async', 'hybrid'"),
     (["rollout.engine=vllm"], "rollout.engine: unknown rollout_engine 'vllm'; registered: hf"),
-    (["algorithm.advantage_estimator=magic"], "algorithm.advantage_estimator: unknown advantage 'magic'; registered: "),
+    (
+        ["algorithm.advantage_estimator=magic"],
+        "algorithm.advantage_estimator: unknown advantage 'magic'; registered: ",
+    ),
     (["reward.name=nope"], "reward.name: unknown reward 'nope'; registered: "),
     (["rollout.top_p=1.5"], "rollout.top_p: must be in (0, 1], got 1.5"),
     (["trainer.lr=-1"], "trainer.lr: must be > 0, got -1.0"),
     (["max_staleness=2"], "max_staleness: mode 'colocate' is strictly on-policy and needs 0, got 2"),
-    (["rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt: advantage estimator 'grpo' compares responses within a group and needs >= 2, got 1"),
+    (
+        ["rollout.n_samples_per_prompt=1"],
+        "rollout.n_samples_per_prompt: advantage estimator 'grpo' compares responses within a group and needs >= 2, got 1",
+    ),
     (["trainer.num_minibatches=3"], "trainer.num_minibatches: 3 does not divide the step batch"),
-    (["algorithm.loss_agg_mode=mean"], "algorithm.loss_agg_mode: 'mean' is not allowed; allowed values: 'token-mean'"),
+    (
+        ["algorithm.loss_agg_mode=mean"],
+        "algorithm.loss_agg_mode: 'mean' is not allowed; allowed values: 'token-mean'",
+    ),
     (["trainer=5"], "trainer: expected a mapping of TrainerConfig fields, got int"),
     (["rollout.stop=abc"], "rollout.stop: expected a list, got str 'abc'"),
     (["data.path=data.csv"], "data.path: 'data.csv' must be a .jsonl, .json or .parquet file"),
-    (["checkpoint.resume=/no/such/dir"], "checkpoint.resume: '/no/such/dir' is neither 'auto', 'never' nor an existing directory"),
+    (
+        ["checkpoint.resume=/no/such/dir"],
+        "checkpoint.resume: '/no/such/dir' is neither 'auto', 'never' nor an existing directory",
+    ),
     (["logging.wandb=yes please"], "logging.wandb: expected bool, got str 'yes please'"),
-    (["trainer.max_tokens_per_micro_batch=40", "data.max_prompt_length=32", "rollout.max_new_tokens=16"],
-     "trainer.max_tokens_per_micro_batch: 40 is less than the longest row a step can hold (data.max_prompt_length "
-     "32 + rollout.max_new_tokens 16 = 48); raise it to at least 48"),
-    (["trainer.recompute=full", "algorithm.routing_replay=rollout"],
-     "trainer.recompute: 'full' with algorithm.routing_replay 'rollout': the forward recomputed in backward"),
-    (["trainer.recompute=some"], "trainer.recompute: 'some' is not allowed; allowed values: 'off', 'full', 'selective'"),
+    (
+        ["trainer.max_tokens_per_micro_batch=40", "data.max_prompt_length=32", "rollout.max_new_tokens=16"],
+        "trainer.max_tokens_per_micro_batch: 40 is less than the longest row a step can hold (data.max_prompt_length "
+        "32 + rollout.max_new_tokens 16 = 48); raise it to at least 48",
+    ),
+    (
+        ["trainer.recompute=full", "algorithm.routing_replay=rollout"],
+        "trainer.recompute: 'full' with algorithm.routing_replay 'rollout': the forward recomputed in backward",
+    ),
+    (
+        ["trainer.recompute=some"],
+        "trainer.recompute: 'some' is not allowed; allowed values: 'off', 'full', 'selective'",
+    ),
 ]
 
 
@@ -109,12 +136,21 @@ def test_builtin_plugin_sections_are_typed(tmp_path):
 
     cfg = load_config(None, ["rollout.engine_params.max_batch_size=8", "reward.params.abs_tol=1e-3"])
     assert cfg.rollout.engine_params == HFEngineParams(max_batch_size=8)
-    assert cfg.reward.params == NumericRewardParams(abs_tol=1e-3)  # "1e-3" is a YAML string, parsed as a float
+    assert cfg.reward.params == NumericRewardParams(
+        abs_tol=1e-3
+    )  # "1e-3" is a YAML string, parsed as a float
     assert cfg.trainer.backend_params == TorchTrainerParams()  # defaults filled in, visible in --print
     assert cfg.to_dict()["trainer"]["backend_params"]["world_size"] == 1
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["rollout.engine_params.max_batch_size=0", "rollout.engine_params.devise=cpu",
-                           "reward.params.mode=boxed", "trainer.backend_params.world_size=two"])
+        load_config(
+            None,
+            [
+                "rollout.engine_params.max_batch_size=0",
+                "rollout.engine_params.devise=cpu",
+                "reward.params.mode=boxed",
+                "trainer.backend_params.world_size=two",
+            ],
+        )
     text = str(err.value)
     for message in [
         "rollout.engine_params.devise: unknown key; allowed keys: device, max_batch_size, seed, num_cpus",
@@ -144,7 +180,10 @@ def test_capabilities_are_checked_against_what_the_config_needs():
     assert "trainer backend 'mine' does not implement forward_values()" in str(err.value)
     assert "needed by algorithm.critic.enable" in str(err.value) and "save_hf" in str(err.value)
     asyncc = load_config(None, ["mode=async", "max_staleness=1", "rollout.partial_rollout=abort"])
-    with pytest.raises(CapabilityError, match=r"rollout backend 'hf' does not implement abort\(\).*rollout.partial_rollout=abort"):
+    with pytest.raises(
+        CapabilityError,
+        match=r"rollout backend 'hf' does not implement abort\(\).*rollout.partial_rollout=abort",
+    ):
         check(asyncc, {"trainer": ("torch", ["forward_values", "save_hf"]), "rollout": ("hf", [])})
 
 

@@ -20,7 +20,9 @@ def project(tmp_path):
     (tmp_path / "proj" / "shared").mkdir()
     write_arithmetic_jsonl(configs / "data" / "rows.jsonl", 5)
     write_arithmetic_jsonl(tmp_path / "proj" / "shared" / "rows.jsonl", 5)
-    (configs / "run.yaml").write_text(json.dumps({"data": {"path": "data/rows.jsonl"}, "run_dir": str(tmp_path / "r")}))
+    (configs / "run.yaml").write_text(
+        json.dumps({"data": {"path": "data/rows.jsonl"}, "run_dir": str(tmp_path / "r")})
+    )
     return configs
 
 
@@ -29,7 +31,10 @@ def test_missing_from_cwd_but_beside_the_config_says_so(project, tmp_path, monke
     with pytest.raises(ConfigError) as err:
         load_config(project / "run.yaml", check_paths=True)
     message = str(err.value)
-    assert "data.path: 'data/rows.jsonl' does not exist -- relative paths resolve against the current directory" in message
+    assert (
+        "data.path: 'data/rows.jsonl' does not exist -- relative paths resolve against the current directory"
+        in message
+    )
     assert f"exists relative to {project} (the config file's directory): run relax from {project}" in message
     assert f"override data.path={project / 'data' / 'rows.jsonl'}" in message
     monkeypatch.chdir(project)  # the rule: from there it loads

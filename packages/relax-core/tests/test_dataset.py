@@ -117,9 +117,7 @@ def test_malformed_row_raises_with_file_row_field_or_is_skipped(tmp_path, tok, b
 def test_max_prompt_length_drops_and_counts(tmp_path, tok):
     rows = [{"prompt": "x" * n, "label": n} for n in (3, 8, 5, 9)]
     ds = PromptDataset(
-        plain(
-            str(write_jsonl(tmp_path / "l.jsonl", rows)), max_prompt_length=5, batch_size=1, shuffle=False
-        ),
+        plain(str(write_jsonl(tmp_path / "l.jsonl", rows)), max_prompt_length=5, batch_size=1, shuffle=False),
         tok,
     )
     assert [i.label for i in ds.items] == [3, 5]
@@ -190,7 +188,9 @@ def test_hf_save_to_disk_dir_needs_datasets(tmp_path, monkeypatch):
     d.mkdir()
     (d / "state.json").write_text("{}")
     (d / "dataset_info.json").write_text("{}")
-    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError, installed or not
+    monkeypatch.setitem(
+        sys.modules, "datasets", None
+    )  # `import datasets` raises ImportError, installed or not
     with pytest.raises(DatasetError, match="datasets.save_to_disk; install the `datasets` package"):
         PromptDataset(plain(str(d), batch_size=1))
 
@@ -220,7 +220,9 @@ def test_defaults_come_from_the_run_config():
     from relax.core.config import DataConfig
 
     ds, run = DatasetConfig("x.jsonl"), DataConfig()
-    shared = {f.name for f in dataclasses.fields(DatasetConfig)} & {f.name for f in dataclasses.fields(DataConfig)}
+    shared = {f.name for f in dataclasses.fields(DatasetConfig)} & {
+        f.name for f in dataclasses.fields(DataConfig)
+    }
     assert {"apply_chat_template", "max_prompt_length", "prompt_key", "on_error", "shuffle"} <= shared
     for name in shared - {"path"}:
         mine, theirs = getattr(ds, name), getattr(run, name)
@@ -239,13 +241,19 @@ def test_bad_utf8_byte_names_file_row_and_offset_or_is_skipped(tmp_path, tok, ca
     offset = len(good[0]) + len(good[1]) + 2 + bad.index(b"\xe9")
     with pytest.raises(DatasetError) as e:
         PromptDataset(plain(str(f), batch_size=1), tok)
-    assert str(e.value) == f"{f}: row 3: byte offset {offset}: invalid UTF-8 (byte 0xe9: invalid continuation byte)"
+    assert (
+        str(e.value)
+        == f"{f}: row 3: byte offset {offset}: invalid UTF-8 (byte 0xe9: invalid continuation byte)"
+    )
     with caplog.at_level("INFO", logger="relax.core.dataset"):
         ds = PromptDataset(plain(str(f), batch_size=1, on_error="skip"), tok)
     assert ds.stats == {"loaded": 3, "skipped_malformed": 1, "filtered_too_long": 0}
     assert [i.uid for i in ds.items] == ["enc.jsonl:1", "enc.jsonl:2", "enc.jsonl:4"]
     assert f"skipped {f}: row 3: byte offset {offset}" in caplog.text
-    assert "3 prompts loaded, 1 malformed rows skipped, 0 longer than max_prompt_length=None filtered" in caplog.text
+    assert (
+        "3 prompts loaded, 1 malformed rows skipped, 0 longer than max_prompt_length=None filtered"
+        in caplog.text
+    )
 
 
 def test_bad_utf8_in_a_json_array_names_line_and_offset(tmp_path):
@@ -253,13 +261,17 @@ def test_bad_utf8_in_a_json_array_names_line_and_offset(tmp_path):
     data = b'[\n {"a": 1},\n {"a": "\xff"}\n]\n'
     f.write_bytes(data)
     offset = data.index(b"\xff")
-    with pytest.raises(DatasetError, match=rf"arr.json: line 3: byte offset {offset}: invalid UTF-8 \(byte 0xff"):
+    with pytest.raises(
+        DatasetError, match=rf"arr.json: line 3: byte offset {offset}: invalid UTF-8 \(byte 0xff"
+    ):
         load_rows(f)
 
 
 def test_utf8_bom_and_crlf_are_fine(tmp_path, tok):
-    f = write_bytes_rows(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + json.dumps(ROWS[0]).encode() + b"\r",
-                                                  json.dumps(ROWS[1]).encode() + b"\r"])
+    f = write_bytes_rows(
+        tmp_path / "bom.jsonl",
+        [b"\xef\xbb\xbf" + json.dumps(ROWS[0]).encode() + b"\r", json.dumps(ROWS[1]).encode() + b"\r"],
+    )
     ds = PromptDataset(plain(str(f), batch_size=2, shuffle=False), tok)
     assert [i.prompt_text for i in ds.items] == ["0+1=", "1+1="]
 
@@ -267,8 +279,17 @@ def test_utf8_bom_and_crlf_are_fine(tmp_path, tok):
 def test_counts_are_logged_once(tmp_path, tok, caplog):
     rows = [{"prompt": "x" * n, "label": n} for n in (3, 8, 5)] + ['{"prompt": ']
     with caplog.at_level("INFO", logger="relax.core.dataset"):
-        PromptDataset(plain(str(write_jsonl(tmp_path / "c.jsonl", rows)), max_prompt_length=5, batch_size=1,
-                            on_error="skip"), tok)
+        PromptDataset(
+            plain(
+                str(write_jsonl(tmp_path / "c.jsonl", rows)),
+                max_prompt_length=5,
+                batch_size=1,
+                on_error="skip",
+            ),
+            tok,
+        )
     lines = [r.getMessage() for r in caplog.records if "prompts loaded" in r.getMessage()]
     assert len(lines) == 1
-    assert lines[0].endswith("2 prompts loaded, 1 malformed rows skipped, 1 longer than max_prompt_length=5 filtered")
+    assert lines[0].endswith(
+        "2 prompts loaded, 1 malformed rows skipped, 1 longer than max_prompt_length=5 filtered"
+    )

@@ -24,16 +24,26 @@ def registered(tmp_path):
 
     manager = get_plugin_manager()
     manager.registry.add("inputs", "made_here", build, "test", options={"fills": ("model.path", "data.path")})
-    manager.registry.add("inputs", "forgets", lambda p, c: {"model.path": ensure_quickstart_model()}, "test",
-                         options={"fills": ("model.path", "data.path")})
+    manager.registry.add(
+        "inputs",
+        "forgets",
+        lambda p, c: {"model.path": ensure_quickstart_model()},
+        "test",
+        options={"fills": ("model.path", "data.path")},
+    )
     yield calls
     get_plugin_manager(refresh=True)
 
 
 def test_null_paths_are_built_and_set_where_the_config_left_them(registered, tmp_path):
-    cfg = load_config(None, ["inputs.name=made_here", "model.path=null", "data.path=null", f"run_dir={tmp_path / 'run'}"],
-                      check_paths=True)
-    assert cfg.data.path == str(tmp_path / "made" / "rows.jsonl") and cfg.model.path == ensure_quickstart_model()
+    cfg = load_config(
+        None,
+        ["inputs.name=made_here", "model.path=null", "data.path=null", f"run_dir={tmp_path / 'run'}"],
+        check_paths=True,
+    )
+    assert (
+        cfg.data.path == str(tmp_path / "made" / "rows.jsonl") and cfg.model.path == ensure_quickstart_model()
+    )
     assert registered == [str(tmp_path / "run")]
     mine = tmp_path / "mine.jsonl"
     write_arithmetic_jsonl(mine, 5, seed=1)

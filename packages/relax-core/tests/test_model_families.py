@@ -33,7 +33,11 @@ def docstring_lines(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 lines.add(first.lineno)
     return lines
 
@@ -51,12 +55,14 @@ def family_names(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_scanner_sees_names_and_strings_but_not_comments_or_docstrings():
-    source = ('"""Qwen docstring."""\n'
-              "# a Gemma comment\n"
-              "def load_qwen(path):\n"
-              '    """Mistral docstring."""\n'
-              '    return {"thinker.visual.": path, "x": f"{path}rope_deltas"}  # llama\n'
-              'HINT, FAMILY = "install relax-omni", "omni_thinker"\n')
+    source = (
+        '"""Qwen docstring."""\n'
+        "# a Gemma comment\n"
+        "def load_qwen(path):\n"
+        '    """Mistral docstring."""\n'
+        '    return {"thinker.visual.": path, "x": f"{path}rope_deltas"}  # llama\n'
+        'HINT, FAMILY = "install relax-omni", "omni_thinker"\n'
+    )
     hits = [t for _, t in family_names(source)]
     assert hits[:2] == ["load_qwen", '"thinker.visual."'] and len(hits) == 4 and "rope_deltas" in hits[2]
     assert hits[3] == '"omni_thinker"'  # the plugin's package name in a hint is no family code
@@ -64,9 +70,15 @@ def test_the_scanner_sees_names_and_strings_but_not_comments_or_docstrings():
 
 def test_core_source_names_no_model_family():
     files = [p for p in sorted(SRC.rglob("*.py")) if not p.relative_to(SRC).as_posix().startswith(ALLOWED)]
-    assert len(files) > 50 and SRC / "multimodal_model.py" in files and SRC / "engines" / "multimodal.py" in files
+    assert (
+        len(files) > 50
+        and SRC / "multimodal_model.py" in files
+        and SRC / "engines" / "multimodal.py" in files
+    )
     found = {f"{p.relative_to(SRC)}:{line}": tok for p in files for line, tok in family_names(p.read_text())}
-    assert not found, f"model-family names in relax-core/src code (move them into a model adapter plugin): {found}"
+    assert not found, (
+        f"model-family names in relax-core/src code (move them into a model adapter plugin): {found}"
+    )
 
 
 PACKAGES = SRC.parents[3]
@@ -93,9 +105,15 @@ def test_backend_source_names_no_model_family(package):
     src = PACKAGES / package / "src" / "relax" / module
     files = [p for p in sorted(src.rglob("*.py")) if not p.relative_to(src).as_posix().startswith(allowed)]
     assert len(files) > 10
-    found = {f"{p.relative_to(src)}:{line}": tok for p in files for line, tok in backend_family_names(p.read_text())}
-    assert not found, (f"model-family names in {package}/src code (declare them in the family's model adapter: "
-                       f"relax.core.model_family): {found}")
+    found = {
+        f"{p.relative_to(src)}:{line}": tok
+        for p in files
+        for line, tok in backend_family_names(p.read_text())
+    }
+    assert not found, (
+        f"model-family names in {package}/src code (declare them in the family's model adapter: "
+        f"relax.core.model_family): {found}"
+    )
 
 
 @pytest.mark.parametrize("module", ["multimodal_model", "engines.multimodal", "engines.hf", "engines.static"])
@@ -103,4 +121,6 @@ def test_core_imports_no_plugin(module):
     """The dispatch reads the adapter registry; it never imports the plugin that fills it."""
     source = (SRC / f"{module.replace('.', '/')}.py").read_text()
     imported = [n.module or "" for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
-    assert imported and not [m for m in imported if m.startswith(("relax.omni", "relax.sglang", "relax.megatron"))]
+    assert imported and not [
+        m for m in imported if m.startswith(("relax.omni", "relax.sglang", "relax.megatron"))
+    ]

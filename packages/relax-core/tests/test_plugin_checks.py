@@ -30,7 +30,9 @@ def relax_on_step_end(step, metrics):
 
 def test_a_plugin_installed_and_listed_in_relax_plugins_is_an_error_naming_both(tmp_path, monkeypatch):
     (tmp_path / "twice_plugin.py").write_text(textwrap.dedent(BODY))
-    info = tmp_path / "relax_twice-0.1.0.dist-info"  # a real installed distribution, as importlib.metadata sees it
+    info = (
+        tmp_path / "relax_twice-0.1.0.dist-info"
+    )  # a real installed distribution, as importlib.metadata sees it
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: relax-twice\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text("[relax]\ntwice = twice_plugin\n")
@@ -39,8 +41,10 @@ def test_a_plugin_installed_and_listed_in_relax_plugins_is_an_error_naming_both(
     with pytest.raises(PluginError) as err:
         RelaxPluginManager()
     message = str(err.value)
-    assert "plugin module 'twice_plugin' is loaded twice: as plugin 'twice' (entry point of distribution " \
-           "relax-twice 0.1.0) and as plugin 'twice_plugin' (RELAX_PLUGINS)" in message
+    assert (
+        "plugin module 'twice_plugin' is loaded twice: as plugin 'twice' (entry point of distribution "
+        "relax-twice 0.1.0) and as plugin 'twice_plugin' (RELAX_PLUGINS)" in message
+    )
     assert "RELAX_DISABLE_PLUGINS=twice_plugin" in message
     monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "twice_plugin")  # the documented way out: one of them
     assert "twice" in RelaxPluginManager().infos
@@ -48,9 +52,14 @@ def test_a_plugin_installed_and_listed_in_relax_plugins_is_an_error_naming_both(
 
 def test_relax_plugins_lists_lifecycle_hooks(monkeypatch):
     monkeypatch.setenv("RELAX_DISABLE_PLUGINS", "core")
-    listing = format_plugins(RelaxPluginManager(load_entry_points=False, extra_plugins={"lookup_env": lookup_env}))
+    listing = format_plugins(
+        RelaxPluginManager(load_entry_points=False, extra_plugins={"lookup_env": lookup_env})
+    )
     assert listing.splitlines() == [
-        "lookup_env ((in-process) -)", "  environment: lookup", "  tool_parser: lookup_calls", "  hooks: relax_on_step_end",
+        "lookup_env ((in-process) -)",
+        "  environment: lookup",
+        "  tool_parser: lookup_calls",
+        "  hooks: relax_on_step_end",
     ]
 
 
@@ -77,11 +86,16 @@ def with_plugins(monkeypatch, built):
     monkeypatch.setattr(plugins, "_MANAGER", manager)
 
 
-def test_validate_refuses_tool_parser_none_for_an_environment_answered_with_tool_calls(with_plugins, tmp_path, capsys):
+def test_validate_refuses_tool_parser_none_for_an_environment_answered_with_tool_calls(
+    with_plugins, tmp_path, capsys
+):
     base = [f"run_dir={tmp_path / 'run'}", "environment.name=lookup", "reward.name=environment"]
-    with pytest.raises(ConfigError, match=r"environment.tool_parser: 'none' finds no tool call, but environment 'lookup' "
-                                          r"is answered with tool calls \(registered with tool_calls=True\); set one of: "
-                                          r".*lookup_calls"):
+    with pytest.raises(
+        ConfigError,
+        match=r"environment.tool_parser: 'none' finds no tool call, but environment 'lookup' "
+        r"is answered with tool calls \(registered with tool_calls=True\); set one of: "
+        r".*lookup_calls",
+    ):
         cli.cmd_validate(cli.build_parser().parse_args(["validate", *base]))
     assert cli.main(["validate", *base, "environment.tool_parser=lookup_calls"]) == 0
 

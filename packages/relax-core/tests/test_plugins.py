@@ -40,15 +40,28 @@ def relax_register_rewards(register):
 
 def _relax(args: list[str], pythonpath: Path, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(pythonpath), **env}
-    return subprocess.run([sys.executable, "-m", "relax.core.cli", *args], capture_output=True, text=True, env=full_env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "relax.core.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
 
 
 def test_builtins_are_registered_through_the_core_entry_point():
     manager = RelaxPluginManager()
     assert "core" in manager.infos
     assert manager.infos["core"].distribution == "relax-core"
-    for kind, name in [("rollout_engine", "hf"), ("trainer", "torch"), ("reward", "numeric"),
-                       ("advantage", "grpo"), ("policy_loss", "ppo"), ("kl", "k3"), ("weight_sync", "object_store")]:
+    for kind, name in [
+        ("rollout_engine", "hf"),
+        ("trainer", "torch"),
+        ("reward", "numeric"),
+        ("advantage", "grpo"),
+        ("policy_loss", "ppo"),
+        ("kl", "k3"),
+        ("weight_sync", "object_store"),
+    ]:
         assert name in manager.names(kind), (kind, name)
         assert (kind, name) in manager.infos["core"].registered
 
@@ -92,7 +105,9 @@ def test_in_process_plugin_and_unknown_name_error(monkeypatch):
     mod.relax_register_algorithms = relax_register_algorithms
     manager = RelaxPluginManager(extra_plugins={"myplug": mod})
     assert manager.names("advantage") == ["my_adv"]
-    with pytest.raises(UnknownNameError, match=r"unknown advantage 'nope'; registered advantage names: \['my_adv'\]"):
+    with pytest.raises(
+        UnknownNameError, match=r"unknown advantage 'nope'; registered advantage names: \['my_adv'\]"
+    ):
         manager.get("advantage", "nope")
     assert "myplug ((in-process) -)\n  advantage: my_adv" in format_plugins(manager)
 
@@ -112,9 +127,15 @@ def test_in_driver_is_declared_at_registration_by_builtins_and_plugins_alike():
     manager = RelaxPluginManager(extra_plugins={"ruleplug": plugin(True)})
     declared = {name: manager.registration("reward", name).in_driver for name in manager.names("reward")}
     assert {k: declared[k] for k in ("numeric", "exact_match", "rule", "judge")} == {
-        "numeric": True, "exact_match": True, "rule": True, "judge": False}
+        "numeric": True,
+        "exact_match": True,
+        "rule": True,
+        "judge": False,
+    }
     assert manager.registration("rollout_engine", "hf").in_driver is False  # the default: an actor of its own
-    with pytest.raises(PluginError, match=r"plugin 'ruleplug': reward 'rule' in_driver= must be True or False, got 'yes'"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'ruleplug': reward 'rule' in_driver= must be True or False, got 'yes'"
+    ):
         RelaxPluginManager(extra_plugins={"ruleplug": plugin("yes")})
 
 
@@ -169,7 +190,9 @@ def test_misspelt_hook_is_an_error_naming_the_plugin(monkeypatch):
         register("x", lambda params, ctx: None)
 
     mod.relax_register_reward = relax_register_reward
-    with pytest.raises(PluginError, match=r"plugin 'typoplug'.*relax_register_reward.*known hooks: .*relax_register_rewards"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'typoplug'.*relax_register_reward.*known hooks: .*relax_register_rewards"
+    ):
         RelaxPluginManager(extra_plugins={"typoplug": mod})
 
 

@@ -39,11 +39,21 @@ def moe_dir(tmp_path_factory):
 def rollout(moe_dir):
     """The engine's results for PROMPTS (a shared prompt, rows joining a running batch) and their samples."""
     engine = HFRolloutEngine(moe_dir, record_routing=True, max_batch_size=3)
-    requests = [GenerationRequest(str(i), p, SamplingParams(max_new_tokens=NEW_TOKENS, seed=i, ignore_eos=True))
-                for i, p in enumerate(PROMPTS)]  # fmt: skip
+    requests = [
+        GenerationRequest(str(i), p, SamplingParams(max_new_tokens=NEW_TOKENS, seed=i, ignore_eos=True))
+        for i, p in enumerate(PROMPTS)
+    ]
     results = asyncio.run(engine.generate(requests))
-    samples = [Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids, rollout_logprobs=r.logprobs,
-                      routed_experts=r.routed_experts) for i, (p, r) in enumerate(zip(PROMPTS, results, strict=True))]  # fmt: skip
+    samples = [
+        Sample(
+            prompt_ids=p,
+            group_id=i,
+            response_ids=r.response_ids,
+            rollout_logprobs=r.logprobs,
+            routed_experts=r.routed_experts,
+        )
+        for i, (p, r) in enumerate(zip(PROMPTS, results, strict=True))
+    ]
     return results, samples, engine.pad_token_id
 
 
@@ -93,7 +103,11 @@ def test_a_multi_turn_episode_carries_the_routing_of_its_whole_token_sequence(mo
         def start(self, sample):
             class Episode:
                 def step(self, turn):
-                    return StepResult(done=True) if turn.index else StepResult([{"role": "user", "content": "1+1"}])
+                    return (
+                        StepResult(done=True)
+                        if turn.index
+                        else StepResult([{"role": "user", "content": "1+1"}])
+                    )
 
                 def close(self):
                     pass
@@ -217,8 +231,13 @@ def test_train_step_reports_routing_mismatch_with_and_without_replay(rollout, mo
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
 
-    trainer = TorchTrainer(moe_dir, routing_replay=True, lr=1e-3, micro_batch_size=8,
-                           objective=build_policy_objective(AlgorithmConfig()))  # fmt: skip
+    trainer = TorchTrainer(
+        moe_dir,
+        routing_replay=True,
+        lr=1e-3,
+        micro_batch_size=8,
+        objective=build_policy_objective(AlgorithmConfig()),
+    )
     _perturbed_routers(trainer.model, scale=0.02)
     batch = collate(samples, pad_id)
     batch["advantages"] = torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(0))
@@ -237,9 +256,16 @@ def test_queue_carries_a_1000_sample_batch_routing_compactly():
     samples = []
     for i in range(1000):
         p, r = int(gen.integers(20, 60)), int(gen.integers(30, 120))
-        samples.append(Sample(prompt_ids=gen.integers(0, 150_000, p).tolist(), group_id=i // 8,
-                              response_ids=gen.integers(0, 150_000, r).tolist(),
-                              rollout_logprobs=(-gen.random(r)).tolist(), versions=[3] * r, loss_mask=[1.0] * r))  # fmt: skip
+        samples.append(
+            Sample(
+                prompt_ids=gen.integers(0, 150_000, p).tolist(),
+                group_id=i // 8,
+                response_ids=gen.integers(0, 150_000, r).tolist(),
+                rollout_logprobs=(-gen.random(r)).tolist(),
+                versions=[3] * r,
+                loss_mask=[1.0] * r,
+            )
+        )
     plain = len(packing.encode(samples, may_hold_refs=False)[0])
     routing_bytes = 0
     for s in samples:
@@ -254,7 +280,13 @@ def test_queue_carries_a_1000_sample_batch_routing_compactly():
 
 
 def test_expert_ids_take_the_narrowest_integer():
-    assert [routing_dtype(n) for n in (4, 128, 129, 32768, 32769)] == [np.int8, np.int8, np.int16, np.int16, np.int32]
+    assert [routing_dtype(n) for n in (4, 128, 129, 32768, 32769)] == [
+        np.int8,
+        np.int8,
+        np.int16,
+        np.int16,
+        np.int32,
+    ]
 
 
 def test_routing_replay_config_field_validates():
@@ -277,9 +309,17 @@ def test_routing_replay_config_field_validates():
 
     cfg = config_from_dict({"algorithm": {"routing_replay": "rollout"}})
     roles = ("trainer", "reference", "teacher")
-    assert [UpdateSettings.from_context(trainer_context(cfg, "m", role=r)).routing_replay for r in roles] == [True, False, False]
+    assert [UpdateSettings.from_context(trainer_context(cfg, "m", role=r)).routing_replay for r in roles] == [
+        True,
+        False,
+        False,
+    ]
     cfg = config_from_dict({"algorithm": {"routing_replay": "reference"}})
-    assert [UpdateSettings.from_context(trainer_context(cfg, "m", role=r)).routing_replay for r in roles] == [True, True, False]
+    assert [UpdateSettings.from_context(trainer_context(cfg, "m", role=r)).routing_replay for r in roles] == [
+        True,
+        True,
+        False,
+    ]
 
 
 def test_recording_on_a_dense_model_is_refused_naming_the_setting(tmp_path):

@@ -64,11 +64,22 @@ def tiny_qwen3_moe(tmp_path_factory, tiny_qwen3):
     from relax.core.testing.models import load_hf_weights
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3[0])
-    config = Qwen3MoeConfig(pad_token_id=tokenizer.pad_token_id,
-        vocab_size=24, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-        norm_topk_prob=True, initializer_range=0.3, tie_word_embeddings=True,
-    )  # fmt: skip
+    config = Qwen3MoeConfig(
+        pad_token_id=tokenizer.pad_token_id,
+        vocab_size=24,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        initializer_range=0.3,
+        tie_word_embeddings=True,
+    )
     model_dir = tmp_path_factory.mktemp("moe") / "qwen3-moe"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -89,8 +100,12 @@ def fuse_experts():
         for i in range(config.num_hidden_layers):
             e = f"model.layers.{i}.mlp.experts."
             experts = range(config.num_experts)
-            out[e + "gate_up_proj"] = torch.stack([torch.cat([out.pop(f"{e}{j}.gate_proj.weight"),
-                                                              out.pop(f"{e}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
+            out[e + "gate_up_proj"] = torch.stack(
+                [
+                    torch.cat([out.pop(f"{e}{j}.gate_proj.weight"), out.pop(f"{e}{j}.up_proj.weight")])
+                    for j in experts
+                ]
+            )
             out[e + "down_proj"] = torch.stack([out.pop(f"{e}{j}.down_proj.weight") for j in experts])
         return out
 
@@ -109,18 +124,41 @@ def run_ranks(tmp_path_factory):
     as ``world`` processes on ``data``; rank 0's results, or with ``expect_ok=False`` the ranks' combined
     output."""
 
-    def run(mode: str, model_dir: str, data, *extra: str, world: int = 2, expect_ok: bool = True,
-            script: str = "tp_worker.py"):  # fmt: skip
+    def run(
+        mode: str,
+        model_dir: str,
+        data,
+        *extra: str,
+        world: int = 2,
+        expect_ok: bool = True,
+        script: str = "tp_worker.py",
+    ):
         import torch
 
         tmp_path = tmp_path_factory.mktemp(mode)
         torch.save(data, tmp_path / f"{mode}-input.pt")
         out = tmp_path / f"{mode}-out.pt"
-        cmd = [sys.executable, str(Path(__file__).with_name(script)), "--mode", mode, "--world", str(world),
-               "--port", str(_free_port()), "--model-dir", model_dir, "--input", str(tmp_path / f"{mode}-input.pt"),
-               "--out", str(out), *extra]  # fmt: skip
-        procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for r in range(world)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(Path(__file__).with_name(script)),
+            "--mode",
+            mode,
+            "--world",
+            str(world),
+            "--port",
+            str(_free_port()),
+            "--model-dir",
+            model_dir,
+            "--input",
+            str(tmp_path / f"{mode}-input.pt"),
+            "--out",
+            str(out),
+            *extra,
+        ]
+        procs = [
+            subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for r in range(world)
+        ]
         try:
             logs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
         finally:
@@ -182,7 +220,9 @@ def r3_batch(tiny_qwen3_moe):
             ids = torch.tensor([s.prompt_ids + s.response_ids])
             with torch.no_grad():
                 logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
-            s.rollout_logprobs = torch.log_softmax(logits, -1).gather(-1, ids[0, len(s.prompt_ids) :, None])[:, 0].tolist()
+            s.rollout_logprobs = (
+                torch.log_softmax(logits, -1).gather(-1, ids[0, len(s.prompt_ids) :, None])[:, 0].tolist()
+            )
             s.routed_experts = recorder.take(1, ids.shape[1])[0]
             s.routed_experts[-1] = UNRECORDED
     finally:
@@ -217,7 +257,9 @@ def assert_r3_step(tiny_qwen3_moe, r3_torch, fuse_experts):
         mine, want = fuse_experts(got["weights"], tiny_qwen3_moe[1]), r3_torch["weights"]
         assert sorted(mine) == sorted(want)
         for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
-            torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(
+                mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+            )
 
     return check
 
@@ -234,7 +276,11 @@ def media_files(tmp_path_factory):
     Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
     np.save(root / "vid.npy", (rng.random((4, 56, 56, 3)) * 255).astype("uint8"))
     np.save(root / "tone.npy", np.sin(np.arange(8000) * 0.05).astype("float32"))  # 0.5 s at 16 kHz
-    return {"image": str(root / "img.png"), "video": f"file://{root / 'vid.npy'}", "audio": str(root / "tone.npy")}
+    return {
+        "image": str(root / "img.png"),
+        "video": f"file://{root / 'vid.npy'}",
+        "audio": str(root / "tone.npy"),
+    }
 
 
 def media_batch(model_dir: str, files: dict[str, str], audio: bool = False) -> dict:
@@ -247,16 +293,32 @@ def media_batch(model_dir: str, files: dict[str, str], audio: bool = False) -> d
     from relax.core.testing.multimodal_processor import TinyMediaProcessor
 
     image, video = {"type": "image", "image": files["image"]}, {"type": "video", "video": files["video"]}
-    contents = [[image, {"type": "text", "text": "what?"}], [video, {"type": "text", "text": "where is it?"}],
-                "no media here?", [image, video, {"type": "text", "text": "same?"}]]  # fmt: skip
+    contents = [
+        [image, {"type": "text", "text": "what?"}],
+        [video, {"type": "text", "text": "where is it?"}],
+        "no media here?",
+        [image, video, {"type": "text", "text": "same?"}],
+    ]
     sound = {"type": "audio", "audio": files["audio"]}
-    contents += [[sound, {"type": "text", "text": "heard?"}], [image, sound, {"type": "text", "text": "both?"}]]
+    contents += [
+        [sound, {"type": "text", "text": "heard?"}],
+        [image, sound, {"type": "text", "text": "both?"}],
+    ]
     processor = TinyMediaProcessor(model_dir)
-    processed = [processor.process([{"role": "user", "content": contents[i]}], [], f"row {i}")
-                 for i in ((0, 1, 2, 3, 4, 5) if audio else (0, 1, 2, 3, 0, 1))]  # fmt: skip
+    processed = [
+        processor.process([{"role": "user", "content": contents[i]}], [], f"row {i}")
+        for i in ((0, 1, 2, 3, 4, 5) if audio else (0, 1, 2, 3, 0, 1))
+    ]
     answer = processor.hf.tokenizer.encode("it is a small picture of nothing much")
-    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=answer[i : i + 3 + i % 2],
-                      mm_inputs=p["inputs"]) for i, p in enumerate(processed)]  # fmt: skip
+    samples = [
+        Sample(
+            prompt_ids=list(p["prompt_ids"]),
+            group_id=i,
+            response_ids=answer[i : i + 3 + i % 2],
+            mm_inputs=p["inputs"],
+        )
+        for i, p in enumerate(processed)
+    ]
     batch = collate(samples, pad_id=0)
     batch["advantages"] = torch.where(torch.arange(6)[:, None] % 2 == 0, 1.0, -0.5) * batch["response_mask"]
     return batch
@@ -303,7 +365,9 @@ def _logprobs_match_transformers(model_dir: str, config, hf: dict) -> None:
     positions = torch.arange(inputs.shape[1])[None].expand_as(inputs)
     with torch.no_grad():
         logprobs = -model(inputs, positions, attention_mask=None, labels=targets)
-        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        ref_logits = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        )
     ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
     assert ref.std() > 0.1
     torch.testing.assert_close(logprobs, ref, rtol=1.3e-6, atol=1e-5)

@@ -29,10 +29,20 @@ def main() -> None:
     kind = {"tp": "tensor", "pp": "pipeline", "pp_distopt": "pipeline"}.get(args.mode, "data")
     layout = {f"{kind}_parallel": args.world}
     trainer = MegatronTrainer(
-        args.model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, eps=1e-4, micro_batch_size=4,
-        rank=args.rank, world_size=args.world, master_addr="127.0.0.1", master_port=args.port, device="cuda",
-        dtype=args.dtype, distributed_optimizer=args.mode.endswith("_distopt"), **layout,
-    )  # fmt: skip
+        args.model_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        lr=1e-2,
+        eps=1e-4,
+        micro_batch_size=4,
+        rank=args.rank,
+        world_size=args.world,
+        master_addr="127.0.0.1",
+        master_port=args.port,
+        device="cuda",
+        dtype=args.dtype,
+        distributed_optimizer=args.mode.endswith("_distopt"),
+        **layout,
+    )
     batch = torch.load(args.input)["batch"]
     logprobs = trainer.forward_logprobs(batch)
     metrics = trainer.train_step({**batch, "old_logprobs": logprobs})

@@ -16,14 +16,18 @@ def megatron_trainer(model_dir: str):
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
-    return MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, micro_batch_size=4)
+    return MegatronTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, micro_batch_size=4
+    )
 
 
 class TestCheckpoint(TinyModelFixtures):
     @pytest.fixture(scope="class")
     def saved(self, megatron_world, model_dir, tokenizer, tmp_path_factory):
         """A trainer after one step, saved; then its second step (loss and weights) for comparison."""
-        batches = [make_batch(make_samples(tokenizer, rows=8, seed=s), tokenizer.pad_token_id) for s in (3, 4)]
+        batches = [
+            make_batch(make_samples(tokenizer, rows=8, seed=s), tokenizer.pad_token_id) for s in (3, 4)
+        ]
         trainer = megatron_trainer(model_dir)
         trainer.train_step(batches[0])
         directory = tmp_path_factory.mktemp("megatron") / "ckpt"

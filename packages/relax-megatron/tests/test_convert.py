@@ -23,7 +23,10 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(tiny_qwen3, tp):
     d = convert.Dims.from_hf(config)
     qkv = shards[0]["decoder.layers.0.self_attention.linear_qkv.weight"]
     assert qkv.shape == ((d.heads + 2 * d.groups) * d.head_dim // tp, d.hidden)
-    assert shards[0]["mlp.linear_fc1.weight".join(["decoder.layers.1.", ""])].shape == (2 * d.ffn // tp, d.hidden)
+    assert shards[0]["mlp.linear_fc1.weight".join(["decoder.layers.1.", ""])].shape == (
+        2 * d.ffn // tp,
+        d.hidden,
+    )
     back = convert.megatron_to_hf(shards, config)
     assert sorted(back) == sorted(convert.hf_weight_names(config))
     _assert_same(back, hf)
@@ -37,7 +40,9 @@ def test_pipeline_stages_split_and_merge_back_exactly(tiny_qwen3):
     assert "embedding.word_embeddings.weight" in first and "decoder.final_layernorm.weight" not in first
     assert "decoder.final_layernorm.weight" in last and "embedding.word_embeddings.weight" not in last
     assert torch.equal(last["output_layer.weight"], first["embedding.word_embeddings.weight"])  # tied copy
-    assert {n.split(".")[2] for n in last if n.startswith("decoder.layers.")} == {"0"}  # stage-local numbering
+    assert {n.split(".")[2] for n in last if n.startswith("decoder.layers.")} == {
+        "0"
+    }  # stage-local numbering
     merged = [convert.from_stages(per_stage, config) for per_stage in stages]
     _assert_same(convert.megatron_to_hf(merged, config), hf)
     with pytest.raises(ValueError, match="pipeline_parallel=3 must divide num_hidden_layers=2"):
@@ -62,7 +67,9 @@ def test_bad_inputs_name_what_is_wrong(tiny_qwen3):
     with pytest.raises(ValueError, match="tensor_parallel=3 must divide num_key_value_heads=2"):
         convert.hf_to_megatron(hf, config, tp=3)
     llama = type("Cfg", (), {"model_type": "llama"})()
-    with pytest.raises(ValueError, match="model_type 'llama': no installed plugin's model adapter declares a megatron"):
+    with pytest.raises(
+        ValueError, match="model_type 'llama': no installed plugin's model adapter declares a megatron"
+    ):
         convert.Dims.from_hf(llama)
 
 
@@ -113,7 +120,9 @@ def test_moe_round_trip_is_bit_exact_and_shards_the_experts(tiny_qwen3_moe, ep):
     assert local == {str(k) for k in range(4 // ep)}  # each EP rank holds its share, numbered locally
     fc1 = shards[-1]["decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"]
     last_rank_first = 4 - 4 // ep  # the last rank's first expert, as an HF index
-    want = torch.cat([hf[f"model.layers.1.mlp.experts.{last_rank_first}.{w}.weight"] for w in ("gate_proj", "up_proj")])
+    want = torch.cat(
+        [hf[f"model.layers.1.mlp.experts.{last_rank_first}.{w}.weight"] for w in ("gate_proj", "up_proj")]
+    )
     assert torch.equal(fc1, want)
     back = convert.megatron_to_hf(shards, config)
     assert sorted(back) == sorted(convert.hf_weight_names(config))
@@ -129,7 +138,10 @@ def test_moe_at_tp2_shards_attention_and_keeps_experts_whole(tiny_qwen3_moe):
     qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
     assert torch.equal(shards[1][qkv], shards[0][qkv]) and not torch.equal(shards[2][qkv], shards[0][qkv])
     fc1 = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
-    assert shards[1][fc1].shape == (2 * config.moe_intermediate_size, config.hidden_size)  # whole, not TP-split
+    assert shards[1][fc1].shape == (
+        2 * config.moe_intermediate_size,
+        config.hidden_size,
+    )  # whole, not TP-split
     assert torch.equal(shards[3][fc1], shards[1][fc1]) and not torch.equal(shards[1][fc1], shards[0][fc1])
     back = convert.megatron_to_hf([shards[0], shards[2]], config, expert_shards=shards[:2])
     assert sorted(back) == sorted(convert.hf_weight_names(config))
@@ -155,7 +167,9 @@ def test_unit_by_unit_conversion_equals_the_whole(tiny_qwen3):
     _, config, hf = tiny_qwen3
     shards = convert.hf_to_megatron(hf, config, tp=2)
     units = convert.export_units(list(shards[0]))
-    assert len(units) == 2 + config.num_hidden_layers  # embedding, each layer, final norm (tied: no output layer)
+    assert (
+        len(units) == 2 + config.num_hidden_layers
+    )  # embedding, each layer, final norm (tied: no output layer)
     streamed: dict[str, torch.Tensor] = {}
     for unit in units:
         part = convert.megatron_to_hf([{n: s[n] for n in unit} for s in shards], config, partial=True)

@@ -58,8 +58,16 @@ def probe_schedules_cuda_tensors():
 
     from relax.megatron.convert import build_gpt_model
 
-    config = Qwen3Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=32)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=32,
+    )
     model = build_gpt_model(config, perform_initialization=True)
     tokens = torch.arange(8)[None] % 16
     positions = torch.arange(8)[None]
@@ -69,8 +77,15 @@ def probe_schedules_cuda_tensors():
         losses = model(batch, positions, attention_mask=None, labels=batch)
         return losses, lambda out: (out.sum(), {"loss": out.sum().detach()})
 
-    out = forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter([tokens]), model=[model],
-                                         num_microbatches=1, seq_length=8, micro_batch_size=1, forward_only=True)  # fmt: skip
+    out = forward_backward_no_pipelining(
+        forward_step_func=forward_step,
+        data_iterator=iter([tokens]),
+        model=[model],
+        num_microbatches=1,
+        seq_length=8,
+        micro_batch_size=1,
+        forward_only=True,
+    )
     with torch.no_grad():
         expected = model(tokens, positions, attention_mask=None, labels=tokens).sum()
     torch.testing.assert_close(out[0]["loss"], expected)
@@ -146,8 +161,14 @@ def test_tied_embedding_sync_is_still_needed(tiny_qwen3, run_ranks):
     """PP=2 with tied embeddings fails to build without the patch; that it works is
     test_tensor_parallel.py::test_pp2_logprobs_match_hf."""
     model_dir, _, _ = tiny_qwen3
-    logs = run_ranks("pipeline", model_dir, {"tokens": torch.zeros(1, 4, dtype=torch.long)}, "--without", "tied_embedding_sync",
-                     expect_ok=False)  # fmt: skip
+    logs = run_ranks(
+        "pipeline",
+        model_dir,
+        {"tokens": torch.zeros(1, 4, dtype=torch.long)},
+        "--without",
+        "tied_embedding_sync",
+        expect_ok=False,
+    )
     assert NO_CUDA in logs and "setup_embeddings_and_output_layer" in logs
 
 

@@ -18,10 +18,14 @@ from relax.core.testing.trainer import exported
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ),
 ]
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2,
-                              reason="needs 2 CUDA GPUs: one per rank (NCCL refuses two ranks on one device)")  # fmt: skip
+two_gpus = pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="needs 2 CUDA GPUs: one per rank (NCCL refuses two ranks on one device)",
+)
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "quickstart_megatron.yaml"
 BF16_ATOL = 0.1  # bf16 keeps ~3 significant digits: logprobs of a few nats move by a few 1e-2
 
@@ -40,7 +44,9 @@ def cuda_trainer(model_dir: str, **kw):
     from relax.megatron.trainer import MegatronTrainer
 
     kw = {"lr": 1e-2, "eps": 1e-4, "micro_batch_size": 4, **kw}
-    return MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), device="cuda", **kw)
+    return MegatronTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), device="cuda", **kw
+    )
 
 
 def test_logprobs_match_hf_in_fp32_and_bf16(cuda_world, tiny_qwen3, batch):
@@ -153,12 +159,25 @@ def test_quickstart_megatron_runs_on_cuda(ray_session, tmp_path):
 
     tp = 2 if torch.cuda.device_count() >= 2 else 1
     run_dir = tmp_path / "megatron-cuda"
-    cfg = load_config(EXAMPLE, [
-        f"trainer.backend_params.tensor_parallel={tp}", "trainer.backend_params.device=cuda", "total_steps=3",
-        f"run_dir={run_dir}", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
-        "trainer.micro_batch_size=8", "data.task_size=200", "logging.progress=false", "logging.console=false",
-        "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never",
-    ])  # fmt: skip
+    cfg = load_config(
+        EXAMPLE,
+        [
+            f"trainer.backend_params.tensor_parallel={tp}",
+            "trainer.backend_params.device=cuda",
+            "total_steps=3",
+            f"run_dir={run_dir}",
+            "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "trainer.micro_batch_size=8",
+            "data.task_size=200",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_hf_final=false",
+            "checkpoint.resume=never",
+        ],
+    )
     assert cfg.trainer.backend_params.device == "cuda"
     assert run(cfg)["steps"] == 3
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

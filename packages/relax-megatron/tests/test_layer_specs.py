@@ -28,7 +28,9 @@ def test_auto_takes_te_only_on_cuda_with_transformer_engine():
     assert resolve_layer_spec("auto", "cpu", te_available=True) == "local"
     assert resolve_layer_spec("local", "cuda", te_available=True) == "local"
     assert resolve_layer_spec("te", "cuda", te_available=True) == "te"
-    with pytest.raises(ValueError, match=r"layer_spec: te needs Transformer Engine .*docs/gpu.md#transformer-engine"):
+    with pytest.raises(
+        ValueError, match=r"layer_spec: te needs Transformer Engine .*docs/gpu.md#transformer-engine"
+    ):
         resolve_layer_spec("te", "cuda", te_available=False)
     with pytest.raises(ValueError, match="te needs device: cuda"):
         resolve_layer_spec("te", "cpu", te_available=True)
@@ -48,7 +50,9 @@ def test_te_names_fuse_the_norms_into_the_next_linear_and_back(tiny_qwen3, tiny_
     # a dense MLP's norm goes into linear_fc1; an MoE layer keeps its own pre-MLP norm
     assert ("decoder.layers.1.mlp.linear_fc1.layer_norm_weight" in te) is not moe
     assert ("decoder.layers.1.pre_mlp_layernorm.weight" in te) is moe
-    assert "decoder.final_layernorm.weight" in te and "decoder.layers.0.self_attention.q_layernorm.weight" in te
+    assert (
+        "decoder.final_layernorm.weight" in te and "decoder.layers.0.self_attention.q_layernorm.weight" in te
+    )
     assert uses_te_names(te) and not uses_te_names(local)
     back = from_te_names(te)
     assert sorted(back) == sorted(local)
@@ -65,8 +69,10 @@ def test_megatron_core_version_is_the_pinned_minor():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_TE,
-                    reason="needs a CUDA GPU and Transformer Engine built for this torch (docs/gpu.md)")  # fmt: skip
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not HAVE_TE,
+    reason="needs a CUDA GPU and Transformer Engine built for this torch (docs/gpu.md)",
+)
 def test_te_spec_logprobs_match_hf(cuda_world, tiny_qwen3):
     """The TE spec (fused norms + linears, TE attention with no mask tensor) scores like transformers,
     and its export maps back to the HF weights exactly."""
@@ -81,8 +87,9 @@ def test_te_spec_logprobs_match_hf(cuda_world, tiny_qwen3):
     batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
     trainer = MegatronTrainer(model_dir, micro_batch_size=4, device="cuda", layer_spec="te", trainable=False)
     assert trainer.layer_spec == "te" and uses_te_names(convert.weights_only(trainer.model.state_dict()))
-    torch.testing.assert_close(trainer.forward_logprobs(batch), torch_trainer(model_dir).forward_logprobs(batch),
-                               atol=1e-3, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        trainer.forward_logprobs(batch), torch_trainer(model_dir).forward_logprobs(batch), atol=1e-3, rtol=0
+    )
     weights = exported(trainer)
     assert sorted(weights) == sorted(hf)
     for name, tensor in hf.items():

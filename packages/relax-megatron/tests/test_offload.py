@@ -18,8 +18,13 @@ def megatron_trainer(model_dir: str):
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
-    return MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-4, micro_batch_size=4,
-                           dtype="bfloat16")  # fmt: skip
+    return MegatronTrainer(
+        model_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        lr=1e-4,
+        micro_batch_size=4,
+        dtype="bfloat16",
+    )
 
 
 def state(trainer) -> list[torch.Tensor]:
@@ -66,5 +71,12 @@ def test_the_distributed_optimizer_is_refused_with_the_reason():
     with pytest.raises(
         ConfigError, match=r"trainer.offload with trainer.backend_params.distributed_optimizer: .*views"
     ):
-        load_config(None, ["trainer.offload=true", "rollout.host=separate", "trainer.backend=megatron",
-                           "trainer.backend_params={device: cuda, distributed_optimizer: true}"])  # fmt: skip
+        load_config(
+            None,
+            [
+                "trainer.offload=true",
+                "rollout.host=separate",
+                "trainer.backend=megatron",
+                "trainer.backend_params={device: cuda, distributed_optimizer: true}",
+            ],
+        )

@@ -26,8 +26,12 @@ def exported(trainer) -> dict:
         layer = up[: -len("0.up_proj.weight")]
         count = sum(1 for n in out if n.startswith(layer) and n.endswith(".down_proj.weight"))
         experts = range(count)
-        out[layer + "gate_up_proj"] = torch.stack([torch.cat([out.pop(f"{layer}{j}.gate_proj.weight"),
-                                                              out.pop(f"{layer}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
+        out[layer + "gate_up_proj"] = torch.stack(
+            [
+                torch.cat([out.pop(f"{layer}{j}.gate_proj.weight"), out.pop(f"{layer}{j}.up_proj.weight")])
+                for j in experts
+            ]
+        )
         out[layer + "down_proj"] = torch.stack([out.pop(f"{layer}{j}.down_proj.weight") for j in experts])
     return out
 
@@ -79,7 +83,10 @@ def test_one_step_matches_the_torch_trainer(megatron_world, family):
     model_dir, batch = family
     ref, meg = torch_trainer(model_dir, **KW), megatron_trainer(model_dir)
     old = ref.forward_logprobs(batch)
-    m_ref, m_meg = ref.train_step({**batch, "old_logprobs": old}), meg.train_step({**batch, "old_logprobs": old})
+    m_ref, m_meg = (
+        ref.train_step({**batch, "old_logprobs": old}),
+        meg.train_step({**batch, "old_logprobs": old}),
+    )
     for key in ("loss", "entropy", "grad_norm"):
         assert m_meg[key] == pytest.approx(m_ref[key], abs=1e-5), key
     want, got = exported(ref), exported(meg)
@@ -96,7 +103,9 @@ def test_unsupported_media_layouts_are_refused_by_name():
 
     from relax.megatron.media_front import check_supported
 
-    with pytest.raises(ValueError, match="model_type 'qwen3_vl_moe': its model adapter declares no megatron media"):
+    with pytest.raises(
+        ValueError, match="model_type 'qwen3_vl_moe': its model adapter declares no megatron media"
+    ):
         check_supported(SimpleNamespace(model_type="qwen3_vl_moe"))
     with pytest.raises(ValueError, match="distributed_optimizer is not supported for media models yet"):
         check_supported(SimpleNamespace(model_type="qwen3_vl"), distributed_optimizer=True)
@@ -132,7 +141,9 @@ def test_bf16_media_training_keeps_fp32_masters_of_the_towers_and_resumes(megatr
     again = resumed.train_step(batch)
     for key in ("loss", "grad_norm"):
         assert again[key] == pytest.approx(second[key], abs=1e-6), key
-    for (name, param), (_, other) in zip(bf16.front.tower_parameters(), resumed.front.tower_parameters(), strict=True):
+    for (name, param), (_, other) in zip(
+        bf16.front.tower_parameters(), resumed.front.tower_parameters(), strict=True
+    ):
         assert torch.equal(bf16.masters.master_of(param), resumed.masters.master_of(other)), name
 
 
@@ -148,9 +159,9 @@ def test_mrope_frequency_axes_follow_hf():
 
 def test_checkpoint_resumes_towers_and_save_hf_loads_in_transformers(megatron_world, family, tmp_path):
     """A dist checkpoint after one step holds the towers and their Adam state next to megatron's weights: a
-    fresh trainer resumes to the same logprobs and second step; ``save_hf`` writes the whole model (processor
-    included), which core's torch trainer loads to the same logprobs; so does ``relax convert`` of the dist
-checkpoint (the same files and names; the checkpoint's logprobs)."""
+        fresh trainer resumes to the same logprobs and second step; ``save_hf`` writes the whole model (processor
+        included), which core's torch trainer loads to the same logprobs; so does ``relax convert`` of the dist
+    checkpoint (the same files and names; the checkpoint's logprobs)."""
     model_dir, batch = family
     meg = megatron_trainer(model_dir)
     meg.train_step(batch)
@@ -166,9 +177,14 @@ checkpoint (the same files and names; the checkpoint's logprobs)."""
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
     meg.save_hf(str(tmp_path / "hf"))
-    assert (tmp_path / "hf" / "preprocessor_config.json").is_file() or (tmp_path / "hf" / "processor_config.json").is_file()
-    torch.testing.assert_close(torch_trainer(str(tmp_path / "hf"), **KW).forward_logprobs(batch),
-                               meg.forward_logprobs(batch), **MATCH)  # fmt: skip
+    assert (tmp_path / "hf" / "preprocessor_config.json").is_file() or (
+        tmp_path / "hf" / "processor_config.json"
+    ).is_file()
+    torch.testing.assert_close(
+        torch_trainer(str(tmp_path / "hf"), **KW).forward_logprobs(batch),
+        meg.forward_logprobs(batch),
+        **MATCH,
+    )
     # relax convert: the dist checkpoint alone -> the same directory save_hf writes, at the checkpoint's weights
     from safetensors import safe_open
 
@@ -176,11 +192,14 @@ checkpoint (the same files and names; the checkpoint's logprobs)."""
 
     names = to_hf(str(tmp_path / "ckpt"), str(tmp_path / "converted"))
     with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
-        assert names == sorted(f.keys()) and any(".visual." in n for n in names)  # the full HF names, towers included
+        assert names == sorted(f.keys()) and any(
+            ".visual." in n for n in names
+        )  # the full HF names, towers included
     files = {d: sorted(p.name for p in (tmp_path / d).iterdir()) for d in ("converted", "hf")}
     assert files["converted"] == files["hf"]  # config, safetensors, tokenizer and processor files
-    torch.testing.assert_close(torch_trainer(str(tmp_path / "converted"), **KW).forward_logprobs(batch), after,
-                               **MATCH)  # fmt: skip
+    torch.testing.assert_close(
+        torch_trainer(str(tmp_path / "converted"), **KW).forward_logprobs(batch), after, **MATCH
+    )
 
 
 def test_a_checkpoint_keeps_each_parameters_adam_step(megatron_world, omni_moe, vl_batch, tmp_path):
@@ -200,13 +219,19 @@ def test_a_checkpoint_keeps_each_parameters_adam_step(megatron_world, omni_moe, 
     second = meg.train_step(with_audio)
     resumed = megatron_trainer(whole)
     resumed.load(str(tmp_path / "ckpt"))
-    by_param = lambda t: [float(t.optimizer.state[p]["step"]) for g in t.optimizer.param_groups for p in g["params"]]  # noqa: E731
+
+    def by_param(t):
+        return [float(t.optimizer.state[p]["step"]) for g in t.optimizer.param_groups for p in g["params"]]
+
     assert by_param(resumed) == [s - 1 for s in by_param(meg)]
     again = resumed.train_step(with_audio)
     for key in ("loss", "grad_norm"):
         assert again[key] == pytest.approx(second[key], abs=1e-6), key
     want, got = exported(meg), exported(resumed)
-    for name, tensor in want.items():  # a tower resumed at the wrong step would take another bias-corrected step
+    for (
+        name,
+        tensor,
+    ) in want.items():  # a tower resumed at the wrong step would take another bias-corrected step
         torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
@@ -248,16 +273,37 @@ def test_audio_in_video_matches_transformers(megatron_world, tmp_path_factory, o
     root = tmp_path_factory.mktemp("aiv")
     synthetic.moving_dot_video(root / "dot_sound.mp4", right=False, tone_hz=330.0)
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), omni_family)
-    params = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28,
-                                 video_max_pixels=56 * 56, max_frames=4, use_audio_in_video=True)  # fmt: skip
+    params = OmniProcessorParams(
+        min_pixels=56 * 56,
+        max_pixels=112 * 112,
+        video_min_pixels=28 * 28,
+        video_max_pixels=56 * 56,
+        max_frames=4,
+        use_audio_in_video=True,
+    )
     proc = make_factory(omni_family)(params, PluginContext(role="processor", model_path=model_dir))
-    processed = [proc.process([{"role": "user", "content": [{"type": "video", "video": str(root / "dot_sound.mp4")},
-                                                             {"type": "text", "text": text}]}], [], f"row {i}")
-                 for i, text in enumerate(["which way?", "which way does it go?"])]  # fmt: skip
+    processed = [
+        proc.process(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "video", "video": str(root / "dot_sound.mp4")},
+                        {"type": "text", "text": text},
+                    ],
+                }
+            ],
+            [],
+            f"row {i}",
+        )
+        for i, text in enumerate(["which way?", "which way does it go?"])
+    ]
     assert all(p["inputs"][AUDIO_IN_VIDEO].tolist() == [1] for p in processed)
     answer = proc.tokenizer.encode("left 2")
-    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=answer, mm_inputs=p["inputs"])
-               for i, p in enumerate(processed)]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=answer, mm_inputs=p["inputs"])
+        for i, p in enumerate(processed)
+    ]
     batch = collate(samples, pad_id=0)
     assert batch["attention_mask"][:, 0].min() == 0  # left padding to undo
     want = torch_trainer(model_dir, **KW).forward_logprobs(batch)
@@ -274,15 +320,20 @@ def test_frozen_towers_are_neither_trained_nor_exported(megatron_world, family):
     meg.train_step(batch)
     assert all(torch.equal(p, towers[n]) for n, p in meg.front.tower_parameters())
     names = set(exported(meg))
-    assert names and not names & set(towers) and all(n.startswith(("model.language_model.", "lm_head.")) for n in names)
+    assert (
+        names
+        and not names & set(towers)
+        and all(n.startswith(("model.language_model.", "lm_head.")) for n in names)
+    )
 
 
 TOWERS = {"vision": "model.visual.", "audio": "model.audio_tower."}  # the in-memory HF names of each kind
 
 
 @pytest.mark.parametrize("kind", ["vision", "audio"])
-def test_one_kind_of_tower_frozen_is_neither_trained_nor_exported(megatron_world, kind, vl_batch, tmp_path_factory,
-                                                                  tmp_path):  # fmt: skip
+def test_one_kind_of_tower_frozen_is_neither_trained_nor_exported(
+    megatron_world, kind, vl_batch, tmp_path_factory, tmp_path
+):
     """``freeze_vision`` / ``freeze_audio`` on the Qwen2.5-Omni thinker: the step leaves that tower as loaded,
     the export leaves it out and ``save_hf`` still writes it; the other tower trains and is exported."""
     from safetensors.torch import load_file
@@ -298,22 +349,32 @@ def test_one_kind_of_tower_frozen_is_neither_trained_nor_exported(megatron_world
     meg.train_step(vl_batch(model_dir, audio=True))
     now = dict(meg.front.tower_parameters())
     assert all(torch.equal(now[n], loaded[n]) for n in locked), f"the frozen {kind} tower changed"
-    assert any(not torch.equal(now[n], loaded[n]) for n in loaded if n.startswith(other)), f"{other}* not trained"
+    assert any(not torch.equal(now[n], loaded[n]) for n in loaded if n.startswith(other)), (
+        f"{other}* not trained"
+    )
     names = set(exported(meg))
-    assert not names & locked and {n for n in names if n.startswith(other)} == {n for n in loaded if n.startswith(other)}
+    assert not names & locked and {n for n in names if n.startswith(other)} == {
+        n for n in loaded if n.startswith(other)
+    }
     meg.save_hf(str(tmp_path / "hf"))
     saved = load_file(tmp_path / "hf" / "model.safetensors")
     assert set(saved) == names | locked and all(torch.equal(saved[n], loaded[n]) for n in locked)
 
 
-def test_a_freeze_switch_for_a_tower_the_model_lacks_names_the_field(megatron_world, tmp_path_factory, tiny_qwen3):
+def test_a_freeze_switch_for_a_tower_the_model_lacks_names_the_field(
+    megatron_world, tmp_path_factory, tiny_qwen3
+):
     """``freeze_audio`` on a VL model, ``freeze_vision`` on a text model: the wrong model for the run, refused
     naming the field; ``freeze_media_towers`` on a text model freezes nothing, as before."""
     from relax.core.testing.multimodal_models import tiny_multimodal_dir
 
     vl_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
-    with pytest.raises(ValueError, match=r"freeze_audio: true, but the model \(model_type 'qwen2_5_vl'\) has no audio"):
+    with pytest.raises(
+        ValueError, match=r"freeze_audio: true, but the model \(model_type 'qwen2_5_vl'\) has no audio"
+    ):
         megatron_trainer(vl_dir, freeze_audio=True)
-    with pytest.raises(ValueError, match=r"freeze_vision: true, but the model \(model_type 'qwen3'\) has no vision"):
+    with pytest.raises(
+        ValueError, match=r"freeze_vision: true, but the model \(model_type 'qwen3'\) has no vision"
+    ):
         megatron_trainer(tiny_qwen3[0], freeze_vision=True)
     assert megatron_trainer(tiny_qwen3[0], freeze_media_towers=True).front is None

@@ -15,8 +15,12 @@ def left_padded_batch() -> dict[str, torch.Tensor]:
     responses of 2, 3 and 1 tokens right-padded to 3."""
     valid = torch.tensor([[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]])
     input_ids = (torch.arange(1, 19).view(3, 6)) * valid
-    return {"input_ids": input_ids, "attention_mask": valid, "position_ids": (valid.cumsum(-1) - 1).clamp(min=0),
-            "responses": input_ids[:, 3:]}  # fmt: skip
+    return {
+        "input_ids": input_ids,
+        "attention_mask": valid,
+        "position_ids": (valid.cumsum(-1) - 1).clamp(min=0),
+        "responses": input_ids[:, 3:],
+    }
 
 
 def test_rows_are_rotated_to_right_padding():
@@ -27,7 +31,9 @@ def test_rows_are_rotated_to_right_padding():
     assert ids.tolist() == [[1, 2, 3, 4, 5, 0], [9, 10, 11, 12, 0, 0], [14, 15, 16, 0, 0, 0]]
     assert positions.tolist() == [[0, 1, 2, 3, 4, 4], [0, 1, 2, 3, 0, 0], [0, 1, 2, 2, 2, 0]]
     assert rotate_left(torch.arange(12).view(2, 3, 2), torch.tensor([1, 0])).tolist() == [
-        [[2, 3], [4, 5], [0, 1]], [[6, 7], [8, 9], [10, 11]]]  # fmt: skip
+        [[2, 3], [4, 5], [0, 1]],
+        [[6, 7], [8, 9], [10, 11]],
+    ]
     aligned = {**batch, "attention_mask": torch.ones(3, 6, dtype=torch.long)}
     assert right_padded(aligned)[0] is batch["input_ids"]  # nothing to rotate: the batch's own tensor
 
@@ -41,19 +47,25 @@ def test_response_logits_read_the_rotated_positions_back():
     got = response_logits(logits, batch)[..., 0]
     assert torch.equal(got, batch["input_ids"][:, 2:5].float())
     aligned = {**batch, "attention_mask": torch.ones(3, 6, dtype=torch.long)}
-    assert torch.equal(response_logits(batch["input_ids"][..., None].float(), aligned)[..., 0],
-                       batch["input_ids"][:, 2:5].float())  # fmt: skip
+    assert torch.equal(
+        response_logits(batch["input_ids"][..., None].float(), aligned)[..., 0],
+        batch["input_ids"][:, 2:5].float(),
+    )
 
 
 class TestNoDenseMask(TinyModelFixtures):
-    def test_attention_gets_no_mask_and_logprobs_match_transformers(self, megatron_world, model_dir, tokenizer):
+    def test_attention_gets_no_mask_and_logprobs_match_transformers(
+        self, megatron_world, model_dir, tokenizer
+    ):
         from relax.core.algorithms import build_policy_objective
         from relax.core.algorithms.config import AlgorithmConfig
         from relax.megatron.trainer import MegatronTrainer
 
         batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
         assert len(set(left_pads(batch["attention_mask"]).tolist())) > 1  # prompts of several lengths
-        trainer = MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), micro_batch_size=4)
+        trainer = MegatronTrainer(
+            model_dir, objective=build_policy_objective(AlgorithmConfig()), micro_batch_size=4
+        )
         seen: list[object] = []
 
         def record(module, args, kwargs):

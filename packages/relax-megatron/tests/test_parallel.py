@@ -14,13 +14,20 @@ def test_pipeline_and_distributed_optimizer_give_one_config(tiny_qwen3):
     from relax.megatron.convert import transformer_config
 
     both = model_overrides(2, 1, torch.bfloat16, per_token_loss=True)
-    assert both == {"pipeline_model_parallel_size": 2, "pipeline_dtype": torch.bfloat16, "calculate_per_token_loss": True,
-                    "params_dtype": torch.bfloat16, "bf16": True}  # fmt: skip
+    assert both == {
+        "pipeline_model_parallel_size": 2,
+        "pipeline_dtype": torch.bfloat16,
+        "calculate_per_token_loss": True,
+        "params_dtype": torch.bfloat16,
+        "bf16": True,
+    }
     config = transformer_config(tiny_qwen3[1], **both)  # what the trainer builds: no duplicate keyword
     assert config.calculate_per_token_loss and config.pipeline_model_parallel_size == 2 and config.bf16
     assert model_overrides(1, 1, torch.float32, per_token_loss=False) == {}
-    assert model_overrides(1, 2, torch.float32, per_token_loss=True) == {"calculate_per_token_loss": True,
-                                                                       "expert_model_parallel_size": 2}  # fmt: skip
+    assert model_overrides(1, 2, torch.float32, per_token_loss=True) == {
+        "calculate_per_token_loss": True,
+        "expert_model_parallel_size": 2,
+    }
 
 
 def test_process_groups_wait_the_configured_timeout(tmp_path):

@@ -21,8 +21,9 @@ def megatron_trainer(model_dir: str, dtype: str, lr: float = RL_LR):
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
-    return MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=lr, micro_batch_size=4,
-                           dtype=dtype)  # fmt: skip
+    return MegatronTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=lr, micro_batch_size=4, dtype=dtype
+    )
 
 
 def trained_weights(trainer) -> list[torch.Tensor]:
@@ -69,9 +70,13 @@ class TestBf16MasterWeights(TinyModelFixtures):
         assert bf16 == pytest.approx(fp32, abs=0.03)
         # the model runs in bf16, the optimizer steps fp32 masters with fp32 Adam moments
         dtypes = {n: p.dtype for n, p in bf16_trainer.model.named_parameters()}
-        assert {d for n, d in dtypes.items() if "layernorm" not in n} == {torch.bfloat16}  # local spec: fp32 norms
+        assert {d for n, d in dtypes.items() if "layernorm" not in n} == {
+            torch.bfloat16
+        }  # local spec: fp32 norms
         assert {w.dtype for w in trained_weights(bf16_trainer)} == {torch.float32}
-        moments = {t.dtype for s in bf16_trainer.optimizer.state.values() for k, t in s.items() if k != "step"}
+        moments = {
+            t.dtype for s in bf16_trainer.optimizer.state.values() for k, t in s.items() if k != "step"
+        }
         assert moments == {torch.float32}
         # the bf16 weights are the masters rounded to nearest
         for param, master in zip(bf16_trainer.masters.params, bf16_trainer.masters.masters, strict=True):
@@ -88,12 +93,16 @@ class TestBf16MasterWeights(TinyModelFixtures):
         assert all(g is not None and g.dtype == torch.float32 for g in grads)
 
     def test_a_checkpoint_resumes_from_the_fp32_masters(self, megatron_world, model_dir, tokenizer, tmp_path):
-        batches = [make_batch(make_samples(tokenizer, rows=8, seed=s), tokenizer.pad_token_id) for s in (3, 4)]
+        batches = [
+            make_batch(make_samples(tokenizer, rows=8, seed=s), tokenizer.pad_token_id) for s in (3, 4)
+        ]
         trainer = megatron_trainer(model_dir, "bfloat16", lr=1e-4)
         trainer.train_step(batches[0])
         trainer.save(str(tmp_path / "ckpt"))
         saved = [m.detach().clone() for m in trainer.masters.masters]
-        assert any(not torch.equal(m, p.detach().float()) for m, p in zip(saved, trainer.masters.params, strict=True))
+        assert any(
+            not torch.equal(m, p.detach().float()) for m, p in zip(saved, trainer.masters.params, strict=True)
+        )
         second = trainer.train_step(batches[1])
         resumed = megatron_trainer(model_dir, "bfloat16", lr=1e-4)
         resumed.load(str(tmp_path / "ckpt"))

@@ -91,5 +91,7 @@ def test_a_tp_rank_reads_only_its_vocabulary_rows(tiny_qwen3, tiny_qwen3_moe, mo
         asked.clear()
         check(model_dir, config, hf, 2, 1, 1)
         vocab = [(n, rows) for n, rows in asked if hf[n].shape[0] == config.vocab_size and hf[n].dim() == 2]
-        assert vocab and all(rows is not None and rows[1] - rows[0] <= -(-config.vocab_size // 2) for _, rows in vocab)
+        assert vocab and all(
+            rows is not None and rows[1] - rows[0] <= -(-config.vocab_size // 2) for _, rows in vocab
+        )
         assert sorted(rows for _, rows in vocab if "embed" in _)[0][0] == 0  # rank 0 from the first row

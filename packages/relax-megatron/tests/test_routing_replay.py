@@ -41,32 +41,43 @@ def test_token_layout_follows_the_right_padded_rows():
     assert token_routing(routed, mask)[:, 0, 0].tolist() == [1, 3, 2, 4, 0, 5]
 
 
-def test_replay_matches_the_torch_trainer_and_own_routing_does_not(megatron_world, r3_perturbed_dir, r3_batch,
-                                                                   r3_torch, assert_r3_step):  # fmt: skip
+def test_replay_matches_the_torch_trainer_and_own_routing_does_not(
+    megatron_world, r3_perturbed_dir, r3_batch, r3_torch, assert_r3_step
+):
     """TP=PP=1: with replay, megatron's logprobs are the torch trainer's replaying the same routing (1e-5) and
     far from its own routing's; the replayed step (old logprobs, loss, router gradient through the replayed
     weights) and the routing metrics are the torch trainer's."""
     batch = r3_batch
-    assert batch["routed_experts"].dtype == torch.int8 and bool(batch["attention_mask"].eq(0).any())  # left pads
+    assert batch["routed_experts"].dtype == torch.int8 and bool(
+        batch["attention_mask"].eq(0).any()
+    )  # left pads
     meg = megatron_trainer(r3_perturbed_dir, routing_replay=True)
     free, replayed = meg.forward_logprobs(_without_routing(batch)), meg.forward_logprobs(batch)
     torch.testing.assert_close(replayed, r3_torch["replayed"], atol=1e-5, rtol=0)
     torch.testing.assert_close(free, r3_torch["free"], atol=1e-5, rtol=0)
-    assert float((free - replayed).abs().max()) > 0.05  # the perturbation moved tokens: the check is not vacuous
-    got = {"metrics": meg.train_step(batch), "weights": {n: t for b in meg.export_weights(1 << 16) for n, t in b}}
+    assert (
+        float((free - replayed).abs().max()) > 0.05
+    )  # the perturbation moved tokens: the check is not vacuous
+    got = {
+        "metrics": meg.train_step(batch),
+        "weights": {n: t for b in meg.export_weights(1 << 16) for n, t in b},
+    }
     metrics = got["metrics"]
     assert metrics["routing/mismatch_frac_free"] > 0
     assert metrics["routing/logprob_diff_replay"] < metrics["routing/logprob_diff_free"]
     assert_r3_step(got)
 
 
-def test_a_frozen_reference_replays_and_a_non_replaying_one_ignores_the_routing(megatron_world, r3_perturbed_dir,
-                                                                                r3_batch, r3_torch):  # fmt: skip
+def test_a_frozen_reference_replays_and_a_non_replaying_one_ignores_the_routing(
+    megatron_world, r3_perturbed_dir, r3_batch, r3_torch
+):
     """``routing_replay: reference``: the frozen reference replays too; ``rollout`` leaves it its own routing.
     A batch recorded on another model (other MoE layer count) is an error naming the column."""
     reference = megatron_trainer(r3_perturbed_dir, trainable=False, routing_replay=True)
     torch.testing.assert_close(reference.forward_logprobs(r3_batch), r3_torch["replayed"], atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match=r"routed_experts \(4, \d+, 1, 2\) should be \(rows, tokens, 2 MoE layers"):
+    with pytest.raises(
+        ValueError, match=r"routed_experts \(4, \d+, 1, 2\) should be \(rows, tokens, 2 MoE layers"
+    ):
         reference.forward_logprobs({**r3_batch, "routed_experts": r3_batch["routed_experts"][:, :, :1]})
     own = megatron_trainer(r3_perturbed_dir, trainable=False, routing_replay=False)
     torch.testing.assert_close(own.forward_logprobs(r3_batch), r3_torch["free"], atol=1e-5, rtol=0)

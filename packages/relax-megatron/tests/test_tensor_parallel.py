@@ -79,18 +79,44 @@ def omni_moe_tp(omni_moe):
 
 
 @pytest.fixture(scope="module")
-def launch(tiny_qwen3, tiny_qwen3_moe, torch_reference, run_ranks, tp2_checkpoint, pp2_checkpoint, r3_perturbed_dir,
-           r3_batch, vl_models, omni_moe, omni_dense, moe_tp_batch, omni_moe_tp):  # fmt: skip
+def launch(
+    tiny_qwen3,
+    tiny_qwen3_moe,
+    torch_reference,
+    run_ranks,
+    tp2_checkpoint,
+    pp2_checkpoint,
+    r3_perturbed_dir,
+    r3_batch,
+    vl_models,
+    omni_moe,
+    omni_dense,
+    moe_tp_batch,
+    omni_moe_tp,
+):
     """One two-process launch for every check below (starting processes is the slow part): TP=2 (the
     trained trainer saved to ``tp2_checkpoint``), the same ranks at EP=2 and DP=2 x EP=2 with the tiny
     Qwen3-MoE, with MoE routing replay at DP=2 x EP=2 and PP=2, the tiny VL models (Qwen2.5-VL saved to
     ``<tp2_checkpoint>-vl``) and the Qwen2.5-Omni thinker at TP=2 and the Qwen3-Omni thinker at DP=2 x EP=2, then at PP=2 (the Omni thinkers too) (saved to ``pp2_checkpoint``)
     and DP=2 (saved to ``<pp2_checkpoint>-dp``); Qwen3-MoE and the Qwen3-Omni thinker at TP=2 (sequence parallelism)."""
-    data = {"tokens": TOKENS, "batch": torch_reference[1], "moe_dir": tiny_qwen3_moe[0],
-            "routing": {"batch": r3_batch, "moe_dir": r3_perturbed_dir}, "omni": vl_models, "omni_moe": omni_moe,
-            "omni_tp": {"qwen2_5_omni": omni_dense}, "omni_ckpt": {"qwen2_5_vl": str(tp2_checkpoint) + "-vl"}, "omni_thinkers": {"qwen2_5_omni": omni_dense, "qwen3_omni": omni_moe},
-            "moe_tp": (tiny_qwen3_moe[0], moe_tp_batch, str(tp2_checkpoint) + "-moe"), "omni_moe_tp": omni_moe_tp,
-            "pipeline": {"tokens": PP_TOKENS, "ckpt": str(pp2_checkpoint), "dp_batch": dp_batch(torch_reference[1])}}  # fmt: skip
+    data = {
+        "tokens": TOKENS,
+        "batch": torch_reference[1],
+        "moe_dir": tiny_qwen3_moe[0],
+        "routing": {"batch": r3_batch, "moe_dir": r3_perturbed_dir},
+        "omni": vl_models,
+        "omni_moe": omni_moe,
+        "omni_tp": {"qwen2_5_omni": omni_dense},
+        "omni_ckpt": {"qwen2_5_vl": str(tp2_checkpoint) + "-vl"},
+        "omni_thinkers": {"qwen2_5_omni": omni_dense, "qwen3_omni": omni_moe},
+        "moe_tp": (tiny_qwen3_moe[0], moe_tp_batch, str(tp2_checkpoint) + "-moe"),
+        "omni_moe_tp": omni_moe_tp,
+        "pipeline": {
+            "tokens": PP_TOKENS,
+            "ckpt": str(pp2_checkpoint),
+            "dp_batch": dp_batch(torch_reference[1]),
+        },
+    }
     return run_ranks("tensor", tiny_qwen3[0], data, "--ckpt", str(tp2_checkpoint))
 
 
@@ -110,7 +136,9 @@ def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tp2):
     assert got["logits_shape"][-1] == config.vocab_size // 2  # each rank scored half the vocabulary
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
-        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        ref_logits = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        )
     ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(got["logprobs"], ref, rtol=1.3e-6, atol=1e-5)  # same tolerance as TP=1
     torch.testing.assert_close(got["entropy"], entropy_from_logits(ref_logits), rtol=1.3e-6, atol=1e-5)
@@ -125,7 +153,9 @@ def _assert_same_step(got: dict, ref, batch: dict) -> None:
     want = _stepped_reference(got, ref, batch)
     assert sorted(got["weights"]) == sorted(want)
     for name, tensor in want.items():
-        torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
@@ -156,7 +186,9 @@ def test_pp2_logprobs_match_hf(tiny_qwen3, pp2):
     tokens, got, _ = pp2
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
-        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        ref_logits = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        )
     ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(got["logprobs"], ref, rtol=1.3e-6, atol=1e-5)
 
@@ -168,7 +200,9 @@ def test_pp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_referen
     from relax.core.testing import torch_trainer
 
     batch = torch_reference[1]
-    ref = torch_trainer(tiny_qwen3[0], lr=1e-2, eps=1e-4, micro_batch_size=4)  # fresh: the TP=2 test stepped the shared one
+    ref = torch_trainer(
+        tiny_qwen3[0], lr=1e-2, eps=1e-4, micro_batch_size=4
+    )  # fresh: the TP=2 test stepped the shared one
     got = pp2[1]["train"]
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
     _assert_same_step(got, ref, batch)
@@ -199,7 +233,9 @@ def test_ep2_moe_logprobs_and_export_match_hf(tiny_qwen3_moe, tp2):
     got = tp2["moe"]
     inputs, targets = TOKENS[:, :-1], TOKENS[:, 1:]
     with torch.no_grad():
-        ref_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        ref_logits = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(inputs).logits
+        )
     ref = torch.log_softmax(ref_logits, -1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(got["logprobs"], ref, rtol=1.3e-6, atol=1e-5)
     assert sorted(got["hf"]) == sorted(hf)
@@ -217,7 +253,9 @@ def test_pp2_bf16_step_tracks_fp32(pp2):
     assert bf16["metrics"]["grad_norm"] == pytest.approx(fp32["metrics"]["grad_norm"], rel=0.05)
     assert sorted(bf16["weights"]) == sorted(fp32["weights"])
     for name, tensor in fp32["weights"].items():
-        assert bf16["weights"][name].dtype == (torch.float32 if "norm" in name else torch.bfloat16)  # torch norms: fp32
+        assert bf16["weights"][name].dtype == (
+            torch.float32 if "norm" in name else torch.bfloat16
+        )  # torch norms: fp32
         torch.testing.assert_close(bf16["weights"][name].float(), tensor, atol=2.5e-2, rtol=1e-2)
 
 
@@ -247,7 +285,9 @@ def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_referen
 
 
 @pytest.mark.parametrize("saved_by", ["train", "dp"])
-def test_pp2_and_dp2_checkpoints_resume_in_one_process(megatron_world, tiny_qwen3, pp2, torch_reference, saved_by):
+def test_pp2_and_dp2_checkpoints_resume_in_one_process(
+    megatron_world, tiny_qwen3, pp2, torch_reference, saved_by
+):
     """A dist checkpoint saved after their first step by the two PP=2 stages ("train") or the two DP=2
     replicas ("dp": one copy of the replicated weights and AdamW state, each replica's RNG), loaded by one
     TP=PP=DP=1 trainer (megatron maps the stages' layers onto one model): its second step repeats the
@@ -270,7 +310,9 @@ def test_pp2_and_dp2_checkpoints_resume_in_one_process(megatron_world, tiny_qwen
     weights = exported(trainer)
     assert sorted(weights) == sorted(got["weights_second"])
     for name, tensor in got["weights_second"].items():
-        torch.testing.assert_close(weights[name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            weights[name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def test_dp2_ep2_moe_step_matches_the_torch_trainer(tiny_qwen3_moe, tp2, torch_reference, fuse_experts):
@@ -289,7 +331,9 @@ def test_dp2_ep2_moe_step_matches_the_torch_trainer(tiny_qwen3_moe, tp2, torch_r
 
 
 @pytest.mark.parametrize("layout", ["ep", "pp", "tp"])
-def test_routing_replay_at_dp2_ep2_pp2_and_tp2_matches_the_torch_trainer(tp2, r3_torch, assert_r3_step, layout):
+def test_routing_replay_at_dp2_ep2_pp2_and_tp2_matches_the_torch_trainer(
+    tp2, r3_torch, assert_r3_step, layout
+):
     """MoE routing replay (test_routing_replay.py's batch and perturbed routers) at DP=2 x EP=2 (each replica
     routes its own rows before the dispatcher exchanges them; the mismatch counts summed over the world), PP=2
     (each stage replays its own layer's routing, under 1F1B) and TP=2 (sequence parallelism: each TP rank
@@ -339,8 +383,9 @@ def _assert_same_weights(mine: dict, want: dict) -> None:
         torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(megatron_world, tp2, vl_models, tp2_checkpoint,
-                                                                      tmp_path):  # fmt: skip
+def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(
+    megatron_world, tp2, vl_models, tp2_checkpoint, tmp_path
+):
     """``relax convert`` of the Qwen2.5-VL dist checkpoint the TP=2 ranks saved after their step (vocabulary 71
     padded to 72 rows), in one process: an HF directory (towers and processor included) that transformers
     loads, with the logprobs the TP=2 ranks computed after saving."""
@@ -353,9 +398,14 @@ def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(megatron_
     model_dir, batch = vl_models["qwen2_5_vl"]
     names = to_hf(str(tp2_checkpoint) + "-vl", str(tmp_path / "hf"))
     with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
-        assert names == sorted(f.keys()) and f.get_slice("model.language_model.embed_tokens.weight").get_shape()[0] == 71
+        assert (
+            names == sorted(f.keys())
+            and f.get_slice("model.language_model.embed_tokens.weight").get_shape()[0] == 71
+        )
     assert any(".visual." in n for n in names) and (tmp_path / "hf" / "processor_config.json").is_file()
-    assert type(AutoModelForImageTextToText.from_pretrained(tmp_path / "hf")).__name__.startswith("Qwen2_5_VL")
+    assert type(AutoModelForImageTextToText.from_pretrained(tmp_path / "hf")).__name__.startswith(
+        "Qwen2_5_VL"
+    )
     got = torch_trainer(str(tmp_path / "hf"), micro_batch_size=3).forward_logprobs(batch)
     torch.testing.assert_close(got, tp2["omni"]["qwen2_5_vl"]["logprobs_after"], **MATCH)
 
@@ -412,8 +462,12 @@ def _fused(weights: dict) -> dict:
     for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:
         layer = down[: -len("0.down_proj.weight")]
         experts = range(sum(1 for n in mine if n.startswith(layer) and n.endswith(".down_proj.weight")))
-        mine[layer + "gate_up_proj"] = torch.stack([torch.cat([mine.pop(f"{layer}{j}.gate_proj.weight"),
-                                                               mine.pop(f"{layer}{j}.up_proj.weight")]) for j in experts])  # fmt: skip
+        mine[layer + "gate_up_proj"] = torch.stack(
+            [
+                torch.cat([mine.pop(f"{layer}{j}.gate_proj.weight"), mine.pop(f"{layer}{j}.up_proj.weight")])
+                for j in experts
+            ]
+        )
         mine[layer + "down_proj"] = torch.stack([mine.pop(f"{layer}{j}.down_proj.weight") for j in experts])
     return mine
 
@@ -422,13 +476,15 @@ def _fused(weights: dict) -> dict:
 def sp_pp(run_ranks, tiny_qwen3, tiny_qwen3_moe, moe_tp_batch, omni_moe_tp):
     """One four-process launch: Qwen3-MoE and the Qwen3-Omni thinker at TP=2 x PP=2, sequence parallelism across
     the stages (each stage sends the next its TP rank's slice of the sequence, padded to a multiple of TP)."""
-    return run_ranks("sp_pp", tiny_qwen3[0], {"moe": (tiny_qwen3_moe[0], moe_tp_batch), "omni_moe": omni_moe_tp},
-                     world=4)  # fmt: skip
+    return run_ranks(
+        "sp_pp", tiny_qwen3[0], {"moe": (tiny_qwen3_moe[0], moe_tp_batch), "omni_moe": omni_moe_tp}, world=4
+    )
 
 
 @pytest.mark.parametrize("name", ["moe", "omni_moe"])
-def test_tp2_pp2_moe_with_sequence_parallelism_matches_the_torch_trainer(sp_pp, name, tiny_qwen3_moe, moe_tp_batch,
-                                                                         omni_moe_tp):  # fmt: skip
+def test_tp2_pp2_moe_with_sequence_parallelism_matches_the_torch_trainer(
+    sp_pp, name, tiny_qwen3_moe, moe_tp_batch, omni_moe_tp
+):
     """MoE at TP > 1 needs sequence parallelism; with PP=2 too (an odd sequence; the Omni thinker on image, video,
     audio and text rows, later stages computing their M-RoPE positions): the torch trainer's logprobs and step
     (loss, entropy, grad norm; weights within AdamW's first-step 2e-4, experts gathered over both stages)."""
@@ -460,8 +516,9 @@ def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batc
     _assert_same_weights(fuse_experts(got["weights"], config), _stepped_reference(got, ref, moe_tp_batch))
 
 
-def test_tp2_moe_checkpoint_loads_at_tp1_and_converts_to_hf(megatron_world, tiny_qwen3_moe, tp2, tp2_checkpoint,
-                                                           moe_tp_batch, tmp_path):  # fmt: skip
+def test_tp2_moe_checkpoint_loads_at_tp1_and_converts_to_hf(
+    megatron_world, tiny_qwen3_moe, tp2, tp2_checkpoint, moe_tp_batch, tmp_path
+):
     """The Qwen3-MoE dist checkpoint the TP=2 (sequence-parallel) ranks saved after their step: one TP=1 trainer
     loads it to the logprobs the ranks computed after saving, and ``relax convert`` writes the ranks'
     exported weights bit-exactly."""
@@ -474,7 +531,9 @@ def test_tp2_moe_checkpoint_loads_at_tp1_and_converts_to_hf(megatron_world, tiny
     trainer = MegatronTrainer(tiny_qwen3_moe[0], micro_batch_size=4)
     trainer.load(ckpt)
     assert trainer.update.step == 1
-    torch.testing.assert_close(trainer.forward_logprobs(moe_tp_batch), got["logprobs_after"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        trainer.forward_logprobs(moe_tp_batch), got["logprobs_after"], atol=1e-5, rtol=0
+    )
     names = to_hf(ckpt, str(tmp_path / "hf"))
     written = load_file(tmp_path / "hf" / "model.safetensors")
     assert sorted(names) == sorted(written) == sorted(got["weights"])
@@ -489,8 +548,9 @@ def test_tp2_sequence_parallel_dense_model_matches_transformers(tiny_qwen3, tp2,
 
     _, _, hf = tiny_qwen3
     got = tp2["dense_sp"]
-    torch.testing.assert_close(got["logprobs"], torch_trainer(tiny_qwen3[0]).forward_logprobs(moe_tp_batch),
-                               atol=1e-5, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        got["logprobs"], torch_trainer(tiny_qwen3[0]).forward_logprobs(moe_tp_batch), atol=1e-5, rtol=0
+    )
     assert sorted(got["hf"]) == sorted(hf)
     for name, tensor in hf.items():
         assert torch.equal(got["hf"][name], tensor), name

@@ -17,7 +17,9 @@ def megatron_trainer(model_dir: str, **kw):
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
-    return MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), **{**TRAINER_KW, **kw})
+    return MegatronTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), **{**TRAINER_KW, **kw}
+    )
 
 
 class TestMegatronTrainer(TrainerConformance):
@@ -47,7 +49,9 @@ class TestAgreesWithTheTorchTrainer(TinyModelFixtures):
         assert moved > 1e-3  # the step moved the weights: the comparison below is not vacuous
         for name, tensor in got.items():
             # AdamW's first step is ~lr * sign(grad): a gradient within float noise of 0 may flip a sign
-            torch.testing.assert_close(tensor, want[name], atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(
+                tensor, want[name], atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+            )
 
 
 def test_backend_params_reject_unsupported_layouts():
@@ -57,7 +61,9 @@ def test_backend_params_reject_unsupported_layouts():
     assert MegatronParams(tensor_parallel=0).validate() == ["tensor_parallel: must be >= 1, got 0"]
     (cp,) = MegatronParams(context_parallel=2).validate()
     assert "needs Transformer Engine" in cp
-    assert MegatronParams(tensor_parallel=2, sequence_parallel=True).validate() == []  # local spec: no TE needed
+    assert (
+        MegatronParams(tensor_parallel=2, sequence_parallel=True).validate() == []
+    )  # local spec: no TE needed
     (sp,) = MegatronParams(sequence_parallel=True).validate()
     assert sp == "sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)"
     assert MegatronParams(tensor_parallel=2, pipeline_parallel=2, sequence_parallel=True).validate() == []
@@ -67,14 +73,18 @@ def test_backend_params_reject_unsupported_layouts():
     (ep,) = MegatronParams(expert_parallel=2, data_parallel=3).validate()
     assert "expert_parallel=2: must divide tensor_parallel x data_parallel=3" in ep
     assert MegatronParams(expert_parallel=2, data_parallel=4).validate() == []  # EP carved from DP
-    assert MegatronParams(expert_parallel=2, tensor_parallel=2).validate() == []  # ... or from TP (experts whole)
+    assert (
+        MegatronParams(expert_parallel=2, tensor_parallel=2).validate() == []
+    )  # ... or from TP (experts whole)
     (dist_opt,) = MegatronParams(distributed_optimizer=True).validate()
     assert "distributed_optimizer: not supported" in dist_opt and "CUDA parameters" in dist_opt
     assert MegatronParams(distributed_optimizer=True, device="cuda", data_parallel=2).validate() == []
     (bf16,) = MegatronParams(dtype="bfloat16").validate()
     assert bf16 == "dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only"
     assert MegatronParams(device="cuda:1", dtype="bfloat16").validate() == []
-    assert MegatronParams(device="tpu").validate() == ["device: expected 'cpu', 'cuda' or 'cuda:N', got 'tpu'"]
+    assert MegatronParams(device="tpu").validate() == [
+        "device: expected 'cpu', 'cuda' or 'cuda:N', got 'tpu'"
+    ]
 
 
 def test_backend_params_check_layer_spec_and_timeout():
@@ -96,7 +106,9 @@ def test_registered_as_the_megatron_trainer():
     layout = MegatronParams(tensor_parallel=2, pipeline_parallel=3, data_parallel=2)
     assert registration.resources(layout).num_workers == 12  # one rank actor per rank: TP x PP x DP
     assert registration.resources(layout).num_gpus == 0.0
-    assert registration.resources(MegatronParams(tensor_parallel=2, device="cuda")).num_gpus == 1.0  # per rank
+    assert (
+        registration.resources(MegatronParams(tensor_parallel=2, device="cuda")).num_gpus == 1.0
+    )  # per rank
 
 
 class TestFactory(TinyModelFixtures):
@@ -121,7 +133,11 @@ class TestFactory(TinyModelFixtures):
         trainer = megatron_trainer(MegatronParams(), self.context(model_dir))
         settings = trainer.settings
         assert (settings.lr, settings.micro_batch_size, settings.num_minibatches) == (3e-3, 2, 2)
-        assert (settings.temperature, settings.total_steps, trainer.update.objective is not None) == (0.7, 5, True)
+        assert (settings.temperature, settings.total_steps, trainer.update.objective is not None) == (
+            0.7,
+            5,
+            True,
+        )
 
     def test_process_groups_follow_the_trainer_timeout(self, megatron_world, model_dir):
         """``trainer.timeout_s`` (not the weight-sync one in ``ctx.timeout_s``), or the backend's own
@@ -143,11 +159,15 @@ class TestFactory(TinyModelFixtures):
         if not torch.cuda.is_available():
             with pytest.raises(RuntimeError, match="device='cuda': no CUDA GPU is visible"):
                 megatron_trainer(MegatronParams(device="cuda"), self.context(model_dir))
-        with pytest.raises(ValueError, match="trainer.backend_params: distributed_optimizer: not supported on CPU"):
+        with pytest.raises(
+            ValueError, match="trainer.backend_params: distributed_optimizer: not supported on CPU"
+        ):
             megatron_trainer(MegatronParams(distributed_optimizer=True), self.context(model_dir))
         with pytest.raises(ValueError, match="trainer.backend_params: expert_parallel=2"):
             megatron_trainer(MegatronParams(expert_parallel=2), self.context(model_dir))
-        with pytest.raises(ValueError, match="world_size=1 != tensor_parallel=2 x pipeline_parallel=1"):  # a TP=2 rank needs its group
+        with pytest.raises(
+            ValueError, match="world_size=1 != tensor_parallel=2 x pipeline_parallel=1"
+        ):  # a TP=2 rank needs its group
             megatron_trainer(MegatronParams(tensor_parallel=2), self.context(model_dir))
 
 
@@ -178,7 +198,10 @@ def test_a_moe_step_matches_the_torch_trainer(megatron_world, tiny_qwen3_moe, fu
     ref, meg = torch_trainer(model_dir, **TRAINER_KW, eps=1e-4), megatron_trainer(model_dir, eps=1e-4)
     old = ref.forward_logprobs(batch)
     torch.testing.assert_close(meg.forward_logprobs(batch), old, atol=1e-5, rtol=0)
-    m_ref, m_meg = ref.train_step({**batch, "old_logprobs": old}), meg.train_step({**batch, "old_logprobs": old})
+    m_ref, m_meg = (
+        ref.train_step({**batch, "old_logprobs": old}),
+        meg.train_step({**batch, "old_logprobs": old}),
+    )
     for key in ("loss", "entropy", "grad_norm"):
         assert m_meg[key] == pytest.approx(m_ref[key], abs=1e-5), key
     want, got = exported(ref), fuse_experts(exported(meg), config)
@@ -209,8 +232,15 @@ def test_trainer_names_what_sequence_parallelism_cannot_run(tiny_qwen3):
 
 
 class TestRealLengths(TinyModelFixtures):
-    @pytest.mark.parametrize("variant", [{"recompute": "full"}, {"recompute": "selective"},
-                                         {"max_tokens_per_micro_batch": 16}, {"logits_chunk_tokens": 7}])  # fmt: skip
+    @pytest.mark.parametrize(
+        "variant",
+        [
+            {"recompute": "full"},
+            {"recompute": "selective"},
+            {"max_tokens_per_micro_batch": 16},
+            {"logits_chunk_tokens": 7},
+        ],
+    )
     def test_a_step_equals_the_plain_fixed_row_step(self, megatron_world, model_dir, tokenizer, variant):
         """Activation recompute (megatron's full / selective), token-budget micro-batches and logprobs and
         entropy seven tokens at a time (chunked.py; the plain step takes whole logits) change memory, not
@@ -224,14 +254,20 @@ class TestRealLengths(TinyModelFixtures):
         assert config.recompute_granularity == variant.get("recompute")
         assert plain.head is None and other.head is not None  # whole logits vs chunks (chunked.py)
 
-        torch.testing.assert_close(other.forward_logprobs(batch), plain.forward_logprobs(batch), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            other.forward_logprobs(batch), plain.forward_logprobs(batch), atol=1e-5, rtol=0
+        )
         batch["old_logprobs"] = plain.forward_logprobs(batch)  # given: the step runs training forwards only
         calls = {id(t): 0 for t in (plain, other)}
         for t in (plain, other):  # core attention runs again in backward when megatron recomputes
             for layer in t.model.decoder.layers:
                 layer.self_attention.core_attention.register_forward_pre_hook(
-                    lambda *_, key=id(t): calls.__setitem__(key, calls[key] + 1))
-        want, got = learning_metrics(plain.train_step(dict(batch))), learning_metrics(other.train_step(dict(batch)))
+                    lambda *_, key=id(t): calls.__setitem__(key, calls[key] + 1)  # noqa: B008
+                )
+        want, got = (
+            learning_metrics(plain.train_step(dict(batch))),
+            learning_metrics(other.train_step(dict(batch))),
+        )
         if "recompute" in variant:
             assert calls[id(other)] == 2 * calls[id(plain)] > 0, calls
         for key in ("loss", "entropy", "grad_norm"):
@@ -248,7 +284,9 @@ def test_the_run_check_names_what_megatron_does_not_do_with_real_lengths():
     (pack,) = MegatronParams().validate_run(cfg)
     assert pack.startswith("trainer.pack_sequences: the megatron trainer does not pack")
     errors = MegatronParams(pipeline_parallel=2).validate_run(cfg)
-    assert any(e.startswith("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule") for e in errors)
+    assert any(
+        e.startswith("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule") for e in errors
+    )
 
 
 def test_the_run_check_refuses_a_critic_before_start_up():
@@ -259,4 +297,7 @@ def test_the_run_check_refuses_a_critic_before_start_up():
     cfg = load_config(None, ["algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"])
     assert MegatronParams().validate_run(cfg) == [CRITIC_MISSING] and "torch or fsdp" in CRITIC_MISSING
     with pytest.raises(ConfigError, match="the megatron trainer has no critic"):
-        load_config(None, ["trainer.backend=megatron", "algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"])
+        load_config(
+            None,
+            ["trainer.backend=megatron", "algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"],
+        )

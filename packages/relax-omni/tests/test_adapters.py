@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from relax.core import plugins
+from relax.core.model_family import family_adapter
 from relax.core.multimodal_model import (
     UnsupportedModelError,
     adapter_for,
@@ -19,21 +20,28 @@ from relax.core.multimodal_model import (
 )
 from relax.core.quickstart_model import ensure_quickstart_model
 from relax.core.testing.multimodal_models import FAMILIES, tiny_multimodal_dir
-from relax.core.model_family import family_adapter
 from relax.omni.adapters import AUDIO_IN_VIDEO, LM_TYPES, MODEL_TYPES, QwenMediaAdapter, QwenMediaLMAdapter
 
-MODEL_TYPE = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen2_5_omni": "qwen2_5_omni_thinker",
-              "qwen3_omni": "qwen3_omni_moe_thinker"}
+MODEL_TYPE = {
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen3_vl": "qwen3_vl",
+    "qwen2_5_omni": "qwen2_5_omni_thinker",
+    "qwen3_omni": "qwen3_omni_moe_thinker",
+}
 
 
 def test_the_plugin_registers_every_family_it_processes():
     manager = plugins.get_plugin_manager()
-    assert set(MODEL_TYPES) <= set(manager.names("model_adapter")) and set(MODEL_TYPE.values()) <= set(MODEL_TYPES)
+    assert set(MODEL_TYPES) <= set(manager.names("model_adapter")) and set(MODEL_TYPE.values()) <= set(
+        MODEL_TYPES
+    )
     assert {manager.registration("model_adapter", t).plugin for t in MODEL_TYPES} == {"omni"}
     assert "model_adapter: " + ", ".join(sorted((*MODEL_TYPES, *LM_TYPES))) in plugins.format_plugins(manager)
     assert isinstance(adapter_for("qwen3_vl"), QwenMediaAdapter) and adapter_for("qwen3") is None
     # the VL / Omni language models: declared for the backends, invisible to core's HF path (no media)
-    assert adapter_for("qwen3_vl_text") is None and isinstance(family_adapter("qwen3_vl_text"), QwenMediaLMAdapter)
+    assert adapter_for("qwen3_vl_text") is None and isinstance(
+        family_adapter("qwen3_vl_text"), QwenMediaLMAdapter
+    )
     from relax.core.multimodal_model import media_flag_keys
 
     assert AUDIO_IN_VIDEO in media_flag_keys()
@@ -70,7 +78,9 @@ def test_without_the_plugin_core_refuses_media_models_by_name(tmp_path_factory, 
         text = load_model(text_dir, "float32")  # the generic path needs no adapter
         assert not freeze_towers(text) and media_token_ids(text.config) == []
         ids = torch.tensor([[1, 2, 3]])
-        with pytest.raises(UnsupportedModelError, match=r"model_type 'qwen3': a request or row carries media"):
+        with pytest.raises(
+            UnsupportedModelError, match=r"model_type 'qwen3': a request or row carries media"
+        ):
             media_forward_kwargs(text, ids, torch.ones_like(ids), {"pixel_values": torch.zeros(1, 4)}, 3)
     finally:
         monkeypatch.delenv("RELAX_DISABLE_PLUGINS")

@@ -23,8 +23,14 @@ from relax.omni.adapters import AUDIO_IN_VIDEO
 from relax.omni.processors import OmniProcessorParams, make_factory
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="use_audio_in_video needs ffmpeg")
-PARAMS = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28,
-                             video_max_pixels=56 * 56, max_frames=4, use_audio_in_video=True)
+PARAMS = OmniProcessorParams(
+    min_pixels=56 * 56,
+    max_pixels=112 * 112,
+    video_min_pixels=28 * 28,
+    video_max_pixels=56 * 56,
+    max_frames=4,
+    use_audio_in_video=True,
+)
 
 
 def direct_logprobs(model, ids: torch.Tensor, inputs: dict, prompt_len: int, flag: bool) -> torch.Tensor:
@@ -34,18 +40,28 @@ def direct_logprobs(model, ids: torch.Tensor, inputs: dict, prompt_len: int, fla
     fed = ids.clone()
     fed[:, prompt_len:][torch.isin(ids[:, prompt_len:], torch.tensor(media_token_ids(model.config)))] = 0
     with torch.no_grad():
-        logits = model(input_ids=fed, attention_mask=torch.ones_like(ids), use_audio_in_video=flag, **media).logits
-    lps = torch.log_softmax(logits[:, prompt_len - 1:-1].float(), -1)
+        logits = model(
+            input_ids=fed, attention_mask=torch.ones_like(ids), use_audio_in_video=flag, **media
+        ).logits
+    lps = torch.log_softmax(logits[:, prompt_len - 1 : -1].float(), -1)
     return lps.gather(-1, ids[:, prompt_len:, None]).squeeze(-1)
 
 
 @pytest.mark.parametrize("family", OMNI_FAMILIES)
-def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(family, media, tmp_path_factory,
-                                                                              assert_source_audio):
+def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(
+    family, media, tmp_path_factory, assert_source_audio
+):
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family)
     proc = make_factory(family)(PARAMS, PluginContext(role="processor", model_path=model_dir))
-    messages = [{"role": "user", "content": [{"type": "video", "video": str(media / "dot_sound.mp4")},
-                                             {"type": "text", "text": "which way?"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video", "video": str(media / "dot_sound.mp4")},
+                {"type": "text", "text": "which way?"},
+            ],
+        }
+    ]
     p = proc.process(messages, [], "t.jsonl:1")
     assert p["counts"] == {"image": 0, "video": 1, "audio": 1}
     assert p["inputs"][AUDIO_IN_VIDEO].tolist() == [1]
@@ -58,29 +74,44 @@ def test_video_with_soundtrack_generates_and_trains_with_interleaved_positions(f
     assert ids.index(audio) > first and max(i for i, t in enumerate(ids) if t == video) < len(ids)
 
     engine = HFRolloutEngine(model_dir)
-    requests = [GenerationRequest(f"r{j}", list(ids), SamplingParams(max_new_tokens=4, seed=j), media=p["inputs"])
-                for j in range(2)]
+    requests = [
+        GenerationRequest(f"r{j}", list(ids), SamplingParams(max_new_tokens=4, seed=j), media=p["inputs"])
+        for j in range(2)
+    ]
     results = run_async(engine.generate(requests), 120)
-    samples = [Sample(prompt_ids=list(ids), group_id=0, index_in_group=j, response_ids=list(r.response_ids),
-                      rollout_logprobs=list(r.logprobs), mm_inputs=p["inputs"]) for j, r in enumerate(results)]
+    samples = [
+        Sample(
+            prompt_ids=list(ids),
+            group_id=0,
+            index_in_group=j,
+            response_ids=list(r.response_ids),
+            rollout_logprobs=list(r.logprobs),
+            mm_inputs=p["inputs"],
+        )
+        for j, r in enumerate(results)
+    ]
     batch = collate(samples, engine.pad_token_id)
     trainer = torch_trainer(model_dir, micro_batch_size=2)
     got = trainer.forward_logprobs(batch)
     for i, r in enumerate(results):
         rollout = torch.tensor(r.logprobs)
-        assert (got[i, :len(rollout)] - rollout).abs().max() <= 1e-4, "rollout vs trainer logprobs"
+        assert (got[i, : len(rollout)] - rollout).abs().max() <= 1e-4, "rollout vs trainer logprobs"
         full = torch.tensor([ids + r.response_ids])
         told = direct_logprobs(engine.model, full, p["inputs"], len(ids), True)[0]
         assert (told - rollout).abs().max() <= 1e-4, "rollout vs HF forward with use_audio_in_video=True"
         untold = direct_logprobs(engine.model, full, p["inputs"], len(ids), False)[0]
-        assert (untold - rollout).abs().max() > 1e-3, "the flag made no difference: positions not interleaved?"
+        assert (untold - rollout).abs().max() > 1e-3, (
+            "the flag made no difference: positions not interleaved?"
+        )
 
     # one train step on the row: gradients reach both towers through the interleaved tokens
     before = {n: t.clone() for n, t in trainer.state_dict_for_sync().items()}
     advantages = torch.tensor([[1.0], [-1.0]]).expand_as(batch["response_mask"]).contiguous()
     trainer.train_step({**batch, "advantages": advantages})
     after = trainer.state_dict_for_sync()
-    moved = {n.split(".")[1] for n in before if n.startswith("model.") and not torch.equal(before[n], after[n])}
+    moved = {
+        n.split(".")[1] for n in before if n.startswith("model.") and not torch.equal(before[n], after[n])
+    }
     assert {"audio_tower", "visual", "language_model"} <= moved, moved
 
     # a batch whose videos disagree on the flag cannot get one rope index: a clear error, not wrong positions

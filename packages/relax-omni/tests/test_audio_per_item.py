@@ -28,8 +28,16 @@ def audio_rows(family: str, model_dir: str, tmp_path) -> list[Sample]:
         synthetic.two_tones(tmp_path / f"{i}.wav", 440.0 + 110 * i, 220.0, seconds=seconds)
         content = [{"type": "audio", "audio": str(tmp_path / f"{i}.wav")}, {"type": "text", "text": "what?"}]
         p = proc.process([{"role": "user", "content": content}], [], f"t.jsonl:{i + 1}")
-        samples.append(Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, index_in_group=0,
-                              response_ids=list(RESPONSE), rollout_logprobs=[0.0] * len(RESPONSE), mm_inputs=p["inputs"]))
+        samples.append(
+            Sample(
+                prompt_ids=list(p["prompt_ids"]),
+                group_id=i,
+                index_in_group=0,
+                response_ids=list(RESPONSE),
+                rollout_logprobs=[0.0] * len(RESPONSE),
+                mm_inputs=p["inputs"],
+            )
+        )
     return samples
 
 
@@ -39,7 +47,7 @@ def forward_lps(model, batch: dict) -> torch.Tensor:
     width = ids.shape[1] - batch["response_mask"].shape[1]
     with torch.no_grad():
         logits = model(**media_forward_kwargs(model, ids, mask, unpack_media(batch), width)).logits
-    lps = torch.log_softmax(logits[:, width - 1:-1].float(), -1)
+    lps = torch.log_softmax(logits[:, width - 1 : -1].float(), -1)
     return lps.gather(-1, ids[:, width:, None]).squeeze(-1)
 
 
@@ -75,7 +83,9 @@ def test_audio_rows_run_packed_with_their_own_positions(family, tmp_path_factory
     want = torch_trainer(model_dir, micro_batch_size=2).forward_logprobs(batch)
     packed = torch_trainer(model_dir, micro_batch_size=2, pack_sequences=True)
     axes = []
-    packed.model.register_forward_pre_hook(lambda _, args, kw: axes.append(kw["position_ids"].shape[0]), with_kwargs=True)
+    packed.model.register_forward_pre_hook(
+        lambda _, args, kw: axes.append(kw["position_ids"].shape[0]), with_kwargs=True
+    )
     got = packed.forward_logprobs(batch)
     assert want.abs().sum() > 0 and axes == [3]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -13,15 +13,18 @@ from relax.core.testing import ProcessorConformance
 from relax.core.testing.multimodal_models import FAMILIES, PLACEHOLDERS, tiny_multimodal_dir
 from relax.omni.processors import OmniProcessorParams, make_factory
 
-PARAMS = OmniProcessorParams(min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28,
-                             video_max_pixels=56 * 56, max_frames=4)
+PARAMS = OmniProcessorParams(
+    min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28, video_max_pixels=56 * 56, max_frames=4
+)
 
 
 @pytest.fixture(scope="module")
 def processors(tmp_path_factory):
     root = tmp_path_factory.getbasetemp()
-    return {f: make_factory(f)(PARAMS, PluginContext(role="processor", model_path=tiny_multimodal_dir(root, f)))
-            for f in FAMILIES}
+    return {
+        f: make_factory(f)(PARAMS, PluginContext(role="processor", model_path=tiny_multimodal_dir(root, f)))
+        for f in FAMILIES
+    }
 
 
 def merged_tokens(grid: torch.Tensor) -> int:
@@ -33,7 +36,10 @@ def test_media_rows_become_prompt_ids_and_model_inputs(processors, media, family
     proc = processors[family]
     assert isinstance(proc, MultimodalProcessor) and proc.multimodal
     omni = "omni" in family
-    content = [{"type": "image", "image": str(media / "circles.png")}, {"type": "video", "video": str(media / "dot.mp4")}]
+    content = [
+        {"type": "image", "image": str(media / "circles.png")},
+        {"type": "video", "video": str(media / "dot.mp4")},
+    ]
     if omni:
         content.append({"type": "audio", "audio": str(media / "tones.wav")})
     messages = [{"role": "user", "content": [*content, {"type": "text", "text": "how many circles?"}]}]
@@ -62,29 +68,44 @@ def test_media_rows_become_prompt_ids_and_model_inputs(processors, media, family
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
-def test_audio_waveforms_are_kept_beside_the_features(processors, media, family, tmp_path, assert_source_audio):
+def test_audio_waveforms_are_kept_beside_the_features(
+    processors, media, family, tmp_path, assert_source_audio
+):
     """Each audio item's decoded 16 kHz waveform is kept as ``source.audio.<i>`` in prompt order (for engines
     that re-process media): the HF feature extractor gives exactly the row's ``input_features`` from them."""
     from relax.omni import synthetic
 
     synthetic.two_tones(tmp_path / "long.wav", 330.0, 550.0, seconds=0.4)
-    content = [{"type": "audio", "audio": str(tmp_path / "long.wav")}, {"type": "text", "text": "and"},
-               {"type": "audio", "audio": str(media / "tones.wav")}, {"type": "text", "text": "same?"}]
+    content = [
+        {"type": "audio", "audio": str(tmp_path / "long.wav")},
+        {"type": "text", "text": "and"},
+        {"type": "audio", "audio": str(media / "tones.wav")},
+        {"type": "text", "text": "same?"},
+    ]
     inputs = processors[family].process([{"role": "user", "content": content}], [], "t.jsonl:1")["inputs"]
     assert_source_audio(processors[family], inputs, 2)
-    assert [len(inputs[f"source.audio.{i}"]) for i in (0, 1)] == [2 * 6400, 2 * 4000]  # 2 tones of 0.4 s, 0.25 s
+    assert [len(inputs[f"source.audio.{i}"]) for i in (0, 1)] == [
+        2 * 6400,
+        2 * 4000,
+    ]  # 2 tones of 0.4 s, 0.25 s
     image_only = [{"type": "image", "image": str(media / "circles.png")}, {"type": "text", "text": "?"}]
     out = processors[family].process([{"role": "user", "content": image_only}], [], "t.jsonl:2")
     assert not any(k.startswith("source.") for k in out["inputs"])
 
 
 def test_vl_processors_refuse_audio_and_mismatched_model(processors, media, tmp_path_factory):
-    with pytest.raises(MediaError, match=r"t:1: messages\[0\].content\[0\] audio .*wrong type: this model takes"):
-        processors["qwen2_5_vl"].process([{"role": "user", "content": [
-            {"type": "audio", "audio": str(media / "tones.wav")}]}], [], "t:1")
+    with pytest.raises(
+        MediaError, match=r"t:1: messages\[0\].content\[0\] audio .*wrong type: this model takes"
+    ):
+        processors["qwen2_5_vl"].process(
+            [{"role": "user", "content": [{"type": "audio", "audio": str(media / "tones.wav")}]}], [], "t:1"
+        )
     vl_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
-    with pytest.raises(ValueError, match="data.processor 'qwen3_omni' needs a Qwen3OmniMoeProcessor beside the model, "
-                                         "found Qwen2_5_VLProcessor"):
+    with pytest.raises(
+        ValueError,
+        match="data.processor 'qwen3_omni' needs a Qwen3OmniMoeProcessor beside the model, "
+        "found Qwen2_5_VLProcessor",
+    ):
         make_factory("qwen3_omni")(PARAMS, SimpleNamespace(tokenizer_path=None, model_path=vl_dir))
 
 

@@ -49,7 +49,12 @@ def test_shim_works_in_a_fresh_ray_worker(ray_session, tmp_path_factory):
         fresh = "_relax_torchvision_shim" in sys.modules  # imported by the .pth, not by this test
         proc = AutoProcessor.from_pretrained(vl_dir)
         model = AutoModelForCausalLM.from_pretrained(lm_dir)
-        return [str(fresh), torchvision.__version__, type(proc.video_processor).__name__, type(model).__name__]
+        return [
+            str(fresh),
+            torchvision.__version__,
+            type(proc.video_processor).__name__,
+            type(model).__name__,
+        ]
 
     fresh, version, video, model = ray.get(load.remote(vl_dir, lm_dir), timeout=300)
     assert fresh == "True" and version.startswith("0.28")

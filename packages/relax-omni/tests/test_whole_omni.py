@@ -18,7 +18,10 @@ def test_a_whole_omni_checkpoint_loads_as_its_thinker(family, tmp_path):
 
     thinker_dir = tiny_multimodal_dir(tmp_path, family)
     whole_dir = wrap_whole_omni(thinker_dir, tmp_path / "whole", family)
-    whole_config, thinker_config = AutoConfig.from_pretrained(whole_dir), AutoConfig.from_pretrained(thinker_dir)
+    whole_config, thinker_config = (
+        AutoConfig.from_pretrained(whole_dir),
+        AutoConfig.from_pretrained(thinker_dir),
+    )
     assert whole_config.model_type != thinker_config.model_type  # the checkpoint really is the whole model's
     assert model_config(whole_dir).model_type == thinker_config.model_type
     assert media_token_ids(model_config(whole_dir)) == media_token_ids(thinker_config) != []
@@ -27,7 +30,9 @@ def test_a_whole_omni_checkpoint_loads_as_its_thinker(family, tmp_path):
     assert type(whole) is type(thinker)
     got, want = whole.state_dict(), thinker.state_dict()
     assert sorted(got) == sorted(want)
-    assert all(torch.equal(got[n], want[n]) for n in want), "a weight did not come from the checkpoint's thinker"
+    assert all(torch.equal(got[n], want[n]) for n in want), (
+        "a weight did not come from the checkpoint's thinker"
+    )
 
 
 @pytest.mark.parametrize("prefixed", [True, False], ids=["transformers-save", "thinker-layout"])
@@ -47,7 +52,10 @@ def test_a_thinker_trained_from_a_whole_checkpoint_is_saved_back_whole(family, p
     from relax.core.testing.multimodal_models import tiny_multimodal_dir, wrap_whole_omni
 
     whole_dir = wrap_whole_omni(tiny_multimodal_dir(tmp_path, family), tmp_path / "whole", family)
-    talker = {"talker.model.embed_tokens.weight": torch.randn(5, 3), "talker.codec_head.weight": torch.randn(2, 3)}
+    talker = {
+        "talker.model.embed_tokens.weight": torch.randn(5, 3),
+        "talker.codec_head.weight": torch.randn(2, 3),
+    }
     save_file(talker, f"{whole_dir}/talker.safetensors", metadata={"format": "pt"})
     (tmp_path / "whole" / "spk_dict.pt").write_bytes(b"speakers")
     source_names = {*load_file(f"{whole_dir}/model.safetensors"), *talker}
@@ -60,7 +68,11 @@ def test_a_thinker_trained_from_a_whole_checkpoint_is_saved_back_whole(family, p
     model.save_pretrained(saved)  # what the torch trainer's save_hf writes
     if not prefixed:
         file = saved / "model.safetensors"
-        save_file({k.removeprefix("thinker."): v for k, v in load_file(file).items()}, file, metadata={"format": "pt"})
+        save_file(
+            {k.removeprefix("thinker."): v for k, v in load_file(file).items()},
+            file,
+            metadata={"format": "pt"},
+        )
     assert restore_layout(str(saved), whole_dir)
 
     config, source_config = (json.loads((d / "config.json").read_text()) for d in (saved, tmp_path / "whole"))
@@ -75,4 +87,6 @@ def test_a_thinker_trained_from_a_whole_checkpoint_is_saved_back_whole(family, p
     assert sorted(reloaded) == sorted(trained)
     assert all(torch.equal(reloaded[n], trained[n]) for n in trained), "a trained weight did not come back"
     assert not restore_layout(str(saved), whole_dir)  # already whole: nothing to do
-    assert not restore_layout(str(saved), tiny_multimodal_dir(tmp_path, family))  # a thinker run: its own layout
+    assert not restore_layout(
+        str(saved), tiny_multimodal_dir(tmp_path, family)
+    )  # a thinker run: its own layout

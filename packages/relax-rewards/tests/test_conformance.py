@@ -51,7 +51,10 @@ class TestDapo(_Shared):
     name = "dapo"
 
     def samples(self):
-        return [make_sample(r, lab, index=i) for i, (r, lab) in enumerate([("Answer: 7", "7"), ("Answer: 8", "7"), ("", "5")])]
+        return [
+            make_sample(r, lab, index=i)
+            for i, (r, lab) in enumerate([("Answer: 7", "7"), ("Answer: 8", "7"), ("", "5")])
+        ]
 
     def expected_scores(self):
         return [1.0, -1.0, -1.0]
@@ -61,7 +64,10 @@ class TestMultipleChoice(_Shared):
     name = "multiple_choice"
 
     def samples(self):
-        return [make_sample(r, lab, index=i) for i, (r, lab) in enumerate([("\\boxed{B}", "B"), ("Answer: C", "B"), ("", "A")])]
+        return [
+            make_sample(r, lab, index=i)
+            for i, (r, lab) in enumerate([("\\boxed{B}", "B"), ("Answer: C", "B"), ("", "A")])
+        ]
 
     def expected_scores(self):
         return [1.0, 0.0, 0.0]
@@ -97,8 +103,16 @@ class TestOpenR1(_Shared):
     name = "openr1_mm"
 
     def samples(self):
-        return [make_sample(r, "7", index=i) for i, r in enumerate(
-            ["<think>t</think><answer>7</answer>", "<answer>7</answer>", "<think>t</think><answer>8</answer>"])]
+        return [
+            make_sample(r, "7", index=i)
+            for i, r in enumerate(
+                [
+                    "<think>t</think><answer>7</answer>",
+                    "<answer>7</answer>",
+                    "<think>t</think><answer>8</answer>",
+                ]
+            )
+        ]
 
     def expected_scores(self):
         return [2.0, 1.0, 1.0]
@@ -110,7 +124,9 @@ class _Echo(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        payload = json.dumps({"scores": [float(s["response"] == s["label"]) for s in body["samples"]]}).encode()
+        payload = json.dumps(
+            {"scores": [float(s["response"] == s["label"]) for s in body["samples"]]}
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()

@@ -15,39 +15,48 @@ from relax.rewards.testing import make_sample
 TOKEN, SCORE, JSON = GenRMParams(), GenRMParams(parser="score"), GenRMParams(parser="json", score_max=1.0)
 
 
-@pytest.mark.parametrize(("text", "params", "expected"), [
-    ("Yes, it is correct.", TOKEN, 1.0),
-    ("no.", TOKEN, 0.0),
-    ("<think>hmm, no</think> yes", TOKEN, 1.0),
-    ("**YES**", TOKEN, 1.0),
-    ("Score: 7/10", SCORE, 0.7),
-    ("10", SCORE, 1.0),
-    ("I'd say 0.", SCORE, 0.0),
-    ('Verdict: {"score": 0.25, "why": "partly"}', JSON, 0.25),
-    ('{"score": 1}', JSON, 1.0),
-    ('{"x": {} } then {"score": 0.5}', JSON, 0.5),
-])
+@pytest.mark.parametrize(
+    ("text", "params", "expected"),
+    [
+        ("Yes, it is correct.", TOKEN, 1.0),
+        ("no.", TOKEN, 0.0),
+        ("<think>hmm, no</think> yes", TOKEN, 1.0),
+        ("**YES**", TOKEN, 1.0),
+        ("Score: 7/10", SCORE, 0.7),
+        ("10", SCORE, 1.0),
+        ("I'd say 0.", SCORE, 0.0),
+        ('Verdict: {"score": 0.25, "why": "partly"}', JSON, 0.25),
+        ('{"score": 1}', JSON, 1.0),
+        ('{"x": {} } then {"score": 0.5}', JSON, 0.5),
+    ],
+)
 def test_parsers_on_fixed_judge_outputs(text, params, expected):
     assert parse_verdict(text, params) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize(("text", "params", "match"), [
-    ("Maybe.", TOKEN, "neither 'yes' nor 'no'"),
-    ("", TOKEN, "neither"),
-    ("Score: 11", SCORE, "outside"),
-    ("no number", SCORE, "no number"),
-    ('{"score": "high"}', JSON, "no numeric 'score'"),
-    ('{"score": true}', JSON, "no numeric"),
-    ("{broken", JSON, "no JSON object"),
-    ('{"score": 2}', JSON, "outside"),
-])
+@pytest.mark.parametrize(
+    ("text", "params", "match"),
+    [
+        ("Maybe.", TOKEN, "neither 'yes' nor 'no'"),
+        ("", TOKEN, "neither"),
+        ("Score: 11", SCORE, "outside"),
+        ("no number", SCORE, "no number"),
+        ('{"score": "high"}', JSON, "no numeric 'score'"),
+        ('{"score": true}', JSON, "no numeric"),
+        ("{broken", JSON, "no JSON object"),
+        ('{"score": 2}', JSON, "outside"),
+    ],
+)
 def test_unparsable_verdicts_raise(text, params, match):
     with pytest.raises(VerdictError, match=match):
         parse_verdict(text, params)
 
 
 def test_template_substitutes_literally_and_params_validate():
-    assert render('{"q": "{question}"} {reference}/{response} {other}', "Q?", "R", "A") == '{"q": "Q?"} R/A {other}'
+    assert (
+        render('{"q": "{question}"} {reference}/{response} {other}', "Q?", "R", "A")
+        == '{"q": "Q?"} R/A {other}'
+    )
     assert GenRMParams().validate() == ["model_path: the judge model directory is required"]
     errors = GenRMParams(model_path="m", engine_params={"max_batch_size": "big"}).validate()
     assert errors == ["engine_params.max_batch_size: expected int, got str 'big'"]
@@ -61,10 +70,14 @@ def test_tiny_judge_through_the_hf_engine(ray_session, tmp_path_factory):
 
     model = tiny_model_dir(tmp_path_factory.mktemp("judge"))
     template = "{question}={reference}? {response}"
-    params = GenRMParams(model_path=model, template=template, max_new_tokens=6, num_cpus=0,
-                         engine_params={"max_batch_size": 4})
+    params = GenRMParams(
+        model_path=model, template=template, max_new_tokens=6, num_cpus=0, engine_params={"max_batch_size": 4}
+    )
     judge = GenRMReward(params)
-    samples = [make_sample("7", "7", {"question": "3+4"}, index=0), make_sample("<think>x</think>9", "7", {"question": "3+4"}, index=1)]
+    samples = [
+        make_sample("7", "7", {"question": "3+4"}, index=0),
+        make_sample("<think>x</think>9", "7", {"question": "3+4"}, index=1),
+    ]
     assert judge.prompt_of(samples[1]) == "3+4=7? 9"  # think stripped, fields substituted
     texts = asyncio.run(judge.verdicts(samples))
 
@@ -74,18 +87,36 @@ def test_tiny_judge_through_the_hf_engine(ray_session, tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(model)
     engine = HFRolloutEngine(model, max_batch_size=4)
     sp = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(tok.eos_token_id,), seed=0)
-    requests = [GenerationRequest(f"r{i}", tok.apply_chat_template([{"role": "user", "content": judge.prompt_of(s)}],
-                                                                  add_generation_prompt=True, tokenize=True,
-                                                                  return_dict=True)["input_ids"], sp)
-                for i, s in enumerate(samples)]
+    requests = [
+        GenerationRequest(
+            f"r{i}",
+            tok.apply_chat_template(
+                [{"role": "user", "content": judge.prompt_of(s)}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"],
+            sp,
+        )
+        for i, s in enumerate(samples)
+    ]
     direct = asyncio.run(engine.generate(requests))
     assert texts == [tok.decode(r.response_ids, skip_special_tokens=True) for r in direct]
 
     # parse what the judge said: accept its first word as the positive verdict, so the path to 1.0 runs
     words = re.findall(r"[^\W_]+", texts[0].lower())
     positive = words[0] if words else "yes"
-    hub = Hub(HubParams(routes={"j": {"name": "genrm", "params": {**params.__dict__, "positive": positive,
-                                                                  "negative": "never-said"}}}, default="j"))
+    hub = Hub(
+        HubParams(
+            routes={
+                "j": {
+                    "name": "genrm",
+                    "params": {**params.__dict__, "positive": positive, "negative": "never-said"},
+                }
+            },
+            default="j",
+        )
+    )
     out = asyncio.run(hub.score_group(samples))
     for text, o in zip(texts, out, strict=True):
         first = (re.findall(r"[^\W_]+", text.lower()) or [None])[0]

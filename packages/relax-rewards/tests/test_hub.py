@@ -16,14 +16,18 @@ from relax.rewards.testing import make_sample
 
 @pytest.fixture(scope="module")
 def mixed_hub():
-    hub = Hub(HubParams(
-        routes={
-            "math": "math",
-            "gpqa": {"name": "gpqa"},
-            "squad": [{"name": "f1", "weight": 0.5}, {"name": "exact_match_squad", "weight": 0.5}],
-        },
-        route_key="data_source", default="math", workers=2,
-    ))
+    hub = Hub(
+        HubParams(
+            routes={
+                "math": "math",
+                "gpqa": {"name": "gpqa"},
+                "squad": [{"name": "f1", "weight": 0.5}, {"name": "exact_match_squad", "weight": 0.5}],
+            },
+            route_key="data_source",
+            default="math",
+            workers=2,
+        )
+    )
     yield hub
     hub.close()
 
@@ -52,11 +56,17 @@ def test_routing_on_a_mixed_dataset(mixed_hub):
 
 
 def test_validation_names_every_problem():
-    routes, errors = parse_routes(HubParams(
-        routes={"a": "nope", "b": {"name": "math", "params": {"tail_chars": "x"}}, "c": {"name": "hub"},
-                "d": {"name": "f1", "weight": "heavy", "colour": 1}},
-        default="z",
-    ))
+    routes, errors = parse_routes(
+        HubParams(
+            routes={
+                "a": "nope",
+                "b": {"name": "math", "params": {"tail_chars": "x"}},
+                "c": {"name": "hub"},
+                "d": {"name": "f1", "weight": "heavy", "colour": 1},
+            },
+            default="z",
+        )
+    )
     text = "\n".join(errors)
     assert "routes.a.name: unknown reward 'nope'" in text
     assert "routes.b.params.tail_chars: expected int" in text
@@ -73,8 +83,16 @@ def test_validation_names_every_problem():
 
 
 def test_core_group_bound_is_derived_from_call_timeout_unless_set():
-    hub = {"name": "hub", "params": {"routes": {"m": "math", "two": ["f1", {"name": "gpqa", "timeout_s": 50}]},
-                                     "default": "m", "workers": 2, "call_timeout_s": 30, "start_timeout_s": 100}}
+    hub = {
+        "name": "hub",
+        "params": {
+            "routes": {"m": "math", "two": ["f1", {"name": "gpqa", "timeout_s": 50}]},
+            "default": "m",
+            "workers": 2,
+            "call_timeout_s": 30,
+            "start_timeout_s": 100,
+        },
+    }
     derived = config_from_dict({"reward": hub, "rollout": {"n_samples_per_prompt": 4}})
     # 4 samples x 2 components of the longest route, 2 at a time, each up to 50 s; one worker start + margin
     assert derived.reward.timeout_s == 4 * 50 + 100 + 10 == derived.reward.params.group_timeout_s(4)
@@ -92,19 +110,37 @@ def test_no_default_route_is_a_counted_failure():
 
 
 def test_isolation_raise_hang_and_exit_yield_fallback_and_counts(with_misbehave, caplog):
-    hub = Hub(HubParams(
-        routes={
-            "raise": {"name": "misbehave", "params": {"mode": "raise"}},
-            "hang": {"name": "misbehave", "params": {"mode": "hang"}, "timeout_s": 1.5},
-            "exit": {"name": "misbehave", "params": {"mode": "exit"}},
-            "mix": [{"name": "misbehave", "params": {"mode": "exit"}, "weight": 1.0},
-                    {"name": "f1", "weight": 2.0}],
-        },
-        route_key="kind", workers=2, fallback_score=-1.0, call_timeout_s=20,
-    ))
-    samples = [make_sample(f"{resp}", "ok", {"kind": kind}, group=g, index=0)
-               for g, (kind, resp) in enumerate([("raise", "BAD"), ("raise", "fine"), ("hang", "BAD"), ("exit", "BAD"),
-                                                  ("exit", "fine"), ("mix", "ok BAD"), ("hang", "fine")])]
+    hub = Hub(
+        HubParams(
+            routes={
+                "raise": {"name": "misbehave", "params": {"mode": "raise"}},
+                "hang": {"name": "misbehave", "params": {"mode": "hang"}, "timeout_s": 1.5},
+                "exit": {"name": "misbehave", "params": {"mode": "exit"}},
+                "mix": [
+                    {"name": "misbehave", "params": {"mode": "exit"}, "weight": 1.0},
+                    {"name": "f1", "weight": 2.0},
+                ],
+            },
+            route_key="kind",
+            workers=2,
+            fallback_score=-1.0,
+            call_timeout_s=20,
+        )
+    )
+    samples = [
+        make_sample(f"{resp}", "ok", {"kind": kind}, group=g, index=0)
+        for g, (kind, resp) in enumerate(
+            [
+                ("raise", "BAD"),
+                ("raise", "fine"),
+                ("hang", "BAD"),
+                ("exit", "BAD"),
+                ("exit", "fine"),
+                ("mix", "ok BAD"),
+                ("hang", "fine"),
+            ]
+        )
+    ]
     # behaviour, not wall-clock time: the hung calls end at their route's 1.5 s (logged below), and a hub that
     # waited for them would make score_samples raise at its own 60 s instead of returning
     with caplog.at_level(logging.WARNING, logger="relax.rewards.hub"):
@@ -112,10 +148,17 @@ def test_isolation_raise_hang_and_exit_yield_fallback_and_counts(with_misbehave,
     assert stats.failures == 0  # the hub absorbed every failure itself ...
     scores = [s.reward for s in samples]
     assert scores[:5] == [-1.0, 1.0, -1.0, -1.0, 1.0] and scores[6] == 1.0
-    assert scores[5] == pytest.approx(-1.0 + 2.0 * 2 / 3)  # the failed component's fallback + f1 ("ok bad" vs "ok")
+    assert scores[5] == pytest.approx(
+        -1.0 + 2.0 * 2 / 3
+    )  # the failed component's fallback + f1 ("ok bad" vs "ok")
     metrics = reward_metrics(samples)
-    assert (metrics["reward/failures"], metrics["reward/timeouts"]) == (4.0, 1.0)  # ... and counts them per sample
-    assert samples[2].reward_info["reward_timeout"] == 1.0 and samples[3].reward_info["misbehave/failed"] == 1.0
+    assert (metrics["reward/failures"], metrics["reward/timeouts"]) == (
+        4.0,
+        1.0,
+    )  # ... and counts them per sample
+    assert (
+        samples[2].reward_info["reward_timeout"] == 1.0 and samples[3].reward_info["misbehave/failed"] == 1.0
+    )
     logged = caplog.text
     assert "on sample group 0 index 0: RemoteError: RuntimeError: misbehave: raising" in logged
     assert "on sample group 2 index 0: timed out after 1.5s" in logged
@@ -123,10 +166,12 @@ def test_isolation_raise_hang_and_exit_yield_fallback_and_counts(with_misbehave,
     # the driver's failure report (relax.core.failures) gets each one with its reason
     [hung] = samples[2].metadata["failures"]  # its worker killed and replaced, said with the pid
     assert hung["kind"] == "reward" and hung["reason"].startswith(
-        "reward hub: 'misbehave' (route 'hang'): timed out after 1.5s (killed after 1.5s (worker pid ")
+        "reward hub: 'misbehave' (route 'hang'): timed out after 1.5s (killed after 1.5s (worker pid "
+    )
     assert hung["reason"].endswith(" replaced)) (scored -1)")
     assert "failures" not in samples[1].metadata and samples[5].metadata["failures"][0]["reason"].startswith(
-        "reward hub: 'misbehave' (route 'mix'): WorkerDied")
+        "reward hub: 'misbehave' (route 'mix'): WorkerDied"
+    )
     assert hub.pool.restarts >= 3  # the hung worker and the two exited ones were replaced
     again = [make_sample("fine", "ok", {"kind": "exit"})]
     asyncio.run(score_samples(hub, again, timeout_s=60))
@@ -153,7 +198,10 @@ def test_fallback_defaults_to_core_reward_fallback_score(with_misbehave):
 
     raising = {"name": "misbehave", "params": {"mode": "raise"}, "isolate": False}
     ctx = PluginContext(role="reward", fallback_score=-2.0)
-    inherited, own = Hub(HubParams(routes={"r": raising}), ctx), Hub(HubParams(routes={"r": raising}, fallback_score=0.5), ctx)
+    inherited, own = (
+        Hub(HubParams(routes={"r": raising}), ctx),
+        Hub(HubParams(routes={"r": raising}, fallback_score=0.5), ctx),
+    )
     for hub, expected in ((inherited, -2.0), (own, 0.5)):
         samples = [make_sample("BAD", "ok", {"data_source": "r"})]
         asyncio.run(score_samples(hub, samples, timeout_s=60))

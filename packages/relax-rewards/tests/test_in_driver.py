@@ -15,7 +15,17 @@ from relax.core.data import Sample
 from relax.core.lazy_ray import LocalHandle
 from relax.core.plugins import get_plugin_manager
 
-IN_DRIVER = {"dapo", "exact_match_squad", "f1", "gpqa", "ifbench", "ifeval", "math", "multiple_choice", "openr1_mm"}
+IN_DRIVER = {
+    "dapo",
+    "exact_match_squad",
+    "f1",
+    "gpqa",
+    "ifbench",
+    "ifeval",
+    "math",
+    "multiple_choice",
+    "openr1_mm",
+}
 OWN_ACTOR = {"hub", "remote", "genrm"}
 
 

@@ -11,8 +11,13 @@ from relax.rewards.testing import exit_at_start_up, make_sample
 
 
 def test_results_start_up_failures_and_close():
-    pool = ProcessPool({"f1": LocalReward(f1_score, SquadParams()),
-                        "broken": LocalReward(f1_score, SquadParams(), warm=exit_at_start_up)}, size=1)
+    pool = ProcessPool(
+        {
+            "f1": LocalReward(f1_score, SquadParams()),
+            "broken": LocalReward(f1_score, SquadParams(), warm=exit_at_start_up),
+        },
+        size=1,
+    )
     with pytest.raises(RuntimeError, match="worker start-up failed: SystemExit"):
         pool.call("f1", make_sample("Paris", "Paris"), timeout_s=30)
     assert pool.restarts == 1  # the failed worker was replaced (and fails the same way: every call says why)

@@ -69,19 +69,27 @@ def _url(server, path):
 
 
 def _samples(n=3):
-    return [make_sample("x" * (i + 1), f"gold{i}", {"source": f"s{i}"}, group=0, index=i, prompt=f"q{i}") for i in range(n)]
+    return [
+        make_sample("x" * (i + 1), f"gold{i}", {"source": f"s{i}"}, group=0, index=i, prompt=f"q{i}")
+        for i in range(n)
+    ]
 
 
 def test_one_post_per_group_with_mapping_and_auth(server, monkeypatch):
     monkeypatch.setenv("RM_TOKEN", "s3cret")
-    params = RemoteParams(url=_url(server, "/ok"), auth_env="RM_TOKEN",
-                          fields={"prompt": "prompt_text", "response": "response_text", "src": "metadata.source"})
+    params = RemoteParams(
+        url=_url(server, "/ok"),
+        auth_env="RM_TOKEN",
+        fields={"prompt": "prompt_text", "response": "response_text", "src": "metadata.source"},
+    )
     reward = RemoteReward(params)
     server.requests.clear()
     assert asyncio.run(reward.score_group(_samples())) == [0.1, 0.2, 0.3]
     [(path, headers, body)] = server.requests
     assert headers["Authorization"] == "Bearer s3cret"
-    assert body == {"samples": [{"prompt": f"q{i}", "response": "x" * (i + 1), "src": f"s{i}"} for i in range(3)]}
+    assert body == {
+        "samples": [{"prompt": f"q{i}", "response": "x" * (i + 1), "src": f"s{i}"} for i in range(3)]
+    }
     monkeypatch.delenv("RM_TOKEN")
     with pytest.raises(RemoteRewardError, match="'RM_TOKEN' .* is not set"):
         reward.post(_samples(1))
@@ -119,9 +127,15 @@ def test_validation():
 
 
 def test_in_the_hub_failures_are_counted_and_dict_scores_kept(server):
-    hub = Hub(HubParams(routes={"ok": {"name": "remote", "params": {"url": _url(server, "/dict")}},
-                                "broken": {"name": "remote", "params": {"url": _url(server, "/garbage")}}},
-                        route_key="rm"))
+    hub = Hub(
+        HubParams(
+            routes={
+                "ok": {"name": "remote", "params": {"url": _url(server, "/dict")}},
+                "broken": {"name": "remote", "params": {"url": _url(server, "/garbage")}},
+            },
+            route_key="rm",
+        )
+    )
     samples = _samples(2) + [make_sample("yy", None, {"rm": "broken"}, group=0, index=2)]
     for s in samples[:2]:
         s.metadata["rm"] = "ok"

@@ -57,13 +57,17 @@ def test_greedy_equals_hf_generate(sglang_engine, tiny_dirs):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dirs[0], dtype=torch.float32).eval()
     prompts = [[4, 5, 6], [7, 8, 9, 10, 11], [12]]
-    reqs = [GenerationRequest(f"g{i}", p, SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True))
-            for i, p in enumerate(prompts)]  # fmt: skip
+    reqs = [
+        GenerationRequest(f"g{i}", p, SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True))
+        for i, p in enumerate(prompts)
+    ]
     results = _run(sglang_engine.generate(reqs))
     for p, r in zip(prompts, results, strict=True):
         with torch.no_grad():
             out = model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, min_new_tokens=10)
-        assert r.response_ids == out[0, len(p):].tolist(), f"prompt {p}: SGLang {r.response_ids} vs HF {out[0, len(p):].tolist()}"
+        assert r.response_ids == out[0, len(p) :].tolist(), (
+            f"prompt {p}: SGLang {r.response_ids} vs HF {out[0, len(p) :].tolist()}"
+        )
         assert r.finish_reason == "length" and r.versions == [sglang_engine.weight_version()] * 10
 
 
@@ -91,13 +95,17 @@ def test_multimodal_generation(vl_engine, tmp_path):
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
 
     engine, model_dir = vl_engine
-    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen2_5_vl"], OmniProcessorParams())
+    proc = QwenOmniProcessor(
+        AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen2_5_vl"], OmniProcessorParams()
+    )
     media = write_media(tmp_path)
     content = [{"type": "image", "image": media["image"]}, {"type": "text", "text": "what is it?"}]
     prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:1")
     ids, inputs = prompt["prompt_ids"], prompt["inputs"]
     params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
-    reqs = [GenerationRequest(f"vl{i}", ids, params, media=inputs) for i in range(2)]  # a group shares its media
+    reqs = [
+        GenerationRequest(f"vl{i}", ids, params, media=inputs) for i in range(2)
+    ]  # a group shares its media
     results = _run(engine.generate(reqs))
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -113,13 +121,19 @@ def _hf_reference(model, ids, inputs, n):
     """HF greedy tokens for the processed prompt and the forward's logprobs of them."""
     mask = torch.ones(1, len(ids), dtype=torch.long)
     with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([ids]), attention_mask=mask, **inputs, max_new_tokens=n,
-                             do_sample=False, min_new_tokens=n)[0, len(ids):].tolist()  # fmt: skip
+        out = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=mask,
+            **inputs,
+            max_new_tokens=n,
+            do_sample=False,
+            min_new_tokens=n,
+        )[0, len(ids) :].tolist()
         full = torch.tensor([ids + out])
         types = inputs["mm_token_type_ids"]  # per prompt token: extend over the response (text)
         fwd = {**inputs, "mm_token_type_ids": torch.cat([types, types.new_zeros(1, len(out))], 1)}
         logits = model(input_ids=full, attention_mask=torch.ones_like(full), **fwd).logits[0].float()
-    return out, torch.log_softmax(logits[len(ids) - 1:-1], -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+    return out, torch.log_softmax(logits[len(ids) - 1 : -1], -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
 def test_video_generation(vl_engine, tmp_path, monkeypatch):
@@ -135,28 +149,45 @@ def test_video_generation(vl_engine, tmp_path, monkeypatch):
 
     engine, model_dir = vl_engine
     prompts = []
-    for name, frames, max_frames in (("one_grid", 4, 2), ("two_grids", 8, 64)):  # 1 s / 2 s at 4 fps, sampled at 2
+    for name, frames, max_frames in (
+        ("one_grid", 4, 2),
+        ("two_grids", 8, 64),
+    ):  # 1 s / 2 s at 4 fps, sampled at 2
         synthetic.moving_dot_video(tmp_path / f"{name}.mp4", right=True, frames=frames)
-        proc = QwenOmniProcessor(AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen2_5_vl"],
-                                 OmniProcessorParams(max_frames=max_frames))  # fmt: skip
-        content = [{"type": "video", "video": str(tmp_path / f"{name}.mp4")}, {"type": "text", "text": "where?"}]
+        proc = QwenOmniProcessor(
+            AutoProcessor.from_pretrained(model_dir),
+            FAMILIES["qwen2_5_vl"],
+            OmniProcessorParams(max_frames=max_frames),
+        )
+        content = [
+            {"type": "video", "video": str(tmp_path / f"{name}.mp4")},
+            {"type": "text", "text": "where?"},
+        ]
         prompt = proc.process([{"role": "user", "content": content}], [], f"t.jsonl:{name}")
         prompts.append((prompt["prompt_ids"], prompt["inputs"]))
     assert [inputs["video_grid_thw"][0, 0].item() for _, inputs in prompts] == [1, 2]
     params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
-    results = _run(engine.generate([GenerationRequest(f"v{i}", ids, params, media=inputs)
-                                    for i, (ids, inputs) in enumerate(prompts)]))  # fmt: skip
+    results = _run(
+        engine.generate(
+            [GenerationRequest(f"v{i}", ids, params, media=inputs) for i, (ids, inputs) in enumerate(prompts)]
+        )
+    )
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     references = [_hf_reference(model, *prompts[0], 8)]
     clip_wide = qwen2_5_vl.get_vision_attention_seqlens
-    monkeypatch.setattr(qwen2_5_vl, "get_vision_attention_seqlens",
-                        lambda grid, config, merge_temporal=False, kwargs=None: clip_wide(grid, config, True, kwargs))
+    monkeypatch.setattr(
+        qwen2_5_vl,
+        "get_vision_attention_seqlens",
+        lambda grid, config, merge_temporal=False, kwargs=None: clip_wide(grid, config, True, kwargs),
+    )
     references.append(_hf_reference(model, *prompts[1], 8))
     for result, (out, hf_lps) in zip(results, references, strict=True):
         assert result.response_ids == out, f"{result.request_id}: SGLang {result.response_ids} vs HF {out}"
         gap = (torch.tensor(result.logprobs) - hf_lps).abs().max().item()
-        assert gap < 1e-4, f"{result.request_id}: SGLang vs HF forward logprobs differ by {gap}"  # 9.9e-6, 7.4e-6
+        assert gap < 1e-4, (
+            f"{result.request_id}: SGLang vs HF forward logprobs differ by {gap}"
+        )  # 9.9e-6, 7.4e-6
 
 
 def test_health_reports_a_live_server(sglang_engine):
@@ -168,13 +199,22 @@ def test_released_memory_comes_back_with_the_same_weights(sglang_engine):
     """``rollout.release_memory``'s two calls on the real server: SGLang's release/resume path runs (on CPU it
     frees nothing -- the memory saver is CUDA-only, see test_gpu.py) and the server then serves exactly
     what it served before, at the same version."""
-    reqs = [GenerationRequest(f"m{i}", [4 + i, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))
-            for i in range(3)]
+    reqs = [
+        GenerationRequest(
+            f"m{i}", [4 + i, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+        )
+        for i in range(3)
+    ]
     before = _run(sglang_engine.generate(reqs))
     sglang_engine.release_memory()
     sglang_engine.resume_memory()
     after = _run(sglang_engine.generate(reqs))
     assert [r.response_ids for r in after] == [r.response_ids for r in before]
-    gap = max((torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item() for a, b in zip(after, before, strict=True))
+    gap = max(
+        (torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item()
+        for a, b in zip(after, before, strict=True)
+    )
     assert gap < 1e-5, gap  # 2e-6: the release flushed the prefix cache, so the prompts are prefilled anew
-    assert sglang_engine.health()["ok"] and {v for r in after for v in r.versions} == {sglang_engine.weight_version()}
+    assert sglang_engine.health()["ok"] and {v for r in after for v in r.versions} == {
+        sglang_engine.weight_version()
+    }

@@ -20,9 +20,13 @@ from relax.core.protocols import GenerationRequest, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
-    pytest.mark.skipif(not os.environ.get("RELAX_SGLANG_PYTHON"),
-                       reason="needs RELAX_SGLANG_PYTHON: the python of an environment with CUDA SGLang (README)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ),
+    pytest.mark.skipif(
+        not os.environ.get("RELAX_SGLANG_PYTHON"),
+        reason="needs RELAX_SGLANG_PYTHON: the python of an environment with CUDA SGLang (README)",
+    ),
 ]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11], [12]]
@@ -34,8 +38,13 @@ def _params(**kw):
     from relax.sglang.params import SGLangEngineParams
 
     exact = dict(dtype="float32", deterministic=True, max_total_tokens=4096)
-    return SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", mem_fraction_static=0.3,
-                              startup_timeout_s=900, **{**exact, **kw})
+    return SGLangEngineParams(
+        python=os.environ["RELAX_SGLANG_PYTHON"],
+        device="cuda",
+        mem_fraction_static=0.3,
+        startup_timeout_s=900,
+        **{**exact, **kw},
+    )
 
 
 def _greedy(engine) -> list[list[int]]:
@@ -71,7 +80,9 @@ def test_a_float32_server_runs_an_attention_backend_that_takes_float32(gpu_engin
     """On Hopper SGLang's default (FA3) takes no float32: the module's float32 server was launched with Triton's and
     serves (the greedy parity above)."""
     info = gpu_engine.workers[0].get("/server_info")
-    assert info["dtype"] == "float32" and info["attention_backend"] == "triton", {k: info.get(k) for k in ("dtype", "attention_backend")}
+    assert info["dtype"] == "float32" and info["attention_backend"] == "triton", {
+        k: info.get(k) for k in ("dtype", "attention_backend")
+    }
 
 
 def test_release_frees_the_servers_gpu_memory_and_resume_restores_it(gpu_engine):
@@ -81,7 +92,9 @@ def test_release_frees_the_servers_gpu_memory_and_resume_restores_it(gpu_engine)
     released = _gpu_used_gib()
     gpu_engine.resume_memory()
     resumed = _gpu_used_gib()
-    print(f"GPU memory in use: {held:.2f} GiB serving, {released:.2f} GiB released, {resumed:.2f} GiB resumed")
+    print(
+        f"GPU memory in use: {held:.2f} GiB serving, {released:.2f} GiB released, {resumed:.2f} GiB resumed"
+    )
     assert held - released > 0.5 * 0.3 * torch.cuda.mem_get_info(0)[1] / 2**30  # most of its 30% static pool
     assert resumed - released > 0.5 * (held - released)
     assert _greedy(gpu_engine) == before
@@ -93,7 +106,10 @@ def test_sglang_tensor_over_cuda_ipc_serves_the_trainers_weights(gpu_engine, tin
 
     transport = SGLangTensorSync(timeout_s=300)
     try:
-        for model_dir in (tiny_dirs[1], tiny_dirs[0]):  # other weights, then back (the module's engine is shared)
+        for model_dir in (
+            tiny_dirs[1],
+            tiny_dirs[0],
+        ):  # other weights, then back (the module's engine is shared)
             trainer = torch_trainer(model_dir, device="cuda")
             transport.sync(trainer, [gpu_engine], gpu_engine.weight_version() + 1)
             assert _greedy(gpu_engine) == _hf_greedy(model_dir)
@@ -107,12 +123,21 @@ def test_the_cuda_defaults_launch_a_production_server(tiny_dirs, tmp_path):
     from relax.sglang.engine import SGLangEngine
     from relax.sglang.params import SGLangEngineParams
 
-    params = SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", mem_fraction_static=0.15,
-                                startup_timeout_s=900)  # fmt: skip
+    params = SGLangEngineParams(
+        python=os.environ["RELAX_SGLANG_PYTHON"],
+        device="cuda",
+        mem_fraction_static=0.15,
+        startup_timeout_s=900,
+    )
     engine = SGLangEngine(params, tiny_dirs[0], dtype="float32", run_dir=str(tmp_path))
     try:
         info = engine.workers[0].get("/server_info")
-        print({k: info.get(k) for k in ("dtype", "max_total_num_tokens", "enable_deterministic_inference", "version")})
+        print(
+            {
+                k: info.get(k)
+                for k in ("dtype", "max_total_num_tokens", "enable_deterministic_inference", "version")
+            }
+        )
         assert info["dtype"] == "bfloat16" and not info["enable_deterministic_inference"]
         assert info.get("max_total_num_tokens", 0) > 4096 and info.get("max_total_tokens") is None
         reqs = [GenerationRequest(f"d{i}", p, GREEDY) for i, p in enumerate(PROMPTS)]
@@ -143,14 +168,21 @@ def test_megatron_on_cuda_syncs_into_the_server_over_cuda_ipc(gpu_engine, tiny_d
     from relax.sglang.transports import SGLangTensorSync
 
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{tmp_path_factory.mktemp('nccl') / 'store'}", rank=0, world_size=1)
+    dist.init_process_group(
+        "nccl", init_method=f"file://{tmp_path_factory.mktemp('nccl') / 'store'}", rank=0, world_size=1
+    )
     transport = SGLangTensorSync(timeout_s=300)
     version = gpu_engine.weight_version() + 1
     try:
         initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
         tokenizer = AutoTokenizer.from_pretrained(tiny_dirs[0])
-        trainer = MegatronTrainer(tiny_dirs[0], objective=build_policy_objective(AlgorithmConfig()), lr=1e-2,
-                                  micro_batch_size=4, device="cuda")  # fmt: skip
+        trainer = MegatronTrainer(
+            tiny_dirs[0],
+            objective=build_policy_objective(AlgorithmConfig()),
+            lr=1e-2,
+            micro_batch_size=4,
+            device="cuda",
+        )
         batch = make_batch(make_samples(tokenizer, rows=8, seed=5), tokenizer.pad_token_id)
         trainer.train_step({**batch, "old_logprobs": trainer.forward_logprobs(batch)})
         weights, original = exported(trainer), load_hf_weights(tiny_dirs[0])
@@ -166,7 +198,9 @@ def test_megatron_on_cuda_syncs_into_the_server_over_cuda_ipc(gpu_engine, tiny_d
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the trainer and the server on different GPUs")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="NCCL needs the trainer and the server on different GPUs"
+)
 def test_sglang_distributed_over_nccl(gpu_engine, tiny_dirs):
     from relax.core.testing import torch_trainer
     from relax.sglang.transports import SGLangDistributedSync
@@ -175,7 +209,9 @@ def test_sglang_distributed_over_nccl(gpu_engine, tiny_dirs):
     try:
         with torch.cuda.device(1):  # the trainer's rank: the server holds cuda:0
             for model_dir in (tiny_dirs[1], tiny_dirs[0]):
-                transport.sync(torch_trainer(model_dir, device="cuda:1"), [gpu_engine], gpu_engine.weight_version() + 1)
+                transport.sync(
+                    torch_trainer(model_dir, device="cuda:1"), [gpu_engine], gpu_engine.weight_version() + 1
+                )
                 assert _greedy(gpu_engine) == _hf_greedy(model_dir)
     finally:
         transport.close()
@@ -192,7 +228,9 @@ def test_tensor_parallel_server_serves_exactly_and_takes_tensor_updates(tiny_dir
     engine = SGLangEngine(_params(tp_size=2), tiny_dirs[0], run_dir=str(tmp_path))
     transport = SGLangTensorSync(timeout_s=300)
     staged_on, stage = set(), engine_module.staged
-    monkeypatch.setattr(engine_module, "staged", lambda named, device: staged_on.add(str(device)) or stage(named, device))
+    monkeypatch.setattr(
+        engine_module, "staged", lambda named, device: staged_on.add(str(device)) or stage(named, device)
+    )
     try:
         assert _greedy(engine) == _hf_greedy(tiny_dirs[0])
         transport.sync(torch_trainer(tiny_dirs[1], device="cuda"), [engine], 1)

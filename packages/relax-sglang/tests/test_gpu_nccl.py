@@ -17,9 +17,13 @@ from relax.core.protocols import GenerationRequest, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the trainer and the server on different GPUs"),
-    pytest.mark.skipif(not os.environ.get("RELAX_SGLANG_PYTHON"),
-                       reason="needs RELAX_SGLANG_PYTHON: the python of an environment with CUDA SGLang (docs/gpu.md)"),
+    pytest.mark.skipif(
+        torch.cuda.device_count() < 2, reason="NCCL needs the trainer and the server on different GPUs"
+    ),
+    pytest.mark.skipif(
+        not os.environ.get("RELAX_SGLANG_PYTHON"),
+        reason="needs RELAX_SGLANG_PYTHON: the python of an environment with CUDA SGLang (docs/gpu.md)",
+    ),
 ]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11], [12]]
@@ -48,9 +52,15 @@ def test_megatron_on_cuda_syncs_into_the_server_over_nccl(tiny_dirs, tmp_path):
     from relax.sglang.params import SGLangEngineParams
     from relax.sglang.transports import SGLangDistributedSync
 
-    params = SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", dtype="float32",
-                                deterministic=True, max_total_tokens=4096, mem_fraction_static=0.3,
-                                startup_timeout_s=900)  # fmt: skip
+    params = SGLangEngineParams(
+        python=os.environ["RELAX_SGLANG_PYTHON"],
+        device="cuda",
+        dtype="float32",
+        deterministic=True,
+        max_total_tokens=4096,
+        mem_fraction_static=0.3,
+        startup_timeout_s=900,
+    )
     engine = SGLangEngine(params, tiny_dirs[0], run_dir=str(tmp_path / "sglang"))  # on cuda:0
     torch.cuda.set_device(1)
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -58,13 +68,22 @@ def test_megatron_on_cuda_syncs_into_the_server_over_nccl(tiny_dirs, tmp_path):
     try:
         initialize_model_parallel(tensor_parallel=1, pipeline_parallel=1, seed=1234)
         tokenizer = AutoTokenizer.from_pretrained(tiny_dirs[0])
-        trainer = MegatronTrainer(tiny_dirs[0], objective=build_policy_objective(AlgorithmConfig()), lr=1e-2,
-                                  micro_batch_size=4, device="cuda:1")  # fmt: skip
+        trainer = MegatronTrainer(
+            tiny_dirs[0],
+            objective=build_policy_objective(AlgorithmConfig()),
+            lr=1e-2,
+            micro_batch_size=4,
+            device="cuda:1",
+        )
         batch = make_batch(make_samples(tokenizer, rows=8, seed=5), tokenizer.pad_token_id)
         trainer.train_step({**batch, "old_logprobs": trainer.forward_logprobs(batch)})
         weights, original = exported(trainer), load_hf_weights(tiny_dirs[0])
-        assert {t.device for t in weights.values()} == {torch.device("cuda", 1)}  # the export stays on its GPU
-        assert max(float((weights[n].float().cpu() - original[n].float()).abs().max()) for n in original) > 1e-3
+        assert {t.device for t in weights.values()} == {
+            torch.device("cuda", 1)
+        }  # the export stays on its GPU
+        assert (
+            max(float((weights[n].float().cpu() - original[n].float()).abs().max()) for n in original) > 1e-3
+        )
         reference = HFRolloutEngine(tiny_dirs[0], device="cuda:1")
         reference.update_weights(weights, 1)
         stats = transport.sync(trainer, [engine], 1)

@@ -39,16 +39,41 @@ def _flag(cmd: list[str], name: str) -> str | None:
 def test_cpu_keeps_the_settings_the_cpu_tests_were_tuned_with():
     cpu = SGLangEngineParams()
     assert server_settings(cpu, "float32") == server_settings(cpu, "float32").__class__(
-        dtype="float32", max_total_tokens=4096, deterministic=True, max_concurrency=64)
+        dtype="float32", max_total_tokens=4096, deterministic=True, max_concurrency=64
+    )
     cmd = server_command(cpu, "/m", 1, "float32")
     assert _flag(cmd, "--dtype") == "float32" and _flag(cmd, "--max-total-tokens") == "4096"
     assert "--enable-deterministic-inference" in cmd and _flag(cmd, "--mem-fraction-static") == "0.8"
     # the exact CPU command the suite has always started (unchanged by the per-device defaults)
-    assert cmd == ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1", "--port", "1",
-                   "--device", "cpu", "--dtype", "float32", "--mem-fraction-static", "0.8", "--tp-size", "1",
-                   "--skip-server-warmup", "--max-total-tokens", "4096", "--enable-deterministic-inference",
-                   "--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph",
-                   "--sleep-on-idle"]  # fmt: skip
+    assert cmd == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "1",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--mem-fraction-static",
+        "0.8",
+        "--tp-size",
+        "1",
+        "--skip-server-warmup",
+        "--max-total-tokens",
+        "4096",
+        "--enable-deterministic-inference",
+        "--attention-backend",
+        "torch_native",
+        "--sampling-backend",
+        "pytorch",
+        "--disable-cuda-graph",
+        "--sleep-on-idle",
+    ]
     assert server_settings(cpu, "bfloat16").dtype == "bfloat16"  # CPU serves the run's dtype
 
 
@@ -59,11 +84,14 @@ def test_cuda_defaults_are_sglangs_production_ones():
     assert settings.deterministic is False and settings.max_concurrency == 1024
     assert server_settings(gpu, "float16").dtype == "float16"  # a half-precision run keeps its dtype
     cmd = server_command(gpu, "/m", 1, "float32")
-    assert _flag(cmd, "--dtype") == "bfloat16" and "--max-total-tokens" not in cmd  # KV from mem_fraction_static
+    assert (
+        _flag(cmd, "--dtype") == "bfloat16" and "--max-total-tokens" not in cmd
+    )  # KV from mem_fraction_static
     assert "--enable-deterministic-inference" not in cmd and "--attention-backend" not in cmd
     # everything stays settable, on either device; max_total_tokens 0 means no cap
-    asked = SGLangEngineParams(device="cuda:1", dtype="float32", max_total_tokens=8192, deterministic=True,
-                               max_concurrency=8)  # fmt: skip
+    asked = SGLangEngineParams(
+        device="cuda:1", dtype="float32", max_total_tokens=8192, deterministic=True, max_concurrency=8
+    )
     assert server_settings(asked, "bfloat16") == settings.__class__("float32", 8192, True, 8)
     assert server_settings(SGLangEngineParams(max_total_tokens=0), "float32").max_total_tokens is None
     assert server_settings(SGLangEngineParams(deterministic=False), "float32").deterministic is False
@@ -75,12 +103,24 @@ def test_a_float32_cuda_server_gets_an_attention_backend_that_takes_float32():
     a half-precision one keeps SGLang's default, the CPU its own, and an explicit choice in extra_args wins."""
     fp32 = SGLangEngineParams(device="cuda", dtype="float32")
     assert _flag(server_command(fp32, "/m", 1, "bfloat16"), "--attention-backend") == "triton"
-    assert _flag(server_command(SGLangEngineParams(device="cuda:1", dtype="fp32"), "/m", 1, "float32"),
-                 "--attention-backend") == "triton"  # fmt: skip
-    assert "--attention-backend" not in server_command(SGLangEngineParams(device="cuda"), "/m", 1, "float32")  # bf16
+    assert (
+        _flag(
+            server_command(SGLangEngineParams(device="cuda:1", dtype="fp32"), "/m", 1, "float32"),
+            "--attention-backend",
+        )
+        == "triton"
+    )
+    assert "--attention-backend" not in server_command(
+        SGLangEngineParams(device="cuda"), "/m", 1, "float32"
+    )  # bf16
     assert "--attention-backend" not in server_command(SGLangEngineParams(device="cuda"), "/m", 1, "float16")
-    assert _flag(server_command(SGLangEngineParams(), "/m", 1, "float32"), "--attention-backend") == "torch_native"
-    chosen = SGLangEngineParams(device="cuda", dtype="float32", extra_args=["--attention-backend", "flashinfer"])
+    assert (
+        _flag(server_command(SGLangEngineParams(), "/m", 1, "float32"), "--attention-backend")
+        == "torch_native"
+    )
+    chosen = SGLangEngineParams(
+        device="cuda", dtype="float32", extra_args=["--attention-backend", "flashinfer"]
+    )
     cmd = server_command(chosen, "/m", 1, "float32")
     assert cmd.count("--attention-backend") == 1 and _flag(cmd, "--attention-backend") == "flashinfer"
 
@@ -106,7 +146,12 @@ def test_nccl_weight_sync_in_colocate_is_refused_by_validation():
     base = ["rollout.engine=sglang", "weight_sync.transport=sglang_distributed"]
     with pytest.raises(ConfigError, match=r"backend: nccl in mode 'colocate'.*sglang_tensor"):
         load_config(None, [*base, "mode=colocate", "weight_sync.params={backend: nccl}"])
-    assert load_config(None, [*base, "mode=async", "weight_sync.params={backend: nccl}"]).weight_sync.params.backend == "nccl"
+    assert (
+        load_config(
+            None, [*base, "mode=async", "weight_sync.params={backend: nccl}"]
+        ).weight_sync.params.backend
+        == "nccl"
+    )
     assert load_config(None, [*base, "mode=colocate"]).weight_sync.params.backend == "gloo"
 
 
@@ -119,15 +164,25 @@ def test_sglang_tensor_stages_each_server_rank_on_its_own_gpu():
     cuda = torch.device
     assert staging_devices("cuda", 1, 1) == [[cuda("cuda", 0)]]
     assert staging_devices("cuda", 1, 2) == [[cuda("cuda", 0), cuda("cuda", 1)]]
-    assert staging_devices("cuda", 3, 2) == [[cuda("cuda", 0), cuda("cuda", 1)], [cuda("cuda", 2), cuda("cuda", 3)],
-                                             [cuda("cuda", 4), cuda("cuda", 5)]]  # fmt: skip
+    assert staging_devices("cuda", 3, 2) == [
+        [cuda("cuda", 0), cuda("cuda", 1)],
+        [cuda("cuda", 2), cuda("cuda", 3)],
+        [cuda("cuda", 4), cuda("cuda", 5)],
+    ]
     assert staging_devices("cuda", 2, 1, launched=False) == [[cuda("cuda")], [cuda("cuda")]]
     assert staging_devices("cpu", 2, 1) == [[cuda("cpu")], [cuda("cpu")]]
     # the assignment matches the GPUs the servers are launched on
     fleet = SGLangEngineParams(device="cuda", router="sglang", servers=3, tp_size=2)
     layout = staging_devices("cuda", 3, 2)
-    assert [int(_flag(server_command(fleet, "/m", 1, "bfloat16", base_gpu=j * 2) + ["--base-gpu-id", "0"],
-                      "--base-gpu-id")) for j in range(3)] == [ranks[0].index for ranks in layout]  # fmt: skip
+    assert [
+        int(
+            _flag(
+                server_command(fleet, "/m", 1, "bfloat16", base_gpu=j * 2) + ["--base-gpu-id", "0"],
+                "--base-gpu-id",
+            )
+        )
+        for j in range(3)
+    ] == [ranks[0].index for ranks in layout]
     # one staged copy per device (on CPU one host copy for both servers)
     payloads, alive = staged_payloads([("w", torch.arange(4.0))], staging_devices("cpu", 2, 1))
     assert len(alive) == 1 and [len(p) for p in payloads] == [1, 1]
@@ -156,9 +211,14 @@ def test_every_server_rank_gets_its_own_pickle_of_a_host_bucket():
     from relax.sglang.device_defaults import staging_devices
     from relax.sglang.engine import staged_payloads
 
-    servers = [subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-               for _ in range(2)]  # fmt: skip
+    servers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     try:
+
         def receive(server: subprocess.Popen, payload: str) -> str:
             server.stdin.write(payload + "\n")
             server.stdin.flush()
@@ -167,7 +227,9 @@ def test_every_server_rank_gets_its_own_pickle_of_a_host_bucket():
         named = [("w", torch.arange(4.0))]
         payloads, _alive = staged_payloads(named, staging_devices("cpu", 2, 1))
         assert [receive(server, p[0]) for server, p in zip(servers, payloads, strict=True)] == ["6.0", "6.0"]
-        later, _again = staged_payloads(named, staging_devices("cpu", 1, 1))  # the next bucket on the same storage
+        later, _again = staged_payloads(
+            named, staging_devices("cpu", 1, 1)
+        )  # the next bucket on the same storage
         assert receive(servers[0], later[0][0]) == "6.0"
     finally:
         for server in servers:
@@ -176,7 +238,9 @@ def test_every_server_rank_gets_its_own_pickle_of_a_host_bucket():
 
 
 def test_version_guards_name_the_versions():
-    assert release("0.5.23.post2") == (0, 5, 23) and release("v0.6.0rc1") == (0, 6, 0) and release("dev") == ()
+    assert (
+        release("0.5.23.post2") == (0, 5, 23) and release("v0.6.0rc1") == (0, 6, 0) and release("dev") == ()
+    )
     assert patches_problem(PATCHED_FOR) is None and patches_problem(PATCHED_FOR + ".post1") is None
     assert patches_problem(None) is None  # no SGLang in that interpreter: the patches never fire
     problem = patches_problem("0.5.24")
@@ -200,31 +264,48 @@ def test_a_server_interpreter_with_another_sglang_stops_at_start_up(tmp_path):
     """The guard runs in every interpreter the patches reach (this one stands in for the server's: a
     distribution claiming another SGLang release sits after the patches on its path)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE_DIR), str(_fake_sglang(tmp_path, "0.4.0"))])}
-    out = subprocess.run([sys.executable, "-c", "print('served')"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "print('served')"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode != 0 and "served" not in out.stdout
     assert "written for sglang 0.5.23" in out.stderr and "has sglang 0.4.0" in out.stderr
-    ok = subprocess.run([sys.executable, "-c", "print('served')"], env={**env, SKIP_ENV: "1"}, capture_output=True,
-                        text=True, timeout=60)  # fmt: skip
+    ok = subprocess.run(
+        [sys.executable, "-c", "print('served')"],
+        env={**env, SKIP_ENV: "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0 and ok.stdout.strip() == "served", ok.stderr
 
 
 def test_the_sglang_router_command_fronts_every_server():
-    params = SGLangEngineParams(router="sglang", servers=2, request_timeout_s=90, router_args=["--cache-threshold", "0.3"])
+    params = SGLangEngineParams(
+        router="sglang", servers=2, request_timeout_s=90, router_args=["--cache-threshold", "0.3"]
+    )
     cmd = router_command(params, "/r/bin/python", ["http://127.0.0.1:1", "http://127.0.0.1:2"], 7)
     assert cmd[:3] == ["/r/bin/python", "-m", "sglang_router.launch_router"]
-    assert cmd[cmd.index("--worker-urls") + 1: cmd.index("--worker-urls") + 3] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert cmd[cmd.index("--worker-urls") + 1 : cmd.index("--worker-urls") + 3] == [
+        "http://127.0.0.1:1",
+        "http://127.0.0.1:2",
+    ]
     assert _flag(cmd, "--policy") == "cache_aware" and _flag(cmd, "--port") == "7"
     assert _flag(cmd, "--request-timeout-secs") == "90" and cmd[-2:] == ["--cache-threshold", "0.3"]
     assert router_python(SGLangEngineParams(router_python="/x/python")) == "/x/python"
     errors = " ".join(SGLangEngineParams(servers=2).validate())
-    assert "need router 'sglang'" in errors and SGLangEngineParams(router="sglang", servers=2).validate() == []
+    assert (
+        "need router 'sglang'" in errors and SGLangEngineParams(router="sglang", servers=2).validate() == []
+    )
 
 
 def test_servers_behind_one_router_take_their_own_gpus():
     from relax.sglang.plugin import _resources
 
     fleet = SGLangEngineParams(device="cuda", router="sglang", servers=3, tp_size=2)
-    assert _resources(fleet).num_gpus == 6 and _resources(SGLangEngineParams(device="cuda", tp_size=2)).num_gpus == 2
+    assert (
+        _resources(fleet).num_gpus == 6
+        and _resources(SGLangEngineParams(device="cuda", tp_size=2)).num_gpus == 2
+    )
     assert _resources(SGLangEngineParams(router="sglang", servers=3)).num_gpus == 0  # CPU
     assert _flag(server_command(fleet, "/m", 1, "bfloat16", base_gpu=4), "--base-gpu-id") == "4"
     assert "--base-gpu-id" not in server_command(fleet, "/m", 1, "bfloat16")
@@ -246,28 +327,59 @@ def test_the_wheel_ships_what_python_auto_builds_the_server_env_from(tmp_path, s
     """``uv build`` the package and install the wheel in a fresh venv: ``python: auto``'s build script
     resolves inside the installed package and finds the same cached server env the source tree built (same
     lock, shims and patches, so the same hash)."""
-    built = subprocess.run(["uv", "build", "--wheel", "-q", "-o", str(tmp_path / "dist"), str(PACKAGE)],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    built = subprocess.run(
+        ["uv", "build", "--wheel", "-q", "-o", str(tmp_path / "dist"), str(PACKAGE)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("relax_sglang-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = "relax/sglang/server_files/"
-    for name in ("scripts/build_server_env.sh", "server/pyproject.toml", "server/uv.lock",
-                 "server/cpu_shims/relax_sglang_cpu_shims.py", "server/cpu_shims/relax_sglang_cpu_shims.pth",
-                 "server/cpu_shims/sgl_kernel/__init__.py"):  # fmt: skip
+    for name in (
+        "scripts/build_server_env.sh",
+        "server/pyproject.toml",
+        "server/uv.lock",
+        "server/cpu_shims/relax_sglang_cpu_shims.py",
+        "server/cpu_shims/relax_sglang_cpu_shims.pth",
+        "server/cpu_shims/sgl_kernel/__init__.py",
+    ):
         assert shipped + name in names, f"{name} is not in the wheel"
     for name in ("sitecustomize.py", "relax_sglang_server_patches.py", "relax_sglang_version_guard.py"):
         assert "relax/sglang/server_site/" + name in names
     venv = tmp_path / "venv"
-    for cmd in (["uv", "venv", "-q", "--python", sys.executable, str(venv)],
-                ["uv", "pip", "install", "-q", "--offline", "--no-deps", "--python", str(venv / "bin" / "python"), str(wheel)]):
+    for cmd in (
+        ["uv", "venv", "-q", "--python", sys.executable, str(venv)],
+        [
+            "uv",
+            "pip",
+            "install",
+            "-q",
+            "--offline",
+            "--no-deps",
+            "--python",
+            str(venv / "bin" / "python"),
+            str(wheel),
+        ],
+    ):
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-    own_env = bool(os.environ.get("RELAX_SGLANG_PYTHON"))  # then the CPU env is not built: do not build it here
-    probe = "from relax.sglang import server_env as m; print(m.BUILD_SCRIPT)" + ("" if own_env else "; print(m.server_python())")
+    own_env = bool(
+        os.environ.get("RELAX_SGLANG_PYTHON")
+    )  # then the CPU env is not built: do not build it here
+    probe = "from relax.sglang import server_env as m; print(m.BUILD_SCRIPT)" + (
+        "" if own_env else "; print(m.server_python())"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RELAX_SGLANG_PYTHON", "PYTHONPATH")}
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", probe], env=env, cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert where.returncode == 0, where.stderr[-3000:]
     script, *python = where.stdout.split()
     assert script.startswith(str(venv)) and script.endswith(shipped + "scripts/build_server_env.sh")

@@ -20,7 +20,7 @@ from relax.sglang.server import ServerError, ServerProcess, live_group_members
 
 # stands in for sglang.launch_server where only process handling is under test: a real HTTP server on
 # --port with a child process in its group, as SGLang's scheduler/detokenizer are
-FAKE_LAUNCHER = textwrap.dedent('''
+FAKE_LAUNCHER = textwrap.dedent("""
     import http.server, json, os, subprocess, sys
     port = int(sys.argv[sys.argv.index("--port") + 1])
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -32,7 +32,7 @@ FAKE_LAUNCHER = textwrap.dedent('''
         def log_message(self, *args):
             pass
     http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-''')
+""")
 
 
 def _generate(engine, n: int = 4):
@@ -52,7 +52,9 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def test_a_missing_interpreter_is_a_clear_error(tmp_path):
-    server = ServerProcess(SGLangEngineParams(python="/nonexistent/bin/python"), "/m", "float32", tmp_path / "s.log")
+    server = ServerProcess(
+        SGLangEngineParams(python="/nonexistent/bin/python"), "/m", "float32", tmp_path / "s.log"
+    )
     with pytest.raises(ServerError, match=r"cannot run engine_params.python '/nonexistent/bin/python'"):
         server.start()
 
@@ -87,9 +89,14 @@ def test_a_dead_launched_server_is_named_by_health_and_restarts(tmp_path, tiny_d
         os.killpg(first, signal.SIGKILL)
         engine.server.proc.wait(30)
         health = engine.health()
-        assert health["ok"] is False and f"sglang engine[0] at {engine.url} exited with code -9" in health["error"]
+        assert (
+            health["ok"] is False
+            and f"sglang engine[0] at {engine.url} exited with code -9" in health["error"]
+        )
         engine.restart()
-        assert engine.health()["ok"] is True and engine.server.proc.pid != first and engine.weight_version() == 0
+        assert (
+            engine.health()["ok"] is True and engine.server.proc.pid != first and engine.weight_version() == 0
+        )
     finally:
         engine.close()
     assert live_group_members(engine.server.proc.pid) == []

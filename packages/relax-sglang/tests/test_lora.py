@@ -39,8 +39,12 @@ def _sync(engine, trainer, version: int) -> None:
 
 
 def _greedy(engine):
-    reqs = [GenerationRequest(f"l{i}", p, SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True))
-            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    reqs = [
+        GenerationRequest(
+            f"l{i}", p, SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        )
+        for i, p in enumerate(PROMPTS)
+    ]
     return run_async(engine.generate(reqs), timeout_s=300)
 
 
@@ -49,7 +53,9 @@ def lora_engine(sglang_python, tiny_dirs, tmp_path_factory):
     from relax.sglang.engine import SGLangEngine
     from relax.sglang.testing import engine_params
 
-    engine = SGLangEngine(engine_params(), tiny_dirs[0], run_dir=str(tmp_path_factory.mktemp("sglang-lora")), lora=LORA)
+    engine = SGLangEngine(
+        engine_params(), tiny_dirs[0], run_dir=str(tmp_path_factory.mktemp("sglang-lora")), lora=LORA
+    )
     yield engine
     engine.close()
 
@@ -121,7 +127,9 @@ def test_a_sync_mid_generation_continues_under_the_new_adapter(lora_engine, trai
     _set_adapter(trainer, seed=4)
 
     async def run():
-        req = GenerationRequest("mid", prompt, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
+        req = GenerationRequest(
+            "mid", prompt, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+        )
         task = asyncio.ensure_future(lora_engine.generate([req]))
         await asyncio.sleep(0.3)
         lora_engine.pause()
@@ -135,8 +143,11 @@ def test_a_sync_mid_generation_continues_under_the_new_adapter(lora_engine, trai
     k = res.versions.count(4)
     assert len(res.response_ids) == n and 0 < k < n and res.versions == [4] * k + [5] * (n - k), res.versions
     _hf_sync(hf_engine, trainer, 5)
-    cont = GenerationRequest("ref", prompt + res.response_ids[:k],
-                             SamplingParams(temperature=0.0, max_new_tokens=n - k, ignore_eos=True))  # fmt: skip
+    cont = GenerationRequest(
+        "ref",
+        prompt + res.response_ids[:k],
+        SamplingParams(temperature=0.0, max_new_tokens=n - k, ignore_eos=True),
+    )
     (want,) = run_async(hf_engine.generate([cont]), timeout_s=300)
     assert res.response_ids[k:] == want.response_ids
     torch.testing.assert_close(torch.tensor(res.logprobs[k:]), torch.tensor(want.logprobs), atol=1e-4, rtol=0)
@@ -147,8 +158,18 @@ def test_a_request_naming_a_replaced_adapter_goes_again_under_the_served_one(lor
     400): it has not started, so the engine resubmits it under the adapter now served."""
     served, send = lora_engine._adapter, lora_engine.client.generate
     assert served is not None
-    (want,) = run_async(lora_engine.generate([GenerationRequest("w", PROMPTS[0], SamplingParams(
-        temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True))]), timeout_s=300)  # fmt: skip
+    (want,) = run_async(
+        lora_engine.generate(
+            [
+                GenerationRequest(
+                    "w",
+                    PROMPTS[0],
+                    SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True),
+                )
+            ]
+        ),
+        timeout_s=300,
+    )
     sent = []
 
     async def sync_lands_meanwhile(payload):
@@ -158,8 +179,18 @@ def test_a_request_naming_a_replaced_adapter_goes_again_under_the_served_one(lor
 
     monkeypatch.setattr(lora_engine, "_adapter", "relax-lora-v0")  # never loaded: as good as unloaded
     monkeypatch.setattr(lora_engine.client, "generate", sync_lands_meanwhile)
-    (got,) = run_async(lora_engine.generate([GenerationRequest("r", PROMPTS[0], SamplingParams(
-        temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True))]), timeout_s=300)  # fmt: skip
+    (got,) = run_async(
+        lora_engine.generate(
+            [
+                GenerationRequest(
+                    "r",
+                    PROMPTS[0],
+                    SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True),
+                )
+            ]
+        ),
+        timeout_s=300,
+    )
     assert sent == ["relax-lora-v0", served] and got.response_ids == want.response_ids
 
 
@@ -173,22 +204,43 @@ def test_async_lora_run_attached_to_the_lora_server(ray_session, lora_engine, ti
 
     steps, run_dir = 3, tmp_path / "run"
     lora_engine.client.post("/update_weight_version", {"new_version": "0", "abort_all_requests": False})
-    cfg = load_config(None, [
-        f"run_dir={run_dir}", f"model.path={tiny_dirs[0]}", f"total_steps={steps}", "mode=async", "max_staleness=1",
-        "rollout.engine=sglang", f"rollout.engine_params.urls=[{lora_engine.url}]", "weight_sync.transport=sglang_tensor",
-        f"trainer.lora.rank={LORA.rank}", f"trainer.lora.alpha={LORA.alpha}", "trainer.lr=0.002",
-        "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3",
-        "trainer.micro_batch_size=16", "data.task_size=64", "logging.progress=false", "logging.console=false",
-        "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0",
-        "checkpoint.save_hf_final=false", "checkpoint.resume=never",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={run_dir}",
+            f"model.path={tiny_dirs[0]}",
+            f"total_steps={steps}",
+            "mode=async",
+            "max_staleness=1",
+            "rollout.engine=sglang",
+            f"rollout.engine_params.urls=[{lora_engine.url}]",
+            "weight_sync.transport=sglang_tensor",
+            f"trainer.lora.rank={LORA.rank}",
+            f"trainer.lora.alpha={LORA.alpha}",
+            "trainer.lr=0.002",
+            "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.max_new_tokens=3",
+            "trainer.micro_batch_size=16",
+            "data.task_size=64",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_every=0",
+            "checkpoint.save_hf_final=false",
+            "checkpoint.resume=never",
+        ],
+    )
     run(cfg)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == list(range(1, steps + 1))
     assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in rows), rows
     assert int(lora_engine.client.get("/model_info")["weight_version"]) == steps
     served = {m["id"] for m in lora_engine.client.get("/v1/models")["data"]}
-    assert f"relax-lora-v{steps}" in served and not {f"relax-lora-v{v}" for v in range(1, steps)} & served, served
+    assert f"relax-lora-v{steps}" in served and not {f"relax-lora-v{v}" for v in range(1, steps)} & served, (
+        served
+    )
 
 
 def test_full_weight_loads_and_plain_tensors_are_refused(lora_engine):
@@ -204,24 +256,48 @@ def test_full_weight_loads_and_plain_tensors_are_refused(lora_engine):
 def test_launch_flags_and_adapter_config():
     from relax.sglang.lora import adapter_config, server_args
 
-    assert server_args(LORA, "cpu") == ["--enable-lora", "--max-lora-rank", "4", "--lora-target-modules", *LORA.target_modules,
-                                        "--lora-backend", "torch_native"]  # fmt: skip
+    assert server_args(LORA, "cpu") == [
+        "--enable-lora",
+        "--max-lora-rank",
+        "4",
+        "--lora-target-modules",
+        *LORA.target_modules,
+        "--lora-backend",
+        "torch_native",
+    ]
     assert server_args(dataclasses.replace(LORA, target_modules=["all-linear"]), "cuda")[-1] == "all"
     config = adapter_config(LORA)
     assert config["r"] == config["lora_alpha"] == 4  # lora_B arrives scaled by alpha / rank already
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    (["trainer.lora.modules_to_save=[lm_head]"], "trainer.lora.modules_to_save: rollout.engine sglang serves adapters only"),
-    (["trainer.lora.target_modules=[embed_tokens]"], r"trainer.lora.target_modules: SGLang cannot adapt \['embed_tokens'\]"),
-    (["weight_sync.transport=sglang_distributed"], "weight_sync.transport: sglang_distributed writes full weights"),
-    (["rollout.engine_params.pause_mode=in_place"], "rollout.engine_params.pause_mode: in_place keeps requests"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (
+            ["trainer.lora.modules_to_save=[lm_head]"],
+            "trainer.lora.modules_to_save: rollout.engine sglang serves adapters only",
+        ),
+        (
+            ["trainer.lora.target_modules=[embed_tokens]"],
+            r"trainer.lora.target_modules: SGLang cannot adapt \['embed_tokens'\]",
+        ),
+        (
+            ["weight_sync.transport=sglang_distributed"],
+            "weight_sync.transport: sglang_distributed writes full weights",
+        ),
+        (
+            ["rollout.engine_params.pause_mode=in_place"],
+            "rollout.engine_params.pause_mode: in_place keeps requests",
+        ),
+    ],
+)
 def test_what_sglang_cannot_serve_is_refused_at_validation_naming_the_field(overrides, field):
     from relax.core.config import ConfigError, load_config
 
     run = ["rollout.engine=sglang", "rollout.engine_params.python=/env/bin/python", "trainer.lora.rank=8"]
     assert load_config(None, run).trainer.lora.rank == 8  # the defaults are served
-    assert load_config(None, [*run, "rollout.partial_rollout=abort", "rollout.engine_params.pause_mode=in_place"])
+    assert load_config(
+        None, [*run, "rollout.partial_rollout=abort", "rollout.engine_params.pause_mode=in_place"]
+    )
     with pytest.raises(ConfigError, match=field):
         load_config(None, [*run, *overrides])

@@ -28,8 +28,12 @@ NEW_TOKENS = 6
 
 
 def _greedy(engine) -> list:
-    reqs = [GenerationRequest(f"m{i}", p, SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True))
-            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    reqs = [
+        GenerationRequest(
+            f"m{i}", p, SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        )
+        for i, p in enumerate(PROMPTS)
+    ]
     return asyncio.run(asyncio.wait_for(engine.generate(reqs), 300))
 
 
@@ -45,7 +49,9 @@ def trained(megatron_world, tiny_dirs):
 
     model_dir = tiny_dirs[0]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    trainer = MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, micro_batch_size=4)
+    trainer = MegatronTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, micro_batch_size=4
+    )
     batch = make_batch(make_samples(tokenizer, rows=8, seed=5), tokenizer.pad_token_id)
     trainer.train_step({**batch, "old_logprobs": trainer.forward_logprobs(batch)})
     reference = HFRolloutEngine(model_dir)
@@ -65,7 +71,11 @@ def trained(megatron_world, tiny_dirs):
 )
 def test_megatron_weights_are_served_exactly(make, sglang_engine, trained, tiny_dirs):
     trainer, want, before = trained
-    moved = max(abs(a - b) for r, o in zip(want, before, strict=True) for a, b in zip(r.logprobs, o.logprobs, strict=True))
+    moved = max(
+        abs(a - b)
+        for r, o in zip(want, before, strict=True)
+        for a, b in zip(r.logprobs, o.logprobs, strict=True)
+    )
     assert moved > 1e-3, "the train step did not change the model's outputs: the comparison would be vacuous"
     transport = make()
     version = sglang_engine.weight_version() + 1
@@ -74,8 +84,12 @@ def test_megatron_weights_are_served_exactly(make, sglang_engine, trained, tiny_
         assert stats["buckets"] >= 2 and stats["bytes"] > 0, stats
         assert sglang_engine.weight_version() == version
         for got, ref in zip(_greedy(sglang_engine), want, strict=True):
-            assert got.response_ids == ref.response_ids, "the server does not serve the megatron trainer's weights"
-            torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0)
+            assert got.response_ids == ref.response_ids, (
+                "the server does not serve the megatron trainer's weights"
+            )
+            torch.testing.assert_close(
+                torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0
+            )
             assert got.versions == [version] * NEW_TOKENS, got.versions
     finally:
         transport.close()

@@ -36,7 +36,9 @@ def continued_turn_by_turn(engine) -> tuple[list[int], list[float], list[dict]]:
     ids, logprobs, metas = [], [], []
     for turn, tokens in enumerate(TURNS):
         req = GenerationRequest(f"mt-{turn}", PROMPT + ids, _greedy(tokens))
-        metas.append(engine.client.post("/generate", generate_payload(req, f"mt-raw-{turn}", []))["meta_info"])
+        metas.append(
+            engine.client.post("/generate", generate_payload(req, f"mt-raw-{turn}", []))["meta_info"]
+        )
         result = _run(engine.generate([req]))[0]
         assert result.finish_reason == "length" and len(result.response_ids) == tokens
         ids += result.response_ids
@@ -73,16 +75,26 @@ def test_a_trajectory_continued_turn_by_turn_equals_one_request(sglang_engine):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
-@pytest.mark.skipif(not os.environ.get("RELAX_SGLANG_PYTHON"),
-                    reason="needs RELAX_SGLANG_PYTHON: the python of an environment with CUDA SGLang (README)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+)
+@pytest.mark.skipif(
+    not os.environ.get("RELAX_SGLANG_PYTHON"),
+    reason="needs RELAX_SGLANG_PYTHON: the python of an environment with CUDA SGLang (README)",
+)
 def test_radix_cache_serves_each_turns_prefix_on_cuda(tiny_dirs, tmp_path):
     """SGLang's CUDA defaults (fast kernels, radix cache on): later turns report their prefix as cached."""
     from relax.sglang.engine import SGLangEngine
     from relax.sglang.params import SGLangEngineParams
 
-    params = SGLangEngineParams(python=os.environ["RELAX_SGLANG_PYTHON"], device="cuda", dtype="float32",
-                                deterministic=False, mem_fraction_static=0.3, startup_timeout_s=900)  # fmt: skip
+    params = SGLangEngineParams(
+        python=os.environ["RELAX_SGLANG_PYTHON"],
+        device="cuda",
+        dtype="float32",
+        deterministic=False,
+        mem_fraction_static=0.3,
+        startup_timeout_s=900,
+    )
     engine = SGLangEngine(params, tiny_dirs[0], run_dir=str(tmp_path / "sglang-radix"))
     try:
         assert radix_cache_on(engine)

@@ -37,7 +37,7 @@ def hf_greedy(model, ids: list[int], inputs: dict, n: int) -> tuple[list[int], t
             if len(out) == n:
                 break
             out.append(int(logits[-1].argmax()))
-    return out, torch.log_softmax(logits[len(ids) - 1:-1], -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+    return out, torch.log_softmax(logits[len(ids) - 1 : -1], -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
 def test_audio_and_video_prompts_through_the_engine_equal_hf(omni_engine, tmp_path):
@@ -69,21 +69,39 @@ def test_audio_and_video_prompts_through_the_engine_equal_hf(omni_engine, tmp_pa
     for name, frames in (("one", 4), ("two", 8)):  # 1 s / 2 s at 4 fps, sampled at 2 fps
         synthetic.moving_dot_video(tmp_path / f"{name}.mp4", right=name == "one", frames=frames)
     audio, longer, short = str(tmp_path / "a.wav"), str(tmp_path / "b.wav"), str(tmp_path / "c.wav")
-    rows = [(proc, [{"type": "audio", "audio": audio}, {"type": "text", "text": "what?"}]),
-            (proc, [{"type": "audio", "audio": longer}, {"type": "text", "text": "then"},
-                    {"type": "audio", "audio": audio}, {"type": "text", "text": "same?"}]),
-            (proc, [{"type": "audio", "audio": short}, {"type": "text", "text": "short?"}]),
-            (two_frames, [{"type": "video", "video": str(tmp_path / "one.mp4")}, {"type": "text", "text": "where?"}]),
-            (proc, [{"type": "video", "video": str(tmp_path / "two.mp4")}, {"type": "text", "text": "where?"}])]
-    prompts = [p.process([{"role": "user", "content": c}], [], f"t.jsonl:{i + 1}") for i, (p, c) in enumerate(rows)]
+    rows = [
+        (proc, [{"type": "audio", "audio": audio}, {"type": "text", "text": "what?"}]),
+        (
+            proc,
+            [
+                {"type": "audio", "audio": longer},
+                {"type": "text", "text": "then"},
+                {"type": "audio", "audio": audio},
+                {"type": "text", "text": "same?"},
+            ],
+        ),
+        (proc, [{"type": "audio", "audio": short}, {"type": "text", "text": "short?"}]),
+        (
+            two_frames,
+            [{"type": "video", "video": str(tmp_path / "one.mp4")}, {"type": "text", "text": "where?"}],
+        ),
+        (proc, [{"type": "video", "video": str(tmp_path / "two.mp4")}, {"type": "text", "text": "where?"}]),
+    ]
+    prompts = [
+        p.process([{"role": "user", "content": c}], [], f"t.jsonl:{i + 1}") for i, (p, c) in enumerate(rows)
+    ]
     assert [sum(k.startswith("source.audio.") for k in p["inputs"]) for p in prompts] == [1, 2, 1, 0, 0]
     assert [p["inputs"]["video_grid_thw"][0, 0].item() for p in prompts[3:]] == [1, 2]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
-    requests = [GenerationRequest(f"a{j}", list(p["prompt_ids"]), greedy, media=p["inputs"])
-                for j, p in enumerate([prompts[0], *prompts])]
+    requests = [
+        GenerationRequest(f"a{j}", list(p["prompt_ids"]), greedy, media=p["inputs"])
+        for j, p in enumerate([prompts[0], *prompts])
+    ]
     results = asyncio.run(asyncio.wait_for(engine.generate(requests), 300))
 
-    model = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(thinker_dir, dtype=torch.float32).eval()
+    model = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
+        thinker_dir, dtype=torch.float32
+    ).eval()
     assert encode_audio_per_item(model) == 1  # as relax-omni's model adapter does on load
     gaps = []
     for req, res in zip(requests, results, strict=True):
@@ -112,21 +130,29 @@ def sync_batch(omni_engine, tmp_path_factory):
     synthetic.two_tones(root / "a.wav", 440.0, 220.0, seconds=0.6)
     synthetic.moving_dot_video(root / "v.mp4", right=True, frames=8)
     image = write_media(root)["image"]
-    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(thinker_dir), FAMILIES["qwen3_omni"], OmniProcessorParams())
-    rows = [[{"type": "audio", "audio": str(root / "a.wav")}, {"type": "text", "text": "what?"}],
-            [{"type": "image", "image": image}, {"type": "text", "text": "and"}],
-            [{"type": "video", "video": str(root / "v.mp4")}, {"type": "text", "text": "where?"}]]
+    proc = QwenOmniProcessor(
+        AutoProcessor.from_pretrained(thinker_dir), FAMILIES["qwen3_omni"], OmniProcessorParams()
+    )
+    rows = [
+        [{"type": "audio", "audio": str(root / "a.wav")}, {"type": "text", "text": "what?"}],
+        [{"type": "image", "image": image}, {"type": "text", "text": "and"}],
+        [{"type": "video", "video": str(root / "v.mp4")}, {"type": "text", "text": "where?"}],
+    ]
     config = AutoConfig.from_pretrained(thinker_dir)
-    stops = tuple(getattr(config, f"{k}_token_id") for k in ("image", "video", "audio", "vision_start", "vision_end",
-                                                              "audio_start", "audio_end"))  # fmt: skip
+    stops = tuple(
+        getattr(config, f"{k}_token_id")
+        for k in ("image", "video", "audio", "vision_start", "vision_end", "audio_start", "audio_end")
+    )
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True, stop_token_ids=stops)
     prompts = []
     for i, content in enumerate(rows):
         p = proc.process([{"role": "user", "content": content}], [], f"t.jsonl:{i + 1}")
         prompts.append(GenerationRequest(f"s{i}", list(p["prompt_ids"]), greedy, media=p["inputs"]))
     answer = proc.tokenizer.encode("a tone and a dot moving right")
-    samples = [Sample(prompt_ids=r.prompt_ids, group_id=i, response_ids=answer[i : i + 3], mm_inputs=r.media)
-               for i, r in enumerate(prompts)]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=r.prompt_ids, group_id=i, response_ids=answer[i : i + 3], mm_inputs=r.media)
+        for i, r in enumerate(prompts)
+    ]
     batch = collate(samples, pad_id=0)
     batch["advantages"] = torch.tensor([1.0, -0.5, 1.0])[:, None] * batch["response_mask"]
     return prompts, batch, _generate(HFRolloutEngine(thinker_dir), prompts)
@@ -166,7 +192,9 @@ def trained_thinker(request, omni_engine, sync_batch):
     without_towers = _generate(hf, prompts)
     hf.update_weights(weights, 2)
     want = _generate(hf, prompts)
-    assert sum(len(r.response_ids) for r in want) >= 6, [r.response_ids for r in want]  # enough tokens to compare
+    assert sum(len(r.response_ids) for r in want) >= 6, [
+        r.response_ids for r in want
+    ]  # enough tokens to compare
     # the towers' share of the change alone moves the outputs: a sync that dropped them would fail
     assert _moved(want, without_towers) > 1e-3 and _moved(want, original) > 1e-3
     return trainer, want
@@ -180,18 +208,24 @@ def _moved(a: list, b: list) -> float:
     """The largest per-token logprob change between two runs of the same requests (inf: other tokens)."""
     if [r.response_ids for r in a] != [r.response_ids for r in b]:
         return float("inf")
-    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra.logprobs, rb.logprobs, strict=True))
+    return max(
+        abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra.logprobs, rb.logprobs, strict=True)
+    )
 
 
 def _assert_serves(engine, prompts: list, want: list, version: int | None = None) -> None:
     for req, g, w in zip(prompts, _generate(engine, prompts), want, strict=True):
-        assert g.response_ids == w.response_ids, f"{req.request_id}: SGLang {g.response_ids} vs HF {w.response_ids}"
+        assert g.response_ids == w.response_ids, (
+            f"{req.request_id}: SGLang {g.response_ids} vs HF {w.response_ids}"
+        )
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=0)
         assert version is None or g.versions == [version] * len(g.response_ids), g.versions
 
 
 @pytest.mark.parametrize("transport", ["sglang_tensor", "sglang_disk", "sglang_distributed"])
-def test_a_trained_thinker_is_served_exactly_through_each_transport(transport, omni_engine, sync_batch, trained_thinker):
+def test_a_trained_thinker_is_served_exactly_through_each_transport(
+    transport, omni_engine, sync_batch, trained_thinker
+):
     """A trained Qwen3-Omni thinker (LM, MoE experts, vision and audio towers, one step of the megatron trainer or
     core's torch trainer) through the transport: SGLang serves Qwen3-Omni whole (``thinker.*``, the checkpoint's
     per-expert layout) and skips names it does not hold, so the transport maps the export
@@ -205,7 +239,11 @@ def test_a_trained_thinker_is_served_exactly_through_each_transport(transport, o
     prompts, _, original = sync_batch
     trainer, want = trained_thinker
     _assert_serves(engine, prompts, original)
-    make = {"sglang_tensor": SGLangTensorSync, "sglang_disk": SGLangDiskSync, "sglang_distributed": SGLangDistributedSync}
+    make = {
+        "sglang_tensor": SGLangTensorSync,
+        "sglang_disk": SGLangDiskSync,
+        "sglang_distributed": SGLangDistributedSync,
+    }
     sync = make[transport](timeout_s=120, bucket_bytes=1 << 18)
     version = engine.weight_version() + 1
     try:
@@ -214,7 +252,9 @@ def test_a_trained_thinker_is_served_exactly_through_each_transport(transport, o
         _assert_serves(engine, prompts, want, version)
     finally:
         sync.close()
-        load_weights(engine, engine.model_path, version + 1)  # the served checkpoint's own (``thinker.``) names
+        load_weights(
+            engine, engine.model_path, version + 1
+        )  # the served checkpoint's own (``thinker.``) names
     _assert_serves(engine, prompts, original)
     exported = list(load_hf_weights(thinker_dir).items())[:3]  # a direct call with the thinker's own names
     with pytest.raises(ValueError, match="whose loader takes checkpoint names under 'thinker.'"):
@@ -222,8 +262,9 @@ def test_a_trained_thinker_is_served_exactly_through_each_transport(transport, o
     assert engine.health()["ok"] and engine.weight_version() == version + 1
 
 
-def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(ray_session, omni_engine, sync_batch,
-                                                                                 tmp_path):
+def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(
+    ray_session, omni_engine, sync_batch, tmp_path
+):
     """``examples/quickstart_omni_audio.yaml`` (its tones and shapes) on the whole Qwen3-Omni checkpoint, as a user
     runs the released model: the megatron trainer loads its thinker, the module's SGLang server (attached by URL)
     rolls out audio and image prompts, and every step's weights reach the server through ``sglang_tensor`` (async,
@@ -243,18 +284,36 @@ def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(r
     steps, run_dir = 3, tmp_path / "run"
     load_weights(engine, engine.model_path, 0)  # the run starts at version 0: so must the server
     example = Path(__file__).resolve().parents[3] / "examples" / "quickstart_omni_audio.yaml"
-    cfg = load_config(str(example), [
-        f"run_dir={run_dir}", f"model.path={engine.model_path}", "data.processor=qwen3_omni", f"total_steps={steps}",
-        "mode=async", "max_staleness=1", "rollout.engine=sglang", f"rollout.engine_params.urls=[{engine.url}]",
-        "weight_sync.transport=sglang_tensor", "trainer.backend=megatron", "rollout.prompts_per_step=4",
-        "rollout.n_samples_per_prompt=4", "trainer.micro_batch_size=16", "logging.progress=false",
-        "logging.console=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0",
-    ])  # fmt: skip
+    cfg = load_config(
+        str(example),
+        [
+            f"run_dir={run_dir}",
+            f"model.path={engine.model_path}",
+            "data.processor=qwen3_omni",
+            f"total_steps={steps}",
+            "mode=async",
+            "max_staleness=1",
+            "rollout.engine=sglang",
+            f"rollout.engine_params.urls=[{engine.url}]",
+            "weight_sync.transport=sglang_tensor",
+            "trainer.backend=megatron",
+            "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "trainer.micro_batch_size=16",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_every=0",
+        ],
+    )
     final, converted = run_dir / "final_hf", tmp_path / "converted"
     try:
         run(cfg)
         served = int(engine.client.get("/model_info")["weight_version"])
-        convert(str(next((run_dir / "checkpoints").glob("step_*"))), str(converted))  # a megatron dist checkpoint
+        convert(
+            str(next((run_dir / "checkpoints").glob("step_*"))), str(converted)
+        )  # a megatron dist checkpoint
         prompts, _, original = sync_batch
         for i, hf_dir in enumerate((final, converted)):  # SGLang's own loader reads the directory ...
             version = steps + 2 * i + 1
@@ -272,8 +331,13 @@ def test_the_audio_quickstart_runs_on_the_whole_qwen3_omni_with_sglang_rollout(r
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(0.0 <= r["reward/mean"] <= 1.0 and r["response/length_mean"] > 0 for r in rows), rows
     assert served == steps, f"the server serves weight version {served} after {steps} synced steps"
-    assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in rows), [r["staleness/max"] for r in rows]
+    assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in rows), [
+        r["staleness/max"] for r in rows
+    ]
     whole, trained, again = (load_hf_weights(d) for d in (engine.model_path, final, converted))
-    assert set(trained) == set(whole) == set(again), (set(trained) ^ set(whole), set(again) ^ set(whole))  # as released
+    assert set(trained) == set(whole) == set(again), (
+        set(trained) ^ set(whole),
+        set(again) ^ set(whole),
+    )  # as released
     assert all(torch.equal(trained[n], again[n]) for n in trained)
     assert any(not torch.equal(trained[n], whole[n]) for n in whole)

@@ -20,8 +20,12 @@ def test_pause_with_requests_in_flight_then_continue(mode, sglang_engine, tiny_d
     engine = sglang_engine
     engine.params = dataclasses.replace(engine.params, pause_mode=mode)
     version = engine.weight_version()
-    reqs = [GenerationRequest(f"p{mode}{i}", [4, 5, 6 + i], SamplingParams(max_new_tokens=BUDGET, ignore_eos=True, seed=i))
-            for i in range(3)]  # fmt: skip
+    reqs = [
+        GenerationRequest(
+            f"p{mode}{i}", [4, 5, 6 + i], SamplingParams(max_new_tokens=BUDGET, ignore_eos=True, seed=i)
+        )
+        for i in range(3)
+    ]
 
     async def scenario():
         task = asyncio.ensure_future(engine.generate(reqs))
@@ -44,7 +48,11 @@ def test_pause_with_requests_in_flight_then_continue(mode, sglang_engine, tiny_d
         load_weights(engine, tiny_dirs[0], version + 2)
         engine.params = dataclasses.replace(engine.params, pause_mode="retract")
     for r in results:
-        assert (len(r.response_ids), r.finish_reason) == (BUDGET, "length"), (mode, len(r.response_ids), r.finish_reason)
+        assert (len(r.response_ids), r.finish_reason) == (BUDGET, "length"), (
+            mode,
+            len(r.response_ids),
+            r.finish_reason,
+        )
         assert len(r.logprobs) == len(r.versions) == BUDGET
         assert set(r.versions) <= {version, version + 1}, r.versions
         assert r.versions == sorted(r.versions), f"versions must not go back: {r.versions}"
@@ -56,14 +64,18 @@ def test_pause_with_requests_in_flight_then_continue(mode, sglang_engine, tiny_d
 
 def test_abort_then_resubmit_from_scratch_carries_exact_versions(sglang_engine, tiny_dirs):
     """``rollout.partial_rollout: abort``: in-flight requests end as ``abort`` with old-version tokens only;
-    sent again from scratch after the update, every token is the new weights' (HF greedy on them) and
-    carries the new version -- no token of the aborted attempt leaks into the resubmission (the controller
-resends aborted requests from scratch, see ``relax.core.controller.router.stream_groups``)."""
+        sent again from scratch after the update, every token is the new weights' (HF greedy on them) and
+        carries the new version -- no token of the aborted attempt leaks into the resubmission (the controller
+    resends aborted requests from scratch, see ``relax.core.controller.router.stream_groups``)."""
     from relax.core.engines.hf import HFRolloutEngine
 
     engine, version = sglang_engine, sglang_engine.weight_version()
-    reqs = [GenerationRequest(f"a{i}", [4, 5, 6 + i], SamplingParams(temperature=0.0, max_new_tokens=BUDGET, ignore_eos=True))
-            for i in range(3)]  # fmt: skip
+    reqs = [
+        GenerationRequest(
+            f"a{i}", [4, 5, 6 + i], SamplingParams(temperature=0.0, max_new_tokens=BUDGET, ignore_eos=True)
+        )
+        for i in range(3)
+    ]
 
     async def scenario():
         task = asyncio.ensure_future(engine.generate(reqs))
@@ -73,7 +85,9 @@ resends aborted requests from scratch, see ``relax.core.controller.router.stream
             await asyncio.to_thread(engine.abort)
             aborted = await asyncio.wait_for(task, 120)  # returned while still paused
             await asyncio.to_thread(engine.begin_weight_update, version + 1)
-            await asyncio.to_thread(engine.update_weights, list(load_hf_weights(tiny_dirs[1]).items()), version + 1)
+            await asyncio.to_thread(
+                engine.update_weights, list(load_hf_weights(tiny_dirs[1]).items()), version + 1
+            )
             await asyncio.to_thread(engine.end_weight_update, version + 1)
         finally:
             await asyncio.to_thread(engine.resume)
@@ -84,10 +98,18 @@ resends aborted requests from scratch, see ``relax.core.controller.router.stream
     finally:
         load_weights(engine, tiny_dirs[0], version + 2)
     for r in aborted:
-        assert r.finish_reason == "abort" and len(r.response_ids) < BUDGET, (r.finish_reason, len(r.response_ids))
+        assert r.finish_reason == "abort" and len(r.response_ids) < BUDGET, (
+            r.finish_reason,
+            len(r.response_ids),
+        )
         assert r.versions == [version] * len(r.response_ids), r.versions
     want = asyncio.run(asyncio.wait_for(HFRolloutEngine(tiny_dirs[1]).generate(reqs), 300))
     for r, w in zip(again, want, strict=True):
-        assert (r.finish_reason, r.versions) == ("length", [version + 1] * BUDGET), (r.finish_reason, set(r.versions))
+        assert (r.finish_reason, r.versions) == ("length", [version + 1] * BUDGET), (
+            r.finish_reason,
+            set(r.versions),
+        )
         # the head only: over 160 float32 steps a near-tie may flip between two correct implementations
-        assert r.response_ids[:16] == w.response_ids[:16], "the resubmission did not decode from scratch on the new weights"
+        assert r.response_ids[:16] == w.response_ids[:16], (
+            "the resubmission did not decode from scratch on the new weights"
+        )

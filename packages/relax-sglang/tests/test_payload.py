@@ -15,9 +15,11 @@ from relax.sglang.server import server_command
 
 def test_payload_continues_the_prefix_with_the_remaining_budget():
     req = GenerationRequest(
-        "r", [1, 2], SamplingParams(temperature=0.5, top_k=0, max_new_tokens=6, stop_token_ids=(9,), seed=4),
+        "r",
+        [1, 2],
+        SamplingParams(temperature=0.5, top_k=0, max_new_tokens=6, stop_token_ids=(9,), seed=4),
         prefix_response_ids=[5, 6],
-    )  # fmt: skip
+    )
     body = generate_payload(req, "rid", [5, 6, 7])
     assert body["input_ids"] == [1, 2, 5, 6, 7]
     sp = body["sampling_params"]
@@ -26,14 +28,22 @@ def test_payload_continues_the_prefix_with_the_remaining_budget():
 
 
 def test_token_versions_follow_the_spans():
-    meta = {"weight_versions": [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]}
+    meta = {
+        "weight_versions": [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
+    }
     assert token_versions(meta, 5, default=0) == [3, 3, 4, 4, 4]
     assert token_versions({"weight_version": "default"}, 2, default=7) == [7, 7]
 
 
 def test_parse_output_and_finish_reasons():
-    out = {"output_ids": [4, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
-           "output_token_logprobs": [[-0.5, 4, None], [-1.0, 2, None]], "weight_version": "1"}}  # fmt: skip
+    out = {
+        "output_ids": [4, 2],
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 2},
+            "output_token_logprobs": [[-0.5, 4, None], [-1.0, 2, None]],
+            "weight_version": "1",
+        },
+    }
     assert parse_output(out, 0) == ([4, 2], [-0.5, -1.0], [1, 1], "stop")
     assert finish_reason({"finish_reason": {"type": "abort", "message": "x"}}) == "abort"
     with pytest.raises(ValueError, match="not stop, length or abort"):
@@ -44,7 +54,9 @@ def test_parse_output_and_finish_reasons():
 
 
 def test_server_command_passes_launch_settings_through():
-    params = SGLangEngineParams(python="/env/bin/python", tp_size=1, extra_args=["--chunked-prefill-size", "64"])
+    params = SGLangEngineParams(
+        python="/env/bin/python", tp_size=1, extra_args=["--chunked-prefill-size", "64"]
+    )
     cmd = server_command(params, "/m", 30001, "float32")
     assert cmd[:3] == ["/env/bin/python", "-m", "sglang.launch_server"]
     assert cmd[cmd.index("--model-path") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "30001"
@@ -62,7 +74,10 @@ def test_server_command_passes_launch_settings_through():
     saver = ["--enable-memory-saver", "--enable-weights-cpu-backup"]
     gpu = server_command(SGLangEngineParams(device="cuda"), "/m", 1, "bfloat16")
     assert all(flag in gpu for flag in saver) and not any(flag in cmd for flag in saver)
-    assert not any(f in server_command(SGLangEngineParams(device="cuda", memory_saver=False), "/m", 1, "bf16") for f in saver)
+    assert not any(
+        f in server_command(SGLangEngineParams(device="cuda", memory_saver=False), "/m", 1, "bf16")
+        for f in saver
+    )
 
 
 def test_params_validation_names_the_field():
@@ -75,7 +90,12 @@ def test_stop_ids_cut_the_response_even_with_ignore_eos():
     from relax.sglang.payload import cut_at_stop_ids
 
     params = SamplingParams(ignore_eos=True, stop_token_ids=(5,))
-    assert cut_at_stop_ids(params, [7, 5, 5, 9], [-1.0] * 4, [0] * 4, "length") == ([7, 5], [-1.0] * 2, [0] * 2, "stop")
+    assert cut_at_stop_ids(params, [7, 5, 5, 9], [-1.0] * 4, [0] * 4, "length") == (
+        [7, 5],
+        [-1.0] * 2,
+        [0] * 2,
+        "stop",
+    )
     assert cut_at_stop_ids(params, [7, 9], [-1.0] * 2, [0] * 2, "length")[3] == "length"
 
 
@@ -92,8 +112,14 @@ def vl_prompt(tmp_path_factory):
     content = [{"type": "image", "image": media["image"]}, {"type": "text", "text": "what?"}]
     prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:1")
     ip = hf.image_processor
-    spec = ImageSpec(hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"), ip.patch_size, ip.merge_size,
-                     ip.temporal_patch_size, tuple(ip.image_mean), tuple(ip.image_std))  # fmt: skip
+    spec = ImageSpec(
+        hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        ip.patch_size,
+        ip.merge_size,
+        ip.temporal_patch_size,
+        tuple(ip.image_mean),
+        tuple(ip.image_std),
+    )
     return prompt, spec, hf
 
 
@@ -134,16 +160,22 @@ def test_media_sglang_cannot_take_is_refused_by_name(vl_prompt):
     from relax.sglang.media import check_prompt_tokens, media_request
 
     prompt, spec, _ = vl_prompt
-    with pytest.raises(ValueError, match=r"\['image_embeds'\]: the sglang engine sends images, videos and audio"):
+    with pytest.raises(
+        ValueError, match=r"\['image_embeds'\]: the sglang engine sends images, videos and audio"
+    ):
         media_request({**prompt["inputs"], "image_embeds": [0]}, [], spec)
-    with pytest.raises(ValueError, match="input_features: audio features cannot be inverted and the processed prompt"):
+    with pytest.raises(
+        ValueError, match="input_features: audio features cannot be inverted and the processed prompt"
+    ):
         media_request({**prompt["inputs"], "input_features": [0], "feature_attention_mask": [1]}, [], spec)
     with pytest.raises(ValueError, match="use_audio_in_video=False and takes no precomputed positions"):
         media_request({**prompt["inputs"], "use_audio_in_video": [1]}, [], spec)
     with pytest.raises(ValueError, match="prompt has 0 image placeholder runs for 1 images"):
         media_request(prompt["inputs"], [1, 2, 3], spec)
     check_prompt_tokens({"prompt_tokens": 27}, 27, "e")
-    with pytest.raises(ValueError, match="e: SGLang expanded the media prompt to 26 tokens, the relax processor to 27"):
+    with pytest.raises(
+        ValueError, match="e: SGLang expanded the media prompt to 26 tokens, the relax processor to 27"
+    ):
         check_prompt_tokens({"prompt_tokens": 26}, 27, "e")
 
 
@@ -207,7 +239,9 @@ def test_video_frames_are_rebuilt_exactly_and_survive_the_container(video_prompt
     assert (again["pixel_values_videos"] - inputs["pixel_values_videos"]).abs().max().item() < 1e-6
     url = video_data_url(frames, 2.0)
     reader = decord.VideoReader(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
-    assert reader.get_avg_fps() == 2.0 and np.array_equal(reader.get_batch(list(range(len(reader)))).asnumpy(), frames)
+    assert reader.get_avg_fps() == 2.0 and np.array_equal(
+        reader.get_batch(list(range(len(reader)))).asnumpy(), frames
+    )
 
 
 def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
@@ -221,13 +255,20 @@ def test_media_request_sends_one_video_at_the_servers_fps(video_prompt):
     assert ids.count(pad) > 1 and media.prompt_ids.count(pad) == 1 and len(media.prompt_ids) < len(ids)
     (url,) = media.fields["video_data"]
     assert url.startswith("data:video/x-matroska;base64,") and "image_data" not in media.fields
-    with pytest.raises(ValueError, match=r"video sampled at 2 fps \(second_per_grid_ts 1\), the SGLang server "
-                                         "samples at engine_params.video_fps=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"video sampled at 2 fps \(second_per_grid_ts 1\), the SGLang server "
+        "samples at engine_params.video_fps=1",
+    ):
         media_request(inputs, ids, spec, video_fps=1.0)
     two = {**inputs, "second_per_grid_ts": torch.tensor([1.0, 1.0])}
-    with pytest.raises(ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the qwen2_5_vl processor one"):
+    with pytest.raises(
+        ValueError, match="2 videos in one prompt: SGLang 0.5.23 gives the qwen2_5_vl processor one"
+    ):
         media_request(two, ids, spec)
-    with pytest.raises(ValueError, match=r"model_type 'qwen2_5_omni_thinker': its model adapter declares no video layout"):
+    with pytest.raises(
+        ValueError, match=r"model_type 'qwen2_5_omni_thinker': its model adapter declares no video layout"
+    ):
         media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen2_5_omni_thinker"}))
     with pytest.raises(ValueError, match="prompt has 0 video placeholder runs for 1 videos"):
         media_request(inputs, [1, 2], spec)
@@ -252,15 +293,31 @@ def test_qwen3_vl_video_blocks_collapse_and_their_times_go_in_the_container(tmp_
     proc = QwenOmniProcessor(hf, FAMILIES["qwen3_vl"], OmniProcessorParams(max_frames=64))
     synthetic.moving_dot_video(tmp_path / "a.mp4", right=True, frames=4)
     synthetic.moving_dot_video(tmp_path / "b.mp4", right=False, frames=8)
-    content = [{"type": "video", "video": str(tmp_path / "a.mp4")}, {"type": "text", "text": "and"},
-               {"type": "video", "video": str(tmp_path / "b.mp4")}]
+    content = [
+        {"type": "video", "video": str(tmp_path / "a.mp4")},
+        {"type": "text", "text": "and"},
+        {"type": "video", "video": str(tmp_path / "b.mp4")},
+    ]
     prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:4")
     ids, inputs, tok = prompt["prompt_ids"], prompt["inputs"], hf.tokenizer
-    pad, start, end = (tok.convert_tokens_to_ids(t) for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>"))
+    pad, start, end = (
+        tok.convert_tokens_to_ids(t) for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+    )
     vp = hf.video_processor
-    spec = ImageSpec(tok.convert_tokens_to_ids("<|image_pad|>"), 16, 2, 2, (0.5,) * 3, (0.5,) * 3, video_token_id=pad,
-                     model_type="qwen3_vl", video_mean=tuple(vp.image_mean), video_std=tuple(vp.image_std),
-                     vision_start_token_id=start, vision_end_token_id=end)  # fmt: skip
+    spec = ImageSpec(
+        tok.convert_tokens_to_ids("<|image_pad|>"),
+        16,
+        2,
+        2,
+        (0.5,) * 3,
+        (0.5,) * 3,
+        video_token_id=pad,
+        model_type="qwen3_vl",
+        video_mean=tuple(vp.image_mean),
+        video_std=tuple(vp.image_std),
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+    )
     media = media_request(inputs, ids, spec, decode=tok.decode)
     text = tok.decode(media.prompt_ids)
     assert text.count("<|vision_start|><|video_pad|><|vision_end|>") == 2 and "seconds>" not in text
@@ -274,8 +331,13 @@ def test_qwen3_vl_video_blocks_collapse_and_their_times_go_in_the_container(tmp_
 
     sent = [container(url) for url in media.fields["video_data"]]
     assert [t for _, stamps in sent for t in stamps] == written
-    for (frames, _), want in zip(sent, frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"],
-                                                           spec, "pixel_values_videos"), strict=True):  # fmt: skip
+    for (frames, _), want in zip(
+        sent,
+        frames_from_patches(
+            inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos"
+        ),
+        strict=True,
+    ):
         assert np.array_equal(frames, want)
     again = vp(videos=[f for f, _ in sent], do_sample_frames=False, do_resize=False, return_tensors="pt")
     assert (again["pixel_values_videos"] - inputs["pixel_values_videos"]).abs().max().item() < 1e-6
@@ -319,18 +381,32 @@ def test_audio_goes_as_the_lossless_waveform(tmp_path):
     content = [{"type": "audio", "audio": write_media(tmp_path)["audio"]}, {"type": "text", "text": "what?"}]
     prompt = proc.process([{"role": "user", "content": content}], [], "t.jsonl:3")
     pad = hf.tokenizer.convert_tokens_to_ids("<|audio_pad|>")
-    spec = ImageSpec(hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"), 16, 2, 2, (0.5,) * 3, (0.5,) * 3,
-                     audio_token_id=pad, model_type="qwen3_omni_moe_thinker")  # fmt: skip
+    spec = ImageSpec(
+        hf.tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        16,
+        2,
+        2,
+        (0.5,) * 3,
+        (0.5,) * 3,
+        audio_token_id=pad,
+        model_type="qwen3_omni_moe_thinker",
+    )
     ids, inputs = prompt["prompt_ids"], prompt["inputs"]
     media = media_request(inputs, ids, spec)  # at the rate relax-omni's adapter declares (ServingConventions)
-    with pytest.raises(ValueError, match="model_type 'qwen3_vl', whose model adapter declares no audio sample rate"):
+    with pytest.raises(
+        ValueError, match="model_type 'qwen3_vl', whose model adapter declares no audio sample rate"
+    ):
         media_request(inputs, ids, ImageSpec(**{**spec.__dict__, "model_type": "qwen3_vl"}))
     assert ids.count(pad) > 1 and media.prompt_ids.count(pad) == 1 and list(media.fields) == ["audio_data"]
     (sent,) = media.fields["audio_data"]
     assert np.array_equal(decoded(sent), inputs["source.audio.0"].numpy())
     (built,) = _media_requests([inputs], [ids], spec)  # the engine's path
-    assert built.prompt_ids == media.prompt_ids and np.array_equal(decoded(built.fields["audio_data"][0]), decoded(sent))
-    assert np.array_equal(decoded(media_request(inputs, ids, spec, audios=[wave]).fields["audio_data"][0]), wave)
+    assert built.prompt_ids == media.prompt_ids and np.array_equal(
+        decoded(built.fields["audio_data"][0]), decoded(sent)
+    )
+    assert np.array_equal(
+        decoded(media_request(inputs, ids, spec, audios=[wave]).fields["audio_data"][0]), wave
+    )
     with pytest.raises(ValueError, match="prompt has 1 audio placeholder runs for 2 audios"):
         media_request(inputs, ids, spec, audios=[wave, wave])
     with pytest.raises(ValueError, match=r"carries no waveform \(source.audio.<i>, kept by relax-omni"):

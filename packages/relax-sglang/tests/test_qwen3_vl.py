@@ -35,7 +35,9 @@ def qwen3_vl(sglang_python, tmp_path_factory):
 
     root = tmp_path_factory.getbasetemp()
     model_dir = tiny_multimodal_dir(root, "qwen3_vl")
-    proc = QwenOmniProcessor(AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen3_vl"], OmniProcessorParams(max_frames=64))
+    proc = QwenOmniProcessor(
+        AutoProcessor.from_pretrained(model_dir), FAMILIES["qwen3_vl"], OmniProcessorParams(max_frames=64)
+    )
     engine = SGLangEngine(engine_params(), model_dir, run_dir=str(root / "sglang-qwen3-vl-run"))
     yield engine, model_dir, proc
     engine.close()
@@ -54,10 +56,16 @@ def prompts(qwen3_vl, tmp_path_factory) -> list[GenerationRequest]:
     image = write_media(root)["image"]
     rows = {
         "image": [{"type": "image", "image": image}, {"type": "text", "text": "what?"}],
-        "video": [{"type": "video", "video": str(root / "two_grids.mp4")}, {"type": "text", "text": "where?"}],
-        "two videos and an image": [{"type": "video", "video": str(root / "one_grid.mp4")},
-                                    {"type": "image", "image": image}, {"type": "text", "text": "and"},
-                                    {"type": "video", "video": str(root / "two_grids.mp4")}],
+        "video": [
+            {"type": "video", "video": str(root / "two_grids.mp4")},
+            {"type": "text", "text": "where?"},
+        ],
+        "two videos and an image": [
+            {"type": "video", "video": str(root / "one_grid.mp4")},
+            {"type": "image", "image": image},
+            {"type": "text", "text": "and"},
+            {"type": "video", "video": str(root / "two_grids.mp4")},
+        ],
     }
     out = []
     for name, content in rows.items():
@@ -83,7 +91,9 @@ def _gaps(got: list, want: list, requests: list[GenerationRequest]) -> dict[str,
     """request id -> max |logprob gap|; the greedy tokens must be equal."""
     gaps = {}
     for req, g, w in zip(requests, got, want, strict=True):
-        assert g.response_ids == w.response_ids, f"{req.request_id}: SGLang {g.response_ids} vs HF {w.response_ids}"
+        assert g.response_ids == w.response_ids, (
+            f"{req.request_id}: SGLang {g.response_ids} vs HF {w.response_ids}"
+        )
         gaps[req.request_id] = (torch.tensor(g.logprobs) - torch.tensor(w.logprobs)).abs().max().item()
     return gaps
 
@@ -92,7 +102,9 @@ def _moved(a: list, b: list) -> float:
     """The largest per-token logprob change between two runs of the same requests (inf: other tokens)."""
     if [r.response_ids for r in a] != [r.response_ids for r in b]:
         return float("inf")
-    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra.logprobs, rb.logprobs, strict=True))
+    return max(
+        abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra.logprobs, rb.logprobs, strict=True)
+    )
 
 
 def test_images_and_timestamped_videos_equal_the_hf_engine(qwen3_vl, prompts, hf_reference):
@@ -131,23 +143,33 @@ def megatron_vl(megatron_world, qwen3_vl, prompts, sync_prompts, hf_reference):
     _, model_dir, proc = qwen3_vl
     hf = hf_reference[0]
     answer = proc.tokenizer.encode("a dot moves to the left")
-    samples = [Sample(prompt_ids=r.prompt_ids, group_id=i, response_ids=answer[i : i + 3], mm_inputs=r.media)
-               for i, r in enumerate(prompts)]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=r.prompt_ids, group_id=i, response_ids=answer[i : i + 3], mm_inputs=r.media)
+        for i, r in enumerate(prompts)
+    ]
     batch = collate(samples, pad_id=0)
     batch["advantages"] = torch.tensor([1.0, -0.5, 1.0])[:, None] * batch["response_mask"]
-    trainer = MegatronTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, micro_batch_size=3)
+    trainer = MegatronTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), lr=1e-2, micro_batch_size=3
+    )
     trainer.train_step({**batch, "old_logprobs": trainer.forward_logprobs(batch)})
     weights, original = exported(trainer), load_hf_weights(model_dir)
     tower = [n for n in weights if n.startswith("model.visual.")]
-    assert tower and max(float((weights[n] - original[n]).abs().max()) for n in tower) > 1e-3, "the tower did not train"
+    assert tower and max(float((weights[n] - original[n]).abs().max()) for n in tower) > 1e-3, (
+        "the tower did not train"
+    )
     # the towers' share of the change alone moves the outputs: a sync that dropped them would fail below
     hf.update_weights({n: t for n, t in weights.items() if n not in tower}, 1)
     lm_only = _generate(hf, sync_prompts)
     hf.update_weights(weights, 1)
     want = _generate(hf, sync_prompts)
-    assert sum(len(r.response_ids) for r in want) >= 6, [r.response_ids for r in want]  # enough tokens to compare
+    assert sum(len(r.response_ids) for r in want) >= 6, [
+        r.response_ids for r in want
+    ]  # enough tokens to compare
     towers_moved = _moved(want, lm_only)
-    assert towers_moved > 1e-3, f"the trained tower does not change the outputs ({towers_moved}): the check would be vacuous"
+    assert towers_moved > 1e-3, (
+        f"the trained tower does not change the outputs ({towers_moved}): the check would be vacuous"
+    )
     hf.update_weights(original, 0)  # back to the original weights for the other tests
     return trainer, want
 
@@ -161,7 +183,9 @@ def megatron_vl(megatron_world, qwen3_vl, prompts, sync_prompts, hf_reference):
     ],
     ids=["sglang_tensor", "sglang_disk", "sglang_distributed"],
 )
-def test_megatron_media_weights_are_served_exactly(make, qwen3_vl, prompts, sync_prompts, hf_reference, megatron_vl):
+def test_megatron_media_weights_are_served_exactly(
+    make, qwen3_vl, prompts, sync_prompts, hf_reference, megatron_vl
+):
     """The trained LM and vision tower through the transport: the HF engine's greedy tokens and logprobs on
     the image and video prompts, every token of the new version; then the original weights again (whose
     outputs the server gives again)."""

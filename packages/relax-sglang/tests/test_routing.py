@@ -16,8 +16,18 @@ from relax.sglang.routing import RoutingLayout
 def _config(**kw):
     from transformers import Qwen3MoeConfig
 
-    base = dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, hidden_size=16, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=8, intermediate_size=16, moe_intermediate_size=8, vocab_size=32)  # fmt: skip
+    base = dict(
+        num_hidden_layers=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        hidden_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        intermediate_size=16,
+        moe_intermediate_size=8,
+        vocab_size=32,
+    )
     return Qwen3MoeConfig(**{**base, **kw})
 
 

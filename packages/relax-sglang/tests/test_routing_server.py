@@ -28,8 +28,10 @@ def test_sglang_returns_the_experts_the_hf_model_routes_to(sglang_python, tmp_pa
 
     model_dir = tiny_moe_dir(tmp_path / "moe")
     prompts = [[4, 23, 10, 17, 11, 20], [12, 18, 9], [7, 5]]
-    requests = [GenerationRequest(str(i), p, SamplingParams(max_new_tokens=8, seed=i, ignore_eos=True))
-                for i, p in enumerate(prompts)]  # fmt: skip
+    requests = [
+        GenerationRequest(str(i), p, SamplingParams(max_new_tokens=8, seed=i, ignore_eos=True))
+        for i, p in enumerate(prompts)
+    ]
     engine = SGLangEngine(engine_params(), model_dir, run_dir=str(tmp_path / "run"), record_routing=True)
     try:
         results = asyncio.run(engine.generate(requests))
@@ -45,5 +47,7 @@ def test_sglang_returns_the_experts_the_hf_model_routes_to(sglang_python, tmp_pa
         got = r.routed_experts
         assert got.shape == (ids.shape[1], 2, 2) and got.dtype == np.int8 and (got[-1] == -1).all()
         assert (np.sort(own[:-1], -1) == np.sort(got[:-1], -1)).all()
-        lp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, torch.tensor(r.response_ids)[:, None])[:, 0]
+        lp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(
+            -1, torch.tensor(r.response_ids)[:, None]
+        )[:, 0]
         torch.testing.assert_close(lp, torch.tensor(r.logprobs), atol=1e-4, rtol=0)

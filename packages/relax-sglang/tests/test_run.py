@@ -16,27 +16,50 @@ STEPS = 3
 def test_async_run_attached_to_the_shared_server(ray_session, sglang_engine, tiny_dirs, tmp_path):
     engine, run_dir = sglang_engine, tmp_path / "run"
     load_weights(engine, tiny_dirs[0], 0)  # the run starts at version 0: so must the server
-    cfg = load_config(None, [
-        f"run_dir={run_dir}", f"model.path={tiny_dirs[0]}", f"total_steps={STEPS}", "mode=async", "max_staleness=1",
-        "rollout.engine=sglang", f"rollout.engine_params.urls=[{engine.url}]", "weight_sync.transport=sglang_tensor",
-        "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3",
-        "trainer.micro_batch_size=16", "data.task_size=64", "logging.progress=false", "logging.console=false",
-        "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_every=0",
-        "checkpoint.save_hf_final=false", "checkpoint.resume=never",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={run_dir}",
+            f"model.path={tiny_dirs[0]}",
+            f"total_steps={STEPS}",
+            "mode=async",
+            "max_staleness=1",
+            "rollout.engine=sglang",
+            f"rollout.engine_params.urls=[{engine.url}]",
+            "weight_sync.transport=sglang_tensor",
+            "rollout.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.max_new_tokens=3",
+            "trainer.micro_batch_size=16",
+            "data.task_size=64",
+            "logging.progress=false",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            "checkpoint.save_every=0",
+            "checkpoint.save_hf_final=false",
+            "checkpoint.resume=never",
+        ],
+    )
     try:
         run(cfg)
         served = engine.client.get("/model_info")["weight_version"]
     finally:
-        load_weights(engine, tiny_dirs[0], engine.weight_version() + STEPS + 1)  # later tests see the original
+        load_weights(
+            engine, tiny_dirs[0], engine.weight_version() + STEPS + 1
+        )  # later tests see the original
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(0.0 <= r["reward/mean"] <= 1.0 and r["response/length_mean"] > 0 for r in rows), rows
     assert all(r["policy_version"] == r["step"] for r in rows)
     assert int(served) == STEPS, f"the server serves weight version {served} after {STEPS} synced steps"
     # tokens carry the server's versions: one step ahead at most, never from the future
-    assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in rows), [r["staleness/max"] for r in rows]
-    assert max(r["staleness/max"] for r in rows) == 1, "no sample came from an older version: versions not recorded"
+    assert all(0 <= r["staleness/mean"] <= r["staleness/max"] <= 1 for r in rows), [
+        r["staleness/max"] for r in rows
+    ]
+    assert max(r["staleness/max"] for r in rows) == 1, (
+        "no sample came from an older version: versions not recorded"
+    )
 
 
 def test_scale_out_by_url_attaches_a_synced_engine(ray_session, sglang_engine, tiny_dirs, tmp_path):
@@ -55,8 +78,16 @@ def test_scale_out_by_url_attaches_a_synced_engine(ray_session, sglang_engine, t
 
     engine = sglang_engine
     version = engine.weight_version() + 1
-    cfg = load_config(None, [f"run_dir={tmp_path}", f"model.path={tiny_dirs[0]}", "rollout.engine=sglang",
-                             f"rollout.engine_params.python={engine.params.python}", "rollout.control_timeout_s=120"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            f"model.path={tiny_dirs[0]}",
+            "rollout.engine=sglang",
+            f"rollout.engine_params.python={engine.params.python}",
+            "rollout.control_timeout_s=120",
+        ],
+    )
     phases: list[str] = []
 
     def start_engine(index, slot, engine_params=None):  # as RunState._start_engine does
@@ -94,4 +125,7 @@ def test_scale_out_by_url_attaches_a_synced_engine(ray_session, sglang_engine, t
     other = AutoModelForCausalLM.from_pretrained(tiny_dirs[1], dtype=torch.float32).eval()
     with torch.no_grad():
         out = other.generate(torch.tensor([[4, 5, 6]]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
-    assert res.response_ids == out[0, 3:].tolist() and res.versions == [version] * 6, (res.response_ids, res.versions)
+    assert res.response_ids == out[0, 3:].tolist() and res.versions == [version] * 6, (
+        res.response_ids,
+        res.versions,
+    )

@@ -20,8 +20,12 @@ def test_the_thinker_export_maps_to_the_served_checkpoint_exactly(tmp_path):
     from relax.sglang.testing import tiny_omni_dirs
 
     server_dir, thinker_dir = tiny_omni_dirs(tmp_path)
-    exported = list(Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(thinker_dir).state_dict().items())
-    assert any(n.endswith("mlp.experts.gate_up_proj") for n, _ in exported)  # the fused layout is what is mapped
+    exported = list(
+        Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(thinker_dir).state_dict().items()
+    )
+    assert any(
+        n.endswith("mlp.experts.gate_up_proj") for n, _ in exported
+    )  # the fused layout is what is mapped
     layout = layout_for("qwen3_omni_moe")  # declared by relax-omni's model adapter
     mapped = [item for i in range(0, len(exported), 7) for item in layout.map_bucket(exported[i : i + 7])]
     served = load_file(f"{server_dir}/model.safetensors")
@@ -29,9 +33,16 @@ def test_the_thinker_export_maps_to_the_served_checkpoint_exactly(tmp_path):
     assert sorted(n for n, _ in mapped) == sorted(served)
     for name, tensor in mapped:
         assert torch.equal(tensor, served[name]), name
-    assert layout.map_bucket([("thinker.lm_head.weight", served["thinker.lm_head.weight"])])[0][0] == "thinker.lm_head.weight"
-    with pytest.raises(ValueError, match="'talker.codec_head.weight' is not one the served model's loader takes"):
-        layout.map_bucket([("talker.codec_head.weight", torch.zeros(1))])  # an error, not a name the server skips
+    assert (
+        layout.map_bucket([("thinker.lm_head.weight", served["thinker.lm_head.weight"])])[0][0]
+        == "thinker.lm_head.weight"
+    )
+    with pytest.raises(
+        ValueError, match="'talker.codec_head.weight' is not one the served model's loader takes"
+    ):
+        layout.map_bucket(
+            [("talker.codec_head.weight", torch.zeros(1))]
+        )  # an error, not a name the server skips
 
 
 def test_names_the_server_would_skip_are_refused_naming_the_mapping(tmp_path):
@@ -44,7 +55,9 @@ def test_names_the_server_would_skip_are_refused_naming_the_mapping(tmp_path):
     wrapped = served_architecture(str(omni))
     assert wrapped == "qwen3_omni_moe"
     assert served_architecture(str(vl)) is None and served_architecture("Qwen/not-a-local-dir") is None
-    with pytest.raises(ValueError, match="got 'model.layers.0.mlp.gate.weight'.*the sglang_\\* transports map"):
+    with pytest.raises(
+        ValueError, match="got 'model.layers.0.mlp.gate.weight'.*the sglang_\\* transports map"
+    ):
         check_served_names(["thinker.lm_head.weight", "model.layers.0.mlp.gate.weight"], wrapped, "sglang[0]")
     check_served_names(["thinker.lm_head.weight"], wrapped, "sglang[0]")  # the checkpoint's own names load
     check_served_names(["model.layers.0.mlp.gate.weight"], None, "sglang[0]")  # any other model: as sent

@@ -35,11 +35,16 @@ print("theirs", os.environ.get("THEIRS_RAN"))
 def test_each_audio_becomes_its_own_item_trimmed_to_its_frames():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     feature = torch.arange(2 * 3 * 5, dtype=torch.float32).reshape(2, 3, 5)
-    items = [SimpleNamespace(feature=feature, feature_attention_mask=mask, tag="a"),
-             SimpleNamespace(feature=feature[:1, :, :2], feature_attention_mask=mask[:1, :2], tag="b")]
+    items = [
+        SimpleNamespace(feature=feature, feature_attention_mask=mask, tag="a"),
+        SimpleNamespace(feature=feature[:1, :, :2], feature_attention_mask=mask[:1, :2], tag="b"),
+    ]
     out = per_audio_items(items)
     assert [(o.tag, tuple(o.feature.shape), o.feature_attention_mask.tolist()) for o in out] == [
-        ("a", (1, 3, 3), [[1, 1, 1]]), ("a", (1, 3, 5), [[1] * 5]), ("b", (1, 3, 2), [[1, 1]])]
+        ("a", (1, 3, 3), [[1, 1, 1]]),
+        ("a", (1, 3, 5), [[1] * 5]),
+        ("b", (1, 3, 2), [[1, 1]]),
+    ]
     assert torch.equal(out[0].feature, feature[:1, :, :3]) and items[0].feature is feature  # inputs untouched
 
 
@@ -58,7 +63,9 @@ def test_tagged_frame_times_become_the_metadata_qwen3_vl_reads_them_from(tmp_pat
     url = video_data_url(frames, 2.0, ["0.2", "1.5"])
     data = base64.b64decode(url.split(",", 1)[1])
     assert relax_tags(data)["RELAX_TIMESTAMPS"] == "0.2,1.5"
-    assert "RELAX_TIMESTAMPS" not in relax_tags(base64.b64decode(video_data_url(frames, 2.0).split(",", 1)[1]))
+    assert "RELAX_TIMESTAMPS" not in relax_tags(
+        base64.b64decode(video_data_url(frames, 2.0).split(",", 1)[1])
+    )
     assert relax_tags(b"not a video") is None
     (tmp_path / "v.mkv").write_bytes(data)
     assert relax_tags(str(tmp_path / "v.mkv"))["RELAX_TIMESTAMPS"] == "0.2,1.5"
@@ -72,14 +79,18 @@ def test_tagged_frame_times_become_the_metadata_qwen3_vl_reads_them_from(tmp_pat
             out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         out.mux(stream.encode())
     assert relax_tags(str(untagged)) is None
-    meta = metadata_with_timestamps({"fps": 2.0, "frames_indices": [0, 1, 2, 3], "total_num_frames": 4}, 4, [0.2, 1.5])
+    meta = metadata_with_timestamps(
+        {"fps": 2.0, "frames_indices": [0, 1, 2, 3], "total_num_frames": 4}, 4, [0.2, 1.5]
+    )
     assert meta["total_num_frames"] == 4
     times = Qwen3VLProcessor._calculate_timestamps(None, meta["frames_indices"], meta["fps"], 2)
     assert [f"<{t:.1f} seconds>" for t in times] == ["<0.2 seconds>", "<1.5 seconds>"]
 
 
 def test_the_server_environment_loads_the_patches(sglang_python, tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # launches still write bytecode: later ones import faster
+    monkeypatch.setenv(
+        "PYTHONDONTWRITEBYTECODE", "1"
+    )  # launches still write bytecode: later ones import faster
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = 'yes'\n")

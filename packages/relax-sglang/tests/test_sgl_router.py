@@ -34,7 +34,9 @@ def _served_by(client, version: int) -> list[list[int]]:
     """Greedy tokens of one server, asked directly (not through the router); every token at ``version``."""
 
     async def each():
-        return await asyncio.gather(*(client.generate(generate_payload(r, f"{r.request_id}-direct", [])) for r in _requests()))
+        return await asyncio.gather(
+            *(client.generate(generate_payload(r, f"{r.request_id}-direct", [])) for r in _requests())
+        )
 
     out = []
     for raw in asyncio.run(asyncio.wait_for(each(), 300)):
@@ -102,7 +104,10 @@ def test_a_tensor_sync_reaches_every_server_behind_the_router(routed, tiny_dirs)
 
     transport = SGLangTensorSync(timeout_s=120, bucket_bytes=1 << 18)
     try:
-        for model_dir in (tiny_dirs[1], tiny_dirs[0]):  # the other weights (if the test above did not run), then back
+        for model_dir in (
+            tiny_dirs[1],
+            tiny_dirs[0],
+        ):  # the other weights (if the test above did not run), then back
             want, version = _ids(HFRolloutEngine(model_dir)), routed.weight_version() + 1
             transport.sync(torch_trainer(model_dir), [routed], version)
             for worker in routed.workers:

@@ -20,8 +20,10 @@ PROMPTS = [[4, 5, 6], [7, 8, 9, 10], [12, 3]]
 
 
 def _greedy(engine) -> list:
-    reqs = [GenerationRequest(f"t{i}", p, SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))
-            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    reqs = [
+        GenerationRequest(f"t{i}", p, SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))
+        for i, p in enumerate(PROMPTS)
+    ]
     return asyncio.run(asyncio.wait_for(engine.generate(reqs), 300))
 
 
@@ -86,9 +88,11 @@ class _OnSharedServer(WeightSyncConformance):
         return self.engine
 
     def served_weights(self, engine):
-        pytest.skip("SGLang 0.5.23 cannot return a Qwen3 model's weights by name (get_weights_by_name: 'TODO: Add "
-                    "support for Qwen models'); test_transport_serves_exactly_the_new_weights_and_version checks "
-                    "the served weights through exact greedy outputs and logprobs instead")
+        pytest.skip(
+            "SGLang 0.5.23 cannot return a Qwen3 model's weights by name (get_weights_by_name: 'TODO: Add "
+            "support for Qwen models'); test_transport_serves_exactly_the_new_weights_and_version checks "
+            "the served weights through exact greedy outputs and logprobs instead"
+        )
 
     def break_engine(self, engine, release):
         engine.client.url = f"http://127.0.0.1:{free_port()}"

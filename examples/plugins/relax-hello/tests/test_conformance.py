@@ -17,7 +17,10 @@ class TestLengthReward(RewardConformance):
         return LengthReward(LengthParams(target=2), PluginContext(role="reward"))
 
     def samples(self):
-        return [Sample(prompt_ids=[1], group_id=0, index_in_group=i, response_ids=[7] * n) for i, n in enumerate([0, 2, 3])]
+        return [
+            Sample(prompt_ids=[1], group_id=0, index_in_group=i, response_ids=[7] * n)
+            for i, n in enumerate([0, 2, 3])
+        ]
 
     def expected_scores(self):
         return [-1.0, 0.0, -0.5]

@@ -14,7 +14,9 @@ from relax.core.testing import TinyModelFixtures, TrainerConformance, make_batch
 
 
 def sgd_trainer(model_dir, lr=1e-2):
-    return SGDTrainer(model_dir, UpdateSettings(lr=lr, micro_batch_size=4), build_policy_objective(AlgorithmConfig()))
+    return SGDTrainer(
+        model_dir, UpdateSettings(lr=lr, micro_batch_size=4), build_policy_objective(AlgorithmConfig())
+    )
 
 
 class TestSGDTrainer(TrainerConformance):
@@ -36,9 +38,12 @@ class TestTrainingSteps(TinyModelFixtures):
 
     def test_registered_through_relax_register_trainers(self, model_dir, tokenizer):
         manager = RelaxPluginManager(extra_plugins={"hello_trainer": hello_trainer}, load_entry_points=False)
-        spec = TrainSpec(optim=TrainerConfig(lr=0.05, micro_batch_size=3), algorithm=AlgorithmConfig(), total_steps=2)
-        trainer = manager.registration("trainer", "sgd").factory(None, PluginContext(
-            role="trainer", model_path=model_dir, train=spec))  # fmt: skip
+        spec = TrainSpec(
+            optim=TrainerConfig(lr=0.05, micro_batch_size=3), algorithm=AlgorithmConfig(), total_steps=2
+        )
+        trainer = manager.registration("trainer", "sgd").factory(
+            None, PluginContext(role="trainer", model_path=model_dir, train=spec)
+        )
         assert isinstance(trainer, SGDTrainer)
         assert (trainer.update.settings.lr, trainer.update.settings.micro_batch_size) == (0.05, 3)
         batch = make_batch(make_samples(tokenizer, rows=4), tokenizer.pad_token_id)

@@ -12,8 +12,17 @@ from dataclasses import dataclass
 from relax.core.hookspecs import hookimpl
 from relax.core.protocols import StepResult, ToolCall, Turn
 
-FAULTS = ("none", "raise", "hang", "spin", "none_content", "int_content", "none_observations", "str_observations",
-          "tool_failure")
+FAULTS = (
+    "none",
+    "raise",
+    "hang",
+    "spin",
+    "none_content",
+    "int_content",
+    "none_observations",
+    "str_observations",
+    "tool_failure",
+)
 #: set by a spinning episode's thread when it stops (the test waits for it)
 SPIN_STOPPED = threading.Event()
 TABLE = {"relax": "an RL engine"}

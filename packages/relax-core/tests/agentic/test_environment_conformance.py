@@ -53,8 +53,10 @@ class ArithEnvironment:
 
 
 def mul_call(a: int, b: int) -> Turn:
-    return make_turn(f'<tool_call>{{"name": "mul", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>',
-                     [ToolCall(name="mul", arguments={"a": a, "b": b})])  # fmt: skip
+    return make_turn(
+        f'<tool_call>{{"name": "mul", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>',
+        [ToolCall(name="mul", arguments={"a": a, "b": b})],
+    )
 
 
 class TestArithEnvironment(EnvironmentConformance):

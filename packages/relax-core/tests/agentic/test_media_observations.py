@@ -46,8 +46,17 @@ class ImageTool:
         class Episode:
             def step(self, turn):
                 if turn.index == 0:
-                    return StepResult([{"role": "tool", "content": [{"type": "image", "image": image},
-                                                                    {"type": "text", "text": "the plot"}]}])
+                    return StepResult(
+                        [
+                            {
+                                "role": "tool",
+                                "content": [
+                                    {"type": "image", "image": image},
+                                    {"type": "text", "text": "the plot"},
+                                ],
+                            }
+                        ]
+                    )
                 return StepResult(done=True, reward=1.0)
 
             def close(self):
@@ -61,26 +70,50 @@ def _run(model_dir, processor, prompts, image):
     from transformers import AutoConfig
 
     media_ids = media_token_ids(AutoConfig.from_pretrained(model_dir))
-    turns = Turns(ImageTool(image), NoToolCalls(), tokenizer, EpisodeLimits(max_turns=3, max_total_tokens=2048,
-                  max_observation_tokens=1024, turn_timeout_s=30), stop_token_ids(tokenizer), processor, media_ids)
+    turns = Turns(
+        ImageTool(image),
+        NoToolCalls(),
+        tokenizer,
+        EpisodeLimits(max_turns=3, max_total_tokens=2048, max_observation_tokens=1024, turn_timeout_s=30),
+        stop_token_ids(tokenizer),
+        processor,
+        media_ids,
+    )
     engine = HFRolloutEngine(model_dir)
 
     class Sync:  # the engine as the driver calls a role
         def generate(self, requests):
             return asyncio.run(engine.generate(requests))
 
-    groups = [[Sample(prompt_ids=list(p["prompt_ids"]), group_id=g, index_in_group=i, mm_inputs=p["inputs"])
-               for i in range(2)] for g, p in enumerate(prompts)]
+    groups = [
+        [
+            Sample(prompt_ids=list(p["prompt_ids"]), group_id=g, index_in_group=i, mm_inputs=p["inputs"])
+            for i in range(2)
+        ]
+        for g, p in enumerate(prompts)
+    ]
     params = SamplingParams(max_new_tokens=4, stop_token_ids=tuple(stop_token_ids(tokenizer)))
-    list(stream_groups(EngineRouter([LocalHandle(Sync())]), groups, params, seed=5, step=1, timeout_s=120, turns=turns))
+    list(
+        stream_groups(
+            EngineRouter([LocalHandle(Sync())]), groups, params, seed=5, step=1, timeout_s=120, turns=turns
+        )
+    )
     return [s for g in groups for s in g], media_ids
 
 
 def test_a_tools_image_joins_the_trajectory_and_training_matches_rollout(images, tmp_path_factory):
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
     processor = TinyMediaProcessor(model_dir)
-    with_image = processor.process([{"role": "user", "content": [{"type": "image", "image": images[0]},
-                                                                 {"type": "text", "text": "what?"}]}], [], "row 1")
+    with_image = processor.process(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": images[0]}, {"type": "text", "text": "what?"}],
+            }
+        ],
+        [],
+        "row 1",
+    )
     text_only = processor.process([{"role": "user", "content": "what?"}], [], "row 2")
     samples, media_ids = _run(model_dir, processor, [with_image, text_only], images[1])
     image_pad = processor.hf.tokenizer.convert_tokens_to_ids("<|image_pad|>")

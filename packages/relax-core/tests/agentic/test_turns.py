@@ -80,9 +80,16 @@ def _rollout(model_dir, tokenizer, turns, groups=2, size=2, max_new_tokens=6):
     recording = Recording(HFRolloutEngine(model_dir))
     router = EngineRouter([LocalHandle(recording)])
     prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    samples = [[Sample(prompt_ids=list(prompt), group_id=g, index_in_group=i) for i in range(size)] for g in range(groups)]
+    samples = [
+        [Sample(prompt_ids=list(prompt), group_id=g, index_in_group=i) for i in range(size)]
+        for g in range(groups)
+    ]
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids(tokenizer)))
-    finished = [g for done, _ in stream_groups(router, samples, params, seed=3, step=1, timeout_s=60, turns=turns) for g in done]
+    finished = [
+        g
+        for done, _ in stream_groups(router, samples, params, seed=3, step=1, timeout_s=60, turns=turns)
+        for g in done
+    ]
     return samples, finished, recording
 
 
@@ -91,8 +98,14 @@ def test_observation_tokens_continue_the_chat_template(tokenizer):
     after_eos = renderer.text([{"role": "user", "content": "7"}], ended_with="<|im_end|>")
     assert after_eos == "\n<|im_start|>user\n7<|im_end|>\n<|im_start|>assistant\n"
     # a turn cut by length is closed first, as the template closes an assistant message
-    assert renderer.text([{"role": "user", "content": "7"}], ended_with=None).startswith("<|im_end|>\n<|im_start|>user")
-    conversation = [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7"}, {"role": "user", "content": "7"}]
+    assert renderer.text([{"role": "user", "content": "7"}], ended_with=None).startswith(
+        "<|im_end|>\n<|im_start|>user"
+    )
+    conversation = [
+        {"role": "user", "content": "3+4="},
+        {"role": "assistant", "content": "7"},
+        {"role": "user", "content": "7"},
+    ]
     whole = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     assert whole.endswith("7<|im_end|>" + after_eos)  # the continuation is what the template writes
 
@@ -114,7 +127,10 @@ def test_trajectory_is_sampled_tokens_plus_observation_tokens_exactly(model_dir,
             logprobs += result.logprobs
             if t < 2:  # observation after turns 0 and 1, rendered from the template, never re-tokenised
                 last = result.response_ids[-1]
-                obs = renderer.ids([{"role": "user", "content": f"{t}+1"}], tokenizer.decode([last]) if last in stops else None)
+                obs = renderer.ids(
+                    [{"role": "user", "content": f"{t}+1"}],
+                    tokenizer.decode([last]) if last in stops else None,
+                )
                 expected += obs
                 mask += [0.0] * len(obs)
                 logprobs += [0.0] * len(obs)
@@ -134,7 +150,7 @@ def test_trainer_logprobs_equal_the_engines_on_sampled_tokens(model_dir, tokeniz
     batch = collate(flat, pad_id=tokenizer.pad_token_id)
     trained = TorchTrainer(model_dir, micro_batch_size=4).forward_logprobs(batch)
     mask = batch["response_mask"].bool()
-    assert (~mask & batch["attention_mask"][:, -mask.shape[1]:].bool()).any(), "precondition: interior holes"
+    assert (~mask & batch["attention_mask"][:, -mask.shape[1] :].bool()).any(), "precondition: interior holes"
     torch.testing.assert_close(trained[mask], batch["rollout_logprobs"][mask], atol=1e-4, rtol=0)
     assert trained[mask].min() < -0.5
 
@@ -143,7 +159,9 @@ def test_trainer_logprobs_equal_the_engines_on_sampled_tokens(model_dir, tokeniz
 def test_a_failing_or_hanging_episode_ends_counted_and_loses_no_group(model_dir, tokenizer, failure):
     env = Echo(turns=3, fail=(failure, 1))
     started = time.monotonic()
-    samples, finished, _ = _rollout(model_dir, tokenizer, _turns(env, tokenizer, model_dir, turn_timeout_s=1.0))
+    samples, finished, _ = _rollout(
+        model_dir, tokenizer, _turns(env, tokenizer, model_dir, turn_timeout_s=1.0)
+    )
     assert time.monotonic() - started < 25  # the hang is cut at turn_timeout_s, not waited out
     assert len(finished) == 2
     for s in (s for g in samples for s in g):
@@ -154,13 +172,18 @@ def test_a_failing_or_hanging_episode_ends_counted_and_loses_no_group(model_dir,
 
 
 def test_limits_truncate_and_huge_observations_are_cut(model_dir, tokenizer):
-    samples, _, _ = _rollout(model_dir, tokenizer, _turns(Echo(turns=10, flood=500), tokenizer, model_dir,
-                                                          max_turns=2, max_observation_tokens=20))
+    samples, _, _ = _rollout(
+        model_dir,
+        tokenizer,
+        _turns(Echo(turns=10, flood=500), tokenizer, model_dir, max_turns=2, max_observation_tokens=20),
+    )
     for s in (s for g in samples for s in g):
         stats = s.metadata["episode"]
         assert stats["turns"] == 2 and stats["truncated"] == 1 and stats["observations_cut"] == 1
         assert stats["observation_tokens"] == 20 and len(s.response_ids) <= 200
-    samples, _, _ = _rollout(model_dir, tokenizer, _turns(Echo(turns=10), tokenizer, model_dir, max_total_tokens=20))
+    samples, _, _ = _rollout(
+        model_dir, tokenizer, _turns(Echo(turns=10), tokenizer, model_dir, max_total_tokens=20)
+    )
     for s in (s for g in samples for s in g):
         assert len(s.response_ids) <= 20 and s.metadata["episode"]["truncated"] == 1
 
@@ -193,9 +216,21 @@ def test_an_episodes_turns_stay_on_the_engine_holding_its_prefix(model_dir, toke
     engines = [Recording(HFRolloutEngine(model_dir)) for _ in range(2)]
     router = EngineRouter([LocalHandle(e) for e in engines])
     prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    groups = [[Sample(prompt_ids=list(prompt), group_id=g, index_in_group=i) for i in range(2)] for g in range(4)]
+    groups = [
+        [Sample(prompt_ids=list(prompt), group_id=g, index_in_group=i) for i in range(2)] for g in range(4)
+    ]
     params = SamplingParams(max_new_tokens=4, stop_token_ids=tuple(stop_token_ids(tokenizer)))
-    list(stream_groups(router, groups, params, seed=3, step=1, timeout_s=60, turns=_turns(Echo(turns=3), tokenizer, model_dir)))
+    list(
+        stream_groups(
+            router,
+            groups,
+            params,
+            seed=3,
+            step=1,
+            timeout_s=60,
+            turns=_turns(Echo(turns=3), tokenizer, model_dir),
+        )
+    )
     assert all(e.results for e in engines)  # both engines served episodes
     for sample in (s for g in groups for s in g):
         key = f"1/{sample.group_id}/{sample.index_in_group}"

@@ -178,7 +178,9 @@ def test_gdpo_without_keys_is_whitened_grpo_and_errors_name_keys():
 
     adv, _ = run("gdpo")  # BASE: non-contiguous groups, a singleton and a zero-variance group
     torch.testing.assert_close(adv, masked_whiten(run("grpo")[0], MASK))
-    with pytest.raises(ValueError, match=r"reward_keys \['acc'\] are not reward components; available: \['fmt'\]"):
+    with pytest.raises(
+        ValueError, match=r"reward_keys \['acc'\] are not reward components; available: \['fmt'\]"
+    ):
         run("gdpo", _gdpo_batch(fmt=[1, 0, 1, 0]), reward_keys=["acc"])
     with pytest.raises(ValueError, match="1 reward_weights for 2 reward components"):
         run("gdpo", _gdpo_batch(a=[1, 0, 1, 0], b=[0, 0, 1, 1]), reward_keys=["a", "b"], reward_weights=[1.0])
@@ -252,7 +254,16 @@ def test_inputs_not_mutated():
 
 # ---------------------------------------------------------------- properties on ragged masks
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "gdpo")
+GROUP_ESTIMATORS = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "gpg",
+    "grpo_passk",
+    "gdpo",
+)
 
 
 @st.composite

@@ -177,9 +177,13 @@ def test_kl_reward_shaping_ignores_masked_positions_and_sees_through_holes(estim
     got, got_metrics = apply_kl_penalty(rewards, dirty.old_logprobs, dirty.ref_logprobs, MASK, 0.2, estimator)
     assert torch.equal(got, shaped) and got_metrics == metrics
     packed_shaped, packed_metrics = apply_kl_penalty(
-        compact(rewards, MASK), compact(clean.old_logprobs, MASK), compact(clean.ref_logprobs, MASK),
-        compact_mask(MASK), 0.2, estimator,
-    )  # fmt: skip
+        compact(rewards, MASK),
+        compact(clean.old_logprobs, MASK),
+        compact(clean.ref_logprobs, MASK),
+        compact_mask(MASK),
+        0.2,
+        estimator,
+    )
     torch.testing.assert_close(compact(shaped, MASK), packed_shaped, atol=1e-12, rtol=0)
     assert packed_metrics["reward_kl"] == pytest.approx(metrics["reward_kl"], abs=1e-12)
 

@@ -42,9 +42,15 @@ MASK = torch.tensor(
 )
 LEAVES = ("logprobs", "entropy")  # what carries the model's gradient
 COLUMNS = (
-    "logprobs", "old_logprobs", "advantages", "rollout_logprobs", "ref_logprobs", "teacher_logprobs", "entropy",
+    "logprobs",
+    "old_logprobs",
+    "advantages",
+    "rollout_logprobs",
+    "ref_logprobs",
+    "teacher_logprobs",
+    "entropy",
     "is_weights",
-)  # fmt: skip
+)
 
 
 def columns(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -27,11 +27,19 @@ ADVANTAGES = (1.0, -0.5, 0.8, -1.2)
 def make_trainer(model_dir: str, policy_loss: str) -> TorchTrainer:
     """lr 0: each ``train_step`` leaves the weights as they are and its gradients in ``p.grad``."""
     algorithm = AlgorithmConfig(
-        policy_loss=policy_loss, loss_agg_mode="token-mean", entropy_coef=0.01,
+        policy_loss=policy_loss,
+        loss_agg_mode="token-mean",
+        entropy_coef=0.01,
         correction=CorrectionConfig(is_mode="truncate"),
-    )  # fmt: skip
-    return TorchTrainer(model_dir, objective=build_policy_objective(algorithm), lr=0.0, grad_clip=0.0,
-                        micro_batch_size=16, loss_agg_mode="token-mean")  # fmt: skip
+    )
+    return TorchTrainer(
+        model_dir,
+        objective=build_policy_objective(algorithm),
+        lr=0.0,
+        grad_clip=0.0,
+        micro_batch_size=16,
+        loss_agg_mode="token-mean",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +93,7 @@ def multi_turn(episodes, pad_id: int) -> dict[str, torch.Tensor]:
             response_ids=t1 + obs + t2,
             loss_mask=[1.0] * len(t1) + [0.0] * len(obs) + [1.0] * len(t2),
             rollout_logprobs=lp1 + [0.0] * len(obs) + lp2,
-        )  # fmt: skip
+        )
         for i, (p, t1, obs, t2, lp1, lp2) in enumerate(episodes)
     ]
     return batch_of(samples, list(ADVANTAGES), pad_id)
@@ -132,8 +140,11 @@ def test_what_is_at_observation_positions_does_not_change_the_update(model_dir, 
 
     observation = clean["response_mask"] == 0
     dirty = dict(clean)
-    for column, sentinel in (("old_logprobs", -float("inf")), ("rollout_logprobs", float("nan")),
-                             ("advantages", float("nan"))):  # fmt: skip
+    for column, sentinel in (
+        ("old_logprobs", -float("inf")),
+        ("rollout_logprobs", float("nan")),
+        ("advantages", float("nan")),
+    ):
         dirty[column] = clean[column].masked_fill(observation, sentinel)
     metrics, got = step_gradients(trainer, dirty)
     assert metrics["skipped_nonfinite"] == 0.0

@@ -335,7 +335,9 @@ def test_dro_hand_computed_value_and_gradient():
 
 def test_dro_penalty_applies_at_zero_advantage():
     lp = torch.tensor([[-1.0]], dtype=F64, requires_grad=True)
-    inputs = PolicyLossInputs(lp, torch.tensor([[-2.0]], dtype=F64), torch.zeros(1, 1, dtype=F64), torch.ones(1, 1))
+    inputs = PolicyLossInputs(
+        lp, torch.tensor([[-2.0]], dtype=F64), torch.zeros(1, 1, dtype=F64), torch.ones(1, 1)
+    )
     loss, _ = POLICY_LOSSES["dro"](inputs, dro_beta=0.2)
     assert loss.item() == pytest.approx(0.1)  # beta/2 * 1^2: pulls back towards the sampling policy
 

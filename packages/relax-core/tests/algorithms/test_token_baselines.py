@@ -43,7 +43,9 @@ def test_tir_aligns_generated_tokens_across_observation_holes():
     batch = inputs([[1, 0, 1], [1, 1, 0]], [1.0, 0.0], [0, 0])
     # TIR: k-th generated tokens share B_k; W row0 = [.5, 1], row1 = [.5, 1] -> B = [.5, .5]
     adv, _ = ADVANTAGE_ESTIMATORS["tir_optimal_token_baseline"](batch)
-    torch.testing.assert_close(adv, torch.tensor([[0.5, 0, 0.5], [-0.5, -0.5, 0]], dtype=F64), atol=1e-7, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.5, 0, 0.5], [-0.5, -0.5, 0]], dtype=F64), atol=1e-7, rtol=0
+    )
     # OTB: absolute positions; t=1 and t=2 each have one valid response, whose baseline is its own return
     adv, _ = ADVANTAGE_ESTIMATORS["optimal_token_baseline"](batch)
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0, 0], [-0.5, 0, 0]], dtype=F64), atol=1e-7, rtol=0)
@@ -78,7 +80,7 @@ def _zero_tail(baseline_rows, lengths, members):
     ordered = sorted(lengths[i] for i in members)
     longest = [i for i in members if lengths[i] == ordered[-1]]
     if len(longest) == 1 and ordered[-1] > ordered[-2]:
-        baseline_rows[longest[0]][ordered[-2]:] = 0.0
+        baseline_rows[longest[0]][ordered[-2] :] = 0.0
 
 
 def verl_otb(r, m, index, lp, sq, zero_tail, eps=1e-8):
@@ -145,8 +147,12 @@ def batches(draw):
 def test_matches_verl_formulas(batch):
     r, m, index, lp, sq, zero_tail = batch
     inputs_ = AdvantageInputs(
-        rewards=torch.zeros(m.shape[0], dtype=F64), response_mask=m, index=index, token_level_rewards=r,
-        old_logprobs=lp, sum_pi_squared=sq,
+        rewards=torch.zeros(m.shape[0], dtype=F64),
+        response_mask=m,
+        index=index,
+        token_level_rewards=r,
+        old_logprobs=lp,
+        sum_pi_squared=sq,
     )
     for name, reference in [("optimal_token_baseline", verl_otb), ("tir_optimal_token_baseline", verl_tir)]:
         adv, ret = ADVANTAGE_ESTIMATORS[name](inputs_, handle_zero_tail=zero_tail)

@@ -27,11 +27,19 @@ BAD = [
         "algorithm.critic.enable: advantage estimator 'grpo' does not use critic values (estimators that do: 'gae')",
     ),
     (
-        ["algorithm.advantage_estimator=gae", "algorithm.critic.enable=true", "algorithm.critic.warmup_steps=10"],
+        [
+            "algorithm.advantage_estimator=gae",
+            "algorithm.critic.enable=true",
+            "algorithm.critic.warmup_steps=10",
+        ],
         "algorithm.critic.warmup_steps: must be in [0, total_steps=10) so the policy trains at all, got 10",
     ),
     (
-        ["algorithm.advantage_estimator=gae", "algorithm.critic.enable=true", "algorithm.critic.model_path=/no/such"],
+        [
+            "algorithm.advantage_estimator=gae",
+            "algorithm.critic.enable=true",
+            "algorithm.critic.model_path=/no/such",
+        ],
         "algorithm.critic.model_path: '/no/such' is not a directory",
     ),
     (
@@ -52,7 +60,10 @@ BAD = [
         "algorithm.teacher_model_path: policy loss 'opd' needs a distillation teacher; "
         "set an HF model directory or 'policy_init'",
     ),
-    (["algorithm.opd_coef=0.5"], "algorithm.teacher_model_path: algorithm.opd_coef > 0 needs a distillation teacher"),
+    (
+        ["algorithm.opd_coef=0.5"],
+        "algorithm.teacher_model_path: algorithm.opd_coef > 0 needs a distillation teacher",
+    ),
     (["algorithm.teacher_model_path=policy_init"], "algorithm.teacher_model_path: set but unused"),
     (
         ["algorithm.policy_loss=opd", "algorithm.teacher_model_path=/no/teacher"],
@@ -63,12 +74,19 @@ BAD = [
         "algorithm.opd_coef: policy loss 'opd' already reads teacher logprobs (distillation); set opd_coef=0",
     ),
     (
-        ["algorithm.advantage_estimator=reinforce_plus_plus", "algorithm.kl.coef=0.1", "rollout.n_samples_per_prompt=1",
-         "algorithm.dynamic_sampling.enable=true"],
+        [
+            "algorithm.advantage_estimator=reinforce_plus_plus",
+            "algorithm.kl.coef=0.1",
+            "rollout.n_samples_per_prompt=1",
+            "algorithm.dynamic_sampling.enable=true",
+        ],
         "algorithm.dynamic_sampling.enable: drops groups whose rewards are all equal, so every group of "
         "rollout.n_samples_per_prompt=1 would be dropped; needs >= 2",
     ),
-    (["algorithm.dynamic_sampling.max_extra_rounds=-1"], "algorithm.dynamic_sampling.max_extra_rounds: must be >= 0"),
+    (
+        ["algorithm.dynamic_sampling.max_extra_rounds=-1"],
+        "algorithm.dynamic_sampling.max_extra_rounds: must be >= 0",
+    ),
     (
         ["algorithm.overlong.buffer=4"],
         "algorithm.overlong.buffer: must be in [0, rollout.max_new_tokens=3] (0 disables), got 4",
@@ -82,7 +100,11 @@ BAD = [
         "algorithm.advantage_params.gamma: advantage estimator 'grpo' takes no parameter 'gamma'; it takes: epsilon, norm_adv_by_std",
     ),
     (
-        ["algorithm.correction.is_mode=truncate", "algorithm.correction.is_low=2.0", "algorithm.correction.is_high=2.0"],
+        [
+            "algorithm.correction.is_mode=truncate",
+            "algorithm.correction.is_low=2.0",
+            "algorithm.correction.is_high=2.0",
+        ],
         "algorithm.correction.is_low/is_high: need 0 <= is_low < is_high for is_mode 'truncate', got 2.0, 2.0",
     ),
     (["algorithm.correction.opsm_delta=-1"], "algorithm.correction.opsm_delta: must be >= 0 or null"),
@@ -102,11 +124,27 @@ def test_impossible_combination_names_the_field(overrides, message):
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["algorithm.advantage_estimator=gae", "algorithm.critic.enable=true", "algorithm.critic.warmup_steps=3"],
-        ["algorithm.advantage_estimator=remax", "algorithm.greedy_baseline=true", "rollout.n_samples_per_prompt=1"],
-        ["algorithm.advantage_estimator=reinforce_plus_plus", "algorithm.kl.coef=0.01", "algorithm.kl.use=reward"],
+        [
+            "algorithm.advantage_estimator=gae",
+            "algorithm.critic.enable=true",
+            "algorithm.critic.warmup_steps=3",
+        ],
+        [
+            "algorithm.advantage_estimator=remax",
+            "algorithm.greedy_baseline=true",
+            "rollout.n_samples_per_prompt=1",
+        ],
+        [
+            "algorithm.advantage_estimator=reinforce_plus_plus",
+            "algorithm.kl.coef=0.01",
+            "algorithm.kl.use=reward",
+        ],
         ["algorithm.opd_coef=0.5", "algorithm.teacher_model_path=policy_init"],
-        ["algorithm.dynamic_sampling.enable=true", "algorithm.overlong.buffer=3", "algorithm.clip_ratio_high=0.28"],
+        [
+            "algorithm.dynamic_sampling.enable=true",
+            "algorithm.overlong.buffer=3",
+            "algorithm.clip_ratio_high=0.28",
+        ],
         ["algorithm.policy_loss=sapo", "algorithm.loss_params={tau_pos: 2.0, tau_neg: 2.5}"],
     ],
 )
@@ -144,7 +182,11 @@ def _quickstart_recipes() -> list:
     """Examples that run on the quick-start task (GPU-scale ones point at real model dirs)."""
     import yaml
 
-    return [p for p in sorted(EXAMPLES.glob("*.yaml")) if yaml.safe_load(p.read_text()).get("model", {}).get("path") is None]
+    return [
+        p
+        for p in sorted(EXAMPLES.glob("*.yaml"))
+        if yaml.safe_load(p.read_text()).get("model", {}).get("path") is None
+    ]
 
 
 @pytest.mark.parametrize("path", _quickstart_recipes(), ids=lambda p: p.stem)

@@ -20,10 +20,22 @@ from relax.core.plugins import get_plugin_manager
 
 pytestmark = pytest.mark.timeout(900)
 
-SMALL = ["total_steps=2", "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=3",
-         "data.task_size=40", "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
-         "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.save_every=0", "checkpoint.resume=never",
-         "rollout.host=separate", "weight_sync.transport=disk"]
+SMALL = [
+    "total_steps=2",
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples_per_prompt=2",
+    "rollout.max_new_tokens=3",
+    "data.task_size=40",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.save_every=0",
+    "checkpoint.resume=never",
+    "rollout.host=separate",
+    "weight_sync.transport=disk",
+]
 
 PLUGIN = """
 import glob
@@ -66,7 +78,11 @@ def run_env(tmp_path, monkeypatch):
 
 
 def _weight_dirs() -> set[str]:
-    return {str(p) for root in os.environ["CLOSE_TEST_ROOTS"].split(os.pathsep) for p in Path(root).glob("relax-weights-*")}
+    return {
+        str(p)
+        for root in os.environ["CLOSE_TEST_ROOTS"].split(os.pathsep)
+        for p in Path(root).glob("relax-weights-*")
+    }
 
 
 def test_the_transport_is_closed_when_the_run_completes_and_when_it_fails(run_env, tmp_path, monkeypatch):

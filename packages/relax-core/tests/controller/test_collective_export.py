@@ -30,7 +30,9 @@ WORLD = 2
 
 def gathered(index: int) -> torch.Tensor:
     """What the export of weight ``index`` must be: every rank's shard, in rank order."""
-    return torch.cat([torch.arange(4, dtype=torch.float32) + 100 * index + 10 * rank for rank in range(WORLD)])
+    return torch.cat(
+        [torch.arange(4, dtype=torch.float32) + 100 * index + 10 * rank for rank in range(WORLD)]
+    )
 
 
 class DictEngine:
@@ -65,12 +67,23 @@ def group(ray_local):
     node = ray.get_runtime_context().get_node_id()
 
     def rank_args(info):
-        ctx = PluginContext(role="trainer", index=info.rank, world_size=info.world_size,
-                            master_addr=info.master_addr, master_port=info.master_port)
+        ctx = PluginContext(
+            role="trainer",
+            index=info.rank,
+            world_size=info.world_size,
+            master_addr=info.master_addr,
+            master_port=info.master_port,
+        )
         return (cfg, ctx), {"num_threads": 1}
 
-    workers = spawn(TrainerRole, "trainer", [{"num_cpus": 0, "runtime_env": env}] * WORLD, rank_args,
-                    [node] * WORLD, timeout_s=180)
+    workers = spawn(
+        TrainerRole,
+        "trainer",
+        [{"num_cpus": 0, "runtime_env": env}] * WORLD,
+        rank_args,
+        [node] * WORLD,
+        timeout_s=180,
+    )
     ray.get(workers.handles[0].lead.remote(workers.peers()), timeout=60)
     yield workers
     workers.kill()

@@ -60,11 +60,15 @@ def test_a_local_handle_is_called_like_an_actor():
 def test_auto_puts_every_role_in_the_driver_only_where_each_can_live_there():
     assert placement_of_engine(load_config(None)) == "driver" and in_driver(load_config(None))
     judged = load_config(None)
-    judged = replace(judged, reward=replace(judged.reward, name="judge"))  # any reward but core's rule rewards
+    judged = replace(
+        judged, reward=replace(judged.reward, name="judge")
+    )  # any reward but core's rule rewards
     assert placement_of_engine(judged) == "trainer"
     declared = driver_rewards()  # core's rule rewards and every installed plugin's that declared it
     assert {"environment", "exact_match", "numeric"} <= set(declared) and "judge" not in declared
-    assert driver_problems(judged) == [f"reward.name is 'judge', not a reward declared in_driver=True ({', '.join(declared)})"]
+    assert driver_problems(judged) == [
+        f"reward.name is 'judge', not a reward declared in_driver=True ({', '.join(declared)})"
+    ]
     trainer_cases = {
         "algorithm.kl.coef=0.01": "needs a reference model",
         "control.enabled=true": "control.enabled is true",
@@ -81,9 +85,19 @@ def test_auto_puts_every_role_in_the_driver_only_where_each_can_live_there():
     assert placement_of_engine(load_config(None, ["rollout.host=trainer"])) == "trainer"
 
 
-SMALL = ["total_steps=2", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3",
-         "data.task_size=100", "logging.progress=false", "logging.console=false", "logging.tensorboard=false",
-         "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.save_every=0"]
+SMALL = [
+    "total_steps=2",
+    "rollout.prompts_per_step=4",
+    "rollout.n_samples_per_prompt=4",
+    "rollout.max_new_tokens=3",
+    "data.task_size=100",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.save_every=0",
+]
 
 
 def _rows(run_dir) -> list[dict]:
@@ -120,15 +134,22 @@ def test_relax_run_starts_no_ray_when_every_role_is_in_the_driver(tmp_path):
     """A fresh process: the quick-start trains, checkpoints and saves, and Ray was never imported
     (``relax.core.lazy_ray``), let alone initialised."""
     env = {**os.environ, "RAY_ADDRESS": ""}
-    out = subprocess.run([sys.executable, "-c", RUN_SCRIPT, *SMALL, "checkpoint.save_hf_final=true", f"run_dir={tmp_path}"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_SCRIPT, *SMALL, "checkpoint.save_hf_final=true", f"run_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "RAY_IMPORTED False" in out.stdout
     line = next(x for x in out.stdout.splitlines() if x.startswith("relax: first step"))
     assert "ray" not in line and "| tokenizer, data " in line and "| roles " in line, line
     assert "every role in this process: rollout.host=driver, no Ray" in out.stdout
     assert [r["step"] for r in _rows(tmp_path)] == [1, 2]
-    assert (tmp_path / "final_hf" / "config.json").exists() and (tmp_path / "checkpoints" / "step_000002").is_dir()
+    assert (tmp_path / "final_hf" / "config.json").exists() and (
+        tmp_path / "checkpoints" / "step_000002"
+    ).is_dir()
 
 
 #: a third party's rule reward, registered twice: declared able to run in the driver, and not
@@ -184,19 +205,31 @@ def test_a_plugin_reward_is_placed_by_its_declaration_like_a_builtin(rule_plugin
     assert not in_driver(undeclared)
     assert "contains_in_driver" in driver_rewards() and "contains" not in driver_rewards()
     assert driver_problems(undeclared) == [
-        f"reward.name is 'contains', not a reward declared in_driver=True ({', '.join(driver_rewards())})"]
-    with pytest.raises(ValueError, match="rollout.host: 'driver' is not possible here: reward.name is 'contains'"):
+        f"reward.name is 'contains', not a reward declared in_driver=True ({', '.join(driver_rewards())})"
+    ]
+    with pytest.raises(
+        ValueError, match="rollout.host: 'driver' is not possible here: reward.name is 'contains'"
+    ):
         placement_of_engine(load_config(None, ["reward.name=contains", "rollout.host=driver"]))
 
 
 def test_the_quickstart_with_a_driver_capable_plugin_reward_starts_no_ray(rule_plugin, tmp_path):
     """The plugin loaded the way a user loads one (``RELAX_PLUGINS``), in a fresh process: the
     quick-start keeps every role in the driver and never imports Ray, as with core's own rewards."""
-    env = {**os.environ, "RAY_ADDRESS": "", "RELAX_PLUGINS": "rule_reward_plugin",
-           "PYTHONPATH": os.pathsep.join([str(rule_plugin), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": "",
+        "RELAX_PLUGINS": "rule_reward_plugin",
+        "PYTHONPATH": os.pathsep.join([str(rule_plugin), os.environ.get("PYTHONPATH", "")]),
+    }
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-c", RUN_SCRIPT, *SMALL, "reward.name=contains_in_driver", f"run_dir={run_dir}"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_SCRIPT, *SMALL, "reward.name=contains_in_driver", f"run_dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "every role in this process: rollout.host=driver, no Ray" in out.stdout
     assert "RAY_IMPORTED False" in out.stdout

@@ -14,9 +14,19 @@ from relax.core.controller.hosting import in_driver
 from relax.core.controller.run import run
 from relax.core.plugins import Registration, get_plugin_manager
 
-SMALL = ["rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "data.task_size=200", "data.task_heldout=6",
-         "logging.progress=false", "logging.console=false", "logging.plot=true", "logging.log_samples=2",
-         "checkpoint.save_every=0", "checkpoint.resume=auto", "eval.every_n_steps=2"]
+SMALL = [
+    "rollout.prompts_per_step=8",
+    "rollout.n_samples_per_prompt=4",
+    "data.task_size=200",
+    "data.task_heldout=6",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.plot=true",
+    "logging.log_samples=2",
+    "checkpoint.save_every=0",
+    "checkpoint.resume=auto",
+    "eval.every_n_steps=2",
+]
 NEVER = threading.Event()
 
 
@@ -36,7 +46,9 @@ def eval_rewards():
     table = get_plugin_manager().registry._entries["reward"]
     added = {"eval_raises": _Raises, "eval_hangs": _Hangs}
     for name, cls in added.items():
-        table[name] = Registration("reward", name, lambda params, ctx, cls=cls: cls(), "eval-test", in_driver=True)
+        table[name] = Registration(
+            "reward", name, lambda params, ctx, cls=cls: cls(), "eval-test", in_driver=True
+        )
     yield
     for name in added:
         table.pop(name, None)
@@ -58,12 +70,20 @@ class _StatusObserver:
 
 def _sets(tmp: Path) -> list[str]:
     (tmp / "empty.jsonl").write_text("\n")
-    return ["eval.sets.heldout.path=null",
-            "eval.sets.sampled.path=null", "eval.sets.sampled.n_samples=4", "eval.sets.sampled.temperature=1.0",
-            "eval.sets.sampled.max_prompts=3",
-            "eval.sets.broken.path=null", "eval.sets.broken.reward.name=eval_raises",
-            "eval.sets.stuck.path=null", "eval.sets.stuck.reward.name=eval_hangs", "eval.sets.stuck.reward.timeout_s=0.5",
-            f"eval.sets.gone.path={tmp / 'gone.jsonl'}", f"eval.sets.empty.path={tmp / 'empty.jsonl'}"]
+    return [
+        "eval.sets.heldout.path=null",
+        "eval.sets.sampled.path=null",
+        "eval.sets.sampled.n_samples=4",
+        "eval.sets.sampled.temperature=1.0",
+        "eval.sets.sampled.max_prompts=3",
+        "eval.sets.broken.path=null",
+        "eval.sets.broken.reward.name=eval_raises",
+        "eval.sets.stuck.path=null",
+        "eval.sets.stuck.reward.name=eval_hangs",
+        "eval.sets.stuck.reward.timeout_s=0.5",
+        f"eval.sets.gone.path={tmp / 'gone.jsonl'}",
+        f"eval.sets.empty.path={tmp / 'empty.jsonl'}",
+    ]
 
 
 def _rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
@@ -84,8 +104,12 @@ def trained(tmp_path_factory, eval_rewards):
         get_plugin_manager().pm.unregister(seen)
     first = _rows(run_dir)
     at_2 = next(r for r in first if r["step"] == 2)
-    assert seen.metrics["step"] == 3 and "eval/heldout/accuracy" not in first[3]  # step 3's own row has none, but
-    assert seen.metrics["eval/heldout/accuracy"] == at_2["eval/heldout/accuracy"]  # the status keeps step 2's result
+    assert (
+        seen.metrics["step"] == 3 and "eval/heldout/accuracy" not in first[3]
+    )  # step 3's own row has none, but
+    assert (
+        seen.metrics["eval/heldout/accuracy"] == at_2["eval/heldout/accuracy"]
+    )  # the status keeps step 2's result
     run(load_config(None, [*SMALL, "total_steps=6", f"run_dir={run_dir}", *_sets(run_dir)]))
     return run_dir, first
 
@@ -97,7 +121,11 @@ def test_evaluates_before_training_every_n_steps_and_once_at_the_end(trained):
     assert evaluated == [0, 2, 4]
     assert all("reward/mean" in r for r in first[1:])  # the training steps were logged in full
     at_4 = first[-1]
-    assert at_4["eval/heldout/prompts"] == 6 and at_4["eval/heldout/samples"] == 6 and at_4["eval/heldout/version"] == 4
+    assert (
+        at_4["eval/heldout/prompts"] == 6
+        and at_4["eval/heldout/samples"] == 6
+        and at_4["eval/heldout/version"] == 4
+    )
     assert at_4["eval/sampled/prompts"] == 3 and at_4["eval/sampled/samples"] == 12
     assert {"eval/sampled/pass@4", "eval/sampled/mean@4", "eval/sampled/pass@2"} <= set(at_4)
     assert 0 <= at_4["eval/sampled/pass@1"] <= at_4["eval/sampled/pass@2"] <= at_4["eval/sampled/pass@4"] <= 1
@@ -124,14 +152,21 @@ def test_completions_on_disk_are_the_greedy_answers_of_the_saved_model(trained):
 
     run_dir, _ = trained
     rows = _rows(run_dir / "eval" / "heldout", "step_6.jsonl")
-    assert len(rows) == 6 and {(r["version"], r["min_version"], r["max_version"]) for r in rows} == {(6, 6, 6)}
+    assert len(rows) == 6 and {(r["version"], r["min_version"], r["max_version"]) for r in rows} == {
+        (6, 6, 6)
+    }
     model_dir = run_dir / "final_hf"
     tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
     for r in rows:
         ids = tok(r["prompt"], add_special_tokens=False, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=3, do_sample=False, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
-        assert tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True) == r["response"]
+        out = model.generate(
+            ids,
+            max_new_tokens=3,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        assert tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True) == r["response"]
         assert r["score"] == float(r["response"].strip().startswith(r["label"]) and r["answer"] == r["label"])
 
 
@@ -168,7 +203,9 @@ def test_relax_eval_on_the_saved_model_prints_a_table(trained, capsys):
     assert main(["eval", *args, "--model", str(run_dir), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("heldout ") and f"accuracy {last['eval/heldout/accuracy']:.4g}" in printed
-    assert len(_rows(out / "eval" / "heldout", "step_6.jsonl")) == 6  # the run's last checkpoint step names the file
+    assert (
+        len(_rows(out / "eval" / "heldout", "step_6.jsonl")) == 6
+    )  # the run's last checkpoint step names the file
     # a checkpoint is converted first and evaluates the same
     ckpt = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
     assert main(["eval", *args, "--model", str(ckpt), "--out", str(out / "ckpt")]) == 0
@@ -182,11 +219,15 @@ def test_relax_eval_names_bad_input(trained, tmp_path, capsys):
     base = [f"run_dir={tmp_path}", "data.task_heldout=6", "eval.sets.heldout.path=null"]
     assert main(["eval", *base, "--model", str(tmp_path / "nope")]) == 2
     assert "--model" in capsys.readouterr().err
-    assert main(["eval", *base, "eval.sets.heldout.reward.name=nope", "--model", str(run_dir / "final_hf")]) == 2
+    assert (
+        main(["eval", *base, "eval.sets.heldout.reward.name=nope", "--model", str(run_dir / "final_hf")]) == 2
+    )
     assert "eval.sets.heldout.reward.name: unknown reward 'nope'" in capsys.readouterr().err
     assert main(["eval", f"run_dir={tmp_path}", f"eval.sets.x.path={tmp_path / 'missing.jsonl'}"]) == 2
     assert "eval.sets.x.path" in capsys.readouterr().err
-    assert main(["validate", f"run_dir={tmp_path}", "eval.sets.x.path=null"]) == 2  # no held-out split to take
+    assert (
+        main(["validate", f"run_dir={tmp_path}", "eval.sets.x.path=null"]) == 2
+    )  # no held-out split to take
     assert "eval.sets.x.path: null means the quick-start task's held-out split" in capsys.readouterr().err
 
 
@@ -194,8 +235,12 @@ def test_relax_eval_exits_1_naming_a_failed_set(trained, tmp_path, capsys, eval_
     from relax.core.cli import main
 
     run_dir, _ = trained
-    args = [f"run_dir={tmp_path}", "data.task_heldout=6", "eval.sets.broken.path=null",
-            "eval.sets.broken.reward.name=eval_raises"]
+    args = [
+        f"run_dir={tmp_path}",
+        "data.task_heldout=6",
+        "eval.sets.broken.path=null",
+        "eval.sets.broken.reward.name=eval_raises",
+    ]
     assert main(["eval", *args, "--model", str(run_dir / "final_hf")]) == 1
     captured = capsys.readouterr()
     assert "broken           FAILED" in captured.out and "judge unreachable" in captured.err

@@ -89,8 +89,14 @@ def _server(name: str) -> tuple[str, http.server.HTTPServer]:
 def test_engine_params_override_and_the_declared_attach_field():
     cfg = _Config()
     attached = with_engine_params(cfg, {"urls": ["http://h:1"]})
-    assert attached.rollout.engine_params == UrlParams(urls=["http://h:1"]) and cfg.rollout.engine_params.urls == []
-    assert with_engine_params(_Config(_Rollout(engine_params={"a": 1})), {"b": 2}).rollout.engine_params == {"a": 1, "b": 2}
+    assert (
+        attached.rollout.engine_params == UrlParams(urls=["http://h:1"])
+        and cfg.rollout.engine_params.urls == []
+    )
+    assert with_engine_params(_Config(_Rollout(engine_params={"a": 1})), {"b": 2}).rollout.engine_params == {
+        "a": 1,
+        "b": 2,
+    }
     manager = RelaxPluginManager(extra_plugins={"url-engine": UrlEnginePlugin()}, load_entry_points=False)
     assert attach_param("url", manager) == "urls"
     assert attach_param("hf", get_plugin_manager()) is None  # core's HF engine cannot attach
@@ -101,7 +107,11 @@ def test_attached_engines_serve_from_their_urls_and_a_replacement_reattaches(ray
     cfg, started, synced = _Config(), [], []
 
     def start_engine(index, slot, engine_params=None):  # as runtime.engine_starter does
-        params = with_engine_params(cfg, engine_params).rollout.engine_params if engine_params else UrlParams([url_a])
+        params = (
+            with_engine_params(cfg, engine_params).rollout.engine_params
+            if engine_params
+            else UrlParams([url_a])
+        )
         handle = UrlEngine.remote(params)
         started.append((index, slot, engine_params, handle))
         return handle
@@ -120,10 +130,12 @@ def test_attached_engines_serve_from_their_urls_and_a_replacement_reattaches(ray
 
     first = UrlEngine.remote(UrlParams([url_a]))
     fleet = EngineFleet(cfg, [first], start_engine, VersionSync(), None, FaultCounters(), version=5)
-    field_name = attach_param("url", RelaxPluginManager(extra_plugins={"u": UrlEnginePlugin()}, load_entry_points=False))
+    field_name = attach_param(
+        "url", RelaxPluginManager(extra_plugins={"u": UrlEnginePlugin()}, load_entry_points=False)
+    )
     try:
         assert fleet.attach_engines([url_b], field=field_name) == [1]
-        (index, slot, params, new), = started
+        ((index, slot, params, new),) = started
         assert (index, slot, params) == (1, None, {"urls": [url_b]}) and synced == [[new]]
         health = ray.get(new.health.remote())
         assert (health["served_by"], health["weight_version"]) == ("B", 5), health
@@ -138,7 +150,9 @@ def test_attached_engines_serve_from_their_urls_and_a_replacement_reattaches(ray
         assert (index, params) == (2, {"urls": [url_b]}), "the replacement must re-attach to the same server"
         assert ray.get(replacement.health.remote())["served_by"] == "B"
         with pytest.raises(ValueError, match="rollout engine 'hf' cannot attach external engines"):
-            EngineFleet(_Config(_Rollout(engine="hf")), [], start_engine, VersionSync(), None).attach_engines([url_a])
+            EngineFleet(_Config(_Rollout(engine="hf")), [], start_engine, VersionSync(), None).attach_engines(
+                [url_a]
+            )
     finally:
         fleet.close()
         for handle in [first, *(h for *_, h in started)]:

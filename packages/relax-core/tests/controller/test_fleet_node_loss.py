@@ -83,8 +83,11 @@ class Transport:
 def _fleet(cluster: ScriptedCluster, n: int, max_restarts: int, die_on: set[int] = frozenset()):
     """``n`` engines on ``node-a`` (slots 0..n-1); ``die_on``: starts whose actor is killed at once (its
     node dies under it: the cluster says it ran on ``node-c``)."""
-    cfg = SimpleNamespace(rollout=SimpleNamespace(max_restarts=max_restarts, restart_backoff_s=0.05, timeout_s=60.0,
-                                                  control_timeout_s=5.0))
+    cfg = SimpleNamespace(
+        rollout=SimpleNamespace(
+            max_restarts=max_restarts, restart_backoff_s=0.05, timeout_s=60.0, control_timeout_s=5.0
+        )
+    )
     engines = [Engine.remote() for _ in range(n)]
     ray.get([h.weight_version.remote() for h in engines])
     cluster.slots.update(dict.fromkeys(range(n), "node-a"))
@@ -99,7 +102,9 @@ def _fleet(cluster: ScriptedCluster, n: int, max_restarts: int, die_on: set[int]
             ray.kill(handle)
         return handle
 
-    fleet = EngineFleet(cfg, list(engines), start_engine, Transport(), None, FaultCounters(), version=3, places=cluster)
+    fleet = EngineFleet(
+        cfg, list(engines), start_engine, Transport(), None, FaultCounters(), version=3, places=cluster
+    )
     return fleet, engines, started
 
 
@@ -135,20 +140,34 @@ def test_both_engines_of_a_lost_node_wait_for_the_verdict_and_a_node_then_both_c
         lost_at = time.monotonic()
         _lose(fleet, engines)
         waiting = lambda: [w["waiting_for"] for w in fleet.shortfall.status(0)["waiting"]]  # noqa: E731
-        _until("both waiting for the verdict", lambda: waiting() == ["Ray's verdict on the node engine[0] ran on",
-                                                                      "Ray's verdict on the node engine[1] ran on"])
+        _until(
+            "both waiting for the verdict",
+            lambda: (
+                waiting()
+                == [
+                    "Ray's verdict on the node engine[0] ran on",
+                    "Ray's verdict on the node engine[1] ran on",
+                ]
+            ),
+        )
         assert started == [] and cluster.asked == ["node-a", "node-a"]  # nothing placed on the suspect node
         cluster.dead.add("node-a")  # Ray's verdict; its reservations are not placed anywhere yet
         _until("both waiting for a node", lambda: waiting() == [WANTS, WANTS])
         time.sleep(0.3)
         assert started == []  # never started outside the reservation, nor on the dead node
         line = fleet.explain()
-        assert line.startswith(f"0 of 2 rollout engines live; engine[2] (replacing engine[0]) waits for {WANTS} since ")
+        assert line.startswith(
+            f"0 of 2 rollout engines live; engine[2] (replacing engine[0]) waits for {WANTS} since "
+        )
         assert "--labels relax-node=pool --num-cpus=1`" in line and "engine[3] (replacing engine[1])" in line
-        with pytest.raises(NoEnginesLeft, match=rf"no rollout engine became available within 0.1s; 0 of 2 .*{WANTS}"):
+        with pytest.raises(
+            NoEnginesLeft, match=rf"no rollout engine became available within 0.1s; 0 of 2 .*{WANTS}"
+        ):
             fleet.router.submit([], wait_s=0.1)  # the stop message names what is missing and how to add it
         joined_at = time.monotonic()
-        cluster.slots.update({0: "node-b", 1: "node-b"})  # a node with room joins: Ray places both reservations
+        cluster.slots.update(
+            {0: "node-b", 1: "node-b"}
+        )  # a node with room joins: Ray places both reservations
         _until("both replacements serving", lambda: sorted(fleet.live()) == [2, 3])
         assert sorted(started) == [(2, 0, "node-b"), (3, 1, "node-b")]
         m = fleet.metrics()
@@ -170,8 +189,10 @@ def test_a_lost_engine_not_replaced_says_why_and_scale_out_fills_its_reservation
         _until("the one replacement serving", lambda: list(fleet.live()) == [2])
         status = fleet.shortfall.status(1)
         assert status["engines_wanted"] == 2 and status["not_replaced"][0]["engine_id"] == 1
-        assert fleet.explain() == ("1 of 2 rollout engines live; engine[1] will not be replaced: "
-                                   "rollout.max_restarts=1 spent (1 replacements)")
+        assert fleet.explain() == (
+            "1 of 2 rollout engines live; engine[1] will not be replaced: "
+            "rollout.max_restarts=1 spent (1 replacements)"
+        )
         assert fleet.add_engines(1) == [3]  # `relax scale-out 1`
         assert started[-1] == (3, 1, "node-b")  # on the lost engine's reservation: the gap is filled
         assert fleet.shortfall.status(2)["not_replaced"] == [] and fleet.explain() is None
@@ -188,13 +209,17 @@ def test_a_replacement_that_dies_with_its_node_spends_no_restart(ray_session):
         cluster.slots[0] = "node-c"  # Ray placed the reservation on node-c, which dies under the first start
         _lose(fleet, engines[:1])
         _until("the first start tried", lambda: started)
-        _until("waiting for a node again", lambda: [w["waiting_for"] for w in fleet.shortfall.status(0)["waiting"]]
-               == [WANTS])
+        _until(
+            "waiting for a node again",
+            lambda: [w["waiting_for"] for w in fleet.shortfall.status(0)["waiting"]] == [WANTS],
+        )
         cluster.slots[0] = "node-d"
         _until("the second start serving", lambda: list(fleet.live()) == [2])
         assert [s[:2] for s in started] == [(1, 0), (2, 0)]
         m = fleet.metrics()
-        assert m["fault/engine_restarts"] == 1 and "fault/engine_start_failures" not in m  # the one restart allowed
+        assert (
+            m["fault/engine_restarts"] == 1 and "fault/engine_start_failures" not in m
+        )  # the one restart allowed
     finally:
         fleet.close()
 
@@ -202,7 +227,10 @@ def test_a_replacement_that_dies_with_its_node_spends_no_restart(ray_session):
 def test_shortfall_counts_added_removed_and_filled_engines():
     s = Shortfall(2)
     s.gave_up(Lost(0, "engine[0] died", slot=0), "rollout.max_restarts=0 allows none")
-    assert s.line(1) == "1 of 2 rollout engines live; engine[0] will not be replaced: rollout.max_restarts=0 allows none"
+    assert (
+        s.line(1)
+        == "1 of 2 rollout engines live; engine[0] will not be replaced: rollout.max_restarts=0 allows none"
+    )
     s.added(2, filled=[s.orphan_of(0)])  # one added engine takes engine 0's reservation, one is new
     assert s.wanted == 3 and s.line(3) is None
     s.removed()
@@ -211,9 +239,11 @@ def test_shortfall_counts_added_removed_and_filled_engines():
 
 def test_join_failure_names_token_auth_on_one_side_and_the_fix(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray_said = ("Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n"
-                "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing or "
-                "incorrect. Note: RAY_AUTH_MODE is currently 'disabled' (not 'token').")
+    ray_said = (
+        "Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n"
+        "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing or "
+        "incorrect. Note: RAY_AUTH_MODE is currently 'disabled' (not 'token')."
+    )
     try:
         try:
             raise RuntimeError(ray_said)
@@ -221,12 +251,19 @@ def test_join_failure_names_token_auth_on_one_side_and_the_fix(monkeypatch):
             raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from inner
     except ConnectionError as exc:
         message = join_failure("10.0.0.1:6379", exc)
-    assert message.startswith("could not join the Ray cluster at 10.0.0.1:6379: authentication: the cluster runs "
-                              "Ray's token authentication and this driver does not (RAY_AUTH_MODE=disabled): run "
-                              "`export RAY_AUTH_MODE=token`")
+    assert message.startswith(
+        "could not join the Ray cluster at 10.0.0.1:6379: authentication: the cluster runs "
+        "Ray's token authentication and this driver does not (RAY_AUTH_MODE=disabled): run "
+        "`export RAY_AUTH_MODE=token`"
+    )
     assert "(Ray said: ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken" in message
-    other = join_failure("10.0.0.1:6379", ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"))
-    assert "`ray status --address 10.0.0.1:6379`" in other and f"Ray version as this driver ({ray.__version__})" in other
+    other = join_failure(
+        "10.0.0.1:6379", ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    )
+    assert (
+        "`ray status --address 10.0.0.1:6379`" in other
+        and f"Ray version as this driver ({ray.__version__})" in other
+    )
 
 
 def test_error_log_keeps_every_failure(tmp_path: Path):
@@ -247,4 +284,6 @@ def test_the_verdict_of_real_ray_on_an_alive_and_an_unknown_node(ray_session):
     here = ray.get_runtime_context().get_node_id()
     assert places.verdict(here, stop) == "alive" and places.probe(here, stop) == "alive"
     assert places.verdict("ab" * 28, stop) == "dead"
-    assert places.slot_node(0) is None and not places.has_reservation(0)  # no reservation: nothing to wait for
+    assert places.slot_node(0) is None and not places.has_reservation(
+        0
+    )  # no reservation: nothing to wait for

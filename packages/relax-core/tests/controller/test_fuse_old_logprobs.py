@@ -20,8 +20,18 @@ ROLES = SimpleNamespace(reference=None, teacher=None)
     [
         ([], ROLES, True, True),  # the quick-start: GRPO, no reference
         ([], ROLES, False, False),  # a trainer that needs old logprobs in the batch
-        (["trainer.recompute_old_logprobs=false"], ROLES, True, False),  # the engine's logprobs: no forward anyway
-        ([], SimpleNamespace(reference=object(), teacher=None), True, False),  # kl/policy_ref reads them first
+        (
+            ["trainer.recompute_old_logprobs=false"],
+            ROLES,
+            True,
+            False,
+        ),  # the engine's logprobs: no forward anyway
+        (
+            [],
+            SimpleNamespace(reference=object(), teacher=None),
+            True,
+            False,
+        ),  # kl/policy_ref reads them first
         ([], SimpleNamespace(reference=None, teacher=object()), True, False),
         (["algorithm.advantage_estimator=optimal_token_baseline"], ROLES, True, False),  # reads old logprobs
         (["+spi_only"], ROLES, True, False),  # sum_pi_squared comes from the forward before the update
@@ -29,7 +39,9 @@ ROLES = SimpleNamespace(reference=None, teacher=None)
         (["+plain"], ROLES, True, True),
     ],
 )
-def test_fuse_only_when_nothing_before_the_update_reads_old_logprobs(overrides, roles, trainer_fuses, expected):
+def test_fuse_only_when_nothing_before_the_update_reads_old_logprobs(
+    overrides, roles, trainer_fuses, expected
+):
     estimator = [o[1:] for o in overrides if o.startswith("+")]
     cfg = load_config(None, [o for o in overrides if not o.startswith("+")])
     if estimator:
@@ -44,8 +56,12 @@ def _declaring_estimators(monkeypatch):
 
     def relax_register_algorithms(register):
         for name, needs in [("spi_only", {"sum_pi_squared"}), ("old_only", {"old_logprobs"}), ("plain", ())]:
-            register(name, lambda inputs: (inputs.response_mask, inputs.response_mask), kind="advantage",
-                     needs=needs)
+            register(
+                name,
+                lambda inputs: (inputs.response_mask, inputs.response_mask),
+                kind="advantage",
+                needs=needs,
+            )
 
     module = types.ModuleType("fuse_test_algorithms")
     module.relax_register_algorithms = relax_register_algorithms
@@ -63,7 +79,11 @@ def _samples(*versions: list[int]):
     [
         ([], [[3, 3], [3]], True),  # the quick-start: hosted in the driver, temperature 1, untruncated
         (["rollout.host=trainer"], [[3, 3]], True),  # hosted in the trainer's actor: the same module
-        (["rollout.temperature=0.7"], [[3, 3]], True),  # the trainer divides its logits by the same temperature
+        (
+            ["rollout.temperature=0.7"],
+            [[3, 3]],
+            True,
+        ),  # the trainer divides its logits by the same temperature
         (["rollout.host=separate"], [[3, 3]], False),  # its own copy of the weights, synced: scored again
         (["rollout.top_k=5"], [[3, 3]], False),  # truncated distribution: not the trainer's logprobs
         (["rollout.top_p=0.9"], [[3, 3]], False),
@@ -88,15 +108,30 @@ def test_a_run_on_the_engines_logprobs_trains_as_one_that_scores_them_again(tmp_
     gradient norm agree to float noise, and both report a rollout/train mismatch near 0."""
     from relax.core.controller.run import run
 
-    small = ["total_steps=2", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "data.task_size=100",
-             "logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
-             "checkpoint.save_hf_final=false", "checkpoint.save_every=0", "trainer.num_minibatches=2"]
+    small = [
+        "total_steps=2",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4",
+        "data.task_size=100",
+        "logging.progress=false",
+        "logging.console=false",
+        "logging.tensorboard=false",
+        "logging.plot=false",
+        "checkpoint.save_hf_final=false",
+        "checkpoint.save_every=0",
+        "trainer.num_minibatches=2",
+    ]
     rows = {}
     for name, extra in (("engine", []), ("scored", ["rollout.top_k=1000"])):
         run(load_config(None, [*small, *extra, f"run_dir={tmp_path / name}"]))
-        rows[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        rows[name] = [
+            json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
     first, again = rows["engine"][0], rows["scored"][0]
-    assert first["reward/mean"] == again["reward/mean"] and first["response/length_mean"] == again["response/length_mean"]
+    assert (
+        first["reward/mean"] == again["reward/mean"]
+        and first["response/length_mean"] == again["response/length_mean"]
+    )
     assert first["train/loss"] == pytest.approx(again["train/loss"], abs=1e-5)
     assert first["train/grad_norm"] == pytest.approx(again["train/grad_norm"], rel=1e-4)
     assert all(0 <= r["rollout/train_logprob_abs_diff"] < 1e-5 for r in (first, again))

@@ -76,8 +76,16 @@ def test_a_step_hands_the_device_over_in_order(role, batch):
     state = SimpleNamespace(cfg=cfg, roles=SimpleNamespace(trainer=LocalHandle(role)), fleet=fleet)
     handoff = Handoff(state, metrics)
     run_step(handoff, fleet, role, batch, log)
-    assert handoff.phases == ["trainer_offload", "engines_release", "trainer_onload", "train", "trainer_release",
-                              "engines_resume", "sync", "trainer_offload"]  # fmt: skip
+    assert handoff.phases == [
+        "trainer_offload",
+        "engines_release",
+        "trainer_onload",
+        "train",
+        "trainer_release",
+        "engines_resume",
+        "sync",
+        "trainer_offload",
+    ]
     host, opt = ["optimizer", "params"], ["optimizer"]
     assert log == [
         ("rollout", host),

@@ -27,7 +27,9 @@ def model_dir(tmp_path_factory):
 
 def generate(engine, temperature=1.0, n=2, seed=7, max_new_tokens=8):
     requests = [
-        GenerationRequest(f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + i))
+        GenerationRequest(
+            f"r{i}", p, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + i)
+        )
         for i, p in enumerate(PROMPTS * n)
     ]
     return asyncio.run(engine.generate(requests))
@@ -35,11 +37,15 @@ def generate(engine, temperature=1.0, n=2, seed=7, max_new_tokens=8):
 
 def train_once(trainer, engine):
     results = generate(engine)
-    samples = [Sample(prompt_ids=p, group_id=i % 3, response_ids=r.response_ids, rollout_logprobs=r.logprobs)
-               for i, (p, r) in enumerate(zip(PROMPTS * 2, results, strict=True))]
+    samples = [
+        Sample(prompt_ids=p, group_id=i % 3, response_ids=r.response_ids, rollout_logprobs=r.logprobs)
+        for i, (p, r) in enumerate(zip(PROMPTS * 2, results, strict=True))
+    ]
     batch = collate(samples, pad_id=engine.pad_token_id)
     batch["old_logprobs"] = trainer.forward_logprobs(batch)
-    batch["advantages"] = torch.linspace(-1, 1, len(samples))[:, None].expand_as(batch["old_logprobs"]).contiguous()
+    batch["advantages"] = (
+        torch.linspace(-1, 1, len(samples))[:, None].expand_as(batch["old_logprobs"]).contiguous()
+    )
     return trainer.train_step(batch)
 
 
@@ -48,7 +54,9 @@ def hosted(model_dir):
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
 
-    trainer = TorchTrainer(model_dir, lr=1e-2, micro_batch_size=8, objective=build_policy_objective(AlgorithmConfig()))
+    trainer = TorchTrainer(
+        model_dir, lr=1e-2, micro_batch_size=8, objective=build_policy_objective(AlgorithmConfig())
+    )
     return trainer, HostedHFEngine(trainer.model, trainer.tokenizer, model_path=model_dir, seed=3)
 
 
@@ -60,8 +68,10 @@ def test_samples_like_a_separate_engine_and_logprobs_match_the_trainer(model_dir
     results = generate(engine, temperature)
     separate = generate(HFRolloutEngine(model_dir), temperature)
     assert [r.response_ids for r in results] == [r.response_ids for r in separate]
-    samples = [Sample(prompt_ids=p, group_id=0, response_ids=r.response_ids, rollout_logprobs=r.logprobs)
-               for p, r in zip(PROMPTS * 2, results, strict=True)]
+    samples = [
+        Sample(prompt_ids=p, group_id=0, response_ids=r.response_ids, rollout_logprobs=r.logprobs)
+        for p, r in zip(PROMPTS * 2, results, strict=True)
+    ]
     batch = collate(samples, pad_id=engine.pad_token_id)
     mask = batch["response_mask"].bool()
     trained = trainer.forward_logprobs(batch)

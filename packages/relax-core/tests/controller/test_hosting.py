@@ -67,8 +67,14 @@ def test_one_actor_trains_serves_and_publishes_versions(ray_session):
             assert sync.sync(handle, [handle], version)["bytes"] == 0.0
             assert ray.get(handle.weight_version.remote()) == version
             assert ray.get(handle.health.remote())["weight_version"] == version
-            same = ray.get(handle.__ray_call__.remote(lambda self: all(
-                torch.equal(t, self.trainer.model.state_dict()[n]) for n, t in self.engine.state_dict().items())))
+            same = ray.get(
+                handle.__ray_call__.remote(
+                    lambda self: all(
+                        torch.equal(t, self.trainer.model.state_dict()[n])
+                        for n, t in self.engine.state_dict().items()
+                    )
+                )
+            )
             assert same
             assert set(_generate(handle).versions) == {version}
         assert _generate(handle).logprobs != first.logprobs  # it samples from the trained weights
@@ -87,8 +93,10 @@ def test_a_builtin_rule_reward_is_scored_in_the_driver_like_the_role():
     cfg = load_config(None, ["reward.params={mode: first}"])
     reward = start_reward(cfg, reward_context(cfg, None))
     assert isinstance(reward, LocalHandle)
-    samples = [Sample(prompt_ids=[1], group_id=0, response_ids=[2], response_text=text, label="7")
-               for text in ("7", "the answer is 8")]
+    samples = [
+        Sample(prompt_ids=[1], group_id=0, response_ids=[2], response_text=text, label="7")
+        for text in ("7", "the answer is 8")
+    ]
     scored, counts = get(reward.score.remote(samples))
     assert [s.reward for s in scored] == [1.0, 0.0]
     assert counts["failures"] == 0.0 and counts["timeouts"] == 0.0

@@ -16,9 +16,16 @@ from relax.core.controller.run import run
 from relax.core.trainers.torch_trainer import TorchTrainer
 
 SMALL = [
-    "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=3",
-    "trainer.micro_batch_size=8", "data.task_size=50", "logging.progress=false", "logging.console=false",
-    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false",
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples_per_prompt=4",
+    "rollout.max_new_tokens=3",
+    "trainer.micro_batch_size=8",
+    "data.task_size=50",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
     "checkpoint.resume=never",
 ]
 OTB = "algorithm.advantage_estimator=optimal_token_baseline"

@@ -22,7 +22,10 @@ TOKENS = 300
 
 
 def _groups(n_groups: int = 2, size: int = 2) -> list[list[Sample]]:
-    return [[Sample(prompt_ids=[5, 6, 7], group_id=g, index_in_group=i) for i in range(size)] for g in range(n_groups)]
+    return [
+        [Sample(prompt_ids=[5, 6, 7], group_id=g, index_in_group=i) for i in range(size)]
+        for g in range(n_groups)
+    ]
 
 
 def _wait_until_generating(engine) -> None:
@@ -36,7 +39,9 @@ def _wait_until_generating(engine) -> None:
 @pytest.fixture(scope="module")
 def engine(ray_session):
     cfg = load_config(None, [])
-    handle = RolloutRole.options(max_concurrency=4).remote(cfg, engine_context(cfg, ensure_quickstart_model(), 0))
+    handle = RolloutRole.options(max_concurrency=4).remote(
+        cfg, engine_context(cfg, ensure_quickstart_model(), 0)
+    )
     yield handle
     ray.kill(handle)
 
@@ -53,7 +58,9 @@ def test_update_mid_generation(engine, mode):
     resubmitted = []
 
     def consume() -> None:
-        for finished, n_aborted in stream_groups(router, groups, params, seed=0, step=1, timeout_s=120, chunks_per_engine=1):
+        for finished, n_aborted in stream_groups(
+            router, groups, params, seed=0, step=1, timeout_s=120, chunks_per_engine=1
+        ):
             collected.extend(finished)
             resubmitted.append(n_aborted)
 

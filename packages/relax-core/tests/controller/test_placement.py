@@ -25,7 +25,9 @@ def _states(names: list[str]) -> dict[str, str]:
 
 
 def test_colocate_shares_bundles_between_trainer_ranks_and_engines():
-    p = plan("colocate", Resources(num_cpus=1, num_gpus=1, num_workers=2), Resources(num_cpus=2), num_engines=3)
+    p = plan(
+        "colocate", Resources(num_cpus=1, num_gpus=1, num_workers=2), Resources(num_cpus=2), num_engines=3
+    )
     (group,) = p.groups
     assert group.bundles == ({"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}, {"CPU": 2})
     assert [(s.bundle, s.num_gpus) for s in p.trainer] == [(0, 1), (1, 1)]
@@ -38,7 +40,9 @@ def test_colocate_shares_bundles_between_trainer_ranks_and_engines():
 
 
 def test_async_gives_the_trainer_and_each_engine_their_own_groups():
-    p = plan("async", Resources(num_cpus=1, num_workers=2), Resources(num_cpus=1, num_gpus=1, num_workers=2), 2)
+    p = plan(
+        "async", Resources(num_cpus=1, num_workers=2), Resources(num_cpus=1, num_gpus=1, num_workers=2), 2
+    )
     assert [g.role for g in p.groups] == ["trainer", "rollout[0]", "rollout[1]"]
     assert p.groups[0].bundles == ({"CPU": 1}, {"CPU": 1})
     assert p.groups[1].bundles == ({"CPU": 2, "GPU": 2},)  # one engine's workers share a bundle
@@ -59,18 +63,38 @@ def test_embedded_ray_is_sized_to_the_reservation():
     assert runtime.embedded_num_cpus(cfg) >= 4
     assert required_cpus(load_config(None, [])) == 1  # colocate: trainer and engine share one CPU
     with pytest.raises(ValueError, match=r"ray.num_cpus: 2 is less than the 4 CPUs"):
-        runtime.embedded_num_cpus(load_config(None, ["mode=async", "rollout.num_engines=2", "ray.num_cpus=2",
-                                                    "trainer.backend_params={world_size: 2}"]))
+        runtime.embedded_num_cpus(
+            load_config(
+                None,
+                [
+                    "mode=async",
+                    "rollout.num_engines=2",
+                    "ray.num_cpus=2",
+                    "trainer.backend_params={world_size: 2}",
+                ],
+            )
+        )
 
 
 def test_reserve_creates_the_declared_bundles_and_remove_releases_them(ray_local):
-    cfg = load_config(None, ["mode=async", "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
-                             "rollout.engine_params={num_cpus: 0.25}"])
+    cfg = load_config(
+        None,
+        [
+            "mode=async",
+            "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
+            "rollout.engine_params={num_cpus: 0.25}",
+        ],
+    )
     reserved = reserve(plan_for(cfg), timeout_s=60, fixed_cluster=True)
     try:
-        assert len(reserved.names) == 2 and _states(reserved.names) == dict.fromkeys(reserved.names, "CREATED")
+        assert len(reserved.names) == 2 and _states(reserved.names) == dict.fromkeys(
+            reserved.names, "CREATED"
+        )
         tables = [placement_group_table(pg) for pg in reserved.groups]
-        assert [list(t["bundles"].values()) for t in tables] == [[{"CPU": 0.5}, {"CPU": 0.5}], [{"CPU": 0.25}]]
+        assert [list(t["bundles"].values()) for t in tables] == [
+            [{"CPU": 0.5}, {"CPU": 0.5}],
+            [{"CPU": 0.25}],
+        ]
 
         @ray.remote
         class Where:
@@ -87,12 +111,16 @@ def test_reserve_creates_the_declared_bundles_and_remove_releases_them(ray_local
 
 def test_a_request_the_cluster_cannot_grant_fails_naming_the_role(ray_local):
     huge = plan("async", Resources(num_cpus=512), Resources(num_cpus=1), 1)
-    with pytest.raises(PlacementError, match=r"reserves \{CPU=513, GPU=0\}.*trainer: 1 bundle\(s\) of \{CPU=512\}"):
+    with pytest.raises(
+        PlacementError, match=r"reserves \{CPU=513, GPU=0\}.*trainer: 1 bundle\(s\) of \{CPU=512\}"
+    ):
         reserve(huge, timeout_s=60, fixed_cluster=True)
     # on a cluster that might grow, wait, then say what was asked and drop what was granted
     before = set(placement_group_table())
     started = time.monotonic()
-    with pytest.raises(PlacementError, match=r"did not grant trainer: 1 bundle\(s\) of \{CPU=512\} within 2s"):
+    with pytest.raises(
+        PlacementError, match=r"did not grant trainer: 1 bundle\(s\) of \{CPU=512\} within 2s"
+    ):
         reserve(huge, timeout_s=2)
     assert time.monotonic() - started < 30
     new = [v for k, v in placement_group_table().items() if k not in before]
@@ -102,9 +130,18 @@ def test_a_request_the_cluster_cannot_grant_fails_naming_the_role(ray_local):
 def test_roles_start_on_their_bundles_and_release_everything(ray_local, tmp_path):
     """Start-up and shutdown of a run's roles (async, 2 trainer ranks): every group the run created is
     REMOVED afterwards, and a start-up failure releases them too."""
-    cfg = load_config(None, [f"run_dir={tmp_path}", "mode=async", "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
-                             "rollout.engine_params={num_cpus: 0.5}", "rollout.prompts_per_step=2",
-                             "rollout.n_samples_per_prompt=2", "trainer.num_minibatches=1"])
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            "mode=async",
+            "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
+            "rollout.engine_params={num_cpus: 0.5}",
+            "rollout.prompts_per_step=2",
+            "rollout.n_samples_per_prompt=2",
+            "trainer.num_minibatches=1",
+        ],
+    )
     from relax.core.quickstart_model import ensure_quickstart_model
 
     model = ensure_quickstart_model()

@@ -12,9 +12,18 @@ import pytest
 from relax.core.config import ConfigError, load_config
 from relax.core.controller import capabilities, stages
 
-SMALL = ["total_steps=2", "rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=4", "data.task_size=100",
-         "logging.progress=false", "logging.console=false", "logging.tensorboard=false", "logging.plot=false",
-         "checkpoint.save_hf_final=false", "checkpoint.save_every=0"]
+SMALL = [
+    "total_steps=2",
+    "rollout.prompts_per_step=4",
+    "rollout.n_samples_per_prompt=4",
+    "data.task_size=100",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.save_every=0",
+]
 
 
 def test_it_is_a_colocate_option_that_needs_the_engines_methods():
@@ -23,7 +32,9 @@ def test_it_is_a_colocate_option_that_needs_the_engines_methods():
     need = capabilities.required(load_config(None, ["rollout.release_memory=true"]))["rollout"]
     assert need == {"release_memory": "rollout.release_memory", "resume_memory": "rollout.release_memory"}
     with pytest.raises(capabilities.CapabilityError, match=r"does not implement release_memory\(\)"):
-        capabilities.check(load_config(None, ["rollout.release_memory=true"]), {"rollout": ("plain", ["abort"])})
+        capabilities.check(
+            load_config(None, ["rollout.release_memory=true"]), {"rollout": ("plain", ["abort"])}
+        )
 
 
 class RecordingFleet:
@@ -60,8 +71,18 @@ def test_a_run_with_a_separate_engine_releases_and_resumes_every_step(tmp_path):
     that went to the host and back serves exactly the trainer's weights (step 2's rollout/train mismatch)."""
     from relax.core.controller.run import run
 
-    run(load_config(None, [*SMALL, "rollout.host=separate", "rollout.release_memory=true", "trainer.offload=true",
-                           f"run_dir={tmp_path}"]))  # fmt: skip
+    run(
+        load_config(
+            None,
+            [
+                *SMALL,
+                "rollout.host=separate",
+                "rollout.release_memory=true",
+                "trainer.offload=true",
+                f"run_dir={tmp_path}",
+            ],
+        )
+    )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     timed = {"time/release_memory_s", "time/resume_memory_s", "time/onload_s", "time/offload_s"}
     memory = {f"perf/rss_{p}_gb" for p in ("before_rollout", "before_train", "after_update", "after_offload")}

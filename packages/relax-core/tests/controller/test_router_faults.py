@@ -41,7 +41,10 @@ class TagEngine:
     def generate(self, requests):
         time.sleep(self.delay)
         self.served += [r.request_id for r in requests]
-        return [GenerationResult(r.request_id, [self.tag], [-0.5], [self.version], "stop", text=r.request_id) for r in requests]
+        return [
+            GenerationResult(r.request_id, [self.tag], [-0.5], [self.version], "stop", text=r.request_id)
+            for r in requests
+        ]
 
     def update_weights(self, named_tensors, version: int) -> int:
         self.version = version
@@ -69,7 +72,9 @@ def _consume(router, groups, timeout_s=30.0, step=1):
 
 def _assert_each_answered_once(groups, finished):
     ids = [(s.group_id, s.index_in_group) for g in finished for s in g]
-    assert sorted(ids) == sorted((s.group_id, s.index_in_group) for g in groups for s in g), "lost or duplicated"
+    assert sorted(ids) == sorted((s.group_id, s.index_in_group) for g in groups for s in g), (
+        "lost or duplicated"
+    )
     for g in groups:  # every sample holds the answer to its own request id
         for s in g:
             assert s.response_text == f"1/{s.group_id}/{s.index_in_group}" and len(s.response_ids) == 1
@@ -145,8 +150,12 @@ def test_killed_engine_requests_go_to_the_other_exactly_once(engines):
     assert all(s.response_ids == [101] for g in groups for s in g)  # the survivor answered everything
     engine_failures = [f for g in groups for s in g for f in s.metadata.get("failures", [])]
     assert len(engine_failures) == resubmitted  # one per resubmitted request, for the step's failure report
-    assert all(f["kind"] == "engine" and f["reason"].startswith("rollout engine[0] ")
-               and f["reason"].endswith("; its request was resubmitted") for f in engine_failures)
+    assert all(
+        f["kind"] == "engine"
+        and f["reason"].startswith("rollout engine[0] ")
+        and f["reason"].endswith("; its request was resubmitted")
+        for f in engine_failures
+    )
     assert any("died during generate" in f["reason"] for f in engine_failures)
 
 
@@ -183,7 +192,10 @@ def test_engines_added_and_removed_mid_stream(engines):
     _assert_each_answered_once(groups, finished)
     assert resubmitted > 0
     assert set(router.live()) == {7, 8}
-    assert {s.response_ids[0] for g in groups for s in g} <= {101, 102}  # the removed engine's answers were dropped
+    assert {s.response_ids[0] for g in groups for s in g} <= {
+        101,
+        102,
+    }  # the removed engine's answers were dropped
     with pytest.raises(ValueError, match=r"engine\[3\] already exists or existed"):
         router.add_engine(a, 3)  # indices are never reused
 
@@ -192,7 +204,10 @@ def test_losing_the_last_engine_names_it(engines):
     (a, _, _), (pid_a, _, _) = engines
     router = EngineRouter([a])
     threading.Timer(0.1, os.kill, (pid_a, signal.SIGKILL)).start()
-    with pytest.raises(NoEnginesLeft, match=r"rollout engine\[0\] died during generate \(actor died\); no rollout engine left"):
+    with pytest.raises(
+        NoEnginesLeft,
+        match=r"rollout engine\[0\] died during generate \(actor died\); no rollout engine left",
+    ):
         _consume(router, _groups(2))
 
 
@@ -216,9 +231,14 @@ class VersionSync:
 
 
 def _fleet(handles, max_restarts=1, start=None, control_timeout_s=2.0, on_change=None):
-    cfg = SimpleNamespace(rollout=SimpleNamespace(
-        max_restarts=max_restarts, restart_backoff_s=0.05, timeout_s=30.0, control_timeout_s=control_timeout_s
-    ))
+    cfg = SimpleNamespace(
+        rollout=SimpleNamespace(
+            max_restarts=max_restarts,
+            restart_backoff_s=0.05,
+            timeout_s=30.0,
+            control_timeout_s=control_timeout_s,
+        )
+    )
     transport = VersionSync()
 
     started = []
@@ -228,7 +248,16 @@ def _fleet(handles, max_restarts=1, start=None, control_timeout_s=2.0, on_change
         started.append((index, slot, handle))
         return handle
 
-    fleet = EngineFleet(cfg, list(handles), start or start_engine, transport, None, FaultCounters(), on_change=on_change, version=5)
+    fleet = EngineFleet(
+        cfg,
+        list(handles),
+        start or start_engine,
+        transport,
+        None,
+        FaultCounters(),
+        on_change=on_change,
+        version=5,
+    )
     return fleet, transport.synced, started
 
 
@@ -244,13 +273,17 @@ def test_fleet_replaces_a_dead_engine_synced_before_it_serves(engines):
         while 2 not in fleet.live() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert sorted(fleet.live()) == [1, 2]  # the replacement has a new index
-        (index, slot, new), = started
+        ((index, slot, new),) = started
         assert (index, slot) == (2, 0)  # on the lost engine's reservation slot
         assert synced == [[new]]  # synced alone, before it joined the router
         assert ray.get(new.weight_version.remote()) == 5
         assert fleet.engines == [b, new]
         m = fleet.metrics()
-        assert m["fault/engine_evictions"] == 1 and m["fault/engine_restarts"] == 1 and m["fault/engines_live"] == 2
+        assert (
+            m["fault/engine_evictions"] == 1
+            and m["fault/engine_restarts"] == 1
+            and m["fault/engines_live"] == 2
+        )
         assert m["fault/last_recovery_s"] > 0
         later = _groups(6)
         _consume(fleet.router, later, step=1)
@@ -275,7 +308,10 @@ def test_fleet_control_evicts_a_stopped_engine_and_names_it(engines):
     assert 1.5 <= elapsed < 1.5 + 10
     assert fleet.metrics()["fault/engine_evictions"] == 1
     fleet.evict(0, "rollout engine[0] did not answer pause within 1.5s")
-    with pytest.raises(NoEnginesLeft, match=r"engine\[0\] did not answer pause within 1.5s; no rollout engine left \(rollout.max_restarts=0"):
+    with pytest.raises(
+        NoEnginesLeft,
+        match=r"engine\[0\] did not answer pause within 1.5s; no rollout engine left \(rollout.max_restarts=0",
+    ):
         _consume(fleet.router, _groups(1))
 
 
@@ -313,7 +349,7 @@ def test_fleet_syncs_the_version_it_is_given_and_labels_new_engines_with_the_tra
         assert ray.get([a.weight_version.remote(), b.weight_version.remote()]) == [6, 6]
         fleet.trained(7)  # a step committed; the next publication is later
         fleet.add_engine()
-        (_, _, new), = started
+        ((_, _, new),) = started
         assert ray.get(new.weight_version.remote()) == 7 and synced[-1] == [new]
         assert ray.get(a.weight_version.remote()) == 6  # the serving engines keep theirs until published
         assert fleet.publish(8, abort=False) == {"weight_sync/engines": 3.0}

@@ -79,8 +79,17 @@ def test_score_shapes_what_the_reward_role_scored():
     reward = start_reward(cfg, reward_context(cfg, None))  # numeric, declared in_driver: a local handle
 
     def fresh() -> list[Sample]:  # two correct answers, 1 and 4 tokens long
-        return [Sample(prompt_ids=[5], group_id=0, index_in_group=i, response_ids=[9] * n, response_text="7", label="7")
-                for i, n in enumerate([1, 4])]
+        return [
+            Sample(
+                prompt_ids=[5],
+                group_id=0,
+                index_in_group=i,
+                response_ids=[9] * n,
+                response_text="7",
+                label="7",
+            )
+            for i, n in enumerate([1, 4])
+        ]
 
     raw, _ = get(reward.score.remote(fresh()))
     assert [s.reward for s in raw] == [1.0, 1.0] and all("overlong_penalty" not in s.reward_info for s in raw)

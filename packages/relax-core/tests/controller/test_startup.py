@@ -23,7 +23,10 @@ def test_background_setup_equals_the_inline_one_and_is_taken_once(model_dir, tmp
     inline = prepare_local(cfg)
     taken = background.take(cfg)
     assert taken.model_path == inline.model_path == model_dir
-    assert (taken.pad_id, taken.stop_token_ids) == (inline.pad_id, inline.stop_token_ids) and taken.stop_token_ids
+    assert (taken.pad_id, taken.stop_token_ids) == (
+        inline.pad_id,
+        inline.stop_token_ids,
+    ) and taken.stop_token_ids
     assert [p.prompt_ids for p in taken.dataset.items[:5]] == [p.prompt_ids for p in inline.dataset.items[:5]]
     again = background.take(cfg)  # a restarted attempt prepares afresh
     assert again.dataset is not taken.dataset and again.model_path == model_dir
@@ -46,7 +49,9 @@ def test_startup_line_names_each_phase_and_the_total():
     line = clock.summary()
     assert line.startswith("first step 1.") and "s after launch: python + imports 1.0 |" in line
     assert "model, tokenizer, data 0.2 (alongside) | roles 0.0" in line
-    called = StartupClock()  # run() from a longer-lived process: from the call, the process's earlier work apart
+    called = (
+        StartupClock()
+    )  # run() from a longer-lived process: from the call, the process's earlier work apart
     called.mark("roles")
     assert called.summary().startswith("first step 0.0 s after run(): roles 0.0")
 
@@ -80,7 +85,9 @@ def test_ray_settings_are_peeked_from_the_file_and_overrides(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("ray:\n  num_cpus: 3\n  node_ip_address: 127.0.0.2\n")
     assert peek_settings(str(path), []) == RaySettings(None, "127.0.0.2", 3)
-    assert peek_settings(str(path), ["ray.address=10.0.0.1:6379", "seed=3"]) == RaySettings("10.0.0.1:6379", "127.0.0.2")
+    assert peek_settings(str(path), ["ray.address=10.0.0.1:6379", "seed=3"]) == RaySettings(
+        "10.0.0.1:6379", "127.0.0.2"
+    )
     path.write_text("ray: [not, a, mapping]\n")
     assert peek_settings(str(path), []) is None  # unreadable: Ray starts after the loader said why
     assert peek_settings(str(tmp_path / "missing.yaml"), []) is None
@@ -92,7 +99,12 @@ def test_a_run_that_may_need_no_ray_does_not_start_one_before_its_config_loads()
 
     assert may_run_in_driver(peek_config(None, []))  # the quick-start: colocate, rollout.host auto
     assert may_run_in_driver(peek_config(None, ["rollout.host=driver"]))
-    for override in ("mode=async", "rollout.host=trainer", "rollout.host=separate", "ray.address=10.0.0.1:6379"):
+    for override in (
+        "mode=async",
+        "rollout.host=trainer",
+        "rollout.host=separate",
+        "ray.address=10.0.0.1:6379",
+    ):
         assert not may_run_in_driver(peek_config(None, [override])), override
 
 

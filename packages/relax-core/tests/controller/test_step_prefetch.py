@@ -26,12 +26,21 @@ def _put_step(queue: TransferQueue, step: int) -> None:
     for g in reversed(range(GROUPS)):
         gid = step * 10 + g
         samples = [
-            Sample(prompt_ids=[1] * (1 + g), group_id=gid, index_in_group=i, response_ids=[step] * (1 + g + i),
-                   rollout_logprobs=[-0.5] * (1 + g + i), versions=[step - 1] * (1 + g + i))
+            Sample(
+                prompt_ids=[1] * (1 + g),
+                group_id=gid,
+                index_in_group=i,
+                response_ids=[step] * (1 + g + i),
+                rollout_logprobs=[-0.5] * (1 + g + i),
+                versions=[step - 1] * (1 + g + i),
+            )
             for i in range(GROUP_SIZE)
         ]
-        queue.put_rows(step, [{"sample": s, "reward": (float(gid + i), {})} for i, s in enumerate(samples)],
-                       group_ids=[gid] * GROUP_SIZE)
+        queue.put_rows(
+            step,
+            [{"sample": s, "reward": (float(gid + i), {})} for i, s in enumerate(samples)],
+            group_ids=[gid] * GROUP_SIZE,
+        )
 
 
 def _take_from(queue: TransferQueue, log: list[int] | None = None):

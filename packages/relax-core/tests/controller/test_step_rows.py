@@ -14,7 +14,9 @@ from relax.core.queue import Batch
 def _batch() -> Batch:
     """Two groups of two, arriving interleaved; each row's columns carry its (group, index) tag."""
     order = [(7, 1), (3, 0), (7, 0), (3, 1)]
-    samples = [Sample(prompt_ids=[1], group_id=g, index_in_group=i, response_ids=[5] * (i + 1)) for g, i in order]
+    samples = [
+        Sample(prompt_ids=[1], group_id=g, index_in_group=i, response_ids=[5] * (i + 1)) for g, i in order
+    ]
     return Batch(
         keys=[(1, k) for k in range(4)],
         data={
@@ -32,7 +34,10 @@ def test_rows_come_in_group_order_with_rewards_and_columns_aligned():
     assert [(s.group_id, s.index_in_group) for s in rows.samples] == [(3, 0), (3, 1), (7, 0), (7, 1)]
     assert [s.reward for s in rows.samples] == [3.0, 4.0, 7.0, 8.0]
     assert rows.columns["advantages"] == [[3.0], [3.1, 3.1], [7.0], [7.1, 7.1]]
-    assert [[(s.group_id, s.index_in_group) for s in g] for g in rows.groups()] == [[(3, 0), (3, 1)], [(7, 0), (7, 1)]]
+    assert [[(s.group_id, s.index_in_group) for s in g] for g in rows.groups()] == [
+        [(3, 0), (3, 1)],
+        [(7, 0), (7, 1)],
+    ]
     assert rows.keys == [(1, k) for k in range(4)]  # every key of the step, acknowledged when it is done
 
 

@@ -24,7 +24,9 @@ def test_a_hosted_engine_bypasses_the_chosen_transport_and_says_so_once(caplog, 
     assert "weight_sync.transport 'disk' is not used: rollout.host=trainer" in record.getMessage()
     assert "0 bytes move" in record.getMessage() and "rollout.host=separate" in record.getMessage()
     caplog.clear()
-    build_weight_sync(load_config(None, [f"run_dir={tmp_path}", "rollout.host=separate"]), str(tmp_path), hosted=False)
+    build_weight_sync(
+        load_config(None, [f"run_dir={tmp_path}", "rollout.host=separate"]), str(tmp_path), hosted=False
+    )
     assert not [r for r in caplog.records if "is not used" in r.getMessage()]  # used: nothing to say
 
 
@@ -46,7 +48,12 @@ class NoClosePlugin:
 
 def test_a_transport_missing_a_protocol_method_is_named_at_start_up(monkeypatch, tmp_path):
     monkeypatch.setattr(plugins, "_MANAGER", RelaxPluginManager(extra_plugins={"noclose": NoClosePlugin()}))
-    cfg = load_config(None, [f"run_dir={tmp_path}", "weight_sync.transport=no_close", "rollout.host=separate"],
-                      check_plugins=False)
-    with pytest.raises(TypeError, match=r"weight_sync.transport 'no_close': NoClose is not a WeightSync .* lacks close"):
+    cfg = load_config(
+        None,
+        [f"run_dir={tmp_path}", "weight_sync.transport=no_close", "rollout.host=separate"],
+        check_plugins=False,
+    )
+    with pytest.raises(
+        TypeError, match=r"weight_sync.transport 'no_close': NoClose is not a WeightSync .* lacks close"
+    ):
         build_weight_sync(cfg, str(tmp_path), hosted=False)

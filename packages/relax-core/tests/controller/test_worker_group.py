@@ -34,7 +34,9 @@ class Rank:
 def _group(ray_local, n: int = 2, fail_rank: int = -1) -> WorkerGroup:
     node = ray.get_runtime_context().get_node_id()
     actor = ray.remote(Rank)
-    return spawn(actor, "g", [{"num_cpus": 0}] * n, lambda info: ((info, fail_rank), {}), [node] * n, timeout_s=120)
+    return spawn(
+        actor, "g", [{"num_cpus": 0}] * n, lambda info: ((info, fail_rank), {}), [node] * n, timeout_s=120
+    )
 
 
 def _dead(handle) -> bool:
@@ -50,7 +52,9 @@ def test_ranks_get_their_rank_and_a_loopback_rendezvous(ray_local):
     try:
         infos = ray.get([h.whoami.remote() for h in group.handles])
         assert [(i.rank, i.world_size) for i in infos] == [(0, 3), (1, 3), (2, 3)]
-        assert {(i.master_addr, i.master_port) for i in infos} == {(infos[0].master_addr, infos[0].master_port)}
+        assert {(i.master_addr, i.master_port) for i in infos} == {
+            (infos[0].master_addr, infos[0].master_port)
+        }
         assert infos[0].master_addr == "127.0.0.1" and infos[0].master_port > 0
         assert group.run("work", "ok") == 0  # rank 0's answer
     finally:
@@ -58,7 +62,9 @@ def test_ranks_get_their_rank_and_a_loopback_rendezvous(ray_local):
 
 
 def test_a_rank_that_cannot_start_is_named_and_the_others_are_stopped(ray_local):
-    with pytest.raises(WorkerGroupError, match=r"g rank 1 failed during start-up: constructor failed: .*rank 1 cannot start"):
+    with pytest.raises(
+        WorkerGroupError, match=r"g rank 1 failed during start-up: constructor failed: .*rank 1 cannot start"
+    ):
         _group(ray_local, fail_rank=1)
 
 
@@ -75,7 +81,9 @@ def test_a_failing_peer_is_named_and_breaks_the_leader_out_of_its_wait(ray_local
     with pytest.raises(WorkerGroupError) as info:
         peers.run("work", "fail1", local=leader_waits_for_peers)
     text = str(info.value)
-    assert text.startswith("g rank 1 failed during work: ValueError: boom; rank 0 then failed with RuntimeError"), text
+    assert text.startswith(
+        "g rank 1 failed during work: ValueError: boom; rank 0 then failed with RuntimeError"
+    ), text
     assert time.monotonic() - started < BLAME_GRACE_S + 60
     assert all(_dead(h) for h in peers.handles)
     with pytest.raises(WorkerGroupError, match="worker group is stopped"):
@@ -90,8 +98,11 @@ def test_a_failing_leader_with_stuck_peers_names_the_leader_and_stops_them(ray_l
     def leader_fails():
         raise RuntimeError("leader broke")
 
-    with pytest.raises(WorkerGroupError, match=r"g rank 0 failed during work: RuntimeError: leader broke; "
-                                               r"rank\(s\) \[1\] had not finished"):
+    with pytest.raises(
+        WorkerGroupError,
+        match=r"g rank 0 failed during work: RuntimeError: leader broke; "
+        r"rank\(s\) \[1\] had not finished",
+    ):
         peers.run("work", "hang1", local=leader_fails)
     assert all(_dead(h) for h in peers.handles)
     group.kill()

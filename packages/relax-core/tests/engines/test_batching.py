@@ -179,8 +179,10 @@ def test_abort_ends_running_and_queued_requests(engine):
     assert engine.health()["running"] == engine.health()["waiting"] == 0
 
 
-@pytest.mark.parametrize(("prompt", "error"), [([], "request 'e' has no prompt_ids"),
-                                                ([4, 24, -1], r"token ids outside \[0, 24\): \[24, -1\]")])
+@pytest.mark.parametrize(
+    ("prompt", "error"),
+    [([], "request 'e' has no prompt_ids"), ([4, 24, -1], r"token ids outside \[0, 24\): \[24, -1\]")],
+)
 def test_bad_prompt_is_a_clear_error(engine, prompt, error):
     with pytest.raises(ValueError, match=error):
         asyncio.run(engine.generate([GenerationRequest("e", prompt, SamplingParams())]))
@@ -189,13 +191,17 @@ def test_bad_prompt_is_a_clear_error(engine, prompt, error):
 def test_a_failed_step_fails_every_call_in_it(tmp_path):
     path = build_tiny_model(tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=0)
     engine = HFRolloutEngine(path)
-    assert not engine.continuous_batching  # a sliding-window cache decodes in static batches (test_model_families)
+    assert (
+        not engine.continuous_batching
+    )  # a sliding-window cache decodes in static batches (test_model_families)
     engine.continuous_batching = True  # forced: the shared batch's step then fails on the cache it cannot cut
 
     async def two_calls():
         engine.pause()  # both calls queue before the first step, so they share it
-        calls = [asyncio.ensure_future(engine.generate([GenerationRequest(str(i), p, SamplingParams())]))
-                 for i, p in enumerate(PROMPTS[:2])]
+        calls = [
+            asyncio.ensure_future(engine.generate([GenerationRequest(str(i), p, SamplingParams())]))
+            for i, p in enumerate(PROMPTS[:2])
+        ]
         await asyncio.sleep(0.05)
         engine.resume()
         return await asyncio.gather(*calls, return_exceptions=True)
@@ -210,8 +216,10 @@ def test_a_failed_step_fails_every_call_in_it(tmp_path):
 def test_kept_prefill_is_dropped_when_weights_change(model_dir, tmp_path):
     other = HFRolloutEngine(build_tiny_model(tmp_path, seed=2, initializer_range=0.3))
     engine = HFRolloutEngine(model_dir, max_batch_size=1)  # the group's 2nd and 3rd samples wait
-    group = [GenerationRequest(f"w{i}", PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True, seed=i))
-             for i in range(3)]
+    group = [
+        GenerationRequest(f"w{i}", PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True, seed=i))
+        for i in range(3)
+    ]
 
     async def scenario():
         task = asyncio.ensure_future(engine.generate(group))

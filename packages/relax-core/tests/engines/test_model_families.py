@@ -23,13 +23,23 @@ from relax.core.testing.trainer import torch_trainer
 
 pytestmark = pytest.mark.timeout(600)
 WINDOW = 6  # shorter than every quick-start prompt: the window really drops positions
-SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-         "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 256}
+SIZES = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+}
 FAMILIES = {  # name: (config class, extra fields, continuous batching)
     "llama": ("LlamaConfig", {}, True),
     "glm4": ("Glm4Config", {}, True),
-    "gemma3_text": ("Gemma3TextConfig", {"sliding_window": WINDOW,
-                                         "layer_types": ["sliding_attention", "full_attention"]}, False),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+        False,
+    ),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}, False),
 }
 
@@ -41,16 +51,23 @@ def build_family(directory: Path, family: str, seed: int = 0) -> str:
 
     cls, extra, _ = FAMILIES[family]
     tokenizer = build_tokenizer()
-    ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
-    config = getattr(transformers, cls)(vocab_size=len(tokenizer), tie_word_embeddings=False, **SIZES, **ids, **extra)
+    ids = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": None,
+    }
+    config = getattr(transformers, cls)(
+        vocab_size=len(tokenizer), tie_word_embeddings=False, **SIZES, **ids, **extra
+    )
     assert config.model_type == family
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         for p in model.parameters():  # fresh norms are all ones (or zeros): noise makes every weight count
             p.data.add_(0.05 * torch.randn_like(p))
-    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id
+    )
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return str(directory)
@@ -74,19 +91,27 @@ def test_engine_decodes_every_family_as_the_trainer_scores_it(family_dir, caplog
     prompts = [tok.encode("12+3=?"), tok.encode("7*8-2= ?"), tok.encode("12+3=?"), tok.encode("9-4=")]
     params = [SamplingParams(max_new_tokens=8, seed=i, ignore_eos=i % 2 == 0) for i in range(len(prompts))]
     requests = [GenerationRequest(str(i), p, params[i]) for i, p in enumerate(prompts)]
-    requests[3] = GenerationRequest("3", prompts[3], params[3], prefix_response_ids=tok.encode("5 "),
-                                    prefix_logprobs=[0.0, 0.0], prefix_versions=[0, 0])
+    requests[3] = GenerationRequest(
+        "3",
+        prompts[3],
+        params[3],
+        prefix_response_ids=tok.encode("5 "),
+        prefix_logprobs=[0.0, 0.0],
+        prefix_versions=[0, 0],
+    )
     results = run_async(engine.generate(requests), 120)
     assert all(r.finish_reason in ("stop", "length") and r.response_ids for r in results)
     assert len(results[0].response_ids) == 8  # ignore_eos: the full budget, well past the window
-    samples = [Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids)
-               for i, (p, r) in enumerate(zip(prompts, results, strict=True))]
+    samples = [
+        Sample(prompt_ids=p, group_id=i, response_ids=r.response_ids)
+        for i, (p, r) in enumerate(zip(prompts, results, strict=True))
+    ]
     batch = collate(samples, engine.pad_token_id)
     trained = torch_trainer(model_dir).forward_logprobs(batch)
     for i, r in enumerate(results):
         start = 2 if i == 3 else 0  # the resumed prefix's logprobs are the caller's
         got = torch.tensor(r.logprobs[start:])
-        want = trained[i, start:len(r.response_ids)]
+        want = trained[i, start : len(r.response_ids)]
         assert (got - want).abs().max() <= 1e-4, (family, i, (got - want).abs().max())
 
 
@@ -113,15 +138,23 @@ def test_static_batches_rescore_after_a_weight_update(tmp_path):
     assert result.versions == [0, 0, 0, 1, 1, 1]
     ids = torch.tensor([prompt + result.response_ids])
     with torch.no_grad():
-        lps = torch.log_softmax(engine.model(input_ids=ids).logits[0, len(prompt) - 1:-1], -1)
+        lps = torch.log_softmax(engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1], -1)
     want = lps.gather(-1, torch.tensor(result.response_ids)[:, None]).squeeze(-1)[3:]
     assert (want - torch.tensor(result.logprobs[3:])).abs().max() <= 1e-5
 
 
 SMALL = [
-    "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8",
-    "trainer.micro_batch_size=8", "data.task_size=50", "logging.progress=false", "logging.console=false",
-    "logging.tensorboard=false", "logging.plot=false", "checkpoint.save_hf_final=false", "checkpoint.resume=never",
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples_per_prompt=4",
+    "rollout.max_new_tokens=8",
+    "trainer.micro_batch_size=8",
+    "data.task_size=50",
+    "logging.progress=false",
+    "logging.console=false",
+    "logging.tensorboard=false",
+    "logging.plot=false",
+    "checkpoint.save_hf_final=false",
+    "checkpoint.resume=never",
 ]
 
 
@@ -132,8 +165,10 @@ def test_the_quickstart_trains_every_family(family_dir, tmp_path):
     from relax.core.controller.run import run
 
     family, model_dir = family_dir
-    cfg = load_config(None, [*SMALL, f"model.path={model_dir}", "rollout.host=driver", "total_steps=2",
-                             f"run_dir={tmp_path}"])
+    cfg = load_config(
+        None,
+        [*SMALL, f"model.path={model_dir}", "rollout.host=driver", "total_steps=2", f"run_dir={tmp_path}"],
+    )
     assert run(cfg)["steps"] == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -147,10 +182,14 @@ def test_static_batches_pause_and_abort_at_token_boundaries(tmp_path):
     """The static path honours pause (no token while paused) and abort (rows end "abort" with their tokens)."""
     import asyncio
 
-    engine = HFRolloutEngine(build_family(tmp_path, "mistral"), max_batch_size=1)  # two batches, one after the other
+    engine = HFRolloutEngine(
+        build_family(tmp_path, "mistral"), max_batch_size=1
+    )  # two batches, one after the other
     prompt = engine.tokenizer.encode("12+3=?")
-    requests = [GenerationRequest(str(i), prompt, SamplingParams(max_new_tokens=50, seed=i, ignore_eos=True))
-                for i in range(2)]
+    requests = [
+        GenerationRequest(str(i), prompt, SamplingParams(max_new_tokens=50, seed=i, ignore_eos=True))
+        for i in range(2)
+    ]
 
     async def scenario():
         task = asyncio.ensure_future(engine.generate(requests))

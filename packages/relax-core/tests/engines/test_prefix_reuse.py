@@ -29,7 +29,9 @@ MB = 2**20
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.getbasetemp())  # the conformance kit's model, built once per session
+    return tiny_model_dir(
+        tmp_path_factory.getbasetemp()
+    )  # the conformance kit's model, built once per session
 
 
 def kv(length: int, layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -74,7 +76,10 @@ def test_lru_by_bytes_evicts_oldest_and_used_entries_first():
     assert cache.longest_prefix([2] * 11, version=0) is None
     assert cache.longest_prefix([1] * 11, version=0).length == 10
     cache.put([5] * 10, kv(10), version=0)  # 1 just served a hit: evicted before 3, the oldest unused
-    assert cache.longest_prefix([1] * 11, version=0) is None and cache.longest_prefix([3] * 11, version=0).length == 10
+    assert (
+        cache.longest_prefix([1] * 11, version=0) is None
+        and cache.longest_prefix([3] * 11, version=0).length == 10
+    )
     assert cache.nbytes == 3 * size and cache.stats()["prefix_cache_evictions"] == 2
     cache.put([6] * 40, kv(40), version=0)  # bigger than the whole cache: not kept, nothing evicted
     assert len(cache) == 3 and cache.longest_prefix([6] * 41, version=0) is None
@@ -103,7 +108,9 @@ def test_row_after_gap_joins_cached_and_new_positions():
     # row 1 of a cache: 3 cached columns (1 real) + 2 new columns (1 real); values name the column
     columns = torch.arange(5, dtype=torch.float32)[None, None, :, None].expand(2, 1, 5, 2).contiguous()
     cache = DynamicCache(ddp_cache_data=[(columns, columns + 10)])
-    (keys, values), = kv_batch.row_layers_after_gap(cache, 1, cache_width=3, cached_length=1, suffix_length=1)
+    ((keys, values),) = kv_batch.row_layers_after_gap(
+        cache, 1, cache_width=3, cached_length=1, suffix_length=1
+    )
     assert keys[0, 0, :, 0].tolist() == [2.0, 4.0] and values[0, 0, :, 0].tolist() == [12.0, 14.0]
 
 
@@ -118,8 +125,12 @@ def continue_turns(engine, turns: int, new_weights_at: int | None = None, weight
         before = engine.health()
         if turn == new_weights_at:
             engine.update_weights(weights, version=turn)
-        requests = [GenerationRequest(f"{i}/t{turn}", h, SamplingParams(max_new_tokens=8, seed=100 * turn + i), continues=True)
-                    for i, h in enumerate(history)]  # fmt: skip
+        requests = [
+            GenerationRequest(
+                f"{i}/t{turn}", h, SamplingParams(max_new_tokens=8, seed=100 * turn + i), continues=True
+            )
+            for i, h in enumerate(history)
+        ]
         if turn == 2:
             requests.append(GenerationRequest("fresh", [9, 9, 9], SamplingParams(max_new_tokens=5, seed=3)))
         out = asyncio.run(engine.generate(requests))
@@ -141,18 +152,25 @@ def assert_same(reused, fresh):
 
 @pytest.mark.parametrize("capacity_mb", [16.0, 0.05])
 def test_continued_turns_equal_re_prefilling_them(model_dir, capacity_mb):
-    reused_engine, fresh_engine = HFRolloutEngine(model_dir, prefix_cache_mb=capacity_mb), HFRolloutEngine(model_dir)
+    reused_engine, fresh_engine = (
+        HFRolloutEngine(model_dir, prefix_cache_mb=capacity_mb),
+        HFRolloutEngine(model_dir),
+    )
     (reused, counts), (fresh, _) = continue_turns(reused_engine, 4), continue_turns(fresh_engine, 4)
     assert_same(reused, fresh)
     assert counts[0] == (len(PROMPTS), 0)  # one lookup per distinct context (a group shares its prefill)
-    assert len({len(r.response_ids) for t in fresh for r in t}) > 2, "precondition: responses of several lengths"
+    assert len({len(r.response_ids) for t in fresh for r in t}) > 2, (
+        "precondition: responses of several lengths"
+    )
     health = reused_engine.health()
     assert health["prefix_cache_bytes"] <= capacity_mb * MB
     assert reused_engine.stats["prefill_tokens"] < fresh_engine.stats["prefill_tokens"]
     if capacity_mb >= 1:  # room for everything: every continued turn is a hit, the fresh prompt a miss
         assert [hits for _, hits in counts] == [0, counts[1][0], counts[2][0] - 1, counts[3][0]]
         assert counts[1][0] >= len(PROMPTS)
-        assert health["prefix_cache_hit_rate"] == pytest.approx(health["prefix_cache_hits"] / health["prefix_cache_lookups"])
+        assert health["prefix_cache_hit_rate"] == pytest.approx(
+            health["prefix_cache_hits"] / health["prefix_cache_lookups"]
+        )
         assert reused_engine.stats["prefill_tokens"] < fresh_engine.stats["prefill_tokens"] / 3
     else:  # room for a few entries only: some turns re-prefill, outputs are the same
         assert health["prefix_cache_evictions"] > 0 and 0 < health["prefix_cache_hits"] < 3 * 2 * len(PROMPTS)
@@ -181,7 +199,9 @@ def test_rows_decoded_across_a_weight_update_are_not_kept(model_dir):
     same_weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
 
     async def scenario():
-        req = GenerationRequest("v", PROMPTS[0], SamplingParams(max_new_tokens=6, ignore_eos=True, seed=1), continues=True)
+        req = GenerationRequest(
+            "v", PROMPTS[0], SamplingParams(max_new_tokens=6, ignore_eos=True, seed=1), continues=True
+        )
         task = asyncio.ensure_future(engine.generate([req]))
         for _ in range(3):  # the engine yields once per token
             await asyncio.sleep(0)
@@ -200,13 +220,18 @@ def test_hosted_engine_never_serves_kv_of_weights_before_a_publish(model_dir):
     from relax.core.engines.hosted import HostedHFEngine
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    hosted = HostedHFEngine(model, AutoTokenizer.from_pretrained(model_dir), model_path=model_dir, prefix_cache_mb=16)
+    hosted = HostedHFEngine(
+        model, AutoTokenizer.from_pretrained(model_dir), model_path=model_dir, prefix_cache_mb=16
+    )
     plain = HFRolloutEngine(model_dir, model=model, tokenizer=hosted.tokenizer)  # same module, nothing kept
     prompt = PROMPTS[0]
 
     def turn(engine, ids, seed):
-        return asyncio.run(engine.generate([GenerationRequest("h", ids, SamplingParams(max_new_tokens=6, seed=seed),
-                                                              continues=True)]))[0]
+        return asyncio.run(
+            engine.generate(
+                [GenerationRequest("h", ids, SamplingParams(max_new_tokens=6, seed=seed), continues=True)]
+            )
+        )[0]
 
     first = turn(hosted, prompt, 1)
     second_prompt = prompt + first.response_ids + OBSERVATION
@@ -253,10 +278,22 @@ def rollout(model_dir, engine):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     limits = EpisodeLimits(max_turns=4, max_total_tokens=200, turn_timeout_s=10.0)
     turns = Turns(OneLine(), NoToolCalls(), tokenizer, limits, stop_token_ids(tokenizer))
-    prompt = tokenizer("<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-    groups = [[Sample(prompt_ids=list(prompt), group_id=g, index_in_group=i) for i in range(2)] for g in range(2)]
+    prompt = tokenizer("<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)[
+        "input_ids"
+    ]
+    groups = [
+        [Sample(prompt_ids=list(prompt), group_id=g, index_in_group=i) for i in range(2)] for g in range(2)
+    ]
     params = SamplingParams(max_new_tokens=6, stop_token_ids=tuple(stop_token_ids(tokenizer)))
-    for _ in stream_groups(EngineRouter([LocalHandle(Blocking(engine))]), groups, params, seed=3, step=1, timeout_s=60, turns=turns):
+    for _ in stream_groups(
+        EngineRouter([LocalHandle(Blocking(engine))]),
+        groups,
+        params,
+        seed=3,
+        step=1,
+        timeout_s=60,
+        turns=turns,
+    ):
         pass
     return [s for g in groups for s in g]
 
@@ -284,6 +321,8 @@ class TestHFEngineWithPrefixCacheConformance(RolloutEngineConformance):
 def test_requests_no_later_turn_continues_keep_nothing(model_dir):
     """Single-completion rollouts (``continues`` False) pay nothing for the cache."""
     engine = HFRolloutEngine(model_dir, prefix_cache_mb=64)
-    requests = [GenerationRequest(str(i), p, SamplingParams(max_new_tokens=4, seed=i)) for i, p in enumerate(PROMPTS)]
+    requests = [
+        GenerationRequest(str(i), p, SamplingParams(max_new_tokens=4, seed=i)) for i, p in enumerate(PROMPTS)
+    ]
     asyncio.run(engine.generate(requests))
     assert engine.health()["prefix_cache_entries"] == 0

@@ -70,8 +70,10 @@ def test_untruncated_rows_are_the_same_with_or_without_a_truncated_neighbour():
     torch.testing.assert_close(plain[1], (logits[1] / 0.7).log_softmax(-1))
     torch.testing.assert_close(plain[2], logits[2].log_softmax(-1))
     mixed = sampling_logprobs(
-        torch.cat([logits, logits[:1]]), torch.cat([temperature, torch.ones(1)]),
-        torch.tensor([0, 50, 0, 5]), torch.tensor([1.0, 1.0, 1.0, 0.9]),
+        torch.cat([logits, logits[:1]]),
+        torch.cat([temperature, torch.ones(1)]),
+        torch.tensor([0, 50, 0, 5]),
+        torch.tensor([1.0, 1.0, 1.0, 0.9]),
     )
     torch.testing.assert_close(mixed[:3], plain, atol=0, rtol=0)
     assert torch.isinf(mixed[3]).sum() >= 45  # the fourth row is truncated to at most 5 tokens

@@ -62,7 +62,8 @@ def test_template_end_token_added_beside_a_different_eos():
     qwen_base = word_tokenizer(specials, CHATML, eos="<|endoftext|>")
     assert stop_token_ids(qwen_base) == ids(qwen_base, "<|endoftext|>", "<|im_end|>")
     llama3 = word_tokenizer(
-        ["<unk>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], LLAMA3,
+        ["<unk>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        LLAMA3,
         eos="<|end_of_text|>",
     )
     assert chat_end_token_ids(llama3) == ids(llama3, "<|eot_id|>")

@@ -27,8 +27,10 @@ def engine(moe_dirs):
 
 
 def greedy(engine, steps=5):
-    reqs = [GenerationRequest(str(i), p, SamplingParams(temperature=0.0, max_new_tokens=steps, ignore_eos=True))
-            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    reqs = [
+        GenerationRequest(str(i), p, SamplingParams(temperature=0.0, max_new_tokens=steps, ignore_eos=True))
+        for i, p in enumerate(PROMPTS)
+    ]
     return [r.response_ids for r in asyncio.run(engine.generate(reqs))]
 
 
@@ -76,8 +78,15 @@ def test_a_wrong_expert_name_or_shape_names_it_and_writes_nothing(engine, name, 
 
 def test_rules_mirror_transformers_qwen3_moe_mapping(engine):
     rules = weight_names.expert_rules(engine.model)
-    name, expert, rule = weight_names.fused_slot("model.language_model.layers.0.mlp.experts.12.up_proj.weight", rules)
+    name, expert, rule = weight_names.fused_slot(
+        "model.language_model.layers.0.mlp.experts.12.up_proj.weight", rules
+    )
     assert (name, expert, rule.part, rule.parts, rule.dim) == (
-        "model.language_model.layers.0.mlp.experts.gate_up_proj", 12, 1, 2, 0)  # fmt: skip
+        "model.language_model.layers.0.mlp.experts.gate_up_proj",
+        12,
+        1,
+        2,
+        0,
+    )
     assert weight_names.fused_slot("model.layers.0.mlp.gate.weight", rules) is None
     assert weight_names.fused_slot("model.layers.0.xmlp.experts.1.down_proj.weight", rules) is None

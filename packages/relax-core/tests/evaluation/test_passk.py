@@ -9,14 +9,17 @@ import pytest
 from relax.core.evaluation.passk import extract_answer, ks_for, maj_at_k, mean_at_k, pass_at_k
 
 
-@pytest.mark.parametrize(("n", "c", "k", "expected"), [
-    (5, 2, 1, 0.4),  # c / n
-    (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
-    (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
-    (4, 0, 2, 0.0),
-    (4, 4, 1, 1.0),
-    (4, 3, 2, 1.0),  # n - c < k: every pair holds a correct one
-])
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (5, 2, 1, 0.4),  # c / n
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+        (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+        (4, 0, 2, 0.0),
+        (4, 4, 1, 1.0),
+        (4, 3, 2, 1.0),  # n - c < k: every pair holds a correct one
+    ],
+)
 def test_pass_at_k_matches_the_hand_computed_value(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 

@@ -8,12 +8,23 @@ from relax.core.data import Sample
 from relax.core.evaluation.report import completion_rows, set_metrics
 
 
-def _group(gid: int, answers: list[str], label: str, source: str | None = None, truncated: int = 0) -> list[Sample]:
+def _group(
+    gid: int, answers: list[str], label: str, source: str | None = None, truncated: int = 0
+) -> list[Sample]:
     out = []
     for i, text in enumerate(answers):
-        s = Sample(prompt_ids=[1], group_id=gid, index_in_group=i, prompt_text=f"p{gid}", label=label,
-                   metadata={"data_source": source} if source else {}, response_ids=[5] * (len(text) + 1),
-                   response_text=text, versions=[3] * (len(text) + 1), finish_reason="length" if i < truncated else "stop")
+        s = Sample(
+            prompt_ids=[1],
+            group_id=gid,
+            index_in_group=i,
+            prompt_text=f"p{gid}",
+            label=label,
+            metadata={"data_source": source} if source else {},
+            response_ids=[5] * (len(text) + 1),
+            response_text=text,
+            versions=[3] * (len(text) + 1),
+            finish_reason="length" if i < truncated else "stop",
+        )
         s.reward = 1.0 if text == label else 0.0
         s.reward_info = {"score": s.reward}
         out.append(s)
@@ -21,11 +32,16 @@ def _group(gid: int, answers: list[str], label: str, source: str | None = None, 
 
 
 def test_metrics_of_two_prompts_by_hand():
-    groups = [_group(0, ["7", "3", "7", "1"], "7", "math", truncated=1), _group(1, ["2", "2", "2", "5"], "5", "gsm")]
+    groups = [
+        _group(0, ["7", "3", "7", "1"], "7", "math", truncated=1),
+        _group(1, ["2", "2", "2", "5"], "5", "gsm"),
+    ]
     m = set_metrics(groups, "data_source")
     assert m["accuracy"] == pytest.approx(3 / 8)
     assert m["pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
-    assert m["pass@2"] == pytest.approx(((1 - 1 / 6) + (1 - 3 / 6)) / 2)  # 1 - C(2,2)/C(4,2), 1 - C(3,2)/C(4,2)
+    assert m["pass@2"] == pytest.approx(
+        ((1 - 1 / 6) + (1 - 3 / 6)) / 2
+    )  # 1 - C(2,2)/C(4,2), 1 - C(3,2)/C(4,2)
     assert m["pass@4"] == 1.0
     assert m["mean@4"] == pytest.approx(3 / 8)
     assert m["maj@4"] == pytest.approx(0.5)  # "7" wins prompt 0 (right), "2" wins prompt 1 (wrong)

@@ -27,8 +27,16 @@ ROWS, ROW = 2, 256
 def build(moe: bool, attn: str, dtype: torch.dtype):
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    common = dict(vocab_size=512, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=2, head_dim=32, attn_implementation=attn)  # fmt: skip
+    common = dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        attn_implementation=attn,
+    )
     torch.manual_seed(0)
     if moe:
         config = Qwen3MoeConfig(**common, moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2)
@@ -60,7 +68,9 @@ def saved_for_backward(model, ids: torch.Tensor) -> int:
 def test_activation_term_matches_saved_tensors(moe, attn, dtype):
     config, model = build(moe, attn, dtype)
     shape = shape_from_config(config.to_dict())
-    assert shape.total_params() == sum(p.numel() for p in model.parameters())  # exact, experts and norms included
+    assert shape.total_params() == sum(
+        p.numel() for p in model.parameters()
+    )  # exact, experts and norms included
     ids = torch.randint(0, 512, (ROWS, ROW), generator=torch.Generator().manual_seed(0))
     layout = TrainLayout(world=1, flash_attention=attn == "sdpa")  # SDPA on CPU keeps no S x S tensor
     nbytes = 4 if dtype == torch.float32 else 2
@@ -68,7 +78,9 @@ def test_activation_term_matches_saved_tensors(moe, attn, dtype):
     measured = saved_for_backward(model, ids)
     assert 0.85 <= estimate / measured <= 1.15, (estimate, measured)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    kept = activation_terms(shape, layout, ROWS * ROW, ROW, nbytes, "full")["activations (layer inputs, recompute)"]
+    kept = activation_terms(shape, layout, ROWS * ROW, ROW, nbytes, "full")[
+        "activations (layer inputs, recompute)"
+    ]
     measured_kept = saved_for_backward(model, ids)
     assert 0.85 <= kept / measured_kept <= 1.15, (kept, measured_kept)
     assert measured_kept < measured / 5  # what recompute is for
@@ -81,8 +93,10 @@ def test_eager_attention_term_is_what_sdpa_does_not_keep():
     shape = shape_from_config(config.to_dict())
     ids = torch.randint(0, 512, (ROWS, ROW), generator=torch.Generator().manual_seed(0))
     measured = saved_for_backward(eager, ids) - saved_for_backward(sdpa, ids)
-    terms = [activation_terms(shape, TrainLayout(world=1, flash_attention=flash), ROWS * ROW, ROW, 4, "off")
-             for flash in (False, True)]  # fmt: skip
+    terms = [
+        activation_terms(shape, TrainLayout(world=1, flash_attention=flash), ROWS * ROW, ROW, 4, "off")
+        for flash in (False, True)
+    ]
     estimate = terms[0]["activations"] - terms[1]["activations"]
     assert 0.85 <= estimate / measured <= 1.15, (estimate, measured)
 
@@ -103,7 +117,9 @@ def test_state_term_is_the_bytes_after_a_real_adamw_step():
         "weights": 0,
         "fp32 masters": sum(p.nbytes for p in params),
         "gradients": sum(p.grad.nbytes for p in params),
-        "optimizer (AdamW)": sum(v.nbytes for s in optimizer.state.values() for k, v in s.items() if k != "step"),
+        "optimizer (AdamW)": sum(
+            v.nbytes for s in optimizer.state.values() for k, v in s.items() if k != "step"
+        ),
     }
     estimate = state_terms(shape, replicated(1, "float32", autocast=True), 4)
     assert estimate == {k: float(v) for k, v in held.items()}

@@ -47,7 +47,8 @@ def test_a_plan_over_the_gpu_names_the_term_that_overflows():
     cfg = load_config(path, ["rollout.engine_params.mem_fraction_static=0.1"])  # 8 GiB: 7.5 weights, 0.5 KV
     assert plan_for(cfg, 80).errors() == [
         "memory plan: an engine's KV cache holds 3696 tokens, less than one row of 9216 (data.max_prompt_length + "
-        "the response): raise its memory fraction, or its tensor parallelism"]
+        "the response): raise its memory fraction, or its tensor parallelism"
+    ]
     cfg = load_config(path, ["cluster.gpus=4"])
     assert plan_for(cfg, 80).errors() == ["memory plan: the run reserves 8 GPUs, cluster.gpus states 4"]
 
@@ -55,10 +56,17 @@ def test_a_plan_over_the_gpu_names_the_term_that_overflows():
 def test_recompute_and_token_budget_shrink_activations():
     path = REPO / RECIPES["dapo-math-grpo"].example
     peak = {
-        over: max(d.total for d in plan_for(load_config(path, list(over)), 80).devices if d.name.startswith("trainer"))
-        for over in [("trainer.recompute='off'",), ("trainer.recompute=full",),
-                     ("trainer.recompute=full", "trainer.max_tokens_per_micro_batch=9216")]
-    }  # fmt: skip
+        over: max(
+            d.total
+            for d in plan_for(load_config(path, list(over)), 80).devices
+            if d.name.startswith("trainer")
+        )
+        for over in [
+            ("trainer.recompute='off'",),
+            ("trainer.recompute=full",),
+            ("trainer.recompute=full", "trainer.max_tokens_per_micro_batch=9216"),
+        ]
+    }
     off, full, small = peak.values()
     assert off > full > small
 
@@ -67,7 +75,9 @@ def test_relax_plan_prints_every_gpu_and_exits_2_when_it_does_not_fit(capsys):
     example = str(REPO / RECIPES["dapo-math-grpo"].example)
     assert main(["plan", example]) == 0
     out = capsys.readouterr().out
-    assert "trainer GPU" in out and "engine GPU" in out and "policy optimizer (AdamW)" in out and "fits" in out
+    assert (
+        "trainer GPU" in out and "engine GPU" in out and "policy optimizer (AdamW)" in out and "fits" in out
+    )
     assert "8 GPUs reserved of 8 stated" in out
     assert main(["plan", example, "--gpu-memory", "40"]) == 2
     out = capsys.readouterr().out
@@ -91,7 +101,13 @@ def test_relax_validate_refuses_a_plan_that_does_not_fit(tmp_path, capsys):
 def test_nested_configs_plan_the_trained_model_only():
     """A media model's LM is its text config with its towers; a speech generator beside it is not trained."""
     omni = shape_from_config(bundled_config("Qwen3-Omni-30B-A3B-Instruct"))
-    assert (omni.hidden, omni.layers, omni.experts, omni.moe_layers, omni.tied_embeddings) == (2048, 48, 128, 48, False)
+    assert (omni.hidden, omni.layers, omni.experts, omni.moe_layers, omni.tied_embeddings) == (
+        2048,
+        48,
+        128,
+        48,
+        False,
+    )
     assert 30.5e9 < omni.total_params() < 32e9 and 0.9e9 < omni.tower_params < 1.5e9
     vl = shape_from_config(bundled_config("Qwen3-VL-4B-Instruct"))
     assert abs(vl.total_params() / 4.44e9 - 1) < 0.01  # the published parameter count
@@ -121,7 +137,7 @@ def test_the_docs_recipe_table_is_the_generated_one():
 
     page = (REPO / "docs" / "gpu.md").read_text()
     assert BEGIN in page and END in page
-    written = page[page.index(BEGIN): page.index(END) + len(END)]
+    written = page[page.index(BEGIN) : page.index(END) + len(END)]
     assert written == markdown(), "docs/gpu.md's recipe table drifted from the memory plan: regenerate it"
 
 
@@ -137,10 +153,14 @@ def test_backend_layouts_split_what_they_split():
     plain, sharded = trainer_terms(), trainer_terms("trainer.backend_params.distributed_optimizer=true")
     for term, ratio in (("policy fp32 masters", 2), ("policy optimizer (AdamW)", 2), ("policy gradients", 1)):
         assert plain[term] == pytest.approx(ratio * sharded[term]), term
-    one, two = (plan_for(load_config(path, [f"rollout.engine_params.tp_size={tp}", "cluster.gpus=12"]), 80)
-                for tp in (1, 2))  # fmt: skip
+    one, two = (
+        plan_for(load_config(path, [f"rollout.engine_params.tp_size={tp}", "cluster.gpus=12"]), 80)
+        for tp in (1, 2)
+    )
     assert (one.gpus, two.gpus) == (8, 12)
-    weights = [next(d.terms["engine weights"] for d in p.devices if d.name.startswith("engine")) for p in (one, two)]
+    weights = [
+        next(d.terms["engine weights"] for d in p.devices if d.name.startswith("engine")) for p in (one, two)
+    ]
     assert weights[0] == pytest.approx(2 * weights[1])
 
 
@@ -152,8 +172,10 @@ def test_every_example_on_gpus_states_them_and_fits():
     on_gpu = []
     for path in sorted((REPO / "examples").rglob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
-        devices = [str(((data.get(s) or {}).get(p) or {}).get("device", "")) for s, p in
-                   (("trainer", "backend_params"), ("rollout", "engine_params"))]  # fmt: skip
+        devices = [
+            str(((data.get(s) or {}).get(p) or {}).get("device", ""))
+            for s, p in (("trainer", "backend_params"), ("rollout", "engine_params"))
+        ]
         if any(d.startswith("cuda") for d in devices):
             on_gpu.append(path.relative_to(REPO).as_posix())
             cluster = data.get("cluster") or {}

@@ -19,8 +19,10 @@ from relax.core.policy_update.token_budget import (
 def long_tailed_batch():
     """Six rows: prompts 2-4 tokens, responses 1-3 tokens except one of 12 (the long tail)."""
     rows = [(2, 1), (3, 2), (4, 12), (2, 3), (3, 1), (4, 2)]
-    samples = [Sample(prompt_ids=list(range(5, 5 + p)), group_id=i, response_ids=list(range(20, 20 + r)))
-               for i, (p, r) in enumerate(rows)]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=list(range(5, 5 + p)), group_id=i, response_ids=list(range(20, 20 + r)))
+        for i, (p, r) in enumerate(rows)
+    ]
     batch = collate(samples, pad_id=0)
     batch["advantages"] = torch.arange(6.0)[:, None] * batch["response_mask"]
     return batch

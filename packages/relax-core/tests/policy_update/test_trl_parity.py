@@ -26,13 +26,29 @@ G, MAX_NEW, ENTROPY_COEF, CLIP = 4, 4, 0.02, 0.2
 PROMPTS = ["3+4=", "1+2=", "9+9="]
 #: completions as text (EOS appended where "$" ends one), and each one's reward: group 0 mixed (one truncated
 #: at the limit, no EOS), group 1 all equal (zero std: advantage 0), group 2 mixed, EOS right away in one
-COMPLETIONS = [("7$", 1.0), ("7$", 1.0), ("12$", 0.0), ("7777", 0.0),
-               ("3$", 1.0), ("3$", 1.0), ("3$", 1.0), ("3$", 1.0),
-               ("18$", 1.0), ("$", 0.0), ("1=8", 0.0), ("18$", 1.0)]  # fmt: skip
+COMPLETIONS = [
+    ("7$", 1.0),
+    ("7$", 1.0),
+    ("12$", 0.0),
+    ("7777", 0.0),
+    ("3$", 1.0),
+    ("3$", 1.0),
+    ("3$", 1.0),
+    ("3$", 1.0),
+    ("18$", 1.0),
+    ("$", 0.0),
+    ("1=8", 0.0),
+    ("18$", 1.0),
+]
 MATCHED = AlgorithmConfig(
-    advantage_estimator="grpo", policy_loss="ppo", loss_agg_mode="token-mean", clip_ratio_low=CLIP,
-    clip_ratio_high=CLIP, entropy_coef=ENTROPY_COEF, advantage_params={"epsilon": 1e-4},
-)  # fmt: skip
+    advantage_estimator="grpo",
+    policy_loss="ppo",
+    loss_agg_mode="token-mean",
+    clip_ratio_low=CLIP,
+    clip_ratio_high=CLIP,
+    entropy_coef=ENTROPY_COEF,
+    advantage_params={"epsilon": 1e-4},
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +66,10 @@ def tokenizer(model_dir):
 @pytest.fixture(scope="module")
 def completion_ids(tokenizer):
     eos = tokenizer.eos_token_id
-    return [tokenizer.encode(text.rstrip("$"), add_special_tokens=False) + [eos] * text.endswith("$")
-            for text, _ in COMPLETIONS]  # fmt: skip
+    return [
+        tokenizer.encode(text.rstrip("$"), add_special_tokens=False) + [eos] * text.endswith("$")
+        for text, _ in COMPLETIONS
+    ]
 
 
 def trl_trainer(model_dir, tmp_path, generate, reward, **overrides):
@@ -62,12 +80,28 @@ def trl_trainer(model_dir, tmp_path, generate, reward, **overrides):
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(
-        output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, num_generations=G,
-        per_device_train_batch_size=len(COMPLETIONS), steps_per_generation=1, gradient_accumulation_steps=1,
-        max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=CLIP, epsilon_high=CLIP,
-        entropy_coef=ENTROPY_COEF, loss_type="dapo", scale_rewards="group", report_to="none", save_strategy="no",
-        disable_tqdm=True, **overrides,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "trl"),
+        use_cpu=True,
+        bf16=False,
+        num_generations=G,
+        per_device_train_batch_size=len(COMPLETIONS),
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_completion_length=MAX_NEW,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=CLIP,
+        epsilon_high=CLIP,
+        entropy_coef=ENTROPY_COEF,
+        loss_type="dapo",
+        scale_rewards="group",
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        **overrides,
+    )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32"),
         reward_funcs=lambda prompts, completions, **_: [reward(c) for c in completions],
@@ -101,8 +135,10 @@ def trl_step(model_dir, tmp_path, tokenizer, completion_ids, old_logprobs=None):
 
 def relax_batch(prompt_ids, completion_ids, rewards, pad_id):
     """Collated rows (groups of ``G`` consecutive rows) with core's advantages."""
-    samples = [Sample(prompt_ids=list(p), group_id=i // G, index_in_group=i % G, response_ids=list(c), reward=r)
-               for i, (p, c, r) in enumerate(zip(prompt_ids, completion_ids, rewards, strict=True))]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=list(p), group_id=i // G, index_in_group=i % G, response_ids=list(c), reward=r)
+        for i, (p, c, r) in enumerate(zip(prompt_ids, completion_ids, rewards, strict=True))
+    ]
     batch = collate(samples, pad_id=pad_id)
     inputs = AdvantageInputs(
         rewards=batch["rewards"], response_mask=batch["response_mask"], index=batch["group_index"]

@@ -104,7 +104,9 @@ def test_release_and_lease_expiry_redeliver_but_ack_is_final():
     assert again.keys == second.keys
     start = time.monotonic()  # never acked: the lease runs out and the rows come back
     expired = q.get("trainer", ["response"], batch_size=2, timeout=2, group_aware=False)
-    assert expired.keys == second.keys and 0.15 < time.monotonic() - start  # after the lease, within get's timeout
+    assert (
+        expired.keys == second.keys and 0.15 < time.monotonic() - start
+    )  # after the lease, within get's timeout
     q.ack("trainer", expired.keys)
     with pytest.raises(TimeoutError):
         q.get("trainer", ["response"], batch_size=1, timeout=0.3)

@@ -179,11 +179,20 @@ def test_checkpoint_restore_through_client(ray_local):
 
 def test_small_tensors_round_trip_inline_with_dtype_and_values(ray_local):
     client = TransferQueueClient.create(capacity=8, consumers=["c"])
-    values = [torch.arange(6, dtype=torch.int64), torch.randn(3, 4), torch.randn(5).to(torch.bfloat16), torch.tensor(True)]
+    values = [
+        torch.arange(6, dtype=torch.int64),
+        torch.randn(3, 4),
+        torch.randn(5).to(torch.bfloat16),
+        torch.tensor(True),
+    ]
     client.put_rows(1, [{"t": v} for v in values])
     got = client.get("c", ["t"], 4, timeout=10, group_aware=False).data["t"]
     for sent, received in zip(values, got, strict=True):
-        assert isinstance(received, torch.Tensor) and received.dtype == sent.dtype and torch.equal(received, sent)
+        assert (
+            isinstance(received, torch.Tensor)
+            and received.dtype == sent.dtype
+            and torch.equal(received, sent)
+        )
 
 
 def test_get_acks_the_previous_batch_and_any_part_count_decodes(ray_local):

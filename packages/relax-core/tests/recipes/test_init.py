@@ -18,15 +18,21 @@ CASES = [(None, mode) for mode in (None, *MODES)] + [
 ]
 
 
-@pytest.mark.parametrize(("recipe", "mode"), CASES, ids=[f"{r or 'starter'}-{m or 'default'}" for r, m in CASES])
+@pytest.mark.parametrize(
+    ("recipe", "mode"), CASES, ids=[f"{r or 'starter'}-{m or 'default'}" for r, m in CASES]
+)
 def test_every_offered_combination_validates(recipe, mode):
     text = starter_text(recipe, mode)
     cfg = validate_text(text)
-    assert cfg.mode == (mode or yaml.safe_load(template(RECIPES[recipe].template if recipe else "starter.yaml"))["mode"])
+    assert cfg.mode == (
+        mode or yaml.safe_load(template(RECIPES[recipe].template if recipe else "starter.yaml"))["mode"]
+    )
     assert cfg.max_staleness == (0 if cfg.mode == "colocate" else 1)
     assert text.startswith("# ") and text.count("\n#") >= 3  # the commentary survives the edit
     if mode == "colocate" and recipe is not None:
-        assert cfg.weight_sync.transport == "sglang_tensor" and cfg.rollout.release_memory  # GPUs shared in turns
+        assert (
+            cfg.weight_sync.transport == "sglang_tensor" and cfg.rollout.release_memory
+        )  # GPUs shared in turns
 
 
 def test_cli_writes_refuses_to_overwrite_and_forces(tmp_path, monkeypatch, capsys):
@@ -34,7 +40,9 @@ def test_cli_writes_refuses_to_overwrite_and_forces(tmp_path, monkeypatch, capsy
     assert main(["init"]) == 0
     written = (tmp_path / "relax.yaml").read_text()
     assert written == template("starter.yaml") and "relax run relax.yaml" in capsys.readouterr().out
-    load_config(tmp_path / "relax.yaml", check_paths=True)  # null paths: the quick-start's, built on first use
+    load_config(
+        tmp_path / "relax.yaml", check_paths=True
+    )  # null paths: the quick-start's, built on first use
     (tmp_path / "relax.yaml").write_text("mine\n")
     assert main(["init"]) == 2
     assert "relax.yaml exists; pass --force" in capsys.readouterr().err
@@ -73,13 +81,17 @@ note: "a # in quotes"
 def test_set_field_keeps_lines_and_comments():
     out = set_field(SECTION, "mode", "colocate")
     assert "mode: colocate          # why async\n" in out and out.replace("colocate", "async", 1) == SECTION
-    out = set_field(SECTION, "weight_sync.params", {})  # a section replaced by a flow value drops its children
+    out = set_field(
+        SECTION, "weight_sync.params", {}
+    )  # a section replaced by a flow value drops its children
     assert "  params: {}\n  bucket_mb: 512\n" in out and "backend" not in out
     out = set_field(SECTION, "weight_sync.transport", "object_store", note="across nodes")
     assert "  transport: object_store  # across nodes\n" in out
     out = set_field(SECTION, "rollout.release_memory", True)  # missing section and key: appended
-    assert out.endswith("rollout:\n  release_memory: true\n") and yaml.safe_load(out)["rollout"] == {"release_memory": True}
+    assert out.endswith("rollout:\n  release_memory: true\n") and yaml.safe_load(out)["rollout"] == {
+        "release_memory": True
+    }
     out = set_field(SECTION, "weight_sync.every_n_steps", 2)  # missing key: at the end of its section
     assert "  bucket_mb: 512\n  every_n_steps: 2\nnote:" in out
     out = set_field(SECTION, "note", "plain")
-    assert 'note: plain\n' in out  # " #" inside the quoted value was no comment
+    assert "note: plain\n" in out  # " #" inside the quoted value was no comment

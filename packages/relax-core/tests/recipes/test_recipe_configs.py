@@ -18,13 +18,36 @@ REPO = Path(__file__).resolve().parents[4]
 
 # fields a smoke variant may change: where it runs and how big it is, never what it trains
 SMOKE_MAY_CHANGE = (
-    "name", "run_dir", "total_steps", "mode", "max_staleness", "inputs.", "model.", "data.path",
-    "data.processor_params.media_root", "data.processor_params.min_pixels", "data.processor_params.max_pixels",
-    "rollout.engine", "rollout.engine_params", "rollout.num_engines", "rollout.prompts_per_step",
-    "rollout.n_samples_per_prompt", "rollout.max_new_tokens", "trainer.backend", "trainer.backend_params",
-    "trainer.micro_batch_size", "algorithm.critic.warmup_steps", "weight_sync.", "checkpoint.", "logging.", "ray.",
-    "eval.sets.heldout.path", "cluster.", "trainer.recompute", "trainer.max_tokens_per_micro_batch",
-)  # fmt: skip
+    "name",
+    "run_dir",
+    "total_steps",
+    "mode",
+    "max_staleness",
+    "inputs.",
+    "model.",
+    "data.path",
+    "data.processor_params.media_root",
+    "data.processor_params.min_pixels",
+    "data.processor_params.max_pixels",
+    "rollout.engine",
+    "rollout.engine_params",
+    "rollout.num_engines",
+    "rollout.prompts_per_step",
+    "rollout.n_samples_per_prompt",
+    "rollout.max_new_tokens",
+    "trainer.backend",
+    "trainer.backend_params",
+    "trainer.micro_batch_size",
+    "algorithm.critic.warmup_steps",
+    "weight_sync.",
+    "checkpoint.",
+    "logging.",
+    "ray.",
+    "eval.sets.heldout.path",
+    "cluster.",
+    "trainer.recompute",
+    "trainer.max_tokens_per_micro_batch",
+)
 
 
 def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -53,8 +76,14 @@ def test_smoke_variant_changes_only_sizes(name):
     changed = sorted(k for k in full.keys() | smoke.keys() if full.get(k) != smoke.get(k))
     unexpected = [k for k in changed if not k.startswith(SMOKE_MAY_CHANGE)]
     assert not unexpected, {k: (full.get(k), smoke.get(k)) for k in unexpected}
-    for key in ("algorithm.advantage_estimator", "algorithm.policy_loss", "reward.name", "data.prompt_key",
-                "data.label_key", "data.processor"):
+    for key in (
+        "algorithm.advantage_estimator",
+        "algorithm.policy_loss",
+        "reward.name",
+        "data.prompt_key",
+        "data.label_key",
+        "data.processor",
+    ):
         assert full[key] == smoke[key], key  # spelled out: the point of the smoke variant
     spec = DATASETS[recipe.dataset]
     assert smoke_cfg.inputs.name == f"{spec.name}-smoke" and smoke_cfg.model.path is None

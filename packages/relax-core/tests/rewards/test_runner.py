@@ -68,7 +68,9 @@ def test_sets_reward_and_info():
 def test_runs_concurrently_up_to_the_limit():
     reward = Slow(delay=0.1)
     stats = asyncio.run(score_samples(reward, samples([str(i) for i in range(20)]), max_concurrency=5))
-    assert reward.peak == 5  # five at a time, never more (behaviour, not a wall-clock bound a loaded machine breaks)
+    assert (
+        reward.peak == 5
+    )  # five at a time, never more (behaviour, not a wall-clock bound a loaded machine breaks)
     assert stats.scored == 20
 
 
@@ -219,7 +221,9 @@ def test_plain_def_scorers_reuse_daemon_threads_and_never_a_hung_one():
     assert stats.scored == 16  # the hung thread is busy forever: the calls went elsewhere
 
 
-@pytest.mark.parametrize("reward", [HangsSync(), HangsAsync(stubborn=True)], ids=["sync", "async-ignores-cancel"])
+@pytest.mark.parametrize(
+    "reward", [HangsSync(), HangsAsync(stubborn=True)], ids=["sync", "async-ignores-cancel"]
+)
 def test_scoring_loop_moves_on_and_stays_usable(reward):
     loop = ScoringLoop()
     for _ in range(2):  # the abandoned calls of the first round do not block the second
@@ -228,7 +232,9 @@ def test_scoring_loop_moves_on_and_stays_usable(reward):
         stats = loop.score(reward, ss, timeout_s=1.0, on_error="zero", fallback_score=-1.0)
         assert time.perf_counter() - t0 < 1.0 + 2.0
         assert [s.reward for s in ss] == [-1.0, 1.0] and stats.timeouts == 1
-    with pytest.raises(RewardError, match=r"reward 'HangsSync|HangsAsync'.*group 0 index 0: timed out after 1s"):
+    with pytest.raises(
+        RewardError, match=r"reward 'HangsSync|HangsAsync'.*group 0 index 0: timed out after 1s"
+    ):
         loop.score(reward, samples(["hang"]), timeout_s=1.0, on_error="raise")
 
 
@@ -263,7 +269,10 @@ class GroupJudge:
         if group[0].group_id == self.wrong_size_group:
             return [1.0]
         best = max(len(s.response_text) for s in group)
-        return [{"score": float(len(s.response_text) == best), "length": float(len(s.response_text))} for s in group]
+        return [
+            {"score": float(len(s.response_text) == best), "length": float(len(s.response_text))}
+            for s in group
+        ]
 
     def score_group(self, group):
         if group[0].group_id == self.hang_group:
@@ -306,8 +315,13 @@ def test_score_group_timeout_and_errors_count_every_sample_of_the_group(cls):
     assert time.perf_counter() - t0 < 1.0 + 2.0
     assert [s.reward for s in ss] == [0.25, 0.25, 1.0, 0.0, 0.25, 0.25, 0.25]
     assert (stats.scored, stats.errors, stats.timeouts) == (2, 3, 2)
-    assert "score_group returned 1 results for 3 samples" in stats.first_error or "timed out" in stats.first_error
-    with pytest.raises(RewardError, match=rf"reward '{cls.__name__}' on sample group 2: ValueError: score_group returned 1"):
+    assert (
+        "score_group returned 1 results for 3 samples" in stats.first_error
+        or "timed out" in stats.first_error
+    )
+    with pytest.raises(
+        RewardError, match=rf"reward '{cls.__name__}' on sample group 2: ValueError: score_group returned 1"
+    ):
         asyncio.run(score_samples(judge, grouped([["a"], ["b"], ["c", "cc"]])))
 
 
@@ -381,7 +395,9 @@ def test_the_bounded_call_is_public_for_rewards_that_call_rewards():
         with pytest.raises(ScorerTimeout, match="within 0.2s"):
             await bounded(call_scorer(hung, None), timeout_s=0.2)
         assert time.monotonic() - started < 20  # left behind, not waited for (it would take 30 s)
-        return await score_bounded(fast, None, timeout_s=5), await bounded(call_scorer(lambda s: 0.5, None), 5)
+        return await score_bounded(fast, None, timeout_s=5), await bounded(
+            call_scorer(lambda s: 0.5, None), 5
+        )
 
     (score, info), plain = asyncio.run(main())
     release.set()
@@ -426,5 +442,7 @@ def test_a_hung_plain_def_call_blames_only_its_sample_and_the_rest_are_scored():
 def test_on_error_raise_starts_no_plain_def_call_after_the_failure():
     reward = Sleeps(0.0)
     with pytest.raises(RewardError, match=r"group 0 index 1: ValueError: bad sample"):
-        asyncio.run(score_samples(reward, samples(["a", "bad", *"cdefgh"]), max_concurrency=1, on_error="raise"))
+        asyncio.run(
+            score_samples(reward, samples(["a", "bad", *"cdefgh"]), max_concurrency=1, on_error="raise")
+        )
     assert reward.began == ["a", "bad"]

@@ -43,6 +43,10 @@ def test_written_file_goes_through_prompt_dataset(tmp_path):
     path = write_arithmetic_jsonl(tmp_path / "q" / "train.jsonl", 64, seed=5)
     lines = path.read_text().splitlines()
     assert [json.loads(ln) for ln in lines] == arithmetic_rows(64, seed=5)
-    ds = PromptDataset(DatasetConfig(str(path), batch_size=8, shuffle=False, apply_chat_template=False, max_prompt_length=None))
+    ds = PromptDataset(
+        DatasetConfig(
+            str(path), batch_size=8, shuffle=False, apply_chat_template=False, max_prompt_length=None
+        )
+    )
     first = ds.next_batch()[0]
     assert (first.prompt_text, first.label) == (json.loads(lines[0])["prompt"], json.loads(lines[0])["label"])

@@ -1,6 +1,5 @@
 """The built-in HF engine passes the rollout-engine conformance suite."""
 
-
 from relax.core.engines.hf import HFRolloutEngine
 from relax.core.testing import RolloutEngineConformance
 

@@ -432,7 +432,9 @@ def test_transport_suite_catches(env, test_name, fault):
             release.set()
 
 
-@pytest.mark.parametrize("test_name", ["test_repeated_syncs_leave_no_files_behind", "test_engine_error_is_raised_naming_it"])
+@pytest.mark.parametrize(
+    "test_name", ["test_repeated_syncs_leave_no_files_behind", "test_engine_error_is_raised_naming_it"]
+)
 def test_transport_suite_passes_the_unfaulted_transport(env, test_name):
     suite = TransportSuite()
     with scratch_tempdir() as scratch:

@@ -84,4 +84,6 @@ def test_kit_failures_show_the_values_compared():
     suite.fault = "redelivers"
     with pytest.raises(AssertionError) as err:
         suite.test_handed_out_rows_are_not_handed_out_again()
-    assert "[0, 1] == [2, 3]" in str(err.value), f"no compared values in: {err.value}"  # 2nd batch repeats the 1st
+    assert "[0, 1] == [2, 3]" in str(err.value), (
+        f"no compared values in: {err.value}"
+    )  # 2nd batch repeats the 1st

@@ -41,11 +41,18 @@ def group(ray_local, cfg):
     ctx = trainer_context(cfg, cfg.model.path)
 
     def rank_args(info):
-        rank = replace(ctx, index=info.rank, world_size=info.world_size, master_addr=info.master_addr,
-                       master_port=info.master_port)
+        rank = replace(
+            ctx,
+            index=info.rank,
+            world_size=info.world_size,
+            master_addr=info.master_addr,
+            master_port=info.master_port,
+        )
         return (cfg, rank), {"num_threads": 1}
 
-    g = spawn(TrainerRole, "trainer", reserved.trainer_options(), rank_args, reserved.node_ids(trainer_only.trainer))
+    g = spawn(
+        TrainerRole, "trainer", reserved.trainer_options(), rank_args, reserved.node_ids(trainer_only.trainer)
+    )
     ray.get(g.handles[0].lead.remote(g.peers()))
     yield g
     g.kill()

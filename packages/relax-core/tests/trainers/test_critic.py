@@ -146,7 +146,10 @@ def test_token_budget_micro_batches_give_the_same_values_and_update(tmp_path):
     model_dir = build_tiny_model(tmp_path / "m", seed=2)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     batch = make_batch(make_samples(tokenizer, rows=8, seed=4), tokenizer.pad_token_id)
-    plain, budget = Critic(model_dir, lr=1e-3, micro_batch_size=3), Critic(model_dir, lr=1e-3, micro_batch_size=3, max_tokens=14)
+    plain, budget = (
+        Critic(model_dir, lr=1e-3, micro_batch_size=3),
+        Critic(model_dir, lr=1e-3, micro_batch_size=3, max_tokens=14),
+    )
     values = plain.forward_values(batch)
     torch.testing.assert_close(budget.forward_values(batch), values, atol=1e-6, rtol=0)
     batch = {**batch, "values": values, "returns": values + batch["advantages"]}

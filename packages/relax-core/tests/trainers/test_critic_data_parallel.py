@@ -16,7 +16,9 @@ from relax.core.controller.contexts import plugin_params, trainer_context
 from relax.core.quickstart_model import build_tiny_model
 from relax.core.testing import make_batch, make_samples
 
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # critic_weights' lambda runs in the rank actors
+ray.cloudpickle.register_pickle_by_value(
+    sys.modules[__name__]
+)  # critic_weights' lambda runs in the rank actors
 
 CRITIC_METRICS = ("vf_loss", "vf_clip_frac", "values_mean", "critic_grad_norm")
 
@@ -24,13 +26,23 @@ CRITIC_METRICS = ("vf_loss", "vf_clip_frac", "values_mean", "critic_grad_norm")
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("critic-dp-model"), seed=3, initializer_range=0.2)
-    return load_config(None, [
-        f"model.path={path}", f"run_dir={tmp_path_factory.mktemp('critic-dp-run')}", "trainer.lr=0.001",
-        "rollout.prompts_per_step=3", "rollout.n_samples_per_prompt=2", "trainer.micro_batch_size=2",
-        "trainer.num_minibatches=2", "algorithm.advantage_estimator=gae", "algorithm.critic.enable=true",
-        "algorithm.critic.lr=0.001", "algorithm.critic.warmup_steps=1",
-        "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
-    ])  # fmt: skip
+    return load_config(
+        None,
+        [
+            f"model.path={path}",
+            f"run_dir={tmp_path_factory.mktemp('critic-dp-run')}",
+            "trainer.lr=0.001",
+            "rollout.prompts_per_step=3",
+            "rollout.n_samples_per_prompt=2",
+            "trainer.micro_batch_size=2",
+            "trainer.num_minibatches=2",
+            "algorithm.advantage_estimator=gae",
+            "algorithm.critic.enable=true",
+            "algorithm.critic.lr=0.001",
+            "algorithm.critic.warmup_steps=1",
+            "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
+        ],
+    )
 
 
 def ppo_batch(model_path: str, values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -48,8 +60,12 @@ def ppo_batch(model_path: str, values: torch.Tensor | None = None) -> dict[str, 
 
 def critic_weights(handle) -> dict[str, torch.Tensor]:
     """The critic of one rank actor (``call`` goes to rank 0 only)."""
-    return ray.get(handle.__ray_call__.remote(lambda role: {k: v.clone() for k, v in role.trainer.critic.model.state_dict().items()}),
-                   timeout=60)  # fmt: skip
+    return ray.get(
+        handle.__ray_call__.remote(
+            lambda role: {k: v.clone() for k, v in role.trainer.critic.model.state_dict().items()}
+        ),
+        timeout=60,
+    )
 
 
 def test_world_size_2_trains_the_critic_like_world_size_1(cfg, group, tmp_path):
@@ -68,7 +84,9 @@ def test_world_size_2_trains_the_critic_like_world_size_1(cfg, group, tmp_path):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (step, key)
     assert got["actor_updated"] == 1.0
     expected, w0, w1 = single.critic.model.state_dict(), critic_weights(leader), critic_weights(peer)
-    assert sum(float((expected[k] - before[k]).norm()) for k in before) > 1e-3, "the critic did not move: vacuous"
+    assert sum(float((expected[k] - before[k]).norm()) for k in before) > 1e-3, (
+        "the critic did not move: vacuous"
+    )
     for name, ref in expected.items():
         assert torch.equal(w0[name], w1[name]), f"critic replicas diverged on {name}"
         torch.testing.assert_close(w0[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
@@ -86,7 +104,11 @@ def test_relax_validate_takes_a_critic_at_any_world_size_and_names_what_the_back
     they still refuse at start-up, relax validate refuses first (megatron's critic: relax-megatron's tests)."""
     from relax.core.config import ConfigError
 
-    critic = [f"trainer.backend={backend}", "algorithm.advantage_estimator=gae", "algorithm.critic.enable=true"]
+    critic = [
+        f"trainer.backend={backend}",
+        "algorithm.advantage_estimator=gae",
+        "algorithm.critic.enable=true",
+    ]
     for world in (1, 2, 4):
         cfg = load_config(None, [*critic, f"trainer.backend_params={{world_size: {world}}}"])
         assert cfg.algorithm.critic.enable and cfg.trainer.backend_params.world_size == world

@@ -21,12 +21,21 @@ from relax.core.trainers.torch_trainer import trainer_from_context
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("dp-model"), seed=3, initializer_range=0.2)
-    return load_config(None, [
-        f"model.path={path}", f"run_dir={tmp_path_factory.mktemp('dp-run')}", "trainer.lr=0.001",
-        "rollout.prompts_per_step=3", "rollout.n_samples_per_prompt=2",
-        "trainer.micro_batch_size=2", "trainer.num_minibatches=3", "trainer.grad_clip=0.5",
-        "algorithm.entropy_coef=0.01", "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
-    ])
+    return load_config(
+        None,
+        [
+            f"model.path={path}",
+            f"run_dir={tmp_path_factory.mktemp('dp-run')}",
+            "trainer.lr=0.001",
+            "rollout.prompts_per_step=3",
+            "rollout.n_samples_per_prompt=2",
+            "trainer.micro_batch_size=2",
+            "trainer.num_minibatches=3",
+            "trainer.grad_clip=0.5",
+            "algorithm.entropy_coef=0.01",
+            "trainer.backend_params={world_size: 2, num_cpus: 0.5}",
+        ],
+    )
 
 
 def make_batch(rows: int = 5) -> dict[str, torch.Tensor]:
@@ -96,8 +105,9 @@ def test_world_size_2_gives_the_same_update_as_world_size_1(cfg, group):
 
     # after two steps the weights differ by float summation order only (as between two micro-batch
     # sizes at world_size 1: ~6e-6 on these logprobs), so the logprobs agree to that level
-    torch.testing.assert_close(ray.get(leader.forward_logprobs.remote(batch)), single.forward_logprobs(batch),
-                               rtol=0, atol=5e-5)
+    torch.testing.assert_close(
+        ray.get(leader.forward_logprobs.remote(batch)), single.forward_logprobs(batch), rtol=0, atol=5e-5
+    )
 
 
 def test_checkpoint_is_written_by_rank_0_and_loaded_by_every_rank(cfg, group, tmp_path):

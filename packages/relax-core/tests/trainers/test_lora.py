@@ -84,12 +84,19 @@ def test_engine_logprobs_equal_trainer_logprobs_after_an_adapter_sync(model_dir,
     served = engine.state_dict()
     changed = {n for n in served if not torch.equal(served[n], base[n])}
     assert changed and all(n.endswith("_proj.weight") for n in changed)
-    requests = [GenerationRequest(request_id=str(i), prompt_ids=[5 + i, 9, 12, 7],
-                                  params=SamplingParams(max_new_tokens=6, temperature=1.0, seed=i, ignore_eos=True))
-                for i in range(4)]  # fmt: skip
+    requests = [
+        GenerationRequest(
+            request_id=str(i),
+            prompt_ids=[5 + i, 9, 12, 7],
+            params=SamplingParams(max_new_tokens=6, temperature=1.0, seed=i, ignore_eos=True),
+        )
+        for i in range(4)
+    ]
     results = run_async(engine.generate(requests), timeout_s=120)
-    samples = [Sample(prompt_ids=r.prompt_ids, response_ids=res.response_ids, group_id=0)
-               for r, res in zip(requests, results, strict=True)]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=r.prompt_ids, response_ids=res.response_ids, group_id=0)
+        for r, res in zip(requests, results, strict=True)
+    ]
     scored = trained.forward_logprobs(collate(samples, pad_id=0))
     for i, res in enumerate(results):
         torch.testing.assert_close(
@@ -181,8 +188,13 @@ def test_policy_and_reference_forwards_may_run_at_once(trained, batch):
 
     policy, reference = trained.forward_logprobs(batch), trained.forward_reference_logprobs(batch)
     with ThreadPoolExecutor(2) as pool:
-        runs = [(pool.submit(trained.forward_logprobs, batch), pool.submit(trained.forward_reference_logprobs, batch))
-                for _ in range(8)]  # fmt: skip
+        runs = [
+            (
+                pool.submit(trained.forward_logprobs, batch),
+                pool.submit(trained.forward_reference_logprobs, batch),
+            )
+            for _ in range(8)
+        ]
         for p, r in runs:
             assert torch.equal(p.result(), policy) and torch.equal(r.result(), reference)
 
@@ -201,7 +213,9 @@ def test_modules_to_save_train_with_fp32_masters_on_a_bfloat16_base(model_dir, b
     masters too: at lr 1e-6 AdamW moves nearly every element, where a bf16 copy (spacing 2^-7 near 1.0) could move
     none. The forward still runs (fp32 copy inside a bf16 model) and the export goes out in the engines' bf16."""
     lora = LoraConfig(rank=4, alpha=8.0, modules_to_save=["norm"])
-    trainer = TorchTrainer(model_dir, objective=objective, lr=1e-6, micro_batch_size=8, lora=lora, dtype="bfloat16")
+    trainer = TorchTrainer(
+        model_dir, objective=objective, lr=1e-6, micro_batch_size=8, lora=lora, dtype="bfloat16"
+    )
     before = {n: t.clone() for n, t in saved_copies(trainer.model).items()}
     assert before and {t.dtype for t in before.values()} == {torch.float32}
     assert all(torch.equal(t.bfloat16() + 1e-6, t.bfloat16()) for t in before.values())  # bf16 would not move

@@ -14,20 +14,26 @@ def test_lora_section_is_typed_and_off_by_default():
     assert cfg.trainer.lora == LoraConfig(rank=4, target_modules=["q_proj", "v_proj"])
 
 
-@pytest.mark.parametrize(("override", "field"), [
-    ("trainer.lora.rank=0", "trainer.lora.rank"),
-    ("trainer.lora.dropout=1.0", "trainer.lora.dropout"),
-    ("trainer.lora.target_modules=[]", "trainer.lora.target_modules"),
-    ("trainer.lora.ranks=4", "trainer.lora.ranks: unknown key"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("trainer.lora.rank=0", "trainer.lora.rank"),
+        ("trainer.lora.dropout=1.0", "trainer.lora.dropout"),
+        ("trainer.lora.target_modules=[]", "trainer.lora.target_modules"),
+        ("trainer.lora.ranks=4", "trainer.lora.ranks: unknown key"),
+    ],
+)
 def test_bad_lora_fields_are_named(override, field):
     with pytest.raises(ConfigError, match=field):
         load_config(None, [override])
 
 
-@pytest.mark.parametrize(("plugin", "overrides", "names"), [
-    ("megatron", ["trainer.backend=megatron"], "trainer.backend megatron"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("plugin", "overrides", "names"),
+    [
+        ("megatron", ["trainer.backend=megatron"], "trainer.backend megatron"),
+    ],
+)
 def test_backends_and_engines_without_lora_refuse_it_at_validation(plugin, overrides, names):
     kinds = ("trainer", "rollout_engine")
     if not any(plugin in get_plugin_manager().names(kind) for kind in kinds):

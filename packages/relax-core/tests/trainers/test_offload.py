@@ -39,8 +39,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
 def snapshot(trainer) -> dict[str, torch.Tensor]:
     """Copies of every parameter, buffer and optimizer-state tensor (the critic's too), by a stable key."""
     out = {}
-    for owner, module, optimizer in ((".", trainer.model, trainer.optimizer),
-                                     ("critic.", *_critic_parts(trainer))):  # fmt: skip
+    for owner, module, optimizer in (
+        (".", trainer.model, trainer.optimizer),
+        ("critic.", *_critic_parts(trainer)),
+    ):
         if module is None:
             continue
         for name, t in (*module.named_parameters(), *module.named_buffers()):
@@ -169,5 +171,7 @@ def test_offloader_refuses_unknown_parts_and_names_phase_metrics():
         Offloader("cpu", [module], []).offload(["weights"])
     snap = {"mem_gb": 1.5, "mem_reserved_gb": 2.0, "rss_gb": 3.0}
     assert phase_metrics("after_offload", snap) == {
-        "perf/mem_after_offload_gb": 1.5, "perf/mem_reserved_after_offload_gb": 2.0, "perf/rss_after_offload_gb": 3.0,
-    }  # fmt: skip
+        "perf/mem_after_offload_gb": 1.5,
+        "perf/mem_reserved_after_offload_gb": 2.0,
+        "perf/rss_after_offload_gb": 3.0,
+    }

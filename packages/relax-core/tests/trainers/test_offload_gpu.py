@@ -28,8 +28,13 @@ def fsdp_cuda(model_dir: str):
     from relax.core.trainers.fsdp.params import FSDPParams
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
-    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), params=FSDPParams(device="cuda"),
-                       dtype="bfloat16", **KW)  # fmt: skip
+    return FSDPTrainer(
+        model_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        params=FSDPParams(device="cuda"),
+        dtype="bfloat16",
+        **KW,
+    )
 
 
 def cuda_state(trainer) -> list[torch.Tensor]:

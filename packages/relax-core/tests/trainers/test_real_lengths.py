@@ -31,17 +31,34 @@ def long_tailed(rows: int = 10, seed: int = 0) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     samples = []
     for i in range(rows):
-        prompt = torch.randint(4, 20, (2 + (i // 2) % 4,), generator=torch.Generator().manual_seed(i // 2)).tolist()
+        prompt = torch.randint(
+            4, 20, (2 + (i // 2) % 4,), generator=torch.Generator().manual_seed(i // 2)
+        ).tolist()
         length = 32 if i == 3 else 1 + (i * 5) % 4
-        samples.append(Sample(prompt_ids=prompt, group_id=i // 2, response_ids=torch.randint(4, 20, (length,), generator=gen).tolist()))
+        samples.append(
+            Sample(
+                prompt_ids=prompt,
+                group_id=i // 2,
+                response_ids=torch.randint(4, 20, (length,), generator=gen).tolist(),
+            )
+        )
     batch = collate(samples, pad_id=0)
-    batch["advantages"] = torch.where(torch.arange(rows)[:, None] % 3 == 0, 1.0, -0.4) * batch["response_mask"]
+    batch["advantages"] = (
+        torch.where(torch.arange(rows)[:, None] % 3 == 0, 1.0, -0.4) * batch["response_mask"]
+    )
     return batch
 
 
 def make(model_dir, **kw):
     # lr 1e-3 / eps 1e-4: float noise in a near-zero gradient moves a weight by at most ~lr * noise / eps
-    kw = {"objective": ppo_objective, "lr": 1e-3, "eps": 1e-4, "micro_batch_size": 4, "num_minibatches": 2, **kw}
+    kw = {
+        "objective": ppo_objective,
+        "lr": 1e-3,
+        "eps": 1e-4,
+        "micro_batch_size": 4,
+        "num_minibatches": 2,
+        **kw,
+    }
     return TorchTrainer(model_dir, **kw)
 
 
@@ -84,13 +101,21 @@ def step(model_dir, batch, **kw):
     return metrics, params(trainer)
 
 
-@pytest.mark.parametrize("variant", [
-    {"max_tokens_per_micro_batch": 40},
-    {"max_tokens_per_micro_batch": 40, "pack_sequences": True},
-    {"pack_sequences": True, "logits_chunk_tokens": 7},
-    {"recompute": "full", "logits_chunk_tokens": 3},
-    {"recompute": "full", "pack_sequences": True, "max_tokens_per_micro_batch": 40, "logits_chunk_tokens": 5},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"max_tokens_per_micro_batch": 40},
+        {"max_tokens_per_micro_batch": 40, "pack_sequences": True},
+        {"pack_sequences": True, "logits_chunk_tokens": 7},
+        {"recompute": "full", "logits_chunk_tokens": 3},
+        {
+            "recompute": "full",
+            "pack_sequences": True,
+            "max_tokens_per_micro_batch": 40,
+            "logits_chunk_tokens": 5,
+        },
+    ],
+)
 def test_a_training_step_equals_the_fixed_row_padded_step(variant, text_dir):
     batch = long_tailed()
     want_metrics, want_params = step(text_dir, batch, logits_chunk_tokens=0)  # today's path: full logits
@@ -105,7 +130,9 @@ def test_token_budget_metrics_show_fewer_padded_positions(text_dir):
     fixed, _ = step(text_dir, batch)
     budget, _ = step(text_dir, batch, max_tokens_per_micro_batch=40)
     packed, _ = step(text_dir, batch, max_tokens_per_micro_batch=40, pack_sequences=True)
-    assert fixed["perf/padding_frac"] > 0.5 > budget["perf/padding_frac"]  # the long tail pads every fixed-row micro-batch
+    assert (
+        fixed["perf/padding_frac"] > 0.5 > budget["perf/padding_frac"]
+    )  # the long tail pads every fixed-row micro-batch
     assert packed["perf/padding_frac"] == 0.0
     assert fixed["perf/micro_batches"] == 2  # 5 rows per mini-batch, 4 per micro-batch
     assert packed["perf/peak_rss_gb"] > 0
@@ -125,14 +152,18 @@ def test_full_recompute_runs_each_block_twice_per_training_forward(text_dir):
         trainer.train_step(batch_with_old)
         counts[mode] = len(calls)
     assert counts["off"] == len(layers) * 2  # prompt-shared forward: the prompts, then the responses
-    assert counts["full"] == 2 * len(layers)  # one plain forward (recompute turns prompt sharing off), again in backward
+    assert counts["full"] == 2 * len(
+        layers
+    )  # one plain forward (recompute turns prompt sharing off), again in backward
     assert [len(make(text_dir, recompute=m).recomputed) for m in ("off", "full")] == [0, len(layers)]
     with pytest.raises(ValueError, match="trainer.recompute: 'selective'"):
         make(text_dir, recompute="selective")
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+)
 def test_on_cuda_packed_chunked_budget_logprobs_equal_padded_and_take_less_memory(text_dir):
     """On a GPU: packed rows (per-row causal SDPA, or the model's flash-attention varlen kernels), chunked
     logprobs and a token budget give the padded path's logprobs, and the step's allocator peak is lower."""
@@ -140,7 +171,9 @@ def test_on_cuda_packed_chunked_budget_logprobs_equal_padded_and_take_less_memor
     kw = {"device": "cuda", "micro_batch_size": 16}
     padded = make(text_dir, logits_chunk_tokens=0, **kw)
     real = make(text_dir, pack_sequences=True, max_tokens_per_micro_batch=64, logits_chunk_tokens=8, **kw)
-    torch.testing.assert_close(real.forward_logprobs(batch), padded.forward_logprobs(batch), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        real.forward_logprobs(batch), padded.forward_logprobs(batch), atol=1e-4, rtol=0
+    )
     peaks = [trainer.train_step(dict(batch))["perf/peak_mem_gb"] for trainer in (padded, real)]
     assert peaks[1] < peaks[0], peaks
 
@@ -158,15 +191,19 @@ def test_media_rows_run_packed_with_their_own_m_rope_positions(tmp_path, family)
     batch = media_batch(model_dir, tmp_path)
     padded, packed = make(model_dir), make(model_dir, pack_sequences=True, max_tokens_per_micro_batch=4096)
     shapes = []
-    packed.model.register_forward_pre_hook(lambda _, args, kw: shapes.append(tuple(kw["position_ids"].shape)),
-                                           with_kwargs=True)  # fmt: skip
+    packed.model.register_forward_pre_hook(
+        lambda _, args, kw: shapes.append(tuple(kw["position_ids"].shape)), with_kwargs=True
+    )
     want, got = padded.forward_logprobs(batch), packed.forward_logprobs(batch)
     assert want.abs().sum() > 0
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     real = int(batch["attention_mask"].sum())
     assert shapes == [(3, 1, real)]  # one packed forward, three rope axes per real token
     batch["old_logprobs"] = want
-    ref, new = learning_metrics(padded.train_step(dict(batch))), learning_metrics(packed.train_step(dict(batch)))
+    ref, new = (
+        learning_metrics(padded.train_step(dict(batch))),
+        learning_metrics(packed.train_step(dict(batch))),
+    )
     for key in ("loss", "entropy", "grad_norm"):
         assert new[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), key
 
@@ -178,8 +215,16 @@ def test_a_model_that_transforms_its_logits_keeps_the_full_logits_path():
     from relax.core.trainers.response_forward import ResponseLogits
 
     torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=8, final_logit_softcapping=2.0)  # fmt: skip
+    config = Gemma2Config(
+        vocab_size=24,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        final_logit_softcapping=2.0,
+    )
     model = Gemma2ForCausalLM(config).eval()
     forward = ResponseLogits(model, share_prompts=False)
     assert forward.heads is None

@@ -34,7 +34,9 @@ def grouped_batch(groups: int = 4, group_size: int = 4, seed: int = 0) -> dict[s
     return out
 
 
-def plain_and_shared(trainer: TorchTrainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def plain_and_shared(
+    trainer: TorchTrainer, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     trainer.share_prompts = False
     plain = trainer._response_logits(batch)
     trainer.share_prompts = True
@@ -96,8 +98,14 @@ def test_train_steps_match_the_plain_forward(model_dir):
     batch = grouped_batch()
     results = []
     for share in (False, True):
-        trainer = TorchTrainer(model_dir, objective=ppo_objective, lr=1e-3, micro_batch_size=8, num_minibatches=2,
-                               share_prompts=share)  # fmt: skip
+        trainer = TorchTrainer(
+            model_dir,
+            objective=ppo_objective,
+            lr=1e-3,
+            micro_batch_size=8,
+            num_minibatches=2,
+            share_prompts=share,
+        )
         results.append((learning_metrics(trainer.train_step(dict(batch))), params(trainer)))
     (plain_metrics, plain_params), (shared_metrics, shared_params) = results
     assert plain_metrics.keys() == shared_metrics.keys()
@@ -110,7 +118,9 @@ def test_train_steps_match_the_plain_forward(model_dir):
 
 def test_a_sliding_window_cache_falls_back_to_the_plain_forward(tmp_path):
     """Rows of a sliding-window cache cannot be repeated: the trainer says so once and goes plain."""
-    model_dir = build_tiny_model(tmp_path, seed=1, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    model_dir = build_tiny_model(
+        tmp_path, seed=1, use_sliding_window=True, sliding_window=4, max_window_layers=0
+    )
     trainer = TorchTrainer(model_dir, objective=ppo_objective)
     batch = grouped_batch(groups=2, group_size=3)
     with torch.no_grad():

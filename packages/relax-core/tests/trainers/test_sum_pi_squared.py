@@ -23,8 +23,11 @@ def model_dir(tmp_path_factory):
 def samples():
     gen = torch.Generator().manual_seed(2)
     return [
-        Sample(prompt_ids=torch.randint(4, 24, (2 + i % 3,), generator=gen).tolist(), group_id=i // 2,
-               response_ids=torch.randint(4, 24, (1 + (i * 2) % 5,), generator=gen).tolist())
+        Sample(
+            prompt_ids=torch.randint(4, 24, (2 + i % 3,), generator=gen).tolist(),
+            group_id=i // 2,
+            response_ids=torch.randint(4, 24, (1 + (i * 2) % 5,), generator=gen).tolist(),
+        )
         for i in range(7)
     ]
 

@@ -63,9 +63,19 @@ def test_positive_advantage_raises_logprob_and_metrics_are_real(model_dir, batch
     assert after[pos].mean() > before[pos].mean() + 0.1
     assert after[~pos & (mask > 0)].mean() < before[~pos & (mask > 0)].mean()
     first = metrics[0]
-    assert set(first) == {"loss", "grad_norm", "lr", "entropy", "ratio_mean", "skipped_nonfinite",
-                          "rollout_logprob_abs_diff", "rollout_k3_kl",  # old logprobs computed here
-                          "perf/micro_batches", "perf/padding_frac", "perf/peak_rss_gb"}
+    assert set(first) == {
+        "loss",
+        "grad_norm",
+        "lr",
+        "entropy",
+        "ratio_mean",
+        "skipped_nonfinite",
+        "rollout_logprob_abs_diff",
+        "rollout_k3_kl",  # old logprobs computed here
+        "perf/micro_batches",
+        "perf/padding_frac",
+        "perf/peak_rss_gb",
+    }
     assert first["entropy"] == pytest.approx(expected_entropy, abs=1e-5)
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # first step is on-policy
     assert first["lr"] == 1e-2 and first["grad_norm"] > 0 and first["skipped_nonfinite"] == 0.0
@@ -207,7 +217,10 @@ def test_nonfinite_loss_stops_naming_the_step_and_leaves_weights_alone(model_dir
     trainer = make(model_dir, objective=nan_on_call(2))
     trainer.train_step(batch)
     before = params(trainer)
-    with pytest.raises(NonFiniteError, match=r"train step 2: non-finite loss \(loss nan, grad_norm nan\); the update was not applied"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"train step 2: non-finite loss \(loss nan, grad_norm nan\); the update was not applied",
+    ):
         trainer.train_step(batch)
     assert_params_close(params(trainer), before, atol=0)
 
@@ -239,7 +252,9 @@ def test_infinite_lr_never_leaves_a_nan_model_even_in_skip_mode(model_dir, batch
     makes the weights non-finite, which no skip can undo, so the step fails either way."""
     for skip in (False, True):
         trainer = make(model_dir, lr=float("inf"), skip_nonfinite=skip)
-        with pytest.raises(NonFiniteError, match=r"train step 1: the update \(lr inf\) made the weights non-finite"):
+        with pytest.raises(
+            NonFiniteError, match=r"train step 1: the update \(lr inf\) made the weights non-finite"
+        ):
             trainer.train_step(batch)
 
 
@@ -257,9 +272,14 @@ def test_fused_old_logprobs_give_the_separate_forwards_loss_and_gradients(model_
     the old logprobs came from a separate forward (``forward_logprobs``) first."""
     kw = dict(micro_batch_size=4, num_minibatches=minibatches)
     separate, fused = make(model_dir, **kw), make(model_dir, **kw)
-    with_old = dict(batch, old_logprobs=separate.forward_logprobs(batch), rollout_logprobs=batch["rollout_logprobs"])
+    with_old = dict(
+        batch, old_logprobs=separate.forward_logprobs(batch), rollout_logprobs=batch["rollout_logprobs"]
+    )
     seen = []
-    fused.update.objective = lambda inputs: (seen.append(inputs.old_logprobs.requires_grad), ppo_objective(inputs))[1]
+    fused.update.objective = lambda inputs: (
+        seen.append(inputs.old_logprobs.requires_grad),
+        ppo_objective(inputs),
+    )[1]
     for _ in range(2):
         a, b = separate.train_step(dict(with_old)), fused.train_step(dict(batch))
         for key in ("loss", "grad_norm", "entropy", "ratio_mean"):
@@ -268,7 +288,9 @@ def test_fused_old_logprobs_give_the_separate_forwards_loss_and_gradients(model_
         with_old["old_logprobs"] = separate.forward_logprobs(batch)
     assert b["grad_norm"] > 0 and (minibatches > 1 or b["ratio_mean"] == pytest.approx(1.0, abs=1e-6))
     assert seen and not any(seen)  # the old logprobs never carry the graph
-    assert b["rollout_logprob_abs_diff"] > 0 and "rollout_logprob_abs_diff" not in a  # vs the fixture's rollout lp
+    assert (
+        b["rollout_logprob_abs_diff"] > 0 and "rollout_logprob_abs_diff" not in a
+    )  # vs the fixture's rollout lp
     assert fused.fuses_old_logprobs()
     # declared, and read by the controller through the declared capabilities (never probed by calling)
     assert "fuses_old_logprobs" in capabilities(fused) and declares(fused, "fuses_old_logprobs")
@@ -291,7 +313,9 @@ def test_exact_rollout_logprobs_are_the_later_minibatches_old_logprobs(model_dir
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     assert_params_close(params(scored), params(exact), atol=1e-6)
     assert b["rollout_logprob_abs_diff"] < 1e-6
-    c = wrong.train_step(dict(batch, rollout_logprobs=own - 0.5 * batch["response_mask"], rollout_logprobs_exact=flags))
+    c = wrong.train_step(
+        dict(batch, rollout_logprobs=own - 0.5 * batch["response_mask"], rollout_logprobs_exact=flags)
+    )
     assert c["ratio_mean"] > a["ratio_mean"] + 0.05  # exp(+0.5) on the second mini-batch's tokens
     assert c["rollout_logprob_abs_diff"] == pytest.approx(0.5, abs=1e-4)  # scored on the first: 0.5 off
     calls = []
@@ -313,7 +337,9 @@ def test_bf16_trains_fp32_masters_so_a_small_lr_still_moves_the_weights(model_di
         for _ in range(10):
             t.train_step(dict(batch))
         after = params(t)
-        changed[dtype] = sum(int((after[n] != before[n]).sum()) for n in before) / sum(v.numel() for v in before.values())
+        changed[dtype] = sum(int((after[n] != before[n]).sum()) for n in before) / sum(
+            v.numel() for v in before.values()
+        )
         assert {x.dtype for b in t.export_weights() for _, x in b} == {getattr(torch, dtype)}
     assert changed["float32"] > 0.9
     assert changed["bfloat16"] == pytest.approx(changed["float32"], abs=0.03), changed

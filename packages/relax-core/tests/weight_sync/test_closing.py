@@ -59,7 +59,9 @@ class Role:
 
     def sides(self) -> list[str]:
         """The temporary directories of the transport sides kept in this process."""
-        return [getattr(side, "_tmpdir", None) for _, side in self.__dict__.get("_relax_weight_sync", {}).values()]
+        return [
+            getattr(side, "_tmpdir", None) for _, side in self.__dict__.get("_relax_weight_sync", {}).values()
+        ]
 
     def engine_closed(self) -> int:
         return self.engine.closed
@@ -119,7 +121,13 @@ def test_run_all_runs_every_part_and_logs_the_failures(caplog):
     def fails():
         raise OSError("disk gone")
 
-    closing.run_all([("first", lambda: done.append(1)), ("the transport", fails), ("skipped", None),
-                     ("last", lambda: done.append(2))])
+    closing.run_all(
+        [
+            ("first", lambda: done.append(1)),
+            ("the transport", fails),
+            ("skipped", None),
+            ("last", lambda: done.append(2)),
+        ]
+    )
     assert done == [1, 2]
     assert "closing the transport failed: OSError: disk gone" in caplog.text

@@ -35,7 +35,9 @@ def test_each_new_engine_reads_the_probe_once_before_its_first_load(tmp_path):
     for engine in (first, second):  # what each engine's receiver was asked to read
         receiver = sync.local_receiver(engine)
         receiver.sees = lambda probe, token, engine=engine, check=receiver.sees: (
-            probed.append((engine, Path(probe).read_text())), check(probe, token))[1]
+            probed.append((engine, Path(probe).read_text())),
+            check(probe, token),
+        )[1]
     sync.sync(Trainer(), [first], 1)
     assert probed == [(first, sync.uid)] and first.version == 1
     sync.sync(Trainer(), [first], 2)  # already checked: not probed again
@@ -44,7 +46,10 @@ def test_each_new_engine_reads_the_probe_once_before_its_first_load(tmp_path):
     # the engines are asked concurrently, so in either order
     assert sorted(probed[1:], key=lambda seen: seen[0] is second) == [(first, sync.uid), (second, sync.uid)]
     assert second.version == 3
-    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v00000002", "v00000003"]  # probe removed
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == [
+        "v00000002",
+        "v00000003",
+    ]  # probe removed
     sync.close()
 
 
@@ -52,8 +57,11 @@ def test_an_engine_that_cannot_see_the_directory_fails_naming_it(tmp_path):
     sync = DiskSync(directory=str(tmp_path / "weights"), timeout_s=30)
     receiver = DiskReceiver(sync, Engine())
     elsewhere = tmp_path / "not-mounted-here" / PROBE
-    with pytest.raises(WeightSyncError, match=rf"weight_sync.params.directory {elsewhere.parent} is not visible from "
-                                              r"this engine's node .* \(a shared filesystem\)"):
+    with pytest.raises(
+        WeightSyncError,
+        match=rf"weight_sync.params.directory {elsewhere.parent} is not visible from "
+        r"this engine's node .* \(a shared filesystem\)",
+    ):
         receiver.sees(str(elsewhere), sync.uid)
     stale = tmp_path / "weights" / PROBE
     stale.parent.mkdir()
@@ -64,6 +72,9 @@ def test_an_engine_that_cannot_see_the_directory_fails_naming_it(tmp_path):
 
 def test_transports_declare_their_reach():
     assert {name: cls.reach for name, cls in TRANSPORTS.items()} == {
-        "in_process": "cluster", "object_store": "cluster", "broadcast": "cluster", "disk": "shared_path",
+        "in_process": "cluster",
+        "object_store": "cluster",
+        "broadcast": "cluster",
+        "disk": "shared_path",
         "shared_memory": "host",
     }

@@ -210,7 +210,9 @@ def test_engine_stopped_mid_transfer_is_named_within_timeout(quick, transport, t
         os.kill(pid, signal.SIGCONT)
     assert elapsed < 4 + 10, elapsed  # the timeout, plus grace for naming the culprit
     message = str(err.value)
-    assert f"engine[1] (RolloutRole actor {victim._actor_id.hex()[:12]})" in message and "within 4s" in message
+    assert (
+        f"engine[1] (RolloutRole actor {victim._actor_id.hex()[:12]})" in message and "within 4s" in message
+    )
     assert "engine[0]" not in message
     ray.kill(victim)
 
@@ -223,8 +225,13 @@ def test_engine_stopped_before_sync_is_named(quick, tmp_path):
     os.kill(pid, signal.SIGSTOP)
     start = time.monotonic()
     try:
-        with pytest.raises(WeightSyncError, match=rf"engine\[1\] \(RolloutRole actor {victim._actor_id.hex()[:12]}\).*within 4s"):
-            make_sync("broadcast", tmp_path, timeout_s=4, bucket_bytes=1 << 16).sync(trainer, [engines[0], victim], 300)
+        with pytest.raises(
+            WeightSyncError,
+            match=rf"engine\[1\] \(RolloutRole actor {victim._actor_id.hex()[:12]}\).*within 4s",
+        ):
+            make_sync("broadcast", tmp_path, timeout_s=4, bucket_bytes=1 << 16).sync(
+                trainer, [engines[0], victim], 300
+            )
     finally:
         os.kill(pid, signal.SIGCONT)
     assert time.monotonic() - start < 4 + 10
@@ -268,8 +275,13 @@ BIG_BUCKET = 8 << 20
 def big(ray_session, tmp_path_factory):
     """A ~50 MB Qwen3 (6x the bucket; MLP tensors of 3 MiB are sent directly by the broadcast)."""
     path = build_tiny_model(
-        tmp_path_factory.mktemp("big-model"), hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+        tmp_path_factory.mktemp("big-model"),
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
     )
     cfg = load_config(None, [])
     trainer, engine = start_trainer(cfg, path), start_engine(cfg, path, 0)
@@ -290,7 +302,9 @@ def test_driver_rss_does_not_grow_with_model_size(big, transport, tmp_path):
     for version in (2, 3, 4):
         sync.sync(trainer, [engine], version)
     peak_extra = (_status_kib("VmHWM") << 10) - rss_before
-    assert peak_extra < BIG_BUCKET // 2, f"driver peak RSS grew {peak_extra >> 10} KiB syncing {model_bytes >> 20} MiB"
+    assert peak_extra < BIG_BUCKET // 2, (
+        f"driver peak RSS grew {peak_extra >> 10} KiB syncing {model_bytes >> 20} MiB"
+    )
     assert ray.get(engine.weight_version.remote()) == 4
     served = ray.get(engine.call.remote("state_dict"))
     for name, tensor in exported(trainer).items():

@@ -37,10 +37,18 @@ class SkipsCopy(SharedMemorySync):
 
 def _batch(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    samples = [Sample(prompt_ids=torch.randint(4, 20, (4,), generator=g).tolist(), group_id=i // 2,
-                      response_ids=torch.randint(4, 20, (3,), generator=g).tolist()) for i in range(4)]
+    samples = [
+        Sample(
+            prompt_ids=torch.randint(4, 20, (4,), generator=g).tolist(),
+            group_id=i // 2,
+            response_ids=torch.randint(4, 20, (3,), generator=g).tolist(),
+        )
+        for i in range(4)
+    ]
     batch = collate(samples, pad_id=0)
-    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand_as(batch["response_mask"]).clone()
+    batch["advantages"] = (
+        torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand_as(batch["response_mask"]).clone()
+    )
     return batch
 
 
@@ -89,7 +97,9 @@ class TestAfterEachStep(TinyModelFixtures):
 
             def push(self, trainer, engines, version):
                 if self.cached is None:
-                    self.cached = [[(n, t.clone()) for n, t in b] for b in trainer.export_weights(self.bucket_bytes)]
+                    self.cached = [
+                        [(n, t.clone()) for n, t in b] for b in trainer.export_weights(self.bucket_bytes)
+                    ]
                 yield from super().push(Fixed(self.cached), engines, version)
 
         trainer, engine = torch_trainer(model_dir), HFRolloutEngine(model_dir)

@@ -161,7 +161,9 @@ def make_sync(transport: str, tmp_path, timeout_s: float = 30, **params) -> Tran
 
 
 def calls_of(engine) -> list[str]:
-    return list(engine.calls) if isinstance(engine, DictEngine) else ray.get(engine.engine_call.remote("calls"))
+    return (
+        list(engine.calls) if isinstance(engine, DictEngine) else ray.get(engine.engine_call.remote("calls"))
+    )
 
 
 def test_pack_unpack_is_bit_identical_with_fixed_size_chunks():
@@ -182,7 +184,9 @@ def test_segments_cover_every_tensor_once_and_bound_runs():
     segs = segments(layout, direct_bytes=16 << 10, run_bytes=20_000)
     assert [i for s in segs for i in range(s.first, s.last)] == list(range(len(layout)))
     for s in segs:
-        assert s.start == layout[s.first][3] and s.end == layout[s.last - 1][3] + layout[s.last - 1][4] <= total
+        assert (
+            s.start == layout[s.first][3] and s.end == layout[s.last - 1][3] + layout[s.last - 1][4] <= total
+        )
         if s.direct:
             assert s.last == s.first + 1 and layout[s.first][4] >= 16 << 10
         else:
@@ -225,7 +229,9 @@ def test_delivery_is_bit_identical_versioned_and_bracketed(engines, transport, w
 def test_params_are_typed_from_yaml_and_checked():
     from relax.core.config import ConfigError, load_config
 
-    cfg = load_config(None, ["mode=async", "weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"])
+    cfg = load_config(
+        None, ["mode=async", "weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"]
+    )
     assert cfg.weight_sync.params == BroadcastParams(backend="nccl", master_addr=None)
     with pytest.raises(ConfigError, match=r"weight_sync\.params\.backend"):
         load_config(None, ["weight_sync.transport=broadcast", "weight_sync.params={backend: mpi}"])
@@ -239,9 +245,16 @@ def test_nccl_in_colocate_is_refused_by_validation():
     """Colocate puts trainer rank 0 and engine 0 on one GPU; NCCL cannot have two ranks of a group on one device."""
     from relax.core.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"weight_sync\.params\.backend: nccl in mode 'colocate'.*use backend gloo"):
-        load_config(None, ["mode=colocate", "weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"])
-    assert load_config(None, ["mode=colocate", "weight_sync.transport=broadcast"]).weight_sync.params.backend == "gloo"
+    with pytest.raises(
+        ConfigError, match=r"weight_sync\.params\.backend: nccl in mode 'colocate'.*use backend gloo"
+    ):
+        load_config(
+            None, ["mode=colocate", "weight_sync.transport=broadcast", "weight_sync.params={backend: nccl}"]
+        )
+    assert (
+        load_config(None, ["mode=colocate", "weight_sync.transport=broadcast"]).weight_sync.params.backend
+        == "gloo"
+    )
 
 
 def test_transport_declares_the_engines_it_serves():
@@ -249,13 +262,19 @@ def test_transport_declares_the_engines_it_serves():
         engines = ("hf",)
 
     OnlyHF().check_engine("hf")
-    with pytest.raises(WeightSyncError, match=r"transport 'in_process' cannot serve rollout\.engine 'sglang'.*hf"):
+    with pytest.raises(
+        WeightSyncError, match=r"transport 'in_process' cannot serve rollout\.engine 'sglang'.*hf"
+    ):
         OnlyHF().check_engine("sglang")
     for cls in TRANSPORTS.values():
         cls().check_engine("anything")  # the built-ins serve every engine with update_weights
-    with pytest.raises(WeightSyncError, match=r"transport 'in_process' cannot serve engine object.*update_weights"):
+    with pytest.raises(
+        WeightSyncError, match=r"transport 'in_process' cannot serve engine object.*update_weights"
+    ):
         InProcessSync(timeout_s=5).sync(DictTrainer(make_state()), [object()], 1)
-    with pytest.raises(WeightSyncError, match=r"broadcast transport needs engines that are Ray actors.*engine\[0\]"):
+    with pytest.raises(
+        WeightSyncError, match=r"broadcast transport needs engines that are Ray actors.*engine\[0\]"
+    ):
         TRANSPORTS["broadcast"](timeout_s=5).sync(DictTrainer(make_state()), [DictEngine("x")], 1)
 
 
@@ -268,15 +287,24 @@ def test_engines_disagreeing_on_version_is_an_error():
 def test_stuck_local_engine_times_out_naming_it():
     stuck = DictEngine("stuck", fault="hang")
     start = time.monotonic()
-    with pytest.raises(WeightSyncError, match=r"engine\[1\] \(stuck\) did not finish update_weights.*within 1s"):
-        InProcessSync(timeout_s=1, bucket_bytes=BUCKET).sync(DictTrainer(make_state()), [DictEngine(), stuck], 1)
+    with pytest.raises(
+        WeightSyncError, match=r"engine\[1\] \(stuck\) did not finish update_weights.*within 1s"
+    ):
+        InProcessSync(timeout_s=1, bucket_bytes=BUCKET).sync(
+            DictTrainer(make_state()), [DictEngine(), stuck], 1
+        )
     assert time.monotonic() - start < 1 + 15  # at its timeout: the stuck engine never finishes by itself
     stuck.unblock.set()
 
 
 @pytest.mark.parametrize(
     ("transport", "what"),
-    [("in_process", "update_weights"), ("object_store", "update_weights"), ("disk", "load"), ("broadcast", "receive")],
+    [
+        ("in_process", "update_weights"),
+        ("object_store", "update_weights"),
+        ("disk", "load"),
+        ("broadcast", "receive"),
+    ],
 )
 def test_stuck_engine_actor_times_out_naming_it(engines, tmp_path, transport, what):
     stuck = EngineActor.remote("stuck", "hang")
@@ -321,7 +349,9 @@ def test_trainer_killed_mid_push_is_named(engines, tmp_path):
         time.sleep(2.0)
         ray.kill(trainer)
         killed = time.monotonic()
-        with pytest.raises(WeightSyncError, match=rf"trainer \(TrainerHost actor {trainer._actor_id.hex()[:12]}\) died"):
+        with pytest.raises(
+            WeightSyncError, match=rf"trainer \(TrainerHost actor {trainer._actor_id.hex()[:12]}\) died"
+        ):
             fut.result(timeout=30)
     assert time.monotonic() - killed < 10
 
@@ -373,7 +403,9 @@ def test_third_party_transport_plugs_in_through_the_registry(ray_local, tmp_path
 
         manager = RelaxPluginManager(extra_plugins={"third_party_ws": __import__("third_party_ws")})
         registration = manager.registration("weight_sync", "per_tensor")
-        sync = registration.factory(registration.config(scale=3), PluginContext(role="weight_sync", timeout_s=30))
+        sync = registration.factory(
+            registration.config(scale=3), PluginContext(role="weight_sync", timeout_s=30)
+        )
     finally:
         sys.path.remove(str(tmp_path))
     sync.check_engine("dict")
@@ -386,7 +418,9 @@ def test_third_party_transport_plugs_in_through_the_registry(ray_local, tmp_path
     stats = sync.sync(trainer, engines, 4)
     assert stats["bytes"] == nbytes(state) and stats["engines"] == 2
     for engine in engines:
-        assert_identical(ray.get(engine.engine_call.remote("snapshot", list(state))), {n: t * 3 for n, t in state.items()})
+        assert_identical(
+            ray.get(engine.engine_call.remote("snapshot", list(state))), {n: t * 3 for n, t in state.items()}
+        )
         assert ray.get(engine.engine_call.remote("calls")) == ["begin 4", "update 4", "update 4", "end 4"]
     for actor in [trainer, *engines]:
         ray.kill(actor)

@@ -44,4 +44,6 @@ class CountingEngine:
 
 @hookimpl
 def relax_register_rollout_engines(register):
-    register("counting", CountingEngine, config=CountingParams, resources=lambda p: Resources(num_cpus=p.num_cpus))
+    register(
+        "counting", CountingEngine, config=CountingParams, resources=lambda p: Resources(num_cpus=p.num_cpus)
+    )

@@ -40,11 +40,20 @@ class SGDTrainer:  # one process, plain SGD: the model step; core's PolicyUpdate
         self.optimizer.param_groups[0]["lr"] = lr
         self.optimizer.step()
 
-    def zero_grad(self): self.optimizer.zero_grad()
-    def all_reduce_sum(self, values): return values  # one replica: nothing to sum over
-    def local_rows(self, batch): return batch
-    def forward_logprobs(self, batch): return self.score(batch)
-    def train_step(self, batch): return self.update.train_step(batch)
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+    def all_reduce_sum(self, values):
+        return values  # one replica: nothing to sum over
+
+    def local_rows(self, batch):
+        return batch
+
+    def forward_logprobs(self, batch):
+        return self.score(batch)
+
+    def train_step(self, batch):
+        return self.update.train_step(batch)
 
     def export_weights(self, bucket_bytes=64 << 20):  # one tensor per bucket
         return ([(name, tensor.detach())] for name, tensor in self.model.state_dict().items())
@@ -61,5 +70,11 @@ class SGDTrainer:  # one process, plain SGD: the model step; core's PolicyUpdate
 
 @hookimpl
 def relax_register_trainers(register):  # trainer.backend: sgd
-    register("sgd", lambda params, ctx: SGDTrainer(ctx.model_path, UpdateSettings.from_context(ctx),
-             build_policy_objective(ctx.train.algorithm) if ctx.train.trainable else None))  # fmt: skip
+    register(
+        "sgd",
+        lambda params, ctx: SGDTrainer(
+            ctx.model_path,
+            UpdateSettings.from_context(ctx),
+            build_policy_objective(ctx.train.algorithm) if ctx.train.trainable else None,
+        ),
+    )

@@ -59,7 +59,9 @@ def _value(node: ast.AST) -> int | float:
             raise CalculatorError("division by zero") from None
         except OverflowError:
             raise CalculatorError("the result overflows") from None
-    raise CalculatorError(f"unsupported element {type(node).__name__}: only numbers, + - * / // % ** and parentheses")
+    raise CalculatorError(
+        f"unsupported element {type(node).__name__}: only numbers, + - * / // % ** and parentheses"
+    )
 
 
 def _bounded(value: int | float | complex) -> int | float:

@@ -57,12 +57,16 @@ class ToolsEnvParams:
 
     #: built-ins (``calculator``, ``python``) or ``"package.module:function"`` (any Python callable)
     tools: list[str] = field(default_factory=lambda: ["calculator"])
-    mcp_servers: list[MCPServerParams] = field(default_factory=list)  # stdio MCP servers whose tools are callable
+    mcp_servers: list[MCPServerParams] = field(
+        default_factory=list
+    )  # stdio MCP servers whose tools are callable
     answer: Literal["exact_match", "numeric", "none"] = "exact_match"  # none: no reward from the episode
     numeric_mode: Literal["first", "last", "answer"] = "answer"  # which number of the answer counts
     abs_tol: float = 1e-6
     case_sensitive: bool = False
-    tool_timeout_s: float = 5.0  # one tool call (the calls of a turn run at once); below environment.turn_timeout_s
+    tool_timeout_s: float = (
+        5.0  # one tool call (the calls of a turn run at once); below environment.turn_timeout_s
+    )
     max_tool_calls_per_turn: int = 4  # calls beyond this get an error observation, unrun
     #: process: each function-tool call runs in a worker process, killed when it overruns tool_timeout_s (a hung
     #: tool stops using CPU); thread: in the driver (a tool that needs in-process state; an overrun is abandoned)
@@ -70,8 +74,11 @@ class ToolsEnvParams:
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)  # limits of the ``python`` tool
 
     def validate(self) -> list[str]:
-        errors = [f"tools[{i}]: {t!r} is neither a built-in ({', '.join(BUILTIN_TOOLS)}) nor 'module:function'"
-                  for i, t in enumerate(self.tools) if t not in BUILTIN_TOOLS and t.count(":") != 1]
+        errors = [
+            f"tools[{i}]: {t!r} is neither a built-in ({', '.join(BUILTIN_TOOLS)}) nor 'module:function'"
+            for i, t in enumerate(self.tools)
+            if t not in BUILTIN_TOOLS and t.count(":") != 1
+        ]
         if len(set(self.tools)) != len(self.tools):
             errors.append("tools: listed more than once")
         if self.tool_timeout_s <= 0:
@@ -87,6 +94,8 @@ class ToolsEnvParams:
         step must leave room for them, or every slow call would end its episode instead of being observed."""
         turn_timeout_s = cfg.environment.turn_timeout_s
         if self.tool_timeout_s + REPORT_GRACE_S > turn_timeout_s:
-            return [f"environment.params.tool_timeout_s: {self.tool_timeout_s:g}s plus {REPORT_GRACE_S:g}s to report must fit "
-                    f"environment.turn_timeout_s ({turn_timeout_s:g}s); lower it or raise turn_timeout_s"]
+            return [
+                f"environment.params.tool_timeout_s: {self.tool_timeout_s:g}s plus {REPORT_GRACE_S:g}s to report must fit "
+                f"environment.turn_timeout_s ({turn_timeout_s:g}s); lower it or raise turn_timeout_s"
+            ]
         return []

@@ -92,11 +92,22 @@ class MCPServers:
                     detail = open(self._log_path(spec), errors="replace").read()[-800:].strip()
                 except OSError:
                     detail = ""
-                raise RuntimeError(f"MCP server {spec.name!r} ({' '.join(spec.command)}) did not start: "
-                                   f"{type(exc).__name__}: {exc}" + (f"\nits stderr:\n{detail}" if detail else "")) from exc
+                raise RuntimeError(
+                    f"MCP server {spec.name!r} ({' '.join(spec.command)}) did not start: "
+                    f"{type(exc).__name__}: {exc}" + (f"\nits stderr:\n{detail}" if detail else "")
+                ) from exc
             for tool in listing:
-                tools.append(MCPTool(spec.tool_prefix + tool.name, tool.description or "", dict(tool.input_schema),
-                                     self, spec.name, tool.name, self.call_timeout_s))
+                tools.append(
+                    MCPTool(
+                        spec.tool_prefix + tool.name,
+                        tool.description or "",
+                        dict(tool.input_schema),
+                        self,
+                        spec.name,
+                        tool.name,
+                        self.call_timeout_s,
+                    )
+                )
         return tools
 
     def _log_path(self, spec: MCPServerParams) -> str:
@@ -107,8 +118,13 @@ class MCPServers:
         from mcp import StdioServerParameters, stdio_client
         from mcp.client import Client
 
-        params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]), env=dict(spec.env) or None,
-                                       cwd=spec.cwd, encoding_error_handler="replace")
+        params = StdioServerParameters(
+            command=spec.command[0],
+            args=list(spec.command[1:]),
+            env=dict(spec.env) or None,
+            cwd=spec.cwd,
+            encoding_error_handler="replace",
+        )
         try:
             with open(self._log_path(spec), "w") as errlog:
                 async with Client(stdio_client(params, errlog=errlog)) as client:
@@ -132,7 +148,9 @@ class MCPServers:
         client, loop = self._clients.get(server), self._loop
         if client is None or loop is None or self._closed:
             raise ToolError(f"MCP server {server!r} is not running")
-        future = asyncio.run_coroutine_threadsafe(client.call_tool(tool, arguments, read_timeout_seconds=timeout_s), loop)
+        future = asyncio.run_coroutine_threadsafe(
+            client.call_tool(tool, arguments, read_timeout_seconds=timeout_s), loop
+        )
         try:
             result = future.result(timeout_s + 1.0)
         except TimeoutError:

@@ -53,8 +53,11 @@ class OpenAIAgentParams:
 
 def check_params(params: Any, ref_field: str, ref: str) -> list[str]:
     """Config-time errors shared by ``openai_agent`` and ``verifiers`` (named relative to the section)."""
-    errors = [] if ":" in ref and all(ref.partition(":")[::2]) else [
-        f"{ref_field}: expected 'module:function', got {ref!r}"]
+    errors = (
+        []
+        if ":" in ref and all(ref.partition(":")[::2])
+        else [f"{ref_field}: expected 'module:function', got {ref!r}"]
+    )
     if params.call_timeout_s <= 0:
         errors.append(f"call_timeout_s: must be > 0, got {params.call_timeout_s}")
     if params.keep_sessions < 1:
@@ -76,7 +79,9 @@ def import_ref(ref: str, what: str) -> Any:
 class OpenAIAgentEnvironment:
     """Starts one agent thread and one endpoint session per episode; one server for all of them."""
 
-    def __init__(self, params: OpenAIAgentParams, tokenizer: Any, agent: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self, params: OpenAIAgentParams, tokenizer: Any, agent: Callable[..., Any] | None = None
+    ) -> None:
         self.params, self.tokenizer = params, tokenizer
         self.agent = agent if agent is not None else import_ref(params.agent, "agent")
         if not callable(self.agent):
@@ -94,8 +99,12 @@ class OpenAIAgentEnvironment:
             self.sessions[session.id] = session
             while len(self.sessions) > self.params.keep_sessions:
                 self.sessions.popitem(last=False)
-        threading.Thread(target=self._run_agent, args=(session, self._row(sample)), daemon=True,
-                         name=f"openai-agent-{session.id}").start()
+        threading.Thread(
+            target=self._run_agent,
+            args=(session, self._row(sample)),
+            daemon=True,
+            name=f"openai-agent-{session.id}",
+        ).start()
         return AgentEpisode(self, session, sample)
 
     def session_of(self, sample: Any) -> Session:
@@ -109,7 +118,12 @@ class OpenAIAgentEnvironment:
     def _row(self, sample: Any) -> dict[str, Any]:
         metadata = sample.metadata
         prompt = metadata.get(self.params.prompt_key, sample.prompt_text)
-        row = {"prompt": prompt, "prompt_text": sample.prompt_text, "label": sample.label, "metadata": metadata}
+        row = {
+            "prompt": prompt,
+            "prompt_text": sample.prompt_text,
+            "label": sample.label,
+            "metadata": metadata,
+        }
         return copy.deepcopy(row)  # the agent may edit what it gets; the sample stays as it was
 
     def _run_agent(self, session: Session, row: dict[str, Any]) -> None:
@@ -118,12 +132,18 @@ class OpenAIAgentEnvironment:
         timeout = self.params.call_timeout_s + 5.0
         try:
             if inspect.iscoroutinefunction(self.agent):
+
                 async def run() -> Any:
-                    async with openai.AsyncOpenAI(base_url=session.base_url, api_key="relax", max_retries=0, timeout=timeout) as client:
+                    async with openai.AsyncOpenAI(
+                        base_url=session.base_url, api_key="relax", max_retries=0, timeout=timeout
+                    ) as client:
                         return await self.agent(client, row, **self.params.agent_kwargs)
+
                 value = asyncio.run(run())
             else:
-                with openai.OpenAI(base_url=session.base_url, api_key="relax", max_retries=0, timeout=timeout) as client:
+                with openai.OpenAI(
+                    base_url=session.base_url, api_key="relax", max_retries=0, timeout=timeout
+                ) as client:
                     value = self.agent(client, row, **self.params.agent_kwargs)
         except BaseException as exc:  # noqa: BLE001 - the episode reports it, naming the session
             session.events.put(("raise", exc))
@@ -144,7 +164,9 @@ class AgentEpisode:
             self._check_first_call(session.pending)
         record = self._record(turn)
         call, session.pending = session.pending, None
-        texts = [self.env.tokenizer.decode([t]) for t in record.token_ids] if call.body.get("logprobs") else []
+        texts = (
+            [self.env.tokenizer.decode([t]) for t in record.token_ids] if call.body.get("logprobs") else []
+        )
         call.answer(200, completion_body(session, len(session.records), call.body, record, texts))
         session.records.append(record)
         session.messages.append(_assistant_message(record))
@@ -163,7 +185,9 @@ class AgentEpisode:
     def _next(self) -> tuple[str, Any]:
         kind, value = self.session.next_event(self.env.params.call_timeout_s)
         if kind == "raise":
-            raise RuntimeError(f"openai_agent session {self.session.id}: the agent raised {type(value).__name__}: {value}") from value
+            raise RuntimeError(
+                f"openai_agent session {self.session.id}: the agent raised {type(value).__name__}: {value}"
+            ) from value
         if kind == "closed":
             raise RuntimeError(f"openai_agent session {self.session.id} is closed: {value}")
         return kind, value
@@ -171,7 +195,9 @@ class AgentEpisode:
     def _first_call(self) -> Call:
         kind, value = self._next()
         if kind == "return":
-            raise RuntimeError(f"openai_agent session {self.session.id}: the agent returned {value!r} before its first call")
+            raise RuntimeError(
+                f"openai_agent session {self.session.id}: the agent returned {value!r} before its first call"
+            )
         return value
 
     def _fail(self, call: Call, message: str) -> NoReturn:
@@ -188,49 +214,79 @@ class AgentEpisode:
         try:
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the template's own complaint, named for the agent and the run
-            self._fail(call, f"openai_agent session {self.session.id}: the chat template cannot render the agent's "
-                             f"first request ({type(exc).__name__}: {exc})")
+            self._fail(
+                call,
+                f"openai_agent session {self.session.id}: the chat template cannot render the agent's "
+                f"first request ({type(exc).__name__}: {exc})",
+            )
         ids = list(tok(text, add_special_tokens=False)["input_ids"])
         expected = list(self.sample.prompt_ids)
         if ids != expected:
-            at = next((i for i, (a, b) in enumerate(zip(ids, expected, strict=False)) if a != b), min(len(ids), len(expected)))
-            self._fail(call, (
-                f"openai_agent session {self.session.id}: the agent's first request renders to a different prompt than "
-                f"the sample's ({len(ids)} vs {len(expected)} tokens, first difference at token {at}: agent "
-                f"{tok.decode(ids[at:at + 12])!r} vs dataset {tok.decode(expected[at:at + 12])!r}); the agent must send "
-                "exactly the dataset prompt (same messages, system prompt and tools) for token-in/token-out"
-            ))
+            at = next(
+                (i for i, (a, b) in enumerate(zip(ids, expected, strict=False)) if a != b),
+                min(len(ids), len(expected)),
+            )
+            self._fail(
+                call,
+                (
+                    f"openai_agent session {self.session.id}: the agent's first request renders to a different prompt than "
+                    f"the sample's ({len(ids)} vs {len(expected)} tokens, first difference at token {at}: agent "
+                    f"{tok.decode(ids[at : at + 12])!r} vs dataset {tok.decode(expected[at : at + 12])!r}); the agent must send "
+                    "exactly the dataset prompt (same messages, system prompt and tools) for token-in/token-out"
+                ),
+            )
 
     def _continuation(self, call: Call) -> list[dict[str, Any]]:
         """The messages of ``call`` beyond the conversation so far; an error if it rewrote any of it."""
         messages, known = call.body["messages"], self.session.messages
         for i, old in enumerate(known):
             if i >= len(messages) or _normal(messages[i]) != _normal(old):
-                got = json.dumps(messages[i])[:200] if i < len(messages) else "nothing (the request is shorter)"
-                self._fail(call, (
-                    f"openai_agent session {self.session.id}: request {len(self.session.records) + 1} rewrites message {i} "
-                    f"of the conversation (expected {json.dumps(old)[:200]}, got {got}); a session's requests must extend "
-                    "the previous request plus the assistant reply (token-in/token-out)"
-                ))
-        new = [dict(m) for m in messages[len(known):]]
+                got = (
+                    json.dumps(messages[i])[:200] if i < len(messages) else "nothing (the request is shorter)"
+                )
+                self._fail(
+                    call,
+                    (
+                        f"openai_agent session {self.session.id}: request {len(self.session.records) + 1} rewrites message {i} "
+                        f"of the conversation (expected {json.dumps(old)[:200]}, got {got}); a session's requests must extend "
+                        "the previous request plus the assistant reply (token-in/token-out)"
+                    ),
+                )
+        new = [dict(m) for m in messages[len(known) :]]
         if any(m.get("role") == "assistant" for m in new):
-            self._fail(call, f"openai_agent session {self.session.id}: the agent added an assistant message of its own; "
-                             "only the policy's sampled turns may be assistant messages")
+            self._fail(
+                call,
+                f"openai_agent session {self.session.id}: the agent added an assistant message of its own; "
+                "only the policy's sampled turns may be assistant messages",
+            )
         self.session.messages = [*known, *new]
         return new
 
     def _record(self, turn: Turn) -> CallRecord:
         """The turn as sampled: its tokens and logprobs are the last ones core appended to the sample."""
         n, sample = len(turn.token_ids), self.sample
-        ours = n and sample.response_ids[-n:] == list(turn.token_ids) and len(sample.rollout_logprobs) == len(sample.response_ids)
+        ours = (
+            n
+            and sample.response_ids[-n:] == list(turn.token_ids)
+            and len(sample.rollout_logprobs) == len(sample.response_ids)
+        )
         prompt = list(sample.prompt_ids) + list(sample.response_ids[: len(sample.response_ids) - n])
         calls = [
-            {"id": c.id or f"call_{self.session.id}_{turn.index}_{i}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            {
+                "id": c.id or f"call_{self.session.id}_{turn.index}_{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
             for i, c in enumerate(c for c in turn.tool_calls if not c.error)
         ]
-        return CallRecord(prompt, list(turn.token_ids), list(sample.rollout_logprobs[-n:]) if ours else None,
-                          turn.finish_reason, turn.content, calls)
+        return CallRecord(
+            prompt,
+            list(turn.token_ids),
+            list(sample.rollout_logprobs[-n:]) if ours else None,
+            turn.finish_reason,
+            turn.content,
+            calls,
+        )
 
 
 def _assistant_message(record: CallRecord) -> dict[str, Any]:
@@ -249,8 +305,10 @@ def _result(session: Session, value: Any) -> StepResult:
         return StepResult(done=True, reward=None if reward is None else float(reward), info=info)
     if isinstance(value, int | float):
         return StepResult(done=True, reward=float(value))
-    raise TypeError(f"openai_agent session {session.id}: the agent returned {type(value).__name__}; "
-                    "expected a number, {'reward': number, ...} or None")
+    raise TypeError(
+        f"openai_agent session {session.id}: the agent returned {type(value).__name__}; "
+        "expected a number, {'reward': number, ...} or None"
+    )
 
 
 def _text(content: Any) -> Any:
@@ -281,8 +339,12 @@ def _observation(message: dict[str, Any]) -> dict[str, Any]:
     """An agent message as core renders observations: text content, or parts with ``{"type": "image"}``."""
     content = _text(message.get("content"))
     if isinstance(content, list):
-        content = [{"type": "image", "image": p["image_url"]["url"]} if isinstance(p, dict) and p.get("type") == "image_url" else p
-                   for p in content]
+        content = [
+            {"type": "image", "image": p["image_url"]["url"]}
+            if isinstance(p, dict) and p.get("type") == "image_url"
+            else p
+            for p in content
+        ]
     out = {"role": message.get("role", "user"), "content": content}
     for key in ("tool_call_id", "name"):
         if key in message:

@@ -129,8 +129,12 @@ class SessionServer:
         self._http.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
         # a short poll interval: ``shutdown`` waits for the loop to notice, and environments close often in tests
-        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="openai-agent-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="openai-agent-server",
+            daemon=True,
+        )
         self._thread.start()
 
     def open(self, sample: Any = None) -> Session:
@@ -159,9 +163,14 @@ class SessionServer:
     def handle_completion(self, session_id: str, body: dict[str, Any]) -> Reply:
         session = self.get(session_id)
         if session is None:
-            return Reply(410, error_body(f"openai_agent session {session_id} does not exist or has ended", 410))
+            return Reply(
+                410, error_body(f"openai_agent session {session_id} does not exist or has ended", 410)
+            )
         if body.get("stream"):
-            return Reply(400, error_body("openai_agent: stream=true is not supported (the turn is already sampled)", 400))
+            return Reply(
+                400,
+                error_body("openai_agent: stream=true is not supported (the turn is already sampled)", 400),
+            )
         if int(body.get("n") or 1) != 1:
             return Reply(400, error_body("openai_agent: n must be 1 (a session is one trajectory)", 400))
         if not isinstance(body.get("messages"), list) or not body["messages"]:
@@ -172,11 +181,22 @@ class SessionServer:
             return call.reply.get(timeout=self.call_timeout_s)
         except queue.Empty:
             call.answer(504, {})  # whatever the episode answers later is dropped
-            return Reply(504, error_body(
-                f"openai_agent session {session_id}: no policy turn within call_timeout_s={self.call_timeout_s:g}s", 504))
+            return Reply(
+                504,
+                error_body(
+                    f"openai_agent session {session_id}: no policy turn within call_timeout_s={self.call_timeout_s:g}s",
+                    504,
+                ),
+            )
 
     def models(self) -> Reply:
-        return Reply(200, {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "relax"}]})
+        return Reply(
+            200,
+            {
+                "object": "list",
+                "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "relax"}],
+            },
+        )
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
@@ -184,27 +204,36 @@ def error_body(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
-def completion_body(session: Session, index: int, request: dict[str, Any], record: CallRecord,
-                    token_texts: list[str]) -> dict[str, Any]:
+def completion_body(
+    session: Session, index: int, request: dict[str, Any], record: CallRecord, token_texts: list[str]
+) -> dict[str, Any]:
     """The OpenAI ``chat.completion`` for one recorded turn (logprobs and token ids when asked for)."""
-    message: dict[str, Any] = {"role": "assistant", "content": record.content or (None if record.tool_calls else "")}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": record.content or (None if record.tool_calls else ""),
+    }
     if record.tool_calls:
         message["tool_calls"] = record.tool_calls
     finish = "tool_calls" if record.tool_calls else ("length" if record.finish_reason == "length" else "stop")
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
     if request.get("logprobs") and record.logprobs is not None:
-        choice["logprobs"] = {"content": [
-            {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
-            for text, lp in zip(token_texts, record.logprobs, strict=True)
-        ]}
+        choice["logprobs"] = {
+            "content": [
+                {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+                for text, lp in zip(token_texts, record.logprobs, strict=True)
+            ]
+        }
     body: dict[str, Any] = {
         "id": f"chatcmpl-{session.id}-{index}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request.get("model") or session.server.model,
         "choices": [choice],
-        "usage": {"prompt_tokens": len(record.prompt_ids), "completion_tokens": len(record.token_ids),
-                  "total_tokens": len(record.prompt_ids) + len(record.token_ids)},
+        "usage": {
+            "prompt_tokens": len(record.prompt_ids),
+            "completion_tokens": len(record.token_ids),
+            "total_tokens": len(record.prompt_ids) + len(record.token_ids),
+        },
     }
     if request.get("return_token_ids"):  # vLLM's extension: the exact tokens, for token-aware clients
         choice["token_ids"] = list(record.token_ids)
@@ -234,12 +263,23 @@ def _handler(server: SessionServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             _, rest = self._route()
-            self._send(server.models() if rest == "models" else Reply(404, error_body(f"no route GET {self.path}", 404)))
+            self._send(
+                server.models()
+                if rest == "models"
+                else Reply(404, error_body(f"no route GET {self.path}", 404))
+            )
 
         def do_POST(self) -> None:  # noqa: N802
             session_id, rest = self._route()
             if session_id is None or rest != "chat/completions":
-                self._send(Reply(404, error_body(f"no route POST {self.path} (sessions serve /s/<id>/v1/chat/completions)", 404)))
+                self._send(
+                    Reply(
+                        404,
+                        error_body(
+                            f"no route POST {self.path} (sessions serve /s/<id>/v1/chat/completions)", 404
+                        ),
+                    )
+                )
                 return
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -247,7 +287,9 @@ def _handler(server: SessionServer) -> type[BaseHTTPRequestHandler]:
                 self._send(Reply(400, error_body(f"openai_agent: the request body is not JSON ({exc})", 400)))
                 return
             if not isinstance(body, dict):
-                self._send(Reply(400, error_body("openai_agent: the request body must be a JSON object", 400)))
+                self._send(
+                    Reply(400, error_body("openai_agent: the request body must be a JSON object", 400))
+                )
                 return
             self._send(server.handle_completion(session_id, body))
 

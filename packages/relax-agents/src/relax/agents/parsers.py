@@ -23,14 +23,18 @@ class HermesParser:
 
     def __init__(self, start: str = "<tool_call>", end: str = "</tool_call>") -> None:
         self.start, self.end = start, end
-        self._block = re.compile(re.escape(start) + r"(.*?)(?:(?P<end>" + re.escape(end) + r")|\Z)", re.DOTALL)
+        self._block = re.compile(
+            re.escape(start) + r"(.*?)(?:(?P<end>" + re.escape(end) + r")|\Z)", re.DOTALL
+        )
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         calls: list[ToolCall] = []
         for i, match in enumerate(self._block.finditer(text)):
             raw = match.group(0)
             if match.group("end") is None:
-                calls.append(ToolCall("", id=f"call_{i}", error=f"{self.start} without a closing {self.end}", raw=raw))
+                calls.append(
+                    ToolCall("", id=f"call_{i}", error=f"{self.start} without a closing {self.end}", raw=raw)
+                )
                 continue
             calls.append(_call_from_json(match.group(1).strip(), raw, f"call_{i}"))
         content = self._block.sub("", text).strip()
@@ -41,9 +45,13 @@ def _call_from_json(body: str, raw: str, call_id: str) -> ToolCall:
     try:
         data: Any = json.loads(body)
     except json.JSONDecodeError as exc:
-        return ToolCall("", id=call_id, error=f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})", raw=raw)
+        return ToolCall(
+            "", id=call_id, error=f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})", raw=raw
+        )
     if not isinstance(data, dict):
-        return ToolCall("", id=call_id, error=f"the tool call must be a JSON object, got {type(data).__name__}", raw=raw)
+        return ToolCall(
+            "", id=call_id, error=f"the tool call must be a JSON object, got {type(data).__name__}", raw=raw
+        )
     name = data.get("name")
     if not isinstance(name, str) or not name:
         return ToolCall("", id=call_id, error='the tool call has no "name" string', raw=raw)
@@ -52,11 +60,18 @@ def _call_from_json(body: str, raw: str, call_id: str) -> ToolCall:
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError:
-            return ToolCall(name, id=call_id, error='"arguments" is a string that is not a JSON object', raw=raw)
+            return ToolCall(
+                name, id=call_id, error='"arguments" is a string that is not a JSON object', raw=raw
+            )
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        return ToolCall(name, id=call_id, error=f'"arguments" must be a JSON object, got {type(arguments).__name__}', raw=raw)
+        return ToolCall(
+            name,
+            id=call_id,
+            error=f'"arguments" must be a JSON object, got {type(arguments).__name__}',
+            raw=raw,
+        )
     return ToolCall(name, arguments, id=call_id, raw=raw)
 
 

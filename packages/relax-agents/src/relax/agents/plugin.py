@@ -69,7 +69,10 @@ def _agent_quickstart_inputs(params: Any, ctx: Any) -> dict[str, str]:
     from relax.agents.quickstart import ensure_agent_model, ensure_task_data
 
     data = Path(ctx.run_dir) / "data" / "train.jsonl"
-    return {"model.path": ensure_agent_model(), "data.path": ensure_task_data(data, n=params.rows, seed=params.seed)}
+    return {
+        "model.path": ensure_agent_model(),
+        "data.path": ensure_task_data(data, n=params.rows, seed=params.seed),
+    }
 
 
 @hookimpl
@@ -77,4 +80,9 @@ def relax_register_inputs(register):
     from relax.agents.quickstart.build import QuickstartInputs
 
     # examples/quickstart_agent*.yaml: the warmed-up tiny model (cached) and the task data, built on first use
-    register("agent_quickstart", _agent_quickstart_inputs, config=QuickstartInputs, fills=("model.path", "data.path"))
+    register(
+        "agent_quickstart",
+        _agent_quickstart_inputs,
+        config=QuickstartInputs,
+        fills=("model.path", "data.path"),
+    )

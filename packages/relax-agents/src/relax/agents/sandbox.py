@@ -74,15 +74,31 @@ def _run_in(root: Path, code: str, limits: SandboxLimits) -> SandboxResult:
         os.chmod(root, 0o711)
         for path in (work, work / "main.py"):
             os.chown(path, uid, uid)
-    config = {"limits": dataclasses.asdict(limits), "uid": uid, "work": str(work), "status": str(root / "status.json"),
-              "nproc_base": 0 if as_root else _tasks_of(os.getuid())}
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "TMPDIR": str(work),
-           "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    config = {
+        "limits": dataclasses.asdict(limits),
+        "uid": uid,
+        "work": str(work),
+        "status": str(root / "status.json"),
+        "nproc_base": 0 if as_root else _tasks_of(os.getuid()),
+    }
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(work),
+        "TMPDIR": str(work),
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+    }
     started = time.monotonic()
     with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-I", str(_CHILD), json.dumps(config)], cwd=work, env=env, stdin=subprocess.DEVNULL,
-            stdout=out, stderr=err, start_new_session=True, close_fds=True,
+            [sys.executable, "-I", str(_CHILD), json.dumps(config)],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
         )
         timed_out = False
         try:
@@ -96,8 +112,12 @@ def _run_in(root: Path, code: str, limits: SandboxLimits) -> SandboxResult:
     except (OSError, ValueError):
         isolation = {}
     return SandboxResult(
-        None if timed_out else proc.returncode, _read(root / "stdout", limits.max_output_bytes),
-        _read(root / "stderr", limits.max_output_bytes, tail=True), timed_out, time.monotonic() - started, isolation,
+        None if timed_out else proc.returncode,
+        _read(root / "stdout", limits.max_output_bytes),
+        _read(root / "stderr", limits.max_output_bytes, tail=True),
+        timed_out,
+        time.monotonic() - started,
+        isolation,
     )
 
 
@@ -172,9 +192,10 @@ def describe_failure(result: SandboxResult, limits: SandboxLimits) -> str:
     elif result.exit_code is not None and result.exit_code < 0:
         sig = -result.exit_code
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        why = {"SIGXCPU": f"killed: CPU-time limit of {limits.cpu_s}s exceeded",
-               "SIGKILL": f"killed (SIGKILL): CPU-time limit of {limits.cpu_s}s or memory limit of {limits.memory_mb} MB"}.get(
-                   name, f"killed by {name}")
+        why = {
+            "SIGXCPU": f"killed: CPU-time limit of {limits.cpu_s}s exceeded",
+            "SIGKILL": f"killed (SIGKILL): CPU-time limit of {limits.cpu_s}s or memory limit of {limits.memory_mb} MB",
+        }.get(name, f"killed by {name}")
     elif result.exit_code == 120:
         why = "the sandbox could not be set up"
     else:
@@ -194,9 +215,15 @@ def python_tool(limits: SandboxLimits) -> object:
             raise ToolError(describe_failure(result, limits))
         return result.stdout if result.stdout else "(no output; print() what you want to see)"
 
-    description = ("Run a Python program in a fresh sandboxed process and return what it prints to stdout. "
-                   f"Limits: {limits.wall_s:g}s wall time, {limits.memory_mb} MB memory, no network, "
-                   "files only in its own working directory.")
-    parameters = {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
-                  "required": ["code"], "additionalProperties": False}
+    description = (
+        "Run a Python program in a fresh sandboxed process and return what it prints to stdout. "
+        f"Limits: {limits.wall_s:g}s wall time, {limits.memory_mb} MB memory, no network, "
+        "files only in its own working directory."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "the program"}},
+        "required": ["code"],
+        "additionalProperties": False,
+    }
     return FunctionTool("python", description, parameters, python)

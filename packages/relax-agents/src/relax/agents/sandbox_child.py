@@ -84,7 +84,7 @@ def become(uid: int) -> None:
     def reachable(path: str) -> str:
         for old in sorted(moved, key=len, reverse=True):
             if path == old or path.startswith(old + os.sep):
-                return moved[old] + path[len(old):]
+                return moved[old] + path[len(old) :]
         return path
 
     sys.path[:] = [reachable(p) for p in sys.path]
@@ -118,10 +118,16 @@ def main() -> None:
                 status["network"] = isolate_network()
             if limits["restrict_files"]:
                 prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-                readable = sorted(prefixes | {p for p in sys.path if p} | set(LIBRARY_DIRS) | {"/dev/urandom", "/dev/zero"})
+                readable = sorted(
+                    prefixes | {p for p in sys.path if p} | set(LIBRARY_DIRS) | {"/dev/urandom", "/dev/zero"}
+                )
                 try:
-                    status["files"], tcp_denied = landlock(readable, [work, "/dev/null"], deny_tcp=not limits["network"])
-                except OSError as exc:  # nothing applied (restrict_self is the last call): reported, not fatal
+                    status["files"], tcp_denied = landlock(
+                        readable, [work, "/dev/null"], deny_tcp=not limits["network"]
+                    )
+                except (
+                    OSError
+                ) as exc:  # nothing applied (restrict_self is the last call): reported, not fatal
                     status["landlock_error"], tcp_denied = str(exc), False
                 status["network"] = status["network"] or tcp_denied
             if uid is not None:

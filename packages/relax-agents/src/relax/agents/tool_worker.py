@@ -47,8 +47,13 @@ def _recv(stream: BinaryIO) -> Any:
 class _Worker:
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # tools import as here
-        self.proc = subprocess.Popen([sys.executable, "-m", "relax.agents.tool_worker", *preload], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "relax.agents.tool_worker", *preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         if self.proc.stdout.read(1) != b"R":  # started: a call's timeout never counts the interpreter's start
             self.kill()
             raise ToolCrashed(f"a tool worker process did not start (exit code {self.proc.returncode})")
@@ -123,8 +128,10 @@ class ToolWorkers:
         with self._lock:
             missing = max(0, n - len(self._idle))
         started: list[_Worker] = []
-        threads = [threading.Thread(target=lambda: started.append(_Worker(self.preload)), daemon=True)
-                   for _ in range(missing)]
+        threads = [
+            threading.Thread(target=lambda: started.append(_Worker(self.preload)), daemon=True)
+            for _ in range(missing)
+        ]
         for t in threads:
             t.start()
         for t in threads:

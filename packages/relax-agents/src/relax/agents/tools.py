@@ -45,8 +45,16 @@ class FunctionTool:
         return self.function(**arguments)
 
 
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
-                               list: "array", tuple: "array", dict: "object", type(None): "null"}
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    tuple: "array",
+    dict: "object",
+    type(None): "null",
+}
 
 
 def json_type(hint: Any) -> dict[str, Any]:
@@ -61,7 +69,10 @@ def json_type(hint: Any) -> dict[str, Any]:
         return {} if any(not o for o in options) else {"anyOf": options}
     if origin in (list, tuple, set, frozenset):
         args = typing.get_args(hint)
-        return {"type": "array", **({"items": json_type(args[0])} if args and args[0] is not Ellipsis else {})}
+        return {
+            "type": "array",
+            **({"items": json_type(args[0])} if args and args[0] is not Ellipsis else {}),
+        }
     if origin is dict:
         return {"type": "object"}
     return {}
@@ -133,11 +144,15 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> str:
 
 def openai_schema(tool: Tool) -> dict[str, Any]:
     """The OpenAI ``tools`` entry of one tool."""
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+    }
 
 
-def tools_system_prompt(schemas: list[dict[str, Any]], preamble: str = "", start: str = "<tool_call>",
-                        end: str = "</tool_call>") -> str:
+def tools_system_prompt(
+    schemas: list[dict[str, Any]], preamble: str = "", start: str = "<tool_call>", end: str = "</tool_call>"
+) -> str:
     """A system prompt that shows the model its tools and the Hermes call format (as Qwen's chat
     template writes it), for datasets whose tokenizer template does not render ``tools`` itself."""
     listing = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)

@@ -63,7 +63,9 @@ class ToolsEnvironment:
         self._lock = threading.Lock()
         #: function tools run in killable worker processes (``tool_workers: process``), see relax.agents.tool_worker
         modules = tuple(sorted({t.function.__module__ for t in self._local if isinstance(t, FunctionTool)}))
-        self._workers = ToolWorkers(params.tool_timeout_s, preload=modules) if params.tool_workers == "process" else None
+        self._workers = (
+            ToolWorkers(params.tool_timeout_s, preload=modules) if params.tool_workers == "process" else None
+        )
 
     def tools(self) -> dict[str, Tool]:
         """Every tool by name (starting the MCP servers the first time); two tools with one name are an error."""
@@ -72,8 +74,10 @@ class ToolsEnvironment:
                 found: dict[str, Tool] = {}
                 for tool in [*self._local, *(self._mcp.tools() if self._mcp else [])]:
                     if tool.name in found:
-                        raise ValueError(f"tools environment: two tools are named {tool.name!r} ({_origin(found[tool.name])} "
-                                         f"and {_origin(tool)}); set tool_prefix on an MCP server to tell them apart")
+                        raise ValueError(
+                            f"tools environment: two tools are named {tool.name!r} ({_origin(found[tool.name])} "
+                            f"and {_origin(tool)}); set tool_prefix on an MCP server to tell them apart"
+                        )
                     found[tool.name] = tool
                 self._tools = found
             return self._tools
@@ -124,8 +128,12 @@ class ToolsEnvironment:
             if texts[i] is None:
                 runnable.append((i, tools[call.name], call.arguments))
         if self._workers is not None:  # warm processes first, outside the calls' timeouts
-            self._workers.reserve(sum(isinstance(t, FunctionTool) and _travels(t.function) for _, t, _ in runnable))
-        outcomes = call_all([self._runner(t, a) for _, t, a in runnable], self.params.tool_timeout_s + REPORT_GRACE_S)
+            self._workers.reserve(
+                sum(isinstance(t, FunctionTool) and _travels(t.function) for _, t, _ in runnable)
+            )
+        outcomes = call_all(
+            [self._runner(t, a) for _, t, a in runnable], self.params.tool_timeout_s + REPORT_GRACE_S
+        )
         for (i, tool, _), (value, error) in zip(runnable, outcomes, strict=True):
             texts[i], kind = _observation_text(tool.name, value, error, self.params.tool_timeout_s)
             counts[kind] += 1
@@ -138,11 +146,13 @@ class ToolsEnvironment:
     def _refusal(self, index: int, call: ToolCall, tools: dict[str, Tool], limit: int) -> str | None:
         """Why a call is not run (its error observation), or None."""
         if call.error:
-            return f"Error: malformed tool call: {call.error}. Write {{\"name\": ..., \"arguments\": {{...}}}} as JSON."
+            return f'Error: malformed tool call: {call.error}. Write {{"name": ..., "arguments": {{...}}}} as JSON.'
         if index >= limit:
             return f"Error: too many tool calls in one turn (at most {limit}); {call.name!r} was not run."
         if call.name not in tools:
-            return f"Error: unknown tool {call.name!r}; available tools: {', '.join(sorted(tools)) or 'none'}."
+            return (
+                f"Error: unknown tool {call.name!r}; available tools: {', '.join(sorted(tools)) or 'none'}."
+            )
         problem = check_arguments(tools[call.name], call.arguments)
         return f"Error: bad arguments for tool {call.name!r}: {problem}" if problem else None
 
@@ -162,25 +172,37 @@ class ToolsEpisode:
         if params.answer == "none":
             return None
         if self.label is None:
-            raise ValueError(f"tools environment answer={params.answer!r} needs a label per row (data.label_key)")
+            raise ValueError(
+                f"tools environment answer={params.answer!r} needs a label per row (data.label_key)"
+            )
         labels = self.label if isinstance(self.label, list | tuple) else [self.label]
         if params.answer == "exact_match":
             from relax.core.rewards.exact_match import normalize
 
-            return float(any(normalize(answer, params.case_sensitive) == normalize(str(lab), params.case_sensitive)
-                             for lab in labels))
+            return float(
+                any(
+                    normalize(answer, params.case_sensitive) == normalize(str(lab), params.case_sensitive)
+                    for lab in labels
+                )
+            )
         from relax.core.rewards.numeric import extract_number
 
         value = extract_number(answer, params.numeric_mode)
         targets = [extract_number(str(lab), "answer") for lab in labels]
-        return float(value is not None and any(t is not None and math.isclose(value, t, rel_tol=0.0, abs_tol=params.abs_tol)
-                                               for t in targets))
+        return float(
+            value is not None
+            and any(
+                t is not None and math.isclose(value, t, rel_tol=0.0, abs_tol=params.abs_tol) for t in targets
+            )
+        )
 
     def close(self) -> None:
         pass
 
 
-def _observation_text(name: str, value: Any, error: BaseException | None, timeout_s: float) -> tuple[str, str]:
+def _observation_text(
+    name: str, value: Any, error: BaseException | None, timeout_s: float
+) -> tuple[str, str]:
     """(observation text, counter) for one call's outcome."""
     if value is TIMEOUT or isinstance(error, ToolTimeout):
         return f"Error: tool {name!r} did not finish within {timeout_s:g}s.", "tool_timeouts"
@@ -195,8 +217,10 @@ def _observation_text(name: str, value: Any, error: BaseException | None, timeou
             return bytes(value).decode("utf-8"), "tool_calls_ok"
         except UnicodeDecodeError:
             text = bytes(value).decode("utf-8", errors="replace")
-            return (f"Error: tool {name!r} returned bytes that are not valid UTF-8 "
-                    f"(decoded with replacement characters): {text}"), "undecodable_outputs"
+            return (
+                f"Error: tool {name!r} returned bytes that are not valid UTF-8 "
+                f"(decoded with replacement characters): {text}"
+            ), "undecodable_outputs"
     if isinstance(value, str):
         return value, "tool_calls_ok"
     try:

@@ -31,7 +31,9 @@ from relax.agents.openai_env import OpenAIAgentEnvironment, OpenAIAgentParams, c
 class VerifiersParams:
     """``environment.params`` of ``verifiers``."""
 
-    env: str = ""  # "module:function" returning a verifiers.v1 Env, or an EnvConfig (built with vf.load_environment)
+    env: str = (
+        ""  # "module:function" returning a verifiers.v1 Env, or an EnvConfig (built with vf.load_environment)
+    )
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     task_key: str = "vf_task"  # the dataset field (listed in data.metadata_keys) holding the task's data
     model: str = "relax"  # the model name verifiers sends
@@ -42,7 +44,11 @@ class VerifiersParams:
 
     def validate(self) -> list[str]:
         errors = check_params(self, "env", self.env)
-        return errors + ([] if self.episode_timeout_s > 0 else [f"episode_timeout_s: must be > 0, got {self.episode_timeout_s}"])
+        return errors + (
+            []
+            if self.episode_timeout_s > 0
+            else [f"episode_timeout_s: must be > 0, got {self.episode_timeout_s}"]
+        )
 
 
 def load_env(ref: str, kwargs: dict[str, Any] | None = None) -> Any:
@@ -53,7 +59,9 @@ def load_env(ref: str, kwargs: dict[str, Any] | None = None) -> Any:
     if isinstance(made, vf.EnvConfig):
         made = vf.load_environment(made)
     if not isinstance(made, vf.Env):
-        raise ValueError(f"environment.params.env: {ref!r} returned {type(made).__name__}, not a verifiers.v1 Env or EnvConfig")
+        raise ValueError(
+            f"environment.params.env: {ref!r} returned {type(made).__name__}, not a verifiers.v1 Env or EnvConfig"
+        )
     return made
 
 
@@ -109,14 +117,18 @@ class VerifiersRunner:
         """The ``openai_agent`` agent: one verifiers episode against this session's endpoint."""
         data = row["metadata"].get(self.params.task_key)
         if data is None:
-            raise ValueError(f"verifiers: the row has no {self.params.task_key!r}; add it to data.metadata_keys "
-                             "(rows written by relax.agents.verifiers_env.export_dataset carry it)")
+            raise ValueError(
+                f"verifiers: the row has no {self.params.task_key!r}; add it to data.metadata_keys "
+                "(rows written by relax.agents.verifiers_env.export_dataset carry it)"
+            )
         episode = self.run(self.task(data), str(client.base_url).rstrip("/"))
         if not episode.ok:
             errors = "; ".join(f"{e.type}: {e.message}" for t in episode.traces for e in t.errors)
             errors = errors or "; ".join(f"{e.type}: {e.message}" for e in episode.errors)
             raise RuntimeError(f"verifiers episode failed: {errors or 'no trace finished'}")
-        metrics = {k: float(v) for t in episode.traces for k, v in t.metrics.items() if isinstance(v, int | float)}
+        metrics = {
+            k: float(v) for t in episode.traces for k, v in t.metrics.items() if isinstance(v, int | float)
+        }
         return {**metrics, "reward": sum(t.reward for t in episode.traces)}
 
 
@@ -124,9 +136,15 @@ class VerifiersEnvironment(OpenAIAgentEnvironment):
     """``openai_agent`` whose agent is a :class:`VerifiersRunner` (stopped with the server on ``close``)."""
 
     def __init__(self, params: VerifiersParams, tokenizer: Any, env: Any | None = None) -> None:
-        self.runner = VerifiersRunner(env if env is not None else load_env(params.env, params.env_kwargs), params)
-        agent_params = OpenAIAgentParams(model=params.model, call_timeout_s=params.call_timeout_s,
-                                         check_prompt=params.check_prompt, keep_sessions=params.keep_sessions)
+        self.runner = VerifiersRunner(
+            env if env is not None else load_env(params.env, params.env_kwargs), params
+        )
+        agent_params = OpenAIAgentParams(
+            model=params.model,
+            call_timeout_s=params.call_timeout_s,
+            check_prompt=params.check_prompt,
+            keep_sessions=params.keep_sessions,
+        )
         super().__init__(agent_params, tokenizer, agent=self.runner.agent)
 
     def close(self) -> None:
@@ -139,7 +157,9 @@ def verifiers_environment(params: VerifiersParams, ctx: Any) -> VerifiersEnviron
     from transformers import AutoTokenizer
 
     if not params.env:
-        raise ValueError("environment.params.env: set it to the verifiers environment factory, 'module:function'")
+        raise ValueError(
+            "environment.params.env: set it to the verifiers environment factory, 'module:function'"
+        )
     return VerifiersEnvironment(params, AutoTokenizer.from_pretrained(ctx.tokenizer_path or ctx.model_path))
 
 
@@ -152,9 +172,14 @@ def task_rows(env: Any, limit: int | None = None, task_key: str = "vf_task") -> 
         data = task.data.model_dump(mode="json", exclude_none=True)
         prompt = task.data.prompt
         if prompt is None:
-            raise ValueError(f"verifiers: task {task.data.idx} has no prompt (a user-opened task cannot be a Relax prompt)")
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [
-            m.model_dump(mode="json", exclude_none=True) for m in prompt]
+            raise ValueError(
+                f"verifiers: task {task.data.idx} has no prompt (a user-opened task cannot be a Relax prompt)"
+            )
+        messages = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else [m.model_dump(mode="json", exclude_none=True) for m in prompt]
+        )
         if task.data.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": task.data.system_prompt})
         yield {"prompt": messages, "label": data.get("answer"), task_key: data}
@@ -173,8 +198,10 @@ def export_dataset(env: Any, path: str | Path, limit: int | None = None, task_ke
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m relax.agents.verifiers_env",
-                                     description="Write a verifiers environment's tasks as a Relax JSONL dataset.")
+    parser = argparse.ArgumentParser(
+        prog="python -m relax.agents.verifiers_env",
+        description="Write a verifiers environment's tasks as a Relax JSONL dataset.",
+    )
     parser.add_argument("env", help="module:function returning a verifiers.v1 Env or EnvConfig")
     parser.add_argument("out", help="the .jsonl to write")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")

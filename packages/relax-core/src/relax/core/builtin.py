@@ -26,8 +26,12 @@ class HFEngineParams:
     prefix_cache_mb: float = 256.0
 
     def validate(self) -> list[str]:  # num_cpus >= 0 is checked for every section by relax.core.checks
-        errors = [] if self.max_batch_size >= 1 else [f"max_batch_size: must be >= 1, got {self.max_batch_size}"]
-        return errors + ([f"prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb}"] if self.prefix_cache_mb < 0 else [])
+        errors = (
+            [] if self.max_batch_size >= 1 else [f"max_batch_size: must be >= 1, got {self.max_batch_size}"]
+        )
+        return errors + (
+            [f"prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb}"] if self.prefix_cache_mb < 0 else []
+        )
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,13 @@ def _hf_engine(params: HFEngineParams, ctx: PluginContext):
     from relax.core.engines.hf import HFRolloutEngine
 
     return HFRolloutEngine(
-        ctx.model_path, dtype=ctx.dtype, device=params.device, max_batch_size=params.max_batch_size, seed=params.seed,
-        prefix_cache_mb=params.prefix_cache_mb, record_routing=ctx.record_routing,
+        ctx.model_path,
+        dtype=ctx.dtype,
+        device=params.device,
+        max_batch_size=params.max_batch_size,
+        seed=params.seed,
+        prefix_cache_mb=params.prefix_cache_mb,
+        record_routing=ctx.record_routing,
     )
 
 
@@ -205,7 +214,9 @@ def relax_register_inputs(register):
 
     register_smoke_inputs(register)
 
-    from relax.core.smollm2 import register_smollm2_inputs  # a real pretrained model (examples/smollm2_eval.yaml)
+    from relax.core.smollm2 import (
+        register_smollm2_inputs,
+    )  # a real pretrained model (examples/smollm2_eval.yaml)
 
     register_smollm2_inputs(register)
 

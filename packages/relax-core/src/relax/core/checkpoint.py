@@ -95,7 +95,9 @@ def problems(checkpoint_dir: str | Path) -> list[str]:
         if not path.is_file():
             found.append(f"{path}: missing")
         elif (size := path.stat().st_size) != expected["size"]:
-            found.append(f"{path}: {size} bytes, the manifest says {expected['size']} (truncated or overwritten)")
+            found.append(
+                f"{path}: {size} bytes, the manifest says {expected['size']} (truncated or overwritten)"
+            )
         elif _sha256(path) != expected["sha256"]:
             found.append(f"{path}: checksum mismatch (corrupt)")
     return found
@@ -107,8 +109,11 @@ def verify(checkpoint_dir: str | Path) -> Path:
     if bad := problems(path):
         raise CheckpointError(f"checkpoint {path} is unusable: " + "; ".join(bad))
     if not (path / MANIFEST).is_file():
-        log.warning("relax: checkpoint %s has no %s (written by an older Relax): its files are not verified",
-                    path, MANIFEST)
+        log.warning(
+            "relax: checkpoint %s has no %s (written by an older Relax): its files are not verified",
+            path,
+            MANIFEST,
+        )
     return path
 
 
@@ -119,8 +124,10 @@ def read_controller_state(checkpoint_dir: str | Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable controller state of checkpoint {checkpoint_dir} "
-                              f"({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(
+            f"{path}: unreadable controller state of checkpoint {checkpoint_dir} "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(f"{path}: not a controller state (no 'step') in checkpoint {checkpoint_dir}")
     return state
@@ -190,7 +197,9 @@ class CheckpointManager:
         """Every ``step_*`` directory, also one that lost its controller state (corrupt)."""
         if not self.root.is_dir():
             return []
-        found = [(int(m.group(1)), c) for c in self.root.iterdir() if (m := _STEP_DIR.match(c.name)) and c.is_dir()]
+        found = [
+            (int(m.group(1)), c) for c in self.root.iterdir() if (m := _STEP_DIR.match(c.name)) and c.is_dir()
+        ]
         return [path for _, path in sorted(found)]
 
     def set_aside(self, step_dir: Path) -> Path:
@@ -224,8 +233,13 @@ def resolve_resume(resume: str, root: str | Path) -> Path | None:
         )
     for path, bad in skipped:
         aside = manager.set_aside(path)
-        log.warning("relax: skipped checkpoint %s (%s); moved to %s; resuming from %s",
-                    path, "; ".join(bad), aside.name, found)
+        log.warning(
+            "relax: skipped checkpoint %s (%s); moved to %s; resuming from %s",
+            path,
+            "; ".join(bad),
+            aside.name,
+            found,
+        )
     if found is not None and not (found / MANIFEST).is_file():
         verify(found)  # logs that an older Relax's checkpoint is not verified
     return found

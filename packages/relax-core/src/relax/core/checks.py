@@ -22,14 +22,23 @@ from pathlib import Path
 from typing import Any
 
 #: any of these next to config.json makes a directory loadable with AutoTokenizer
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.tiktoken")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "tokenizer.tiktoken",
+)
 _DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 _HF_DISK_MARKERS = ("state.json", "dataset_dict.json")
 
 
 def nonfinite_errors(value: Any, path: str = "") -> list[str]:
     """Every NaN / inf float in a config tree (dataclasses, dicts, lists), named by dotted path."""
-    return [f"{p}: must be a finite number, got {v!r}" for p, v in _numbers(value, path) if not math.isfinite(v)]
+    return [
+        f"{p}: must be a finite number, got {v!r}" for p, v in _numbers(value, path) if not math.isfinite(v)
+    ]
 
 
 #: field-name suffix -> (predicate, rule): ranges every such field obeys, in core's config and in
@@ -213,6 +222,7 @@ def _read_only_fs(path: Path) -> bool:
 def launch_errors(cfg: Any, check_paths: bool = False, known: Iterable[str] = ()) -> list[str]:
     """Every launch problem in ``cfg`` not already reported in ``known`` (messages naming a field
     that ``known`` names are dropped, so ``top_p: nan`` is reported once)."""
+
     def field(msg: str) -> str:
         return msg.split(":", 1)[0]
 

@@ -35,8 +35,12 @@ def _load(ns: argparse.Namespace, build_inputs: bool = True):
     from relax.core.config import config_error, load_config  # imports torch and the plugins: seconds
     from relax.core.recipes.commands import with_prepare_hint
 
-    with with_prepare_hint():  # a recipe's dataset not prepared yet: the error names the command that makes it
-        cfg = load_config(*_config_args(ns), check_paths=True, build_inputs=build_inputs)  # before Ray: paths usable
+    with (
+        with_prepare_hint()
+    ):  # a recipe's dataset not prepared yet: the error names the command that makes it
+        cfg = load_config(
+            *_config_args(ns), check_paths=True, build_inputs=build_inputs
+        )  # before Ray: paths usable
     from relax.core.cluster import driver_paths
 
     cfg = driver_paths(cfg)  # the roles, on other nodes, do not share this process's current directory
@@ -96,8 +100,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         from relax.core.controller.run import run
 
         where = " (every role in this process: rollout.host=driver, no Ray)" if local else ""
-        print(f"relax: running {cfg.name!r} in {cfg.mode} mode{where} for {cfg.total_steps} steps -> {cfg.run_dir}",
-              flush=True)
+        print(
+            f"relax: running {cfg.name!r} in {cfg.mode} mode{where} for {cfg.total_steps} steps -> {cfg.run_dir}",
+            flush=True,
+        )
         summary = run(cfg, early=early, launched=process_start_time())
     except BaseException as exc:  # Ctrl-C too: one line and how to resume, the traceback to a file
         return _report_failure(exc, ns, cfg)
@@ -134,11 +140,15 @@ def _report_failure(exc: BaseException, ns: argparse.Namespace, cfg) -> int:
     print(f"relax: stopped{where}: {reason(exc)}{detail}", file=sys.stderr, flush=True)
     checkpoint, resume = resume_point(cfg, getattr(exc, "relax_checkpoint", None))
     args = [*(a for a in ns.args if not a.startswith("checkpoint.resume=")), resume]
-    command = shlex.join(["relax", "run", *args, *(["--address", ns.address] if getattr(ns, "address", None) else [])])
+    command = shlex.join(
+        ["relax", "run", *args, *(["--address", ns.address] if getattr(ns, "address", None) else [])]
+    )
     if checkpoint:
         print(f"relax: resume from {checkpoint} with: {command}", file=sys.stderr, flush=True)
     else:
-        print(f"relax: no checkpoint to resume from; start again with: {command}", file=sys.stderr, flush=True)
+        print(
+            f"relax: no checkpoint to resume from; start again with: {command}", file=sys.stderr, flush=True
+        )
     if isinstance(exc, Interrupted):
         return 143 if exc.signame == "SIGTERM" else 130
     return 130 if isinstance(exc, KeyboardInterrupt) else 1
@@ -153,8 +163,10 @@ def cmd_validate(ns: argparse.Namespace) -> int:
         fills = get_plugin_manager().registration("inputs", cfg.inputs.name).options.get("fills", ())
         unset = [f for f in fills if _dotted(cfg, f) is None]
         if unset:
-            print(f"note: inputs {cfg.inputs.name!r} builds {', '.join(unset)} on the first `relax run` "
-                  "(not built by validate; they are checked then)")
+            print(
+                f"note: inputs {cfg.inputs.name!r} builds {', '.join(unset)} on the first `relax run` "
+                "(not built by validate; they are checked then)"
+            )
     from relax.core.memory_plan import format_plan, gpu_memory, plan_for
 
     if gpu := gpu_memory(cfg, ns.gpu_memory):
@@ -173,8 +185,9 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     cfg = load_config(*_config_args(ns))
     gpu = gpu_memory(cfg, ns.gpu_memory)
     if not gpu:
-        raise ConfigError("relax plan: how much memory has each GPU? pass --gpu-memory GIB, or set "
-                          "cluster.gpu_memory_gb")
+        raise ConfigError(
+            "relax plan: how much memory has each GPU? pass --gpu-memory GIB, or set cluster.gpu_memory_gb"
+        )
     try:
         plan = plan_for(cfg, gpu)
     except ShapeError as exc:
@@ -216,19 +229,25 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.set_defaults(fn=cmd_plugins)
     from relax.core.convert import add_arguments, cmd_convert
 
-    convert = sub.add_parser("convert", help="write a trainer checkpoint (fsdp, megatron, ...) as an HF model directory")
+    convert = sub.add_parser(
+        "convert", help="write a trainer checkpoint (fsdp, megatron, ...) as an HF model directory"
+    )
     add_arguments(convert)
     convert.set_defaults(fn=cmd_convert)
     from relax.core.eval_command import add_arguments as add_eval_arguments
     from relax.core.eval_command import cmd_eval
 
-    evaluate = sub.add_parser("eval", help="evaluate a model, run or checkpoint on the config's eval sets (no training)")
+    evaluate = sub.add_parser(
+        "eval", help="evaluate a model, run or checkpoint on the config's eval sets (no training)"
+    )
     add_eval_arguments(evaluate)
     evaluate.set_defaults(fn=cmd_eval)
     from relax.core.inspect_command import add_arguments as add_inspect_arguments
     from relax.core.inspect_command import cmd_inspect
 
-    inspect = sub.add_parser("inspect", help="print logged trajectories: turns, tool calls, trained and masked tokens")
+    inspect = sub.add_parser(
+        "inspect", help="print logged trajectories: turns, tool calls, trained and masked tokens"
+    )
     add_inspect_arguments(inspect)
     inspect.set_defaults(fn=cmd_inspect)
     from relax.core.recipes.commands import add_recipe_commands
@@ -246,7 +265,9 @@ def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
     for name in manager.names("command"):
         reg = manager.registration("command", name)
         if name in sub.choices:
-            raise PluginError(f"plugin {reg.plugin!r} registered command {name!r}, which is a built-in relax command")
+            raise PluginError(
+                f"plugin {reg.plugin!r} registered command {name!r}, which is a built-in relax command"
+            )
         parser = sub.add_parser(name, help=reg.options.get("help", f"(from plugin {reg.plugin})"))
         if (arguments := reg.options.get("arguments")) is not None:
             arguments(parser)

@@ -78,7 +78,9 @@ class DataConfig:
     # quick-start task (used only when path is None)
     task_size: int = 2000
     task_max_operand: int = 9
-    task_heldout: int = 0  # problems kept out of training, written as the held-out split (eval.sets.<name>.path: null)
+    task_heldout: int = (
+        0  # problems kept out of training, written as the held-out split (eval.sets.<name>.path: null)
+    )
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,9 @@ class EnvironmentConfig:
     max_total_tokens: int = 512  # response tokens per episode, observations included
     max_observation_tokens: int = 256  # one observation longer than this is cut (counted as truncated)
     turn_timeout_s: float = 30.0  # longest one episode call (a tool) may take; overrun ends the episode
-    on_tool_error: Literal["observe", "end"] = "observe"  # a failed or malformed tool call: error observation, or end the episode
+    on_tool_error: Literal["observe", "end"] = (
+        "observe"  # a failed or malformed tool call: error observation, or end the episode
+    )
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,12 @@ class LoggingConfig:
     plot: bool = True
     progress: bool = True
     webhook_url: str | None = None  # JSON POST on completion/failure (kept; notify_urls covers more events)
-    notify_urls: list[str] = field(default_factory=list)  # Apprise URLs: start, failure, recovery, scaling, completion
-    log_samples: int = 0  # K training samples per step to <run_dir>/samples.jsonl (+ a W&B table, TensorBoard text)
+    notify_urls: list[str] = field(
+        default_factory=list
+    )  # Apprise URLs: start, failure, recovery, scaling, completion
+    log_samples: int = (
+        0  # K training samples per step to <run_dir>/samples.jsonl (+ a W&B table, TensorBoard text)
+    )
     # failed episodes, tools, rewards (relax.core.failures): the first N of each kind per step logged with their
     # reason; every one in <run_dir>/failures.jsonl; the run stops when more than this fraction of its samples
     # failed over failure_window_steps steps (or over the whole run, at its end); 1.0 never stops it
@@ -268,8 +276,9 @@ class RelaxConfig:
 # --------------------------------------------------------------------------- loading
 
 
-def config_from_dict(data: dict[str, Any], check_plugins: bool = True, check_paths: bool = False,
-                     build_inputs: bool = True) -> RelaxConfig:
+def config_from_dict(
+    data: dict[str, Any], check_plugins: bool = True, check_paths: bool = False, build_inputs: bool = True
+) -> RelaxConfig:
     """``check_paths``: also check that data, model and run_dir are usable (the CLI does); with
     ``inputs.name`` set, its plugin first builds the inputs the config leaves null (``relax.core.inputs``),
     unless ``build_inputs`` is False (``relax validate``: validation builds no model)."""
@@ -313,7 +322,10 @@ def config_error(errors: list[str]) -> ConfigError:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | None = None, check_plugins: bool = True, check_paths: bool = False,
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    check_plugins: bool = True,
+    check_paths: bool = False,
     build_inputs: bool = True,
 ) -> RelaxConfig:
     """Load YAML (or the bundled quick-start when ``path`` is None), apply overrides, validate
@@ -334,7 +346,9 @@ def load_config(
         data = quickstart_dict()
     data = merge_trees(data, parse_overrides(overrides or []))
     try:
-        return config_from_dict(data, check_plugins=check_plugins, check_paths=check_paths, build_inputs=build_inputs)
+        return config_from_dict(
+            data, check_plugins=check_plugins, check_paths=check_paths, build_inputs=build_inputs
+        )
     except ConfigError as exc:
         if path is None:
             raise
@@ -401,7 +415,9 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     ]:
         _positive(errors, path, value, zero_ok)
     if not 0 <= cfg.logging.fail_if_failure_rate_above <= 1:
-        errors.append(f"logging.fail_if_failure_rate_above: must be in [0, 1], got {cfg.logging.fail_if_failure_rate_above!r}")
+        errors.append(
+            f"logging.fail_if_failure_rate_above: must be in [0, 1], got {cfg.logging.fail_if_failure_rate_above!r}"
+        )
     if not 0 < cfg.rollout.top_p <= 1:
         errors.append(f"rollout.top_p: must be in (0, 1], got {cfg.rollout.top_p!r}")
     if len(cfg.trainer.betas) != 2:
@@ -424,24 +440,38 @@ def _semantic_errors(cfg: RelaxConfig) -> list[str]:
     errors.extend(length_errors(cfg))
     errors.extend(eval_errors(cfg))
     if cfg.mode == "colocate" and cfg.max_staleness != 0:
-        errors.append(f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}")
+        errors.append(
+            f"max_staleness: mode 'colocate' is strictly on-policy and needs 0, got {cfg.max_staleness}"
+        )
     if cfg.mode == "colocate" and cfg.weight_sync.every_n_steps != 1:
         errors.append(
             f"weight_sync.every_n_steps: mode 'colocate' is strictly on-policy and syncs every step, got {cfg.weight_sync.every_n_steps}"
         )
     if cfg.mode != "colocate":
-        for path, on in [("algorithm.dynamic_sampling.enable", cfg.algorithm.dynamic_sampling.enable),
-                         ("algorithm.greedy_baseline", cfg.algorithm.greedy_baseline),
-                         ("rollout.release_memory", cfg.rollout.release_memory)]:
+        for path, on in [
+            ("algorithm.dynamic_sampling.enable", cfg.algorithm.dynamic_sampling.enable),
+            ("algorithm.greedy_baseline", cfg.algorithm.greedy_baseline),
+            ("rollout.release_memory", cfg.rollout.release_memory),
+        ]:
             if on:
-                errors.append(f"{path}: supported in mode 'colocate' only (rollout and training take turns), got mode {cfg.mode!r}")
+                errors.append(
+                    f"{path}: supported in mode 'colocate' only (rollout and training take turns), got mode {cfg.mode!r}"
+                )
     if cfg.mode != "colocate" and cfg.weight_sync.every_n_steps > cfg.max_staleness + 1:
         errors.append(
             f"weight_sync.every_n_steps: {cfg.weight_sync.every_n_steps} would make rollout wait forever with "
             f"max_staleness={cfg.max_staleness}; needs <= max_staleness + 1"
         )
     if cfg.checkpoint.resume not in ("auto", "never") and not Path(cfg.checkpoint.resume).exists():
-        errors.append(f"checkpoint.resume: {cfg.checkpoint.resume!r} is neither 'auto', 'never' nor an existing directory")
-    if cfg.data.path is not None and Path(cfg.data.path).suffix not in (".jsonl", ".json", ".parquet") and not Path(cfg.data.path).is_dir():
-        errors.append(f"data.path: {cfg.data.path!r} must be a .jsonl, .json or .parquet file or a dataset directory")
+        errors.append(
+            f"checkpoint.resume: {cfg.checkpoint.resume!r} is neither 'auto', 'never' nor an existing directory"
+        )
+    if (
+        cfg.data.path is not None
+        and Path(cfg.data.path).suffix not in (".jsonl", ".json", ".parquet")
+        and not Path(cfg.data.path).is_dir()
+    ):
+        errors.append(
+            f"data.path: {cfg.data.path!r} must be a .jsonl, .json or .parquet file or a dataset directory"
+        )
     return errors

@@ -32,7 +32,9 @@ def _convert(value: Any, tp: Any, path: str, errors: list[str]) -> Any:
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
-            errors.append(f"{path}: {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}")
+            errors.append(
+                f"{path}: {value!r} is not allowed; allowed values: {', '.join(map(repr, allowed))}"
+            )
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)

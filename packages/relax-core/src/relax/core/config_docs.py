@@ -63,7 +63,11 @@ def config_reference_markdown() -> str:
             reg = manager.registration(kind, name)
             if reg.config is None:
                 continue
-            lines += ["", f"### `{section}.{params_field}` when `{section}.{selector}: {name}` (plugin `{reg.plugin}`)", ""]
+            lines += [
+                "",
+                f"### `{section}.{params_field}` when `{section}.{selector}: {name}` (plugin `{reg.plugin}`)",
+                "",
+            ]
             lines += ["| field | type | default |", "|---|---|---|"]
             lines += _table(_rows(reg.config, f"{section}.{params_field}."))
     return "\n".join(lines) + "\n"
@@ -71,7 +75,9 @@ def config_reference_markdown() -> str:
 
 def _table(rows: list[tuple[str, str, str]]) -> list[str]:
     # a literal "|" inside a cell would split the table column
-    return [f"| `{name}` | `{tp}` | `{default}` |".replace(" | None", r" \| None") for name, tp, default in rows]
+    return [
+        f"| `{name}` | `{tp}` | `{default}` |".replace(" | None", r" \| None") for name, tp, default in rows
+    ]
 
 
 if __name__ == "__main__":

@@ -40,11 +40,17 @@ def hint(field: str, value: str, config_file: Path) -> str | None:
     where = found_elsewhere(value, config_file)
     if where is None:
         return None
-    whose = "the config file's directory" if where == config_file.resolve().parent else "a parent of the config file"
+    whose = (
+        "the config file's directory"
+        if where == config_file.resolve().parent
+        else "a parent of the config file"
+    )
     absolute = where / value
-    return (f"relative paths resolve against the current directory ({Path.cwd()}), but {value!r} exists "
-            f"relative to {where} ({whose}): run relax from {where}, or write the absolute path in the config "
-            f"(or override {field}={absolute})")
+    return (
+        f"relative paths resolve against the current directory ({Path.cwd()}), but {value!r} exists "
+        f"relative to {where} ({whose}): run relax from {where}, or write the absolute path in the config "
+        f"(or override {field}={absolute})"
+    )
 
 
 def with_path_hints(error: ConfigError, data: dict[str, Any], config_file: Path) -> ConfigError:

@@ -31,7 +31,9 @@ def build_section(config_cls: type | None, value: Any, path: str, errors: list[s
     if config_cls is None or isinstance(value, config_cls):
         return value
     if not isinstance(value, dict):
-        errors.append(f"{path}: expected a mapping of {config_cls.__name__} fields, got {type(value).__name__}")
+        errors.append(
+            f"{path}: expected a mapping of {config_cls.__name__} fields, got {type(value).__name__}"
+        )
         return value
     local: list[str] = []
     typed = build_dataclass(config_cls, value, path, local)
@@ -105,9 +107,14 @@ def plugin_errors(cfg: RelaxConfig) -> list[str]:
         if name not in names:
             errors.append(f"{path}: unknown {kind} {name!r}; registered: {', '.join(names) or '(none)'}")
     env = cfg.environment
-    if env.tool_parser == "none" and env.name in manager.names("environment") and \
-            manager.registration("environment", env.name).options.get("tool_calls"):
+    if (
+        env.tool_parser == "none"
+        and env.name in manager.names("environment")
+        and manager.registration("environment", env.name).options.get("tool_calls")
+    ):
         parsers = [n for n in manager.names("tool_parser") if n != "none"]
-        errors.append(f"environment.tool_parser: 'none' finds no tool call, but environment {env.name!r} is answered with "
-                      f"tool calls (registered with tool_calls=True); set one of: {', '.join(parsers) or '(none installed)'}")
+        errors.append(
+            f"environment.tool_parser: 'none' finds no tool call, but environment {env.name!r} is answered with "
+            f"tool calls (registered with tool_calls=True); set one of: {', '.join(parsers) or '(none installed)'}"
+        )
     return errors

@@ -16,8 +16,9 @@ class LoraConfig:
     rank: int = 16
     alpha: float = 32.0  # the adapter's output is scaled by alpha / rank
     dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     modules_to_save: list[str] = field(default_factory=list)  # trained in full (and synced in full)
     export_merged: bool = False  # final export: also the base with the adapter merged (plain HF weights)
 
@@ -59,12 +60,17 @@ def lora_errors(cfg: Any) -> list[str]:
     lora = cfg.trainer.lora
     if lora is None:
         return []
-    errors = [f"trainer.lora.{name}: must be > 0, got {value}" for name, value in (("rank", lora.rank), ("alpha", lora.alpha))
-              if value <= 0]  # fmt: skip
+    errors = [
+        f"trainer.lora.{name}: must be > 0, got {value}"
+        for name, value in (("rank", lora.rank), ("alpha", lora.alpha))
+        if value <= 0
+    ]
     if not 0 <= lora.dropout < 1:
         errors.append(f"trainer.lora.dropout: must be in [0, 1), got {lora.dropout}")
     if not lora.target_modules:
-        errors.append("trainer.lora.target_modules: name at least one module (e.g. [q_proj, v_proj] or [all-linear])")
+        errors.append(
+            "trainer.lora.target_modules: name at least one module (e.g. [q_proj, v_proj] or [all-linear])"
+        )
     return errors
 
 
@@ -75,6 +81,8 @@ def offload_errors(cfg: Any) -> list[str]:
     if not cfg.trainer.offload:
         return []
     if cfg.mode != "colocate":
-        return [f"trainer.offload: supported in mode 'colocate' only (in mode {cfg.mode!r} the trainer has its GPUs "
-                "to itself: nothing would use the memory it frees); set it to false"]  # fmt: skip
+        return [
+            f"trainer.offload: supported in mode 'colocate' only (in mode {cfg.mode!r} the trainer has its GPUs "
+            "to itself: nothing would use the memory it frees); set it to false"
+        ]
     return []

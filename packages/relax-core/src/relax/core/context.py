@@ -74,4 +74,3 @@ class PluginContext:
     #: launched for them, like ``sglang``, reads rank and target modules here)
     lora: Any = None
     resources: Resources = Resources()
-

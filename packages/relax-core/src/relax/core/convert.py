@@ -30,9 +30,11 @@ def _restore(hf_dir: str, source: str | None) -> None:
     if source is not None and Path(source).is_dir():
         restore_layout(hf_dir, source)
     elif source is not None:
-        warnings.warn(f"relax convert: the run's model {source} is gone: {hf_dir} holds the trained model as loaded "
-                      "(where its model adapter loaded part of a checkpoint, that part alone); --model names where it is now",
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"relax convert: the run's model {source} is gone: {hf_dir} holds the trained model as loaded "
+            "(where its model adapter loaded part of a checkpoint, that part alone); --model names where it is now",
+            stacklevel=3,
+        )
 
 
 def convert(checkpoint: str, hf_dir: str, model_path: str | None = None) -> tuple[str, int]:
@@ -55,15 +57,23 @@ def convert(checkpoint: str, hf_dir: str, model_path: str | None = None) -> tupl
                 count = int(reg.factory(str(where), hf_dir))
                 _restore(hf_dir, model_path or _started_from(path))
                 return name, count
-    raise ValueError(f"relax convert: no registered checkpoint format recognises {checkpoint} "
-                     f"(registered: {manager.names('checkpoint_format')})")  # fmt: skip
+    raise ValueError(
+        f"relax convert: no registered checkpoint format recognises {checkpoint} "
+        f"(registered: {manager.names('checkpoint_format')})"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a trainer checkpoint (<run_dir>/checkpoints/step_N, or its trainer/ directory)")
+    parser.add_argument(
+        "checkpoint", help="a trainer checkpoint (<run_dir>/checkpoints/step_N, or its trainer/ directory)"
+    )
     parser.add_argument("hf_dir", help="where to write the HF model directory")
-    parser.add_argument("--model", default=None, help="the model the run started from, if moved since (default: the "
-                        "path the checkpoint records; what was trained is written back into its layout)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the model the run started from, if moved since (default: the "
+        "path the checkpoint records; what was trained is written back into its layout)",
+    )
 
 
 def cmd_convert(ns: argparse.Namespace) -> int:

@@ -73,7 +73,9 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     prompt_lens = torch.tensor([len(s.prompt_ids) for s in samples])
     response_lens = torch.tensor([len(s.response_ids) for s in samples])
     columns = torch.arange(p_len + r_len)
-    attention = ((columns >= (p_len - prompt_lens)[:, None]) & (columns < (p_len + response_lens)[:, None])).long()
+    attention = (
+        (columns >= (p_len - prompt_lens)[:, None]) & (columns < (p_len + response_lens)[:, None])
+    ).long()
     input_ids = torch.full(attention.shape, pad_id, dtype=torch.long)
     input_ids[attention.bool()] = torch.tensor(ids, dtype=torch.long)
     real = torch.arange(r_len) < response_lens[:, None]
@@ -92,8 +94,9 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     if any(s.routed_experts is not None for s in samples):  # (B, P + R, MoE layers, top_k), -1: not recorded
         from relax.core.routing_replay import pack_routing
 
-        media["routed_experts"] = pack_routing([s.routed_experts for s in samples],
-                                               [len(s.prompt_ids) for s in samples], p_len, r_len)  # fmt: skip
+        media["routed_experts"] = pack_routing(
+            [s.routed_experts for s in samples], [len(s.prompt_ids) for s in samples], p_len, r_len
+        )
     return {
         **media,
         "input_ids": input_ids,

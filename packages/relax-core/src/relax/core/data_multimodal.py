@@ -41,7 +41,9 @@ def model_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
 def source_media(inputs: dict[str, Any], kind: str) -> list[Any]:
     """The ``source.<kind>.<i>`` entries of ``inputs`` in item order (empty when the processor kept none)."""
     head = f"{SOURCE}{kind}."
-    found = {int(k[len(head):]): v for k, v in inputs.items() if k.startswith(head) and k[len(head):].isdigit()}
+    found = {
+        int(k[len(head) :]): v for k, v in inputs.items() if k.startswith(head) and k[len(head) :].isdigit()
+    }
     return [found[i] for i in sorted(found)]
 
 
@@ -55,12 +57,16 @@ def share(inputs: dict[str, torch.Tensor]) -> Any:
     return inputs
 
 
-def merge_media(first: dict[str, torch.Tensor] | None, then: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def merge_media(
+    first: dict[str, torch.Tensor] | None, then: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """One prompt's inputs followed by more media of the same sequence (a tool's image in a multi-turn
     episode): each tensor concatenated along its item axis, so placeholders and inputs keep one order.
     Per-token entries are dropped (recomputed from the ids); original media (``source.*``) cannot follow."""
     if any(k.startswith(SOURCE) for k in then):
-        raise ValueError(f"media after the prompt cannot carry original media entries ({SOURCE}*): images only")
+        raise ValueError(
+            f"media after the prompt cannot carry original media entries ({SOURCE}*): images only"
+        )
     merged = {k: v for k, v in (first or {}).items() if k not in TOKEN_LEVEL}
     for key, value in then.items():
         if key not in TOKEN_LEVEL:
@@ -123,7 +129,7 @@ def row_media(batch: dict[str, Any], row: int) -> dict[str, torch.Tensor]:
         if key.startswith(PREFIX) and not key.endswith(".shape"):
             shape = batch[key + ".shape"][row].tolist()
             if shape and shape[0] > 0:
-                out[key[len(PREFIX):]] = batch[key][(row, *(slice(0, n) for n in shape))]
+                out[key[len(PREFIX) :]] = batch[key][(row, *(slice(0, n) for n in shape))]
     return out
 
 
@@ -152,11 +158,22 @@ def _pad_spec(shape: Sequence[int], target: Sequence[int]) -> list[int]:
 
 
 #: dataset counters that grow while prompts are drawn (logged with every step, not only at load)
-DRAW_STATS = ("processed_prompts", "skipped_media", "filtered_too_long", "media_image", "media_video", "media_audio")
+DRAW_STATS = (
+    "processed_prompts",
+    "skipped_media",
+    "filtered_too_long",
+    "media_image",
+    "media_video",
+    "media_audio",
+)
 
 
 def process_drawn(
-    items: list[Any], processor: Any, on_error: str, draw_one: Callable[[], Any], stats: dict[str, int],
+    items: list[Any],
+    processor: Any,
+    on_error: str,
+    draw_one: Callable[[], Any],
+    stats: dict[str, int],
     max_prompt_length: int | None = None,
 ) -> list[tuple[Any, dict[str, Any]]]:
     """Run ``processor.process`` once per drawn prompt item; returns ``(item, processed)`` pairs.
@@ -174,7 +191,9 @@ def process_drawn(
         nonlocal budget
         stats[counter] = stats.get(counter, 0) + 1
         if stats[counter] <= 5:  # later ones are only counted
-            log.warning("data: dropped prompt %s, %s (further ones only counted after 5): %s", item.uid, what, detail)
+            log.warning(
+                "data: dropped prompt %s, %s (further ones only counted after 5): %s", item.uid, what, detail
+            )
         budget -= 1
         if budget <= 0:
             raise MediaError(item.uid, "every drawn prompt", f"{what} in too many rows in a row") from error
@@ -191,8 +210,12 @@ def process_drawn(
             continue
         n = len(processed["prompt_ids"])
         if max_prompt_length and n > max_prompt_length:
-            reject(item, "filtered_too_long", f"prompts longer than data.max_prompt_length={max_prompt_length}",
-                   f"{n} prompt tokens with media expanded")
+            reject(
+                item,
+                "filtered_too_long",
+                f"prompts longer than data.max_prompt_length={max_prompt_length}",
+                f"{n} prompt tokens with media expanded",
+            )
             continue
         stats["processed_prompts"] = stats.get("processed_prompts", 0) + 1
         for kind, count in processed.get("counts", {}).items():
@@ -214,7 +237,8 @@ def draw_multimodal(dataset: Any, items: list[Any]) -> tuple[list[Any], list[Any
     from dataclasses import replace
 
     cfg = dataset.config
-    pairs = process_drawn(items, dataset.processor, cfg.on_error, dataset.next_item, dataset.stats,
-                          cfg.max_prompt_length)
+    pairs = process_drawn(
+        items, dataset.processor, cfg.on_error, dataset.next_item, dataset.stats, cfg.max_prompt_length
+    )
     ready = [replace(it, prompt_ids=list(p["prompt_ids"]), prompt_text=p["prompt_text"]) for it, p in pairs]
     return ready, [share(p["inputs"]) for _, p in pairs]

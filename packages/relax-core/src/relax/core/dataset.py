@@ -57,7 +57,9 @@ class DatasetConfig:
     media_keys: tuple[str, ...] = tuple(_DATA.media_keys)
     system_prompt: str | None = _DATA.system_prompt  # prepended unless the row's chat already starts with one
     apply_chat_template: bool = _DATA.apply_chat_template
-    max_prompt_length: int | None = _DATA.max_prompt_length  # in tokens; longer prompts are dropped and counted
+    max_prompt_length: int | None = (
+        _DATA.max_prompt_length
+    )  # in tokens; longer prompts are dropped and counted
     on_error: Literal["raise", "skip"] = _DATA.on_error
     batch_size: int = 8
     shuffle: bool = _DATA.shuffle
@@ -112,7 +114,9 @@ def _iter_raw(path: Path, split: str = "train") -> Iterator[tuple[int, dict[str,
 
 def _bad_utf8(path: Path, where: str, data: bytes, e: UnicodeDecodeError, base: int = 0) -> DatasetError:
     byte = data[e.start : e.start + 1].hex()
-    return DatasetError(f"{path}: {where}byte offset {base + e.start}: invalid UTF-8 (byte 0x{byte}: {e.reason})")
+    return DatasetError(
+        f"{path}: {where}byte offset {base + e.start}: invalid UTF-8 (byte 0x{byte}: {e.reason})"
+    )
 
 
 def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any] | DatasetError]]:
@@ -229,7 +233,9 @@ class PromptDataset:
             try:
                 processor = TextProcessor(tokenizer)
             except ValueError:
-                raise ValueError("data.apply_chat_template is true but the tokenizer has no chat template") from None
+                raise ValueError(
+                    "data.apply_chat_template is true but the tokenizer has no chat template"
+                ) from None
         self.config = config
         self.tokenizer = tokenizer
         self.processor = processor
@@ -257,7 +263,10 @@ class PromptDataset:
         self.stats["loaded"] = len(self.items)
         log.info(
             "data %s: %d prompts loaded, %d malformed rows skipped, %d longer than max_prompt_length=%s filtered",
-            config.path, self.stats["loaded"], self.stats["skipped_malformed"], self.stats["filtered_too_long"],
+            config.path,
+            self.stats["loaded"],
+            self.stats["skipped_malformed"],
+            self.stats["filtered_too_long"],
             config.max_prompt_length,
         )
         if not self.items:
@@ -332,7 +341,9 @@ class PromptDataset:
     def _render(self, prompt: str | list[dict[str, Any]]) -> tuple[str, list[int]]:
         """(prompt text, prompt ids): chat prompts go through the processor, plain ones are encoded."""
         if not self.config.apply_chat_template:
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if self.tokenizer is not None else []
+            ids = (
+                self.tokenizer.encode(prompt, add_special_tokens=False) if self.tokenizer is not None else []
+            )
             return prompt, ids  # type: ignore[return-value]  # lists were rejected above
         out = self.processor(self._messages(prompt))
         return out["prompt_text"], out["prompt_ids"]

@@ -94,7 +94,10 @@ def diagnose(path: str | Path) -> tuple[int, str] | None:
         return errno.ENOSPC, f"{DISK_ERRNOS[errno.ENOSPC]} ({free} bytes free)"
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY and _largest_file(where) >= limit:
-        return errno.EFBIG, f"{DISK_ERRNOS[errno.EFBIG]} (the process file-size limit RLIMIT_FSIZE is {limit} bytes)"
+        return (
+            errno.EFBIG,
+            f"{DISK_ERRNOS[errno.EFBIG]} (the process file-size limit RLIMIT_FSIZE is {limit} bytes)",
+        )
     if not os.access(where, os.W_OK):
         return errno.EACCES, DISK_ERRNOS[errno.EACCES]
     return None
@@ -110,7 +113,11 @@ def disk_error(operation: str, path: str | Path, exc: BaseException) -> DiskErro
             return None
         code, detail = found
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    return DiskError(f"{operation}: cannot write {str(path)!r}: {detail} ({type(exc).__name__}: {first_line})", code, str(path))
+    return DiskError(
+        f"{operation}: cannot write {str(path)!r}: {detail} ({type(exc).__name__}: {first_line})",
+        code,
+        str(path),
+    )
 
 
 @contextmanager

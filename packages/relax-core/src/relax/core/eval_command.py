@@ -22,11 +22,19 @@ class EvalInputError(ValueError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*", help="config.yaml [key.path=value ...] (its eval.sets are evaluated)")
-    parser.add_argument("--model", default=None, help="HF model dir, run dir (final_hf) or checkpoint (default: model.path)")
+    parser.add_argument(
+        "args", nargs="*", help="config.yaml [key.path=value ...] (its eval.sets are evaluated)"
+    )
+    parser.add_argument(
+        "--model", default=None, help="HF model dir, run dir (final_hf) or checkpoint (default: model.path)"
+    )
     parser.add_argument("--out", default=None, help="where the files go (default: <run_dir>/relax_eval)")
-    parser.add_argument("--step", type=int, default=None,
-                        help="the step the files are named by (default: the checkpoint's, else 0)")
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="the step the files are named by (default: the checkpoint's, else 0)",
+    )
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -44,8 +52,10 @@ def _torch_checkpoint_to_hf(checkpoint: Path, out: Path) -> None:
 
     source = read_controller_state(checkpoint).get("model_path")
     if not source or not Path(source).is_dir():
-        raise EvalInputError(f"--model {checkpoint}: the model the run started from ({source}) is gone; "
-                             "convert it with relax convert")
+        raise EvalInputError(
+            f"--model {checkpoint}: the model the run started from ({source}) is gone; "
+            "convert it with relax convert"
+        )
     state = torch.load(checkpoint / "trainer" / "trainer_state.pt", map_location="cpu", weights_only=True)
     if state.get("lora", False):
         raise EvalInputError(f"--model {checkpoint}: a LoRA checkpoint; evaluate the run's final_hf instead")
@@ -67,8 +77,10 @@ def resolve_model(arg: str, out: Path) -> tuple[str, int]:
         return str(path / "final_hf"), max([s for s in steps if s is not None], default=0)
     step = _checkpoint_step(path)
     if step is None:
-        raise EvalInputError(f"--model {arg}: neither an HF model directory (config.json), a run directory (final_hf) "
-                             "nor a Relax checkpoint (controller.json)")
+        raise EvalInputError(
+            f"--model {arg}: neither an HF model directory (config.json), a run directory (final_hf) "
+            "nor a Relax checkpoint (controller.json)"
+        )
     target = out / f"model_step_{step}"
     if not (target / "config.json").is_file():
         if (path / "trainer" / "trainer_state.pt").is_file():
@@ -100,10 +112,16 @@ def evaluate_model(cfg: Any, model_arg: str | None, out: Path, step: int | None 
     out.mkdir(parents=True, exist_ok=True)
     model_path, found_step = resolve_model(model_arg, out) if model_arg else (resolve_model_path(cfg), 0)
     step = found_step if step is None else step
-    sets = {n: s if s.path is not None else dataclasses.replace(s, path=str(_heldout(cfg)))
-            for n, s in cfg.eval.sets.items()}
-    cfg = dataclasses.replace(cfg, run_dir=str(out), model=dataclasses.replace(cfg.model, path=model_path),
-                              eval=dataclasses.replace(cfg.eval, sets=sets))
+    sets = {
+        n: s if s.path is not None else dataclasses.replace(s, path=str(_heldout(cfg)))
+        for n, s in cfg.eval.sets.items()
+    }
+    cfg = dataclasses.replace(
+        cfg,
+        run_dir=str(out),
+        model=dataclasses.replace(cfg.model, path=model_path),
+        eval=dataclasses.replace(cfg.eval, sets=sets),
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     stops = stop_token_ids(tokenizer)
     engine = LocalHandle(RolloutRole.__ray_actor_class__(cfg, engine_context(cfg, model_path, 0)))
@@ -130,7 +148,11 @@ def format_table(metrics: dict[str, float], names: list[str]) -> str:
     lines = []
     for name in names:
         prefix = f"eval/{name}/"
-        mine = {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix) and "/" not in k[len(prefix):]}
+        mine = {
+            k[len(prefix) :]: v
+            for k, v in metrics.items()
+            if k.startswith(prefix) and "/" not in k[len(prefix) :]
+        }
         if mine.get("failed"):
             lines.append(f"{name:<16} FAILED")
             continue

@@ -59,8 +59,14 @@ def _headline(reason: str, width: int = 160) -> str:
 class FailureLog:
     """Per run, in the driver: logs, writes and counts the failures the steps' samples carry."""
 
-    def __init__(self, run_dir: str | Path | None, warnings_per_kind: int = 3, max_rate: float = 0.5,
-                 window_steps: int = 3, resume_step: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path | None,
+        warnings_per_kind: int = 3,
+        max_rate: float = 0.5,
+        window_steps: int = 3,
+        resume_step: int | None = None,
+    ) -> None:
         self.path = Path(run_dir) / "failures.jsonl" if run_dir is not None else None
         self.warnings_per_kind, self.max_rate, self.window_steps = warnings_per_kind, max_rate, window_steps
         self.counts: Counter[str] = Counter()
@@ -78,15 +84,24 @@ class FailureLog:
         rows = []
         for sample in samples:
             for entry in sample.metadata.get("failures", ()):
-                rows.append({"kind": entry["kind"], "step": step, "id": sample_id(sample), "reason": entry["reason"],
-                             **({"traceback": entry["traceback"]} if entry.get("traceback") else {})})
+                rows.append(
+                    {
+                        "kind": entry["kind"],
+                        "step": step,
+                        "id": sample_id(sample),
+                        "reason": entry["reason"],
+                        **({"traceback": entry["traceback"]} if entry.get("traceback") else {}),
+                    }
+                )
         self.add(step, rows)
         failed = sum(any(e["kind"] in SAMPLE_KINDS for e in s.metadata.get("failures", ())) for s in samples)
         self.samples += len(samples)
         self.failed += failed
         self._window.append((failed, len(samples)))
         if len(self._window) == self._window.maxlen:
-            self.check(f"over the last {len(self._window)} step(s)", *map(sum, zip(*self._window, strict=True)))
+            self.check(
+                f"over the last {len(self._window)} step(s)", *map(sum, zip(*self._window, strict=True))
+            )
         return rows
 
     def add(self, step: int, rows: list[dict[str, Any]]) -> None:
@@ -102,8 +117,14 @@ class FailureLog:
         for kind, n in by_kind.items():
             if n > self.warnings_per_kind:
                 top = Counter(_headline(r["reason"], 100) for r in rows if r["kind"] == kind).most_common(2)
-                log.warning("relax: step %d: %d more %s failures (top reasons: %s); all of them in %s", step,
-                            n - self.warnings_per_kind, kind, "; ".join(f"{c}x {r}" for r, c in top), self.path)
+                log.warning(
+                    "relax: step %d: %d more %s failures (top reasons: %s); all of them in %s",
+                    step,
+                    n - self.warnings_per_kind,
+                    kind,
+                    "; ".join(f"{c}x {r}" for r, c in top),
+                    self.path,
+                )
         if rows and self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as fh:
@@ -126,8 +147,13 @@ class FailureLog:
 
     def summary(self) -> dict[str, Any]:
         """For the run's end summary: counts per kind, the top reasons, and where every failure is."""
-        return {"counts": dict(self.counts), "failed_samples": self.failed, "samples": self.samples,
-                "top_reasons": self.top(), "path": str(self.path) if self.path else None}
+        return {
+            "counts": dict(self.counts),
+            "failed_samples": self.failed,
+            "samples": self.samples,
+            "top_reasons": self.top(),
+            "path": str(self.path) if self.path else None,
+        }
 
 
 def format_summary(summary: dict[str, Any] | None) -> list[str]:
@@ -135,7 +161,9 @@ def format_summary(summary: dict[str, Any] | None) -> list[str]:
     if not summary or not summary.get("counts"):
         return []
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(summary["counts"].items()))
-    lines = [f"relax: failures: {counts} ({summary['failed_samples']} of {summary['samples']} samples lost their score); "
-             f"all in {summary['path']}"]
+    lines = [
+        f"relax: failures: {counts} ({summary['failed_samples']} of {summary['samples']} samples lost their score); "
+        f"all in {summary['path']}"
+    ]
     lines += [f"relax:   {reason}" for reason in summary["top_reasons"]]
     return lines

@@ -72,7 +72,12 @@ class RegisterCommand(Protocol):
     """``register`` of ``relax_register_commands``."""
 
     def __call__(
-        self, name: str, handler: Callable[[Any], int], *, help: str = "", arguments: Callable[[Any], None] | None = None
+        self,
+        name: str,
+        handler: Callable[[Any], int],
+        *,
+        help: str = "",
+        arguments: Callable[[Any], None] | None = None,
     ) -> None: ...
 
 

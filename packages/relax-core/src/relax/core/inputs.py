@@ -37,9 +37,10 @@ def fill_inputs(cfg: Any, data: dict[str, Any]) -> dict[str, Any] | None:
     made = reg.factory(cfg.inputs.params, PluginContext(role="inputs", run_dir=cfg.run_dir, seed=cfg.seed))
     missing = [f for f in unset if f not in made]
     if missing:
-        raise ValueError(f"inputs {cfg.inputs.name!r} declared it fills {missing} but returned no value for them")
+        raise ValueError(
+            f"inputs {cfg.inputs.name!r} declared it fills {missing} but returned no value for them"
+        )
     filled = copy.deepcopy(data)
     for field_path in unset:
         _set(filled, field_path, str(made[field_path]))
     return filled
-

@@ -35,13 +35,17 @@ def format_row(row: dict[str, Any]) -> list[str]:
     """One sample as text lines."""
     traj = row.get("trajectory") or {}
     adv = row.get("advantage")
-    lines = [f"=== step {row['step']} group {row.get('group')} index {row.get('index')}: reward {row.get('reward'):g}"
-             + (f", advantage {adv:+.4f}" if adv is not None else "") + f", {row.get('response_tokens')} response tokens, "
-             f"finish {row.get('finish_reason')}", f"prompt: {_short(row.get('prompt'))}"]
+    lines = [
+        f"=== step {row['step']} group {row.get('group')} index {row.get('index')}: reward {row.get('reward'):g}"
+        + (f", advantage {adv:+.4f}" if adv is not None else "")
+        + f", {row.get('response_tokens')} response tokens, "
+        f"finish {row.get('finish_reason')}",
+        f"prompt: {_short(row.get('prompt'))}",
+    ]
     for span in traj.get("spans", []):
         what = "trained" if span["trained"] else "masked "
         text = span.get("text")
-        body = repr(text) if text is not None else f"ids {traj['response_ids'][span['start']:span['end']]}"
+        body = repr(text) if text is not None else f"ids {traj['response_ids'][span['start'] : span['end']]}"
         lines.append(f"  [{what} {span['start']:>4}:{span['end']:<4}] {_short(body)}")
     for i, turn in enumerate(traj.get("episode_turns", [])):
         lines.append(f"  turn {i}: {turn.get('tokens')} tokens, finish {turn.get('finish_reason')}")
@@ -54,7 +58,9 @@ def format_row(row: dict[str, Any]) -> list[str]:
             lines.append(f"    observation: {_short(obs, 300)}")
     if "episode" in traj:
         counters = {k: v for k, v in traj["episode"].items() if v}
-        lines.append(f"  episode: {', '.join(f'{k}={v:g}' for k, v in sorted(counters.items())) or 'no counts'}")
+        lines.append(
+            f"  episode: {', '.join(f'{k}={v:g}' for k, v in sorted(counters.items())) or 'no counts'}"
+        )
     if traj.get("reward_info"):
         lines.append(f"  reward_info: {_short(traj['reward_info'], 300)}")
     for failure in traj.get("failures", []):
@@ -66,8 +72,10 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     run_dir = Path(ns.run_dir)
     path = run_dir / "samples.jsonl"
     if not path.is_file():
-        print(f"relax: {path} does not exist: run with logging.log_samples: K (K samples per step are logged)",
-              file=sys.stderr)
+        print(
+            f"relax: {path} does not exist: run with logging.log_samples: K (K samples per step are logged)",
+            file=sys.stderr,
+        )
         return 2
     rows = _rows(path)
     if not rows:
@@ -77,11 +85,16 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     step = ns.step if ns.step is not None else steps[-1]
     chosen = [r for r in rows if r["step"] == step]
     if not chosen:
-        print(f"relax: no sample of step {step} in {path}; logged steps: {steps[0]}..{steps[-1]}", file=sys.stderr)
+        print(
+            f"relax: no sample of step {step} in {path}; logged steps: {steps[0]}..{steps[-1]}",
+            file=sys.stderr,
+        )
         return 2
     if ns.sample is not None:
         if not 0 <= ns.sample < len(chosen):
-            print(f"relax: --sample {ns.sample}: step {step} has {len(chosen)} logged samples", file=sys.stderr)
+            print(
+                f"relax: --sample {ns.sample}: step {step} has {len(chosen)} logged samples", file=sys.stderr
+            )
             return 2
         chosen = [chosen[ns.sample]]
     if ns.json:

@@ -77,8 +77,10 @@ class LazyRemote:
         if self._made is None:
             import ray
 
-            self._made = ray.remote(**self._options)(self.__ray_actor_class__) if self._options else ray.remote(
-                self.__ray_actor_class__
+            self._made = (
+                ray.remote(**self._options)(self.__ray_actor_class__)
+                if self._options
+                else ray.remote(self.__ray_actor_class__)
             )
         return self._made
 

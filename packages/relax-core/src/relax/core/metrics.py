@@ -80,11 +80,17 @@ class _Jsonl:
 
 def _markdown(rows: list[list[Any]], columns: list[str]) -> str:
     """A Markdown table (TensorBoard's text plugin renders it); cells on one line, pipes escaped."""
+
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", "\u21b5")
 
-    return "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-                      *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)])
+    return "\n".join(
+        [
+            "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns),
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows),
+        ]
+    )
 
 
 class _TensorBoard:

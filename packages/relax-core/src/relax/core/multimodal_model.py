@@ -125,8 +125,13 @@ def load_model(model_path: str, dtype: str) -> Any:
 
 
 def _tower_prefixes(adapters_: list[ModelAdapter], kinds: Collection[str] | None) -> tuple[str, ...]:
-    return tuple(p for a in adapters_ for kind, prefixes in a.tower_kinds.items()
-                 if kinds is None or kind in kinds for p in prefixes)  # fmt: skip
+    return tuple(
+        p
+        for a in adapters_
+        for kind, prefixes in a.tower_kinds.items()
+        if kinds is None or kind in kinds
+        for p in prefixes
+    )
 
 
 def is_tower(name: str, model: Any = None, kinds: Collection[str] | None = None) -> bool:
@@ -141,27 +146,41 @@ def tower_kinds(model: Any) -> frozenset[str]:
     """The kinds of media tower ``model`` holds weights of (none for a text-only LM)."""
     adapter = model_adapter(model)
     names = [n for n, _ in model.named_parameters()] if adapter is not None else []
-    return frozenset(kind for kind, prefixes in (adapter.tower_kinds.items() if adapter is not None else ())
-                     if any(n.startswith(tuple(prefixes)) for n in names))  # fmt: skip
+    return frozenset(
+        kind
+        for kind, prefixes in (adapter.tower_kinds.items() if adapter is not None else ())
+        if any(n.startswith(tuple(prefixes)) for n in names)
+    )
 
 
-def kinds_to_freeze(present: Collection[str], model_type: str | None, *, freeze_media_towers: bool = False,
-                    freeze_vision: bool = False, freeze_audio: bool = False) -> frozenset[str]:
+def kinds_to_freeze(
+    present: Collection[str],
+    model_type: str | None,
+    *,
+    freeze_media_towers: bool = False,
+    freeze_vision: bool = False,
+    freeze_audio: bool = False,
+) -> frozenset[str]:
     """The tower kinds a trainer keeps as loaded, from its ``trainer.backend_params`` switches and the kinds
     the model has (``present``): every one with ``freeze_media_towers`` (none is no error: a text-only LM),
     else those switched on. A ``freeze_<kind>: true`` for a tower the model lacks is an error naming the field:
     whoever set it expects a model with that tower, and has another."""
     asked = {kind for kind, on in (("vision", freeze_vision), ("audio", freeze_audio)) if on}
     for kind in sorted(asked - set(present)):
-        raise ValueError(f"trainer.backend_params.freeze_{kind}: true, but the model (model_type {model_type!r}) has "
-                         f"no {kind} tower (its towers: {sorted(present) or 'none'}); use a model with one, or "
-                         f"set freeze_{kind}: false")  # fmt: skip
+        raise ValueError(
+            f"trainer.backend_params.freeze_{kind}: true, but the model (model_type {model_type!r}) has "
+            f"no {kind} tower (its towers: {sorted(present) or 'none'}); use a model with one, or "
+            f"set freeze_{kind}: false"
+        )
     return frozenset(present) if freeze_media_towers else frozenset(asked)
 
 
 def freeze_switches(params: Any) -> dict[str, bool]:
     """A trainer's ``trainer.backend_params`` freeze switches as keywords (False where it has none)."""
-    return {key: bool(getattr(params, key, False)) for key in ("freeze_media_towers", "freeze_vision", "freeze_audio")}
+    return {
+        key: bool(getattr(params, key, False))
+        for key in ("freeze_media_towers", "freeze_vision", "freeze_audio")
+    }
 
 
 def freeze_towers(model: Any, kinds: Collection[str] | None = None) -> frozenset[str]:
@@ -188,8 +207,12 @@ def media_token_ids(config: Any) -> list[int]:
 
 
 def media_forward_kwargs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
-    prompt_width: int, observed: torch.Tensor | None = None,
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    media: dict[str, torch.Tensor],
+    prompt_width: int,
+    observed: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments (``input_ids`` included) that make ``model`` see ``media`` for ``input_ids``: its
     adapter's (``ModelAdapter.forward_kwargs``); media for a model type without one is an error.
@@ -198,5 +221,7 @@ def media_forward_kwargs(
     if adapter is None:
         raise _missing(getattr(model.config, "model_type", "?"), "a request or row carries media")
     if observed is not None and bool(observed.any()):
-        return adapter.forward_kwargs(model, input_ids, attention_mask, media, prompt_width, observed=observed.bool())
+        return adapter.forward_kwargs(
+            model, input_ids, attention_mask, media, prompt_width, observed=observed.bool()
+        )
     return adapter.forward_kwargs(model, input_ids, attention_mask, media, prompt_width)

@@ -91,7 +91,9 @@ class Registry:
 
     def add(self, kind: str, name: str, factory: Callable[..., Any], plugin: str, **extra: Any) -> None:
         if kind not in self._entries:
-            raise PluginError(f"plugin {plugin!r} registered unknown kind {kind!r}; kinds: {sorted(self._entries)}")
+            raise PluginError(
+                f"plugin {plugin!r} registered unknown kind {kind!r}; kinds: {sorted(self._entries)}"
+            )
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {plugin!r} registered a {kind} with invalid name {name!r}")
         if not callable(factory):
@@ -103,10 +105,14 @@ class Registry:
             )
         config = extra.get("config")
         if config is not None and not dataclasses.is_dataclass(config):
-            raise PluginError(f"plugin {plugin!r}: {kind} {name!r} config= must be a dataclass, got {config!r}")
+            raise PluginError(
+                f"plugin {plugin!r}: {kind} {name!r} config= must be a dataclass, got {config!r}"
+            )
         if not isinstance(extra.get("in_driver", False), bool):
-            raise PluginError(f"plugin {plugin!r}: {kind} {name!r} in_driver= must be True or False, "
-                              f"got {extra['in_driver']!r}")
+            raise PluginError(
+                f"plugin {plugin!r}: {kind} {name!r} in_driver= must be True or False, "
+                f"got {extra['in_driver']!r}"
+            )
         self._entries[kind][name] = Registration(kind, name, factory, plugin, **extra)
 
     def get(self, kind: str, name: str) -> Callable[..., Any]:
@@ -179,7 +185,9 @@ class RelaxPluginManager:
             try:
                 module = importlib.import_module(module_name)
             except Exception as exc:
-                raise PluginError(f"RELAX_PLUGINS: cannot import plugin module {module_name!r}: {exc}") from exc
+                raise PluginError(
+                    f"RELAX_PLUGINS: cannot import plugin module {module_name!r}: {exc}"
+                ) from exc
             self._add(module_name, module, PluginInfo(module_name, "(RELAX_PLUGINS)", "-"))
 
     def _add(self, name: str, module: Any, info: PluginInfo) -> None:
@@ -213,15 +221,24 @@ class RelaxPluginManager:
                 except PluginError:
                     raise
                 except Exception as exc:  # a broken plugin must say who it is
-                    raise PluginError(f"plugin {plugin_name!r}: {hook_name} raised {type(exc).__name__}: {exc}") from exc
+                    raise PluginError(
+                        f"plugin {plugin_name!r}: {hook_name} raised {type(exc).__name__}: {exc}"
+                    ) from exc
 
     def _register_fn(self, hook_name: str, plugin: str) -> Callable[..., None]:
         default_kind = next(k for k, h in REGISTRATION_HOOKS.items() if h == hook_name)
         is_algorithm = hook_name == "relax_register_algorithms"
 
-        def register(name: str, factory: Callable[..., Any], kind: str | None = None, *,
-                     config: type | None = None, resources: Callable[[Any], Any] | None = None,
-                     in_driver: bool = False, **options: Any) -> None:
+        def register(
+            name: str,
+            factory: Callable[..., Any],
+            kind: str | None = None,
+            *,
+            config: type | None = None,
+            resources: Callable[[Any], Any] | None = None,
+            in_driver: bool = False,
+            **options: Any,
+        ) -> None:
             if is_algorithm and kind not in ALGORITHM_KINDS:
                 raise PluginError(
                     f"plugin {plugin!r}: relax_register_algorithms needs kind= one of {list(ALGORITHM_KINDS)}, got {kind!r}"
@@ -236,8 +253,16 @@ class RelaxPluginManager:
                     )
                 except ValueError as exc:
                     raise PluginError(f"plugin {plugin!r}: {exc}") from None
-            self.registry.add(resolved, name, factory, plugin, config=config, resources=resources,
-                              in_driver=in_driver, options=options)
+            self.registry.add(
+                resolved,
+                name,
+                factory,
+                plugin,
+                config=config,
+                resources=resources,
+                in_driver=in_driver,
+                options=options,
+            )
             self.infos[plugin].registered.append((resolved, name))
 
         return register

@@ -46,7 +46,9 @@ class MultimodalProcessor(Protocol):
 
     multimodal: bool
 
-    def process(self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str) -> ProcessedPrompt:
+    def process(
+        self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str
+    ) -> ProcessedPrompt:
         """Load the media (content items of ``messages`` and column refs in ``media``) and run the HF
         processor; raise ``MediaError(where, item, why)`` for any bad item."""
         ...
@@ -57,7 +59,9 @@ class SupportsObservationMedia(Protocol):
     """A multimodal processor that can continue a conversation with observation messages carrying media
     (a tool returns an image: ``relax.core.agentic``)."""
 
-    def continue_with(self, messages: list[dict[str, Any]], ended_with: str | None, where: str) -> ProcessedPrompt:
+    def continue_with(
+        self, messages: list[dict[str, Any]], ended_with: str | None, where: str
+    ) -> ProcessedPrompt:
         """The token ids (placeholders expanded) and model inputs of ``messages`` rendered as the
         continuation after an assistant turn (``relax.core.agentic.ObservationRenderer``: ``ended_with`` is
         the turn's end-of-turn text, None for a turn cut by length); ``MediaError(where, ...)`` for bad media."""
@@ -88,7 +92,10 @@ class TextProcessor:
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=self.add_generation_prompt
         )
-        return {"prompt_text": text, "prompt_ids": list(self.tokenizer.encode(text, add_special_tokens=False))}
+        return {
+            "prompt_text": text,
+            "prompt_ids": list(self.tokenizer.encode(text, add_special_tokens=False)),
+        }
 
 
 def text_processor(params: TextProcessorParams, ctx: Any) -> TextProcessor:

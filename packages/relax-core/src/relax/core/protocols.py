@@ -355,9 +355,15 @@ class ModelAdapter(Protocol):
         """Placeholder and start/end token ids of every media kind (a response never adds media)."""
         ...
 
-    def forward_kwargs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       media: dict[str, torch.Tensor], prompt_width: int, observed: torch.Tensor | None = None,
-                       ) -> dict[str, Any]:
+    def forward_kwargs(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        media: dict[str, torch.Tensor],
+        prompt_width: int,
+        observed: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """Forward keywords (``input_ids`` included) that make ``model`` see ``media`` (one prompt's
         processed inputs per row, ``source.*`` entries included) for prompt + response ``input_ids``.
         Media ids the response *sampled* are fed as token 0 (a policy never adds media); ``observed`` (B, R

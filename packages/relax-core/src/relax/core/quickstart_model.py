@@ -51,11 +51,18 @@ _FORMAT_VERSION = 1  # bump when the build recipe changes so old caches are not 
 
 def build_tokenizer() -> Any:
     """A ``PreTrainedTokenizerFast``: special tokens and chat words whole, everything else per character."""
-    return char_tokenizer(SPECIAL_TOKENS, WORDS, CHARS, CHAT_TEMPLATE, QUICKSTART_MODEL["max_position_embeddings"])
+    return char_tokenizer(
+        SPECIAL_TOKENS, WORDS, CHARS, CHAT_TEMPLATE, QUICKSTART_MODEL["max_position_embeddings"]
+    )
 
 
-def char_tokenizer(special: tuple[str, ...], words: tuple[str, ...], chars: tuple[str, ...], chat_template: str,
-                   max_length: int) -> Any:
+def char_tokenizer(
+    special: tuple[str, ...],
+    words: tuple[str, ...],
+    chars: tuple[str, ...],
+    chat_template: str,
+    max_length: int,
+) -> Any:
     """A word-level ``PreTrainedTokenizerFast`` over ``special + words + chars`` (ids in that order): special
     tokens and ``words`` whole, everything else per character; Qwen's ``<|im_end|>`` ends a turn and
     ``<|endoftext|>`` pads (both must be in ``special``). Tiny task models build theirs with it."""

@@ -65,8 +65,10 @@ class RoutingRecorder:
         self.routers = moe_routers(model)
         if not self.routers:
             name = type(model).__name__
-            raise ValueError(f"routing replay: {name} has no sparse MoE block with a top-k router (gate + experts) "
-                             "to record; set algorithm.routing_replay: off for a dense model")  # fmt: skip
+            raise ValueError(
+                f"routing replay: {name} has no sparse MoE block with a top-k router (gate + experts) "
+                "to record; set algorithm.routing_replay: off for a dense model"
+            )
         self.dtype = routing_dtype(max(int(getattr(r, "num_experts", 2**15)) for r in self.routers))
         self._last: list[torch.Tensor | None] = [None] * len(self.routers)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
@@ -146,8 +148,10 @@ class RoutingReplay:
         """Hooks for one forward over a ``(B, T, layers, k)`` batch column (the routers see ``B * T`` tokens);
         ``replay`` overrides the trainer's setting for this forward (the metrics compare both)."""
         if routed_experts.shape[2] != len(self.routers):
-            raise ValueError(f"routing replay: the rollout recorded {routed_experts.shape[2]} MoE layers, the "
-                             f"trainer's model has {len(self.routers)}")  # fmt: skip
+            raise ValueError(
+                f"routing replay: the rollout recorded {routed_experts.shape[2]} MoE layers, the "
+                f"trainer's model has {len(self.routers)}"
+            )
         flat = routed_experts.flatten(0, 1)  # (B * T, layers, k), compact: each hook widens its own layer
         replay = self.replay if replay is None else replay
         handles = [
@@ -165,8 +169,10 @@ class RoutingReplay:
             wanted = target.to(own.device).long()
             recorded = (wanted >= 0).all(-1)
             if wanted.shape != own.shape:
-                raise ValueError(f"routing replay: recorded routing {tuple(wanted.shape)} for router output "
-                                 f"{tuple(own.shape)} (tokens, k)")  # fmt: skip
+                raise ValueError(
+                    f"routing replay: recorded routing {tuple(wanted.shape)} for router output "
+                    f"{tuple(own.shape)} (tokens, k)"
+                )
             same = (wanted.sort(-1).values == own.sort(-1).values).all(-1)
             self._counts.append(torch.stack([(recorded & ~same).sum(), recorded.sum()]))
             if not replay:

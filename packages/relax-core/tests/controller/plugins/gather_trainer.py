@@ -29,8 +29,13 @@ class GatherTrainer:
 
     def __init__(self, params: GatherParams, ctx):
         self.rank, self.world = ctx.index, ctx.world_size
-        dist.init_process_group("gloo", init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
-                                rank=self.rank, world_size=self.world, timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=120),
+        )
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=params.collective_timeout_s))
         self.steps = 0
 

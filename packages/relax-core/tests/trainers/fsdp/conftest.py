@@ -39,7 +39,11 @@ class Rank:
 
     def export(self) -> Any:
         """Rank 0: the exported weights by name; the others take part in the gathers."""
-        return exported(self.trainer) if self.trainer.rank == 0 else sum(1 for _ in self.trainer.export_weights())
+        return (
+            exported(self.trainer)
+            if self.trainer.rank == 0
+            else sum(1 for _ in self.trainer.export_weights())
+        )
 
     def close(self) -> None:
         if self.trainer is not None:

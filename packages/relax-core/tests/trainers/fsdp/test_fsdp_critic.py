@@ -30,9 +30,17 @@ def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None
     def critic(device, sums):
         return Critic(model_dir, lr=1e-3, eps=1e-4, micro_batch_size=2, device=device, data_parallel=sums)
 
-    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
-                       params=FSDPParams(world_size=world), master_addr="127.0.0.1" if port else None,
-                       master_port=port, critic=critic, **KW)  # fmt: skip
+    return FSDPTrainer(
+        model_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        rank=rank,
+        world_size=world,
+        params=FSDPParams(world_size=world),
+        master_addr="127.0.0.1" if port else None,
+        master_port=port,
+        critic=critic,
+        **KW,
+    )
 
 
 def critic_state(trainer) -> dict[str, torch.Tensor]:
@@ -68,7 +76,9 @@ def test_world_2_trains_the_critic_like_world_1(world2, model_dir, tmp_path):
     finally:
         single.close()
     w0, w1 = ray.get([r.apply.remote(critic_state) for r in world2.ranks], timeout=120)
-    assert sum(float((expected[k] - before[k]).norm()) for k in before) > 1e-3, "the critic did not move: vacuous"
+    assert sum(float((expected[k] - before[k]).norm()) for k in before) > 1e-3, (
+        "the critic did not move: vacuous"
+    )
     for name, ref in expected.items():
         assert torch.equal(w0[name], w1[name]), f"critic replicas diverged on {name}"
         torch.testing.assert_close(w0[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")

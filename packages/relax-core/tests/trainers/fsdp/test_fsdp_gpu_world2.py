@@ -17,7 +17,9 @@ from relax.core.testing.trainer import exported
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL at world 2 needs 2 CUDA GPUs (one per rank)"),
+    pytest.mark.skipif(
+        torch.cuda.device_count() < 2, reason="NCCL at world 2 needs 2 CUDA GPUs (one per rank)"
+    ),
 ]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks build their trainers from here
 
@@ -30,9 +32,17 @@ def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None
     from relax.core.trainers.fsdp.params import FSDPParams
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
-    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
-                       params=FSDPParams(device="cuda", world_size=world), dtype="float32",
-                       master_addr="127.0.0.1" if port else None, master_port=port, **KW)  # fmt: skip
+    return FSDPTrainer(
+        model_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        rank=rank,
+        world_size=world,
+        params=FSDPParams(device="cuda", world_size=world),
+        dtype="float32",
+        master_addr="127.0.0.1" if port else None,
+        master_port=port,
+        **KW,
+    )
 
 
 @ray.remote(num_gpus=1, num_cpus=0)
@@ -73,6 +83,7 @@ def test_world_2_over_nccl_takes_the_step_world_1_takes(ray_local, tmp_path):
         port = s.getsockname()[1]
     ranks = [CudaRank.remote(model_dir, r, port) for r in range(2)]
     try:
+
         def both(method, *args):
             return ray.get([getattr(r, method).remote(*args) for r in ranks], timeout=600)[0]
 
@@ -83,7 +94,9 @@ def test_world_2_over_nccl_takes_the_step_world_1_takes(ray_local, tmp_path):
         devices, got_w = both("export")
         assert devices == {"cuda"} and got_w.keys() == want_w.keys()
         for name, tensor in got_w.items():
-            torch.testing.assert_close(tensor, want_w[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(
+                tensor, want_w[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+            )
     finally:
         ray.get([r.close.remote() for r in ranks], timeout=120)
         for r in ranks:

@@ -25,8 +25,16 @@ def build(model_dir: str, rank: int, world: int, port: int):
     from relax.core.trainers.fsdp.params import FSDPParams
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
-    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
-                       params=FSDPParams(world_size=world), master_addr="127.0.0.1", master_port=port, **KW)  # fmt: skip
+    return FSDPTrainer(
+        model_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        rank=rank,
+        world_size=world,
+        params=FSDPParams(world_size=world),
+        master_addr="127.0.0.1",
+        master_port=port,
+        **KW,
+    )
 
 
 def local_state(trainer) -> list[torch.Tensor]:

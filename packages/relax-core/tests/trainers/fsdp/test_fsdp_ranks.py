@@ -27,16 +27,31 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # build runs in
 KW = {"lr": 1e-3, "micro_batch_size": 2, "num_minibatches": 2, "eps": 1e-4}
 
 
-def build(model_dir: str, rank: int = 0, world: int = 1, port: int | None = None, replicate: int = 1,
-          context_parallel: int = 1, **settings):  # fmt: skip
+def build(
+    model_dir: str,
+    rank: int = 0,
+    world: int = 1,
+    port: int | None = None,
+    replicate: int = 1,
+    context_parallel: int = 1,
+    **settings,
+):
     from relax.core.algorithms import build_policy_objective
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.core.trainers.fsdp.params import FSDPParams
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
-    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), rank=rank, world_size=world,
-                       params=FSDPParams(world_size=world, replicate=replicate, context_parallel=context_parallel),
-                       master_addr="127.0.0.1" if port else None, master_port=port, **KW, **settings)  # fmt: skip
+    return FSDPTrainer(
+        model_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        rank=rank,
+        world_size=world,
+        params=FSDPParams(world_size=world, replicate=replicate, context_parallel=context_parallel),
+        master_addr="127.0.0.1" if port else None,
+        master_port=port,
+        **KW,
+        **settings,
+    )
 
 
 def state_bytes(trainer) -> dict[str, int]:
@@ -47,8 +62,16 @@ def state_bytes(trainer) -> dict[str, int]:
 
     params = [local(p) for p in trainer.model.parameters()]
     grads = [local(p.grad) for p in trainer.model.parameters() if p.grad is not None]
-    optim = [local(v) for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
-    return {k: sum(t.numel() * t.element_size() for t in ts) for k, ts in (("params", params), ("grads", grads), ("optim", optim))}
+    optim = [
+        local(v)
+        for s in trainer.optimizer.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.dim()
+    ]
+    return {
+        k: sum(t.numel() * t.element_size() for t in ts)
+        for k, ts in (("params", params), ("grads", grads), ("optim", optim))
+    }
 
 
 # ------------------------------------------------------------------ models and batches
@@ -59,10 +82,22 @@ def moe_model(root) -> str:
     text = build_tiny_model(root / "text", seed=5)
     tokenizer = AutoTokenizer.from_pretrained(text)
     torch.manual_seed(5)
-    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                            num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=8, decoder_sparse_step=1, initializer_range=0.2,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        decoder_sparse_step=1,
+        initializer_range=0.2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(root / "moe")
     tokenizer.save_pretrained(root / "moe")
     return str(root / "moe")
@@ -77,15 +112,27 @@ def media_batch(model_dir: str, root) -> dict[str, torch.Tensor]:
     rng = np.random.default_rng(0)
     Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
     np.save(root / "vid.npy", (rng.random((4, 56, 56, 3)) * 255).astype("uint8"))
-    media = [{"type": "image", "image": str(root / "img.png")}, {"type": "video", "video": f"file://{root / 'vid.npy'}"}]
+    media = [
+        {"type": "image", "image": str(root / "img.png")},
+        {"type": "video", "video": f"file://{root / 'vid.npy'}"},
+    ]
     processor = TinyMediaProcessor(model_dir)
-    rows = [[{"role": "user", "content": [media[0], {"type": "text", "text": "what?"}]}],
-            [{"role": "user", "content": [media[1], {"type": "text", "text": "what?"}]}],
-            [{"role": "user", "content": "no media?"}]]  # fmt: skip
+    rows = [
+        [{"role": "user", "content": [media[0], {"type": "text", "text": "what?"}]}],
+        [{"role": "user", "content": [media[1], {"type": "text", "text": "what?"}]}],
+        [{"role": "user", "content": "no media?"}],
+    ]
     processed = [processor.process(rows[i % 3], [], f"row {i}") for i in (0, 1, 2, 0, 1)]
     answer = processor.hf.tokenizer.encode("it is a small picture of nothing much")
-    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=answer[i : i + 3], mm_inputs=p["inputs"])
-               for i, p in enumerate(processed)]  # fmt: skip
+    samples = [
+        Sample(
+            prompt_ids=list(p["prompt_ids"]),
+            group_id=i,
+            response_ids=answer[i : i + 3],
+            mm_inputs=p["inputs"],
+        )
+        for i, p in enumerate(processed)
+    ]
     batch = collate(samples, pad_id=0)
     batch["advantages"] = torch.where(torch.arange(5)[:, None] % 2 == 0, 1.0, -0.5) * batch["response_mask"]
     return batch
@@ -107,11 +154,16 @@ FAMILIES = {
 
 
 #: world 2's own settings per variant: the same step in another layout
-VARIANTS = {"hsdp": {"replicate": 2}, "packed": {"max_tokens_per_micro_batch": 12, "pack_sequences": True},
-            "ulysses": {"context_parallel": 2, "pack_sequences": True}}  # fmt: skip
+VARIANTS = {
+    "hsdp": {"replicate": 2},
+    "packed": {"max_tokens_per_micro_batch": 12, "pack_sequences": True},
+    "ulysses": {"context_parallel": 2, "pack_sequences": True},
+}
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "text-hsdp", "text-packed", "text-ulysses", "qwen3_moe-ulysses"])
+@pytest.mark.parametrize(
+    "family", [*FAMILIES, "text-hsdp", "text-packed", "text-ulysses", "qwen3_moe-ulysses"]
+)
 def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
     """``text-hsdp``: a 2 x 1 (replicate x shard) HSDP mesh: replicas, each with the whole model.
     ``text-packed``: world 2 packs its rows into token-budget micro-batches (ranks run as many; rows
@@ -136,7 +188,9 @@ def test_world_2_takes_the_step_world_1_takes(family, world2, tmp_path):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-5), key
     got_w = world2.export()
     assert got_w.keys() == want_w.keys()
-    assert max(float((want_w[n] - initial[n]).abs().max()) for n in want_w) > 5e-4  # the step moved the weights
+    assert (
+        max(float((want_w[n] - initial[n]).abs().max()) for n in want_w) > 5e-4
+    )  # the step moved the weights
     for name, tensor in got_w.items():
         torch.testing.assert_close(tensor, want_w[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
@@ -178,8 +232,12 @@ def test_a_world_2_checkpoint_resumes_at_world_1_and_2(world2, tmp_path):
         single.load(str(tmp_path / "ckpt"))
         assert single.step == 1
         got = single.train_step(dict(later))
-        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["grad_norm"] == pytest.approx(want["grad_norm"], abs=1e-5)
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["grad_norm"] == pytest.approx(
+            want["grad_norm"], abs=1e-5
+        )
         for name, tensor in exported(single).items():
-            torch.testing.assert_close(tensor, want_w[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(
+                tensor, want_w[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+            )
     finally:
         single.close()

@@ -30,7 +30,9 @@ def fsdp_trainer(model_dir: str, params: FSDPParams | None = None, **kw):
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
-    return FSDPTrainer(model_dir, objective=build_policy_objective(AlgorithmConfig()), params=params, **{**KW, **kw})
+    return FSDPTrainer(
+        model_dir, objective=build_policy_objective(AlgorithmConfig()), params=params, **{**KW, **kw}
+    )
 
 
 class TestFSDPTrainerConformance(TrainerConformance):
@@ -57,14 +59,18 @@ class TestAgainstTheTorchTrainer(TinyModelFixtures):
         batch = make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id)
         ref, fsdp = torch_trainer(model_dir, **KW, eps=1e-4), fsdp_trainer(model_dir, eps=1e-4)
         try:
-            torch.testing.assert_close(fsdp.forward_logprobs(batch), ref.forward_logprobs(batch), atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                fsdp.forward_logprobs(batch), ref.forward_logprobs(batch), atol=1e-6, rtol=0
+            )
             m_ref, m_fsdp = ref.train_step(dict(batch)), fsdp.train_step(dict(batch))
             for key in ("loss", "entropy", "grad_norm"):
                 assert m_fsdp[key] == pytest.approx(m_ref[key], abs=1e-5), key
             want, got = exported(ref), exported(fsdp)
             assert got.keys() == want.keys()
             for name, tensor in got.items():
-                torch.testing.assert_close(tensor, want[name], atol=2e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+                torch.testing.assert_close(
+                    tensor, want[name], atol=2e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+                )
         finally:
             fsdp.close()
 
@@ -74,7 +80,9 @@ class TestAgainstTheTorchTrainer(TinyModelFixtures):
         for ac in (False, True):
             t = fsdp_trainer(model_dir, FSDPParams(activation_checkpointing=ac))
             runs, mlp = [], t.model.model.layers[0].mlp
-            mlp.forward = lambda *a, _f=mlp.forward, _runs=runs, **k: _runs.append(1) or _f(*a, **k)  # hooks skip recomputes
+            mlp.forward = lambda *a, _f=mlp.forward, _runs=runs, **k: (
+                _runs.append(1) or _f(*a, **k)
+            )  # hooks skip recomputes
             try:
                 metrics.append(t.train_step(dict(batch)))
                 weights.append(exported(t))
@@ -124,25 +132,38 @@ def test_freeze_audio_keeps_the_audio_tower_as_loaded_and_out_of_the_export(tmp_
     Image.fromarray((rng.random((60, 80, 3)) * 255).astype("uint8")).save(root / "img.png")
     np.save(root / "tone.npy", np.sin(np.arange(8000) * 0.05).astype("float32"))
     processor = TinyMediaProcessor(model_dir)
-    processed = [processor.process([{"role": "user", "content": [item, {"type": "text", "text": "what?"}]}], [], kind)
-                 for kind, item in (("image", {"type": "image", "image": str(root / "img.png")}),
-                                    ("audio", {"type": "audio", "audio": str(root / "tone.npy")}))]  # fmt: skip
+    processed = [
+        processor.process([{"role": "user", "content": [item, {"type": "text", "text": "what?"}]}], [], kind)
+        for kind, item in (
+            ("image", {"type": "image", "image": str(root / "img.png")}),
+            ("audio", {"type": "audio", "audio": str(root / "tone.npy")}),
+        )
+    ]
     answers = [processor.hf.tokenizer.encode(t) for t in ("a dot", "a tone")]
-    samples = [Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=a, mm_inputs=p["inputs"])
-               for i, p in enumerate(processed) for a in answers]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=list(p["prompt_ids"]), group_id=i, response_ids=a, mm_inputs=p["inputs"])
+        for i, p in enumerate(processed)
+        for a in answers
+    ]
     batch = collate(samples, pad_id=0)
     batch["advantages"] = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None] * batch["response_mask"]
     t = fsdp_trainer(model_dir, FSDPParams(freeze_audio=True))
     try:
         assert t.frozen_towers == {"audio"}
         before = exported(t)
-        loaded = {n: p.detach().clone() for n, p in t.model.named_parameters() if n.startswith("model.audio_tower.")}
+        loaded = {
+            n: p.detach().clone() for n, p in t.model.named_parameters() if n.startswith("model.audio_tower.")
+        }
         t.train_step(dict(batch))
         after = exported(t)
-        assert loaded and all(torch.equal(p.detach(), loaded[n]) for n, p in t.model.named_parameters() if n in loaded)
+        assert loaded and all(
+            torch.equal(p.detach(), loaded[n]) for n, p in t.model.named_parameters() if n in loaded
+        )
         assert not any(n.startswith("model.audio_tower.") for n in after) and after.keys() == before.keys()
         vision = [n for n in after if n.startswith("model.visual.")]
-        assert vision and any(not torch.equal(after[n], before[n]) for n in vision), "the vision tower did not train"
+        assert vision and any(not torch.equal(after[n], before[n]) for n in vision), (
+            "the vision tower did not train"
+        )
     finally:
         t.close()
 
@@ -150,7 +171,9 @@ def test_freeze_audio_keeps_the_audio_tower_as_loaded_and_out_of_the_export(tmp_
 def test_even_replica_rows_gives_every_rank_the_same_rows_and_pads_with_masked_ones():
     from relax.core.data import Sample, collate
 
-    batch = collate([Sample(prompt_ids=[1, 2], group_id=i, response_ids=[3, 4 + i]) for i in range(5)], pad_id=0)
+    batch = collate(
+        [Sample(prompt_ids=[1, 2], group_id=i, response_ids=[3, 4 + i]) for i in range(5)], pad_id=0
+    )
     shares = [even_replica_rows(batch, r, 2) for r in range(2)]
     assert [s["responses"].shape[0] for s in shares] == [3, 3]
     s, e = shard_bounds(5, 0, 2)
@@ -162,7 +185,9 @@ def test_even_replica_rows_gives_every_rank_the_same_rows_and_pads_with_masked_o
 def test_backend_params_name_the_field_of_a_bad_combination():
     assert FSDPParams().validate() == []
     assert FSDPParams(world_size=4, replicate=2).validate() == []
-    assert FSDPParams(world_size=3, replicate=2).validate() == ["replicate: must divide world_size (3), got 2"]
+    assert FSDPParams(world_size=3, replicate=2).validate() == [
+        "replicate: must divide world_size (3), got 2"
+    ]
     assert FSDPParams(cpu_offload=True).validate()[0].startswith("cpu_offload:")
     assert FSDPParams(device="tpu").validate() == ["device: expected 'cpu' or 'cuda', got 'tpu'"]
     assert FSDPParams(world_size=2, context_parallel=2).validate() == []  # Ulysses over every rank
@@ -178,16 +203,28 @@ def test_relax_validate_names_the_inherited_dtype_and_offload_memory(tmp_path):
 
     model = build_tiny_model(tmp_path / "m", seed=1)
     base = [f"model.path={model}", f"run_dir={tmp_path / 'run'}", "trainer.backend=fsdp"]
-    with pytest.raises(ConfigError, match=r"model\.dtype: float16 needs loss scaling.*set trainer\.backend_params\.dtype"):
+    with pytest.raises(
+        ConfigError, match=r"model\.dtype: float16 needs loss scaling.*set trainer\.backend_params\.dtype"
+    ):
         load_config(None, [*base, "model.dtype=float16"])
-    assert load_config(None, [*base, "model.dtype=float16", "trainer.backend_params.dtype=bfloat16"]).trainer.backend == "fsdp"
+    assert (
+        load_config(
+            None, [*base, "model.dtype=float16", "trainer.backend_params.dtype=bfloat16"]
+        ).trainer.backend
+        == "fsdp"
+    )
     big = FSDPParams(device="cuda", cpu_offload=True, world_size=10**9)  # a billion ranks' state on one host
     (err,) = big.validate_run(load_config(None, base))
     assert err.startswith("trainer.backend_params.cpu_offload: the offloaded training state needs ~")
-    (replay,) = FSDPParams(activation_checkpointing=True).validate_run(load_config(None, [*base, "algorithm.routing_replay=rollout"]))
+    (replay,) = FSDPParams(activation_checkpointing=True).validate_run(
+        load_config(None, [*base, "algorithm.routing_replay=rollout"])
+    )
     assert replay.startswith("trainer.backend_params.activation_checkpointing with algorithm.routing_replay")
     (cp,) = FSDPParams(world_size=2, context_parallel=2).validate_run(load_config(None, base))
-    assert cp == "trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"
+    assert (
+        cp
+        == "trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"
+    )
 
 
 def test_relax_convert_writes_an_fsdp_checkpoint_as_a_transformers_model(tmp_path, capsys):
@@ -214,10 +251,15 @@ def test_relax_convert_writes_an_fsdp_checkpoint_as_a_transformers_model(tmp_pat
     assert "no registered checkpoint format recognises" in capsys.readouterr().out
     # the model the run started from: the checkpoint records it (a whole Qwen-Omni comes back whole); gone, or
     # a --model that is not there, is said, never silently ignored
-    (tmp_path / "step_1" / "controller.json").write_text(json.dumps({"step": 1, "model_path": str(tmp_path / "moved")}))
+    (tmp_path / "step_1" / "controller.json").write_text(
+        json.dumps({"step": 1, "model_path": str(tmp_path / "moved")})
+    )
     with pytest.warns(UserWarning, match="moved is gone: .* holds the trained model as loaded"):
         assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf2")]) == 0
-    assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf3"), "--model", str(tmp_path / "nope")]) == 2
+    assert (
+        main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf3"), "--model", str(tmp_path / "nope")])
+        == 2
+    )
     assert "--model" in capsys.readouterr().out and not (tmp_path / "hf3").exists()
     assert main(["convert", str(tmp_path / "step_1"), str(tmp_path / "hf3"), "--model", model_dir]) == 0
 

@@ -46,15 +46,28 @@ def build(model_dir: str, rank: int, world: int, port: int):
     from relax.core.trainers.fsdp.params import FSDPParams
     from relax.core.trainers.fsdp.trainer import FSDPTrainer
 
-    return FSDPTrainer(model_dir, params=FSDPParams(world_size=world), rank=rank, world_size=world,
-                       master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    return FSDPTrainer(
+        model_dir,
+        params=FSDPParams(world_size=world),
+        rank=rank,
+        world_size=world,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
 
 
 def save_hf_in_shards(trainer, directory: str, max_bytes: int) -> None:
     from relax.core.trainers.fsdp import state
 
-    state.save_hf(directory, trainer.model, trainer.tokenizer, trainer.compute_dtype, trainer.rank,
-                  trainer._comm_device(), max_shard_bytes=max_bytes)  # fmt: skip
+    state.save_hf(
+        directory,
+        trainer.model,
+        trainer.tokenizer,
+        trainer.compute_dtype,
+        trainer.rank,
+        trainer._comm_device(),
+        max_shard_bytes=max_bytes,
+    )
 
 
 def moe_model(root: Path) -> str:
@@ -63,10 +76,21 @@ def moe_model(root: Path) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(root / "text", seed=5))
     torch.manual_seed(5)
-    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                            num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=8, decoder_sparse_step=1,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        decoder_sparse_step=1,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(root / "moe")
     tokenizer.save_pretrained(root / "moe")
     return str(root / "moe")
@@ -118,8 +142,12 @@ def test_reader_and_writer_agree_with_the_safetensors_library(tmp_path):
     from relax.core.safetensors_files import Checkpoint, write_streamed
 
     g = torch.Generator().manual_seed(0)
-    named = {"a": torch.randn(7, 5, generator=g), "b": torch.randn(3, generator=g).to(torch.bfloat16),
-             "c": torch.arange(6, dtype=torch.int64).reshape(2, 3), "d": torch.tensor(2.5)}  # fmt: skip
+    named = {
+        "a": torch.randn(7, 5, generator=g),
+        "b": torch.randn(3, generator=g).to(torch.bfloat16),
+        "c": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "d": torch.tensor(2.5),
+    }
     save_file(named, tmp_path / "lib.safetensors")
     read = Checkpoint(tmp_path)
     for name, t in named.items():

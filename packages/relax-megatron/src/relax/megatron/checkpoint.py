@@ -26,8 +26,11 @@ def _ensure_adam_state(optimizer: torch.optim.Optimizer, stateless: frozenset[in
     for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) not in stateless and not optimizer.state.get(p):  # get: the state is a defaultdict
-                optimizer.state[p] = {"step": torch.zeros(()), "exp_avg": torch.zeros_like(p),
-                                      "exp_avg_sq": torch.zeros_like(p)}  # fmt: skip
+                optimizer.state[p] = {
+                    "step": torch.zeros(()),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
 
 
 def layout(trainer: Any) -> list[int]:
@@ -43,8 +46,12 @@ def tower_tensors(trainer: Any) -> dict[str, Any]:
     front = getattr(trainer, "front", None)
     if front is None:
         return {}
-    return {name: ShardedTensor.from_rank_offsets(f"{TOWERS}.{name}", param, replica_id=(0, trainer.tp_rank, trainer.dp_rank))
-            for name, param in front.tower_parameters()}  # fmt: skip
+    return {
+        name: ShardedTensor.from_rank_offsets(
+            f"{TOWERS}.{name}", param, replica_id=(0, trainer.tp_rank, trainer.dp_rank)
+        )
+        for name, param in front.tower_parameters()
+    }
 
 
 def _stateless_towers(trainer: Any, path: Path) -> frozenset[int]:
@@ -53,11 +60,16 @@ def _stateless_towers(trainer: Any, path: Path) -> frozenset[int]:
     from megatron.core import dist_checkpointing
 
     saved = set(dist_checkpointing.load_tensors_metadata(str(path)))
-    return frozenset(id(p) for name, p in (trainer.front.tower_parameters() if getattr(trainer, "front", None) else ())
-                     if f"optimizer.state.exp_avg.{TOWERS}.{name}" not in saved)  # fmt: skip
+    return frozenset(
+        id(p)
+        for name, p in (trainer.front.tower_parameters() if getattr(trainer, "front", None) else ())
+        if f"optimizer.state.exp_avg.{TOWERS}.{name}" not in saved
+    )
 
 
-def sharded_state(trainer: Any, loading: bool = False, stateless: frozenset[int] = frozenset()) -> dict[str, Any]:
+def sharded_state(
+    trainer: Any, loading: bool = False, stateless: frozenset[int] = frozenset()
+) -> dict[str, Any]:
     """The trainer's state as a megatron sharded state dict (model, optimizer, step, RNG)."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.dist_checkpointing.optimizer import (
@@ -71,8 +83,13 @@ def sharded_state(trainer: Any, loading: bool = False, stateless: frozenset[int]
         model[TOWERS] = towers
     state: dict[str, Any] = {"model": model, "step": trainer.update.step, "layout": layout(trainer)}
     rng = {"torch": torch.get_rng_state()}  # one per rank: data-parallel replicas keep their own
-    state["rng"] = ShardedObject("rng_state", rng, (trainer.pp, trainer.tp, trainer.dp),
-                                 (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank), replica_id=0)  # fmt: skip
+    state["rng"] = ShardedObject(
+        "rng_state",
+        rng,
+        (trainer.pp, trainer.tp, trainer.dp),
+        (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank),
+        replica_id=0,
+    )
     if getattr(trainer, "ddp", None) is not None:  # megatron's DistributedOptimizer (CUDA): its own sharding
         state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
         state["adam_step"] = float(trainer.update.step)  # marks a trainable checkpoint (see load)
@@ -82,19 +99,33 @@ def sharded_state(trainer: Any, loading: bool = False, stateless: frozenset[int]
         if loading:
             _ensure_adam_state(trainer.optimizer, stateless)
         masters = getattr(trainer, "masters", None)
-        optim = trainer.optimizer.state_dict() if masters is None else master_state(trainer.optimizer, masters)
+        optim = (
+            trainer.optimizer.state_dict() if masters is None else master_state(trainer.optimizer, masters)
+        )
         # per parameter: AdamW skips one without a gradient (a tower whose media a mini-batch lacks, an expert
         # no token reached), so steps differ; one object per rank, restored into the layout that saved them
         steps = {int(i): float(s["step"]) for i, s in optim["state"].items()}
-        state["adam_steps"] = ShardedObject("adam_steps", steps, (trainer.pp, trainer.tp, trainer.dp),
-                                            (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank), replica_id=0)  # fmt: skip
+        state["adam_steps"] = ShardedObject(
+            "adam_steps",
+            steps,
+            (trainer.pp, trainer.tp, trainer.dp),
+            (trainer.pp_rank, trainer.tp_rank, trainer.dp_rank),
+            replica_id=0,
+        )
         state["per_parameter_steps"] = True
         # the model parameters in the optimizer's order (bf16: those of its fp32 masters), for their sharding
-        params = ([p for group in trainer.optimizer.param_groups for p in group["params"]] if masters is None
-                  else masters.params)  # fmt: skip
-        optim_state_to_sharding_state(optim, get_param_id_to_sharded_param_map(model, params), exclude_keys=("step",))
+        params = (
+            [p for group in trainer.optimizer.param_groups for p in group["params"]]
+            if masters is None
+            else masters.params
+        )
+        optim_state_to_sharding_state(
+            optim, get_param_id_to_sharded_param_map(model, params), exclude_keys=("step",)
+        )
         state["optimizer"] = optim
-        state["adam_step"] = max(steps.values(), default=0.0)  # marks a trainable checkpoint; the step elsewhere
+        state["adam_step"] = max(
+            steps.values(), default=0.0
+        )  # marks a trainable checkpoint; the step elsewhere
     return state
 
 
@@ -107,7 +138,12 @@ def save(trainer: Any, directory: str) -> None:
     torch.distributed.barrier()  # the directory exists for every rank before megatron looks into it
     dist_checkpointing.save(sharded_state(trainer), str(out))
     if torch.distributed.get_rank() == 0:
-        write_hf(str(out / HF_DIR), None, getattr(trainer, "media_config", None) or trainer.hf_config, trainer.model_path)
+        write_hf(
+            str(out / HF_DIR),
+            None,
+            getattr(trainer, "media_config", None) or trainer.hf_config,
+            trainer.model_path,
+        )
     torch.distributed.barrier()
 
 
@@ -156,8 +192,10 @@ def load_model(model: Any, state: dict[str, Any], path: Path) -> None:
     result = model.load_state_dict(state, strict=False)
     missing = [n for n in result.missing_keys if not n.endswith(EXTRA_STATE)]
     if missing or result.unexpected_keys:
-        raise ValueError(f"checkpoint {path} does not fit this model: missing {missing}, "
-                         f"unexpected {result.unexpected_keys}")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {path} does not fit this model: missing {missing}, "
+            f"unexpected {result.unexpected_keys}"
+        )
 
 
 def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
@@ -173,7 +211,9 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
 
     src = Path(checkpoint)
     if not (src / "metadata.json").is_file() or not (src / HF_DIR / "config.json").is_file():
-        raise FileNotFoundError(f"{src} is not a relax-megatron checkpoint (needs metadata.json and {HF_DIR}/config.json)")
+        raise FileNotFoundError(
+            f"{src} is not a relax-megatron checkpoint (needs metadata.json and {HF_DIR}/config.json)"
+        )
     ensure_process_group(0, 1)
     initialize_model_parallel(1, 1)
     config = AutoConfig.from_pretrained(src / HF_DIR)
@@ -183,13 +223,18 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     # the vocabulary rows as saved: padded to a multiple of the saving run's TP (the padding is dropped below)
     embedding = saved.get("embedding.word_embeddings.weight")
     rows = embedding.global_shape[0] if embedding is not None else None
-    model = convert.build_gpt_model(lm, vocab_rows=rows)  # the local spec: a TE run's checkpoint converts on CPU too
+    model = convert.build_gpt_model(
+        lm, vocab_rows=rows
+    )  # the local spec: a TE run's checkpoint converts on CPU too
     state = {"model": local_keys_of(model, src, lm)}
     if media:  # the towers: whole tensors keyed ``towers.<HF name>`` (tower_tensors)
         state["model"][TOWERS] = {
-            key[len(TOWERS) + 1 :]: ShardedTensor.from_rank_offsets(key, torch.empty(meta.global_shape, dtype=meta.dtype))
-            for key, meta in saved.items() if key.startswith(TOWERS + ".")
-        }  # fmt: skip
+            key[len(TOWERS) + 1 :]: ShardedTensor.from_rank_offsets(
+                key, torch.empty(meta.global_shape, dtype=meta.dtype)
+            )
+            for key, meta in saved.items()
+            if key.startswith(TOWERS + ".")
+        }
     loaded = dist_checkpointing.load(state, str(src))
     towers = loaded["model"].pop(TOWERS, {})
     load_model(model, loaded["model"], src)
@@ -218,7 +263,9 @@ def local_keys_of(model: Any, src: Path, hf_config: Any) -> dict[str, Any]:
     return sharded
 
 
-def write_hf(directory: str, tensors: dict[str, torch.Tensor] | None, hf_config: Any, tokenizer_path: str) -> None:
+def write_hf(
+    directory: str, tensors: dict[str, torch.Tensor] | None, hf_config: Any, tokenizer_path: str
+) -> None:
     """An HF directory plain transformers loads: config, tokenizer (a media model's processor too; from
     ``tokenizer_path``) and, unless ``tensors`` is None, the weights as safetensors."""
     from safetensors.torch import save_file
@@ -235,4 +282,8 @@ def write_hf(directory: str, tensors: dict[str, torch.Tensor] | None, hf_config:
 
         AutoProcessor.from_pretrained(tokenizer_path).save_pretrained(out)
     if tensors is not None:
-        save_file({n: t.contiguous() for n, t in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+        save_file(
+            {n: t.contiguous() for n, t in tensors.items()},
+            out / "model.safetensors",
+            metadata={"format": "pt"},
+        )

@@ -107,7 +107,10 @@ def hf_weight_names(hf_config: Any) -> list[str]:
 def _mlp_to_megatron(hf: Mapping[str, Tensor], hp: str, mp: str, tp: int) -> dict[str, list[Tensor]]:
     """A gated MLP (HF prefix ``hp``: ``gate_proj`` / ``up_proj`` / ``down_proj``) -> megatron's ``mp``
     ``linear_fc1`` (each TP shard ``[gate_shard; up_shard]``) / ``linear_fc2``, per TP rank."""
-    gates, ups = torch.chunk(hf[hp + "gate_proj.weight"], tp, 0), torch.chunk(hf[hp + "up_proj.weight"], tp, 0)
+    gates, ups = (
+        torch.chunk(hf[hp + "gate_proj.weight"], tp, 0),
+        torch.chunk(hf[hp + "up_proj.weight"], tp, 0),
+    )
     return {
         mp + "linear_fc1.weight": [torch.cat([g, u], 0) for g, u in zip(gates, ups, strict=True)],
         mp + "linear_fc2.weight": _split(hf[hp + "down_proj.weight"], tp, 1),
@@ -123,7 +126,9 @@ def _mlp_to_hf(shards: Sequence[Mapping[str, Tensor]], hp: str, mp: str) -> dict
     }
 
 
-def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: int = 1) -> list[dict[str, Tensor]]:
+def hf_to_megatron(
+    hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: int = 1
+) -> list[dict[str, Tensor]]:
     """HF state dict -> one megatron GPTModel state dict per TP rank (``result[rank]``); for an
     MoE model one per (TP rank ``t``, expert-parallel rank ``e``) at ``result[t * ep + e]``: the TP
     shard of the attention and embeddings with EP rank ``e``'s ``experts / ep`` whole local experts (expert
@@ -139,7 +144,9 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     expert_parts: list[dict[str, Tensor]] = [{} for _ in range(ep)]  # MoE: each EP rank's local experts
     missing = sorted(set(hf_weight_names(hf_config)) - set(hf))
     if missing:
-        raise KeyError(f"the HF state dict lacks {len(missing)} {hf_config.model_type} weight(s): {missing[:8]}")
+        raise KeyError(
+            f"the HF state dict lacks {len(missing)} {hf_config.model_type} weight(s): {missing[:8]}"
+        )
     shards: list[dict[str, Tensor]] = [{} for _ in range(tp)]
 
     def put(name: str, parts: Sequence[Tensor]) -> None:
@@ -165,7 +172,9 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
             for rank, part in enumerate(experts_to_megatron(hf, h, m, d, ep)):
                 expert_parts[rank].update(part)
             if d.shared_ffn:
-                for name, parts in _mlp_to_megatron(hf, h + "mlp.shared_experts.", m + "mlp.shared_experts.", tp).items():
+                for name, parts in _mlp_to_megatron(
+                    hf, h + "mlp.shared_experts.", m + "mlp.shared_experts.", tp
+                ).items():
                     put(name, parts)
             continue
         for name, parts in _mlp_to_megatron(hf, h + "mlp.", m + "mlp.", tp).items():
@@ -178,8 +187,15 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: in
     return shards
 
 
-def _gqa_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Dims, tp: int, put: Any, replicate: Any) -> None:
-    qkv = fuse_qkv(hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"], d)
+def _gqa_to_megatron(
+    hf: Mapping[str, Tensor], h: str, m: str, d: Dims, tp: int, put: Any, replicate: Any
+) -> None:
+    qkv = fuse_qkv(
+        hf[h + "self_attn.q_proj.weight"],
+        hf[h + "self_attn.k_proj.weight"],
+        hf[h + "self_attn.v_proj.weight"],
+        d,
+    )
     put(m + "self_attention.linear_qkv.weight", _split(qkv, tp, 0))
     if d.qkv_bias:  # the bias rows follow the weight rows' grouping
         bias = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"][:, None] for x in "qkv"), d)[:, 0]
@@ -193,7 +209,11 @@ def _gqa_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Dims, tp: int,
 def _gqa_to_hf(cat: Any, one: Any, h: str, m: str, d: Dims) -> dict[str, Tensor]:
     hf: dict[str, Tensor] = {}
     q, k, v = split_qkv(cat(m + "self_attention.linear_qkv.weight", 0), d)
-    hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"], hf[h + "self_attn.v_proj.weight"] = q, k, v
+    (
+        hf[h + "self_attn.q_proj.weight"],
+        hf[h + "self_attn.k_proj.weight"],
+        hf[h + "self_attn.v_proj.weight"],
+    ) = q, k, v
     if d.qkv_bias:
         biases = split_qkv(cat(m + "self_attention.linear_qkv.bias", 0)[:, None], d)
         for x, b in zip("qkv", biases, strict=True):
@@ -205,8 +225,12 @@ def _gqa_to_hf(cat: Any, one: Any, h: str, m: str, d: Dims) -> dict[str, Tensor]
     return hf
 
 
-def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any, partial: bool = False,
-                   expert_shards: Sequence[Mapping[str, Tensor]] | None = None) -> dict[str, Tensor]:  # fmt: skip
+def megatron_to_hf(
+    shards: Sequence[Mapping[str, Tensor]],
+    hf_config: Any,
+    partial: bool = False,
+    expert_shards: Sequence[Mapping[str, Tensor]] | None = None,
+) -> dict[str, Tensor]:
     """Megatron state dicts of every TP rank (in rank order) -> the HF state dict. MoE: the
     experts from ``expert_shards`` (every EP rank's, in rank order); without them ``shards`` are the EP
     ranks' of a TP=1 model (its non-expert weights whole on each).
@@ -399,9 +423,13 @@ def transformer_config(hf_config: Any, **overrides: Any) -> Any:
 
 
 def build_gpt_model(
-    hf_config: Any, pre_process: bool = True, post_process: bool = True, layer_spec: str = "local",
-    vocab_rows: int | None = None, **overrides: Any,
-) -> Any:  # fmt: skip
+    hf_config: Any,
+    pre_process: bool = True,
+    post_process: bool = True,
+    layer_spec: str = "local",
+    vocab_rows: int | None = None,
+    **overrides: Any,
+) -> Any:
     """An (unloaded) megatron-core ``GPTModel`` shaped like the HF model, for this rank, on the
     ``local`` or Transformer Engine (``te``) layer spec (:mod:`relax.megatron.layer_specs`); ``vocab_rows``:
     the embedding's rows where a checkpoint padded them for another TP size (default: padded for this one).
@@ -425,7 +453,9 @@ def build_gpt_model(
 
             spec = local_spec(spec)
     else:
-        spec = gpt_layer_spec(layer_spec, d.experts or None, qk_layernorm=d.qk_norm, sequence_parallel=sequence_parallel)
+        spec = gpt_layer_spec(
+            layer_spec, d.experts or None, qk_layernorm=d.qk_norm, sequence_parallel=sequence_parallel
+        )
     if sequence_parallel and not (d.dense_layers or d.attention != "gqa"):
         from relax.megatron.layer_specs import block_spec
 
@@ -445,8 +475,15 @@ def build_gpt_model(
 
 
 def load_hf_into(
-    model: Any, hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_rank: int = 0,
-    ep: int = 1, ep_rank: int = 0,
+    model: Any,
+    hf: Mapping[str, Tensor],
+    hf_config: Any,
+    tp: int = 1,
+    tp_rank: int = 0,
+    pp: int = 1,
+    pp_rank: int = 0,
+    ep: int = 1,
+    ep_rank: int = 0,
 ) -> None:
     """Copy HF weights into ``model`` (this TP / EP rank's shard of this pipeline stage); every model
     weight must be covered."""
@@ -458,7 +495,9 @@ def load_hf_into(
         shard = to_te_names(shard, moe=bool(Dims.from_hf(hf_config).experts))
     missing, unexpected = expected - set(shard), set(shard) - expected
     if missing or unexpected:
-        raise ValueError(f"HF->megatron mapping mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise ValueError(
+            f"HF->megatron mapping mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
     with torch.no_grad():
         for name, param in model.state_dict().items():
             if name in shard:

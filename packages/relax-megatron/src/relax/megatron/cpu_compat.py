@@ -167,14 +167,40 @@ def _moe_router_gemm() -> Callable[[], None]:
 
 
 PATCHES: tuple[Patch, ...] = (
-    Patch("current_device", "rotary_pos_embedding.RotaryEmbedding.get_emb: torch.cuda.current_device()", _current_device),
-    Patch("synchronize", "timers.Timer, p2p_communication, parallel_state: torch.cuda.synchronize()", _synchronize),
-    Patch("torch_cuda_rng", "tensor_parallel.random: torch.cuda.get_rng_state / set_rng_state / manual_seed", _torch_cuda_rng),
+    Patch(
+        "current_device",
+        "rotary_pos_embedding.RotaryEmbedding.get_emb: torch.cuda.current_device()",
+        _current_device,
+    ),
+    Patch(
+        "synchronize",
+        "timers.Timer, p2p_communication, parallel_state: torch.cuda.synchronize()",
+        _synchronize,
+    ),
+    Patch(
+        "torch_cuda_rng",
+        "tensor_parallel.random: torch.cuda.get_rng_state / set_rng_state / manual_seed",
+        _torch_cuda_rng,
+    ),
     Patch("megatron_rng_helpers", "tensor_parallel.random._get/_set_cuda_rng_state", _megatron_rng_helpers),
-    Patch("schedules_cuda_tensors", "pipeline_parallel.schedules: torch.zeros(..., device='cuda')", _schedules_cuda_tensors),
-    Patch("default_causal_mask", "transformer.utils.get_default_causal_mask: device='cuda'", _default_causal_mask),
-    Patch("tied_embedding_sync", "language_module.setup_embeddings_and_output_layer: .cuda()", _tied_embedding_sync),
-    Patch("moe_router_gemm", "transformer.moe.moe_utils: te_general_gemm unbound without TE", _moe_router_gemm),
+    Patch(
+        "schedules_cuda_tensors",
+        "pipeline_parallel.schedules: torch.zeros(..., device='cuda')",
+        _schedules_cuda_tensors,
+    ),
+    Patch(
+        "default_causal_mask",
+        "transformer.utils.get_default_causal_mask: device='cuda'",
+        _default_causal_mask,
+    ),
+    Patch(
+        "tied_embedding_sync",
+        "language_module.setup_embeddings_and_output_layer: .cuda()",
+        _tied_embedding_sync,
+    ),
+    Patch(
+        "moe_router_gemm", "transformer.moe.moe_utils: te_general_gemm unbound without TE", _moe_router_gemm
+    ),
 )
 PATCH_NAMES = tuple(p.name for p in PATCHES)
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-CPU_REASON = ("distributed_optimizer: not supported on CPU; megatron-core 0.16's DistributedOptimizer needs its "
-              "DDP wrapper's grad buffers and takes only CUDA parameters (TypeError for a CPU torch.FloatTensor); "
-              "set it to false or use device: cuda")  # fmt: skip
+CPU_REASON = (
+    "distributed_optimizer: not supported on CPU; megatron-core 0.16's DistributedOptimizer needs its "
+    "DDP wrapper's grad buffers and takes only CUDA parameters (TypeError for a CPU torch.FloatTensor); "
+    "set it to false or use device: cuda"
+)
 #: why ``trainer.offload`` is refused with it (the own optimizer path offloads: trainer.offloaded_parts)
 OFFLOAD_REASON = (
     "trainer.offload with trainer.backend_params.distributed_optimizer: megatron's DDP keeps the parameters and "
@@ -25,12 +27,22 @@ OFFLOAD_REASON = (
 )
 
 
-def wrap(model: Any, *, lr: float, min_lr: float, weight_decay: float, betas: tuple[float, float], eps: float,
-         bf16: bool) -> tuple[Any, Any]:  # fmt: skip
+def wrap(
+    model: Any,
+    *,
+    lr: float,
+    min_lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    eps: float,
+    bf16: bool,
+) -> tuple[Any, Any]:
     """(DDP-wrapped model, megatron optimizer) for ``model``; its config must have
     ``calculate_per_token_loss=True`` (gradients summed, not averaged, over DP)."""
     ddp = wrap_ddp(model)
-    return ddp, optimizer(ddp, lr=lr, min_lr=min_lr, weight_decay=weight_decay, betas=betas, eps=eps, bf16=bf16)
+    return ddp, optimizer(
+        ddp, lr=lr, min_lr=min_lr, weight_decay=weight_decay, betas=betas, eps=eps, bf16=bf16
+    )
 
 
 def wrap_ddp(model: Any) -> Any:
@@ -40,21 +52,39 @@ def wrap_ddp(model: Any) -> Any:
 
     if not model.config.calculate_per_token_loss:
         raise ValueError("distributed optimizer: build the model with calculate_per_token_loss=True")
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                               use_distributed_optimizer=True)  # fmt: skip
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+    )
     return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
 
-def optimizer(ddp: Any, *, lr: float, min_lr: float, weight_decay: float, betas: tuple[float, float], eps: float,
-              bf16: bool) -> Any:  # fmt: skip
+def optimizer(
+    ddp: Any,
+    *,
+    lr: float,
+    min_lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    eps: float,
+    bf16: bool,
+) -> Any:
     """megatron's DistributedOptimizer over ``ddp``'s buffers: Adam with fp32 main weights and state."""
     import torch
 
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    config = OptimizerConfig(optimizer="adam", lr=lr, min_lr=min_lr, weight_decay=weight_decay, adam_beta1=betas[0],
-                             adam_beta2=betas[1], adam_eps=eps, bf16=bf16,
-                             params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=True)  # fmt: skip
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=lr,
+        min_lr=min_lr,
+        weight_decay=weight_decay,
+        adam_beta1=betas[0],
+        adam_beta2=betas[1],
+        adam_eps=eps,
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_distributed_optimizer=True,
+    )
     return get_megatron_optimizer(config, [ddp])
 
 

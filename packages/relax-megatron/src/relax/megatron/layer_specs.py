@@ -40,7 +40,9 @@ def transformer_engine_available() -> bool:
     return True
 
 
-def resolve_layer_spec(choice: str, device_type: str, te_available: bool | None = None) -> Literal["te", "local"]:
+def resolve_layer_spec(
+    choice: str, device_type: str, te_available: bool | None = None
+) -> Literal["te", "local"]:
     """``auto`` -> ``te`` on CUDA with Transformer Engine importable, else ``local``; ``te`` without it
     (or on CPU) is an error that says how to get it."""
     if choice not in LAYER_SPECS:
@@ -52,13 +54,17 @@ def resolve_layer_spec(choice: str, device_type: str, te_available: bool | None 
         if device_type != "cuda":
             raise ValueError("layer_spec: te needs device: cuda (Transformer Engine has no CPU kernels)")
         if not have_te:
-            raise ValueError("layer_spec: te needs Transformer Engine (transformer_engine.pytorch) built for this "
-                             "torch (docs/gpu.md#transformer-engine); or layer_spec: auto / local")  # fmt: skip
+            raise ValueError(
+                "layer_spec: te needs Transformer Engine (transformer_engine.pytorch) built for this "
+                "torch (docs/gpu.md#transformer-engine); or layer_spec: auto / local"
+            )
         return "te"
     return "te" if device_type == "cuda" and have_te else "local"
 
 
-def gpt_layer_spec(kind: str, num_experts: int | None, qk_layernorm: bool = True, sequence_parallel: bool = False) -> Any:
+def gpt_layer_spec(
+    kind: str, num_experts: int | None, qk_layernorm: bool = True, sequence_parallel: bool = False
+) -> Any:
     """megatron's GPT decoder-layer spec for Qwen3 (RMSNorm, per-head q/k norms; Qwen2 LMs: none), TE or local.
 
     ``sequence_parallel`` (local spec): megatron's torch norm wrapper refuses it by assertion only (an RMSNorm
@@ -67,9 +73,12 @@ def gpt_layer_spec(kind: str, num_experts: int | None, qk_layernorm: bool = True
     from megatron.core.models.gpt import gpt_layer_specs
 
     if kind == "te":
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, qk_layernorm=qk_layernorm)
-    spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_layernorm,
-                                                    normalization="RMSNorm")  # fmt: skip
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts, qk_layernorm=qk_layernorm
+        )
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=num_experts, qk_layernorm=qk_layernorm, normalization="RMSNorm"
+    )
     if not sequence_parallel:
         return spec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
@@ -85,8 +94,9 @@ def block_spec(layer_spec: Any, config: Any) -> Any:
         get_num_layers_to_build,
     )
 
-    return TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(config),
-                                      layer_norm=SequenceParallelNorm)  # fmt: skip
+    return TransformerBlockSubmodules(
+        layer_specs=[layer_spec] * get_num_layers_to_build(config), layer_norm=SequenceParallelNorm
+    )
 
 
 def decoder_block_spec(kind: str, config: Any, sequence_parallel: bool = False) -> Any:

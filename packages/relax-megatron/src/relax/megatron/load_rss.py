@@ -22,7 +22,9 @@ def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> di
     warm_imports(model_dir)
     layout = {"tensor_parallel" if mode == "megatron_tp" else "pipeline_parallel": world}
     before = resident_bytes()
-    MegatronTrainer(model_dir, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, **layout)
+    MegatronTrainer(
+        model_dir, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, **layout
+    )
     return {"rank": rank, "peak_bytes": resident_bytes("VmHWM") - before}
 
 

@@ -41,7 +41,9 @@ def _target_z(z: Tensor, targets: Tensor, vocab_start: int, group) -> Tensor:
     return _reducer(group)(torch.where(here, picked, torch.zeros_like(picked)))
 
 
-def logprobs_and_entropy(local_logits: Tensor, targets: Tensor, vocab_start: int, group=None) -> tuple[Tensor, Tensor]:
+def logprobs_and_entropy(
+    local_logits: Tensor, targets: Tensor, vocab_start: int, group=None
+) -> tuple[Tensor, Tensor]:
     """``(..., V_local)`` logits (computed in fp32) of the vocabulary slice starting at ``vocab_start`` and
     ``(...)`` target ids -> ``(log p(target), entropy)`` of the full softmax, both ``(...)``."""
     z, exp, sum_exp = _shifted(local_logits, group)
@@ -50,7 +52,9 @@ def logprobs_and_entropy(local_logits: Tensor, targets: Tensor, vocab_start: int
     return _target_z(z, targets, vocab_start, group) - log_z, log_z - expected_z
 
 
-def logprobs_and_sum_pi_squared(local_logits: Tensor, targets: Tensor, vocab_start: int, group=None) -> tuple[Tensor, Tensor]:
+def logprobs_and_sum_pi_squared(
+    local_logits: Tensor, targets: Tensor, vocab_start: int, group=None
+) -> tuple[Tensor, Tensor]:
     """``(log p(target), sum_v p(v)^2)`` of the full softmax from vocab-sharded logits (no grad needed):
     ``sum_v exp(2 z_v) / (sum_v exp(z_v))^2``, each sum all-reduced over the TP group."""
     z, exp, sum_exp = _shifted(local_logits, group)

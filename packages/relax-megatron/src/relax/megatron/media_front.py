@@ -39,7 +39,9 @@ from relax.core.trainers import sharded_load
 Tensor = torch.Tensor
 
 MEGATRON_LM_PREFIX = "model."  # the names :mod:`relax.megatron.convert` speaks
-FUSED_EXPERTS = "gate_up_proj"  # transformers' in-memory MoE experts: ``mlp.experts.gate_up_proj`` / ``down_proj``
+FUSED_EXPERTS = (
+    "gate_up_proj"  # transformers' in-memory MoE experts: ``mlp.experts.gate_up_proj`` / ``down_proj``
+)
 
 
 def is_media_model(hf_config: Any) -> bool:
@@ -61,12 +63,16 @@ def check_supported(hf_config: Any, distributed_optimizer: bool = False) -> None
     """Refuse, naming the model type or field, a media model or layout the megatron trainer cannot run yet."""
     family = hf_config.model_type
     if hooks(hf_config) is None:
-        raise ValueError(f"model_type {family!r}: its model adapter declares no megatron media front "
-                         "(ModelAdapter.megatron_media), so the megatron trainer cannot run it yet; use "
-                         "trainer.backend: torch (or fsdp) for this model")
+        raise ValueError(
+            f"model_type {family!r}: its model adapter declares no megatron media front "
+            "(ModelAdapter.megatron_media), so the megatron trainer cannot run it yet; use "
+            "trainer.backend: torch (or fsdp) for this model"
+        )
     if distributed_optimizer:  # megatron's DDP buffers hold megatron's parameters, not the HF towers
-        raise ValueError(f"{family} on the megatron trainer: trainer.backend_params.distributed_optimizer is not "
-                         "supported for media models yet (bf16 trains with fp32 master weights without it)")
+        raise ValueError(
+            f"{family} on the megatron trainer: trainer.backend_params.distributed_optimizer is not "
+            "supported for media models yet (bf16 trains with fp32 master weights without it)"
+        )
 
 
 def lm_config(hf_config: Any) -> Any:
@@ -79,13 +85,21 @@ def lm_config(hf_config: Any) -> Any:
 def lm_state(hf_state: dict[str, Tensor], lm_prefix: str) -> dict[str, Tensor]:
     """The LM weights (under ``lm_prefix``) of an in-memory HF state dict under the names
     :mod:`relax.megatron.convert` reads."""
-    out = {MEGATRON_LM_PREFIX + n[len(lm_prefix):]: t for n, t in hf_state.items() if n.startswith(lm_prefix)}
+    out = {
+        MEGATRON_LM_PREFIX + n[len(lm_prefix) :]: t for n, t in hf_state.items() if n.startswith(lm_prefix)
+    }
     for name in [n for n in out if n.endswith(FUSED_EXPERTS)]:  # MoE: per expert, as checkpoints
         layer = name[: -len(FUSED_EXPERTS)]
         gate_up, down = out.pop(name), out.pop(layer + "down_proj")
         for j, (fused, d) in enumerate(zip(gate_up, down, strict=True)):
             gate, up = fused.chunk(2, 0)
-            out.update({f"{layer}{j}.gate_proj.weight": gate, f"{layer}{j}.up_proj.weight": up, f"{layer}{j}.down_proj.weight": d})
+            out.update(
+                {
+                    f"{layer}{j}.gate_proj.weight": gate,
+                    f"{layer}{j}.up_proj.weight": up,
+                    f"{layer}{j}.down_proj.weight": d,
+                }
+            )
     if "lm_head.weight" in hf_state:
         out["lm_head.weight"] = hf_state["lm_head.weight"]
     return out
@@ -111,7 +125,7 @@ def lm_checkpoint(checkpoint: Any, plan: Any, lm_prefix: str) -> Any:
     view.entries = {}
     for name, renamed in plan.renamed.items():
         if renamed.startswith(lm_prefix):
-            view.entries[MEGATRON_LM_PREFIX + renamed[len(lm_prefix):]] = checkpoint.entries[name]
+            view.entries[MEGATRON_LM_PREFIX + renamed[len(lm_prefix) :]] = checkpoint.entries[name]
         elif renamed == "lm_head.weight":
             view.entries[renamed] = checkpoint.entries[name]
     return view
@@ -157,12 +171,16 @@ class MultiAxisRotary(torch.nn.Module):
     def __init__(self, inv_freq: Tensor, section: tuple[int, ...], interleaved: bool) -> None:
         super().__init__()
         if sum(section) != inv_freq.numel():
-            raise ValueError(f"the 3-D rotary section {list(section)} must sum to head_dim / 2 = {inv_freq.numel()}")
+            raise ValueError(
+                f"the 3-D rotary section {list(section)} must sum to head_dim / 2 = {inv_freq.numel()}"
+            )
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)
         self.register_buffer("axes", frequency_axes(section, interleaved), persistent=False)
 
     def forward(self, position_ids: Tensor, *_section_and_group: Any, **_keywords: Any) -> Tensor:
-        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)  # (3, B, S, D/2), as HF
+        freqs = position_ids[..., None].float() * self.inv_freq.to(
+            position_ids.device
+        )  # (3, B, S, D/2), as HF
         index = self.axes.to(freqs.device).view(1, 1, 1, -1).expand(1, *freqs.shape[1:])
         picked = freqs.gather(0, index)[0]  # (B, S, D/2)
         return torch.cat([picked, picked], -1).transpose(0, 1)[:, :, None, :].contiguous()
@@ -222,7 +240,11 @@ class MediaFront(torch.nn.Module):
         self.tower_kinds = tower_kinds(hf)  # the checkpoint's, on every stage (later ones drop the towers)
         self.frozen: frozenset[str] = frozenset()  # tower kinds kept as loaded (:func:`freeze`)
         inner = hf.model
-        self.hf_state = lm_checkpoint(*plan, parts.lm_prefix) if plan else {n: t.detach() for n, t in hf.state_dict().items()}
+        self.hf_state = (
+            lm_checkpoint(*plan, parts.lm_prefix)
+            if plan
+            else {n: t.detach() for n, t in hf.state_dict().items()}
+        )
         inv_freq = getattr(inner, parts.language_model).rotary_emb.inv_freq
         dims = Dims.from_hf(lm_config(hf_config))
         setattr(inner, parts.language_model, _LanguageModelStub())
@@ -230,8 +252,12 @@ class MediaFront(torch.nn.Module):
         self.first_stage = first_stage
         if first_stage:
             embed = gpt_model.embedding.word_embeddings  # the LM's one embedding: megatron's, vocab-parallel
-            whole = _WholeSequenceEmbedding(embed)  # sequence parallelism: not reduce-scattered for HF's scatter
-            inner.get_input_embeddings = lambda: whole if embed.reduce_scatter_embeddings else embed  # not a child
+            whole = _WholeSequenceEmbedding(
+                embed
+            )  # sequence parallelism: not reduce-scattered for HF's scatter
+            inner.get_input_embeddings = lambda: (
+                whole if embed.reduce_scatter_embeddings else embed
+            )  # not a child
         else:  # a later pipeline stage only needs the rope index (its positions): no towers
             for tower in parts.towers:
                 if hasattr(inner, tower):
@@ -244,14 +270,18 @@ class MediaFront(torch.nn.Module):
         self.sequence_parallel = bool(gpt_model.config.sequence_parallel)
         self.tp = gpt_model.config.tensor_model_parallel_size
         gpt_model.rotary_pos_emb = MultiAxisRotary(inv_freq, dims.rotary_sections, dims.rotary_interleaved)
-        self.deepstack_layers = min(parts.deepstack_layers, gpt_model.config.num_layers)  # HF's: one per layer there is
+        self.deepstack_layers = min(
+            parts.deepstack_layers, gpt_model.config.num_layers
+        )  # HF's: one per layer there is
         self._deepstack: tuple[Tensor, list[Tensor]] | None = None
         if first_stage:
             layers = gpt_model.decoder.layers
             if self.deepstack_layers > len(layers):
-                raise ValueError(f"pipeline_parallel: {hf_config.model_type}'s DeepStack feeds its first "
-                                 f"{self.deepstack_layers} decoder layers, but the first stage holds {len(layers)}; "
-                                 "use fewer pipeline stages")  # fmt: skip
+                raise ValueError(
+                    f"pipeline_parallel: {hf_config.model_type}'s DeepStack feeds its first "
+                    f"{self.deepstack_layers} decoder layers, but the first stage holds {len(layers)}; "
+                    "use fewer pipeline stages"
+                )
             for i in range(self.deepstack_layers):
                 layers[i].register_forward_hook(self._hook(i))
 
@@ -267,7 +297,11 @@ class MediaFront(torch.nn.Module):
         from relax.core.multimodal_model import is_tower
 
         named = self.hf.named_parameters()
-        return named if frozen is None else ((n, p) for n, p in named if is_tower(n, self.hf, self.frozen) == frozen)
+        return (
+            named
+            if frozen is None
+            else ((n, p) for n, p in named if is_tower(n, self.hf, self.frozen) == frozen)
+        )
 
     def take_lm_weights(self) -> Any:
         """The LM's weights, once: a checkpoint view under the LM's names (``rank_load`` reads its rank's part),
@@ -319,7 +353,9 @@ class MediaFront(torch.nn.Module):
 
         ids, mask = batch["input_ids"], batch["attention_mask"]
         width = ids.shape[1] - batch["responses"].shape[1]
-        return media_forward_kwargs(self.hf, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask"))
+        return media_forward_kwargs(
+            self.hf, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask")
+        )
 
     def positions(self, batch: dict[str, Tensor]) -> Tensor:
         """(3, B, S) M-RoPE positions of the right-padded rows from HF's rope index alone (a later stage:
@@ -360,7 +396,9 @@ class MediaFront(torch.nn.Module):
         width, tp = input_ids.shape[1], self.tp if self.sequence_parallel else 1
         input_ids = pad_to_multiple(input_ids, 1, tp)  # sequence parallelism: the logits cut again below
         if not has_media(batch):
-            out = model(input_ids, pad_to_multiple(position_ids, 1, tp)[None].expand(3, -1, -1), attention_mask=None)
+            out = model(
+                input_ids, pad_to_multiple(position_ids, 1, tp)[None].expand(3, -1, -1), attention_mask=None
+            )
         elif not self.first_stage:
             out = model(input_ids, pad_to_multiple(self.positions(batch), 2, tp), attention_mask=None)
         else:
@@ -373,4 +411,6 @@ class MediaFront(torch.nn.Module):
                 mask = None if mask is None else pad_to_multiple(mask, 1, tp)
             with self.deepstack(mask, deep):
                 out = model(input_ids, positions, attention_mask=None, decoder_input=decoder_input)
-        return out[:, :width] if self.sequence_parallel and model.post_process else out  # not a stage's hidden states
+        return (
+            out[:, :width] if self.sequence_parallel and model.post_process else out
+        )  # not a stage's hidden states

@@ -50,8 +50,14 @@ def is_moe_layer(d: Any, layer: int) -> bool:
 def hf_names(d: Any) -> list[str]:
     """An MoE layer's HF weight names under ``mlp.`` (router, its bias, experts, shared experts)."""
     names = ["mlp.gate.weight"] + (["mlp.gate.e_score_correction_bias"] if d.expert_bias else [])
-    names += [f"mlp.experts.{j}.{w}.weight" for j in range(d.experts) for w in ("gate_proj", "up_proj", "down_proj")]
-    return names + ([f"mlp.shared_experts.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")] if d.shared_ffn else [])
+    names += [
+        f"mlp.experts.{j}.{w}.weight" for j in range(d.experts) for w in ("gate_proj", "up_proj", "down_proj")
+    ]
+    return names + (
+        [f"mlp.shared_experts.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
+        if d.shared_ffn
+        else []
+    )
 
 
 def experts_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, ep: int) -> list[dict[str, Tensor]]:
@@ -65,7 +71,9 @@ def experts_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, ep: in
         for k in range(per):
             e = f"{h}mlp.experts.{rank * per + k}."
             local = f"{m}mlp.experts.local_experts.{k}."
-            part[local + "linear_fc1.weight"] = torch.cat([hf[e + "gate_proj.weight"], hf[e + "up_proj.weight"]], 0)
+            part[local + "linear_fc1.weight"] = torch.cat(
+                [hf[e + "gate_proj.weight"], hf[e + "up_proj.weight"]], 0
+            )
             part[local + "linear_fc2.weight"] = hf[e + "down_proj.weight"]
         out.append(part)
     return out
@@ -109,14 +117,18 @@ def moe_config(d: Any) -> dict[str, Any]:
         config["moe_router_topk_scaling_factor"] = d.topk_scaling
     if d.router == "sigmoid":
         if not d.norm_topk and d.topk > 1:
-            raise ValueError("a sigmoid router without norm_topk_prob is not supported by the megatron mapping "
-                             "(megatron-core renormalises a sigmoid router's top k)")
+            raise ValueError(
+                "a sigmoid router without norm_topk_prob is not supported by the megatron mapping "
+                "(megatron-core renormalises a sigmoid router's top k)"
+            )
         config.update(moe_router_score_function="sigmoid", moe_router_pre_softmax=False)
         if d.expert_bias:
             config.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.0)
     if d.router_groups > 1:
         if d.topk % d.router_topk_groups or d.topk // d.router_topk_groups != 2:
-            raise ValueError(f"group-limited routing with top {d.topk} over {d.router_topk_groups} groups: megatron-core "
-                             "scores a group by its top (topk / groups) experts, the HF model by its top 2")
+            raise ValueError(
+                f"group-limited routing with top {d.topk} over {d.router_topk_groups} groups: megatron-core "
+                "scores a group by its top (topk / groups) experts, the HF model by its top 2"
+            )
         config.update(moe_router_num_groups=d.router_groups, moe_router_group_topk=d.router_topk_groups)
     return config

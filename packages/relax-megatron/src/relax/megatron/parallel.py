@@ -15,19 +15,32 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 def ensure_process_group(
-    rank: int = 0, world_size: int = 1, master_addr: str | None = None, master_port: int | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    backend: str | None = None,
 ) -> None:
     """Join (or reuse) the default process group (core's ``join_default_group``): ``backend``, or by
     default NCCL when a GPU is present, else gloo; every collective on it waits at most ``timeout_s``."""
     from relax.core.trainers.process_group import join_default_group
 
-    join_default_group(rank, world_size, master_addr, master_port,
-                       backend or ("nccl" if torch.cuda.is_available() else "gloo"), timeout_s)  # fmt: skip
+    join_default_group(
+        rank,
+        world_size,
+        master_addr,
+        master_port,
+        backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+        timeout_s,
+    )
 
 
 def initialize_model_parallel(
-    tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0, expert_parallel: int = 1,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    seed: int = 0,
+    expert_parallel: int = 1,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Initialise megatron's parallel state (its TP / PP / DP / EP groups wait at most ``timeout_s``,
@@ -42,19 +55,27 @@ def initialize_model_parallel(
     from relax.megatron.cpu_compat import ensure_cpu_compat  # a no-op when a GPU is present
 
     if not torch.distributed.is_initialized():
-        raise RuntimeError("initialise torch.distributed (gloo on CPU, nccl on GPU) before megatron's parallel state")
+        raise RuntimeError(
+            "initialise torch.distributed (gloo on CPU, nccl on GPU) before megatron's parallel state"
+        )
     ensure_cpu_compat()
     if parallel_state.model_parallel_is_initialized():
-        have = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size(),
-                parallel_state.get_expert_model_parallel_world_size())  # fmt: skip
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
+        )
         if have != (tensor_parallel, pipeline_parallel, expert_parallel):
             raise RuntimeError(f"megatron parallel state is already initialised with (TP, PP, EP)={have}")
     else:
         # expert tensor parallelism 1: an MoE layer's experts whole on each TP rank (moe.py)
-        parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel,
-                                                 expert_model_parallel_size=expert_parallel,
-                                                 expert_tensor_parallel_size=1,
-                                                 distributed_timeout_minutes=timeout_minutes(timeout_s))  # fmt: skip
+        parallel_state.initialize_model_parallel(
+            tensor_parallel,
+            pipeline_parallel,
+            expert_model_parallel_size=expert_parallel,
+            expert_tensor_parallel_size=1,
+            distributed_timeout_minutes=timeout_minutes(timeout_s),
+        )
     mtp.model_parallel_cuda_manual_seed(seed)
 
 
@@ -80,18 +101,23 @@ def world_of_one(store_path: str, backend: str = "gloo") -> Iterator[None]:
 def check_layout(world_size: int, tp: int, pp: int, dp: int, ep: int) -> None:
     """The rank layout's arithmetic, each error naming the fields."""
     if world_size != tp * pp * dp:
-        raise ValueError(f"world_size={world_size} != tensor_parallel={tp} x pipeline_parallel={pp} x "
-                         f"data_parallel={dp}")  # fmt: skip
+        raise ValueError(
+            f"world_size={world_size} != tensor_parallel={tp} x pipeline_parallel={pp} x data_parallel={dp}"
+        )
     if (tp * dp) % ep:
-        raise ValueError(f"expert_parallel={ep} must divide tensor_parallel x data_parallel={tp * dp}: expert-"
-                         "parallel ranks are carved from those, as in megatron (expert tensor parallelism 1)")  # fmt: skip
+        raise ValueError(
+            f"expert_parallel={ep} must divide tensor_parallel x data_parallel={tp * dp}: expert-"
+            "parallel ranks are carved from those, as in megatron (expert tensor parallelism 1)"
+        )
 
 
 def sequence_parallel_on(asked: bool, tp: int, moe: bool) -> bool:
     """Whether the sequence splits over the TP ranks: when asked, and by itself for an MoE model at TP > 1
     (megatron's MoE layer needs it there, ``moe_layer.py``)."""
     if asked and tp == 1:
-        raise ValueError("sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)")
+        raise ValueError(
+            "sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)"
+        )
     return tp > 1 and (asked or moe)
 
 
@@ -100,8 +126,14 @@ def timeout_minutes(timeout_s: float) -> int:
     return max(1, math.ceil(timeout_s / 60))
 
 
-def model_overrides(pipeline_parallel: int, expert_parallel: int, dtype: torch.dtype,
-                    per_token_loss: bool, sequence_parallel: bool = False, recompute: str = "off") -> dict[str, Any]:  # fmt: skip
+def model_overrides(
+    pipeline_parallel: int,
+    expert_parallel: int,
+    dtype: torch.dtype,
+    per_token_loss: bool,
+    sequence_parallel: bool = False,
+    recompute: str = "off",
+) -> dict[str, Any]:
     """The layout and precision fields of the model's ``TransformerConfig``, one dict (each key once).
 
     ``calculate_per_token_loss``: core's objective already divides by step-global token counts, so
@@ -140,8 +172,10 @@ def rank_device(device: str, rank: int) -> torch.device:
     if not device.startswith("cuda"):
         raise ValueError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
     if not torch.cuda.is_available():
-        raise RuntimeError(f"device={device!r}: no CUDA GPU is visible to this process "
-                           "(torch.cuda.is_available() is False); use device: cpu")  # fmt: skip
+        raise RuntimeError(
+            f"device={device!r}: no CUDA GPU is visible to this process "
+            "(torch.cuda.is_available() is False); use device: cpu"
+        )
     if device == "cuda":
         return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device(device)
@@ -171,7 +205,10 @@ def rank_rows(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str
     share, missing = take_rows(batch, start, end), -(-rows // dp) - (end - start)
     if not missing:
         return share
-    pad = {**take_rows(batch, 0, missing), "response_mask": torch.zeros_like(batch["response_mask"][:missing])}
+    pad = {
+        **take_rows(batch, 0, missing),
+        "response_mask": torch.zeros_like(batch["response_mask"][:missing]),
+    }
     if batch.get("routed_experts") is not None:  # MoE routing replay: a padding row routes itself, unmeasured
         pad["routed_experts"] = torch.full_like(pad["routed_experts"], -1)
     per_row = [k for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows]
@@ -219,4 +256,3 @@ def recomputing(model: torch.nn.Module, mode: str) -> Iterator[None]:
         yield
     finally:
         model.eval()
-

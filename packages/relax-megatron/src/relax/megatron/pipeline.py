@@ -18,8 +18,12 @@ Tensor = torch.Tensor
 
 
 def run_schedule(
-    model: Any, micros: Sequence[dict[str, Tensor]], forward: Callable[[Any, dict[str, Tensor]], Tensor],
-    finish: Callable[[dict[str, Tensor], Tensor], tuple[Tensor, Any]], forward_only: bool, seq_multiple: int = 1,
+    model: Any,
+    micros: Sequence[dict[str, Tensor]],
+    forward: Callable[[Any, dict[str, Tensor]], Tensor],
+    finish: Callable[[dict[str, Tensor], Tensor], tuple[Tensor, Any]],
+    forward_only: bool,
+    seq_multiple: int = 1,
 ) -> list[Any]:
     """1F1B over ``micros``: ``forward(model, sub)`` runs this stage; on the last stage
     ``finish(sub, logits)`` returns (loss to back-propagate, a record). Returns the records in order on
@@ -54,11 +58,14 @@ def _schedule(model, micros, forward, finish, forward_only, seq_multiple) -> lis
         return forward(model, sub), loss_func
 
     return forward_backward_pipelining_without_interleaving(
-        forward_step_func=step, data_iterator=data, model=[model], num_microbatches=len(micros),
+        forward_step_func=step,
+        data_iterator=data,
+        model=[model],
+        num_microbatches=len(micros),
         seq_length=-(-micros[0]["input_ids"].shape[1] // seq_multiple) * seq_multiple,
         micro_batch_size=micros[0]["input_ids"].shape[0],
         forward_only=forward_only,
-    )  # fmt: skip
+    )
 
 
 def pipeline_ranks() -> tuple[Any, list[int]]:
@@ -100,11 +107,17 @@ def stage_units(units: list[list[str]], local: dict[str, Tensor]) -> Iterator[di
     me = dist.get_rank()
     device = next(iter(local.values())).device if local else torch.device("cpu")  # NCCL: receive on the GPU
     for src in ranks:
-        box = [[[(n, tuple(local[n].shape), local[n].dtype) for n in unit] for unit in units] if src == me else None]
+        box = [
+            [[(n, tuple(local[n].shape), local[n].dtype) for n in unit] for unit in units]
+            if src == me
+            else None
+        ]
         dist.broadcast_object_list(box, src=src, group=group)
         for unit in box[0]:
-            tensors = {n: local[n].detach().contiguous() if src == me else torch.empty(s, dtype=dt, device=device)
-                       for n, s, dt in unit}  # fmt: skip
+            tensors = {
+                n: local[n].detach().contiguous() if src == me else torch.empty(s, dtype=dt, device=device)
+                for n, s, dt in unit
+            }
             for t in tensors.values():
                 dist.broadcast(t, src=src, group=group)
             yield tensors

@@ -46,11 +46,15 @@ class MegatronParams:
     def validate(self) -> list[str]:
         errors = [
             f"{name}: must be >= 1, got {value}"
-            for name, value in (("tensor_parallel", self.tensor_parallel), ("pipeline_parallel", self.pipeline_parallel),
-                                ("data_parallel", self.data_parallel), ("expert_parallel", self.expert_parallel),
-                                ("context_parallel", self.context_parallel))
+            for name, value in (
+                ("tensor_parallel", self.tensor_parallel),
+                ("pipeline_parallel", self.pipeline_parallel),
+                ("data_parallel", self.data_parallel),
+                ("expert_parallel", self.expert_parallel),
+                ("context_parallel", self.context_parallel),
+            )
             if value < 1
-        ]  # fmt: skip
+        ]
         if errors:
             return errors
         if self.device != "cpu" and not self.device.startswith("cuda"):
@@ -58,10 +62,14 @@ class MegatronParams:
         if self.dtype == "bfloat16" and not self.device.startswith("cuda"):
             errors.append("dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only")
         if self.context_parallel > 1:
-            errors.append("context_parallel: needs Transformer Engine, which relax-megatron does not wire for it "
-                          "yet; set context_parallel: 1")  # fmt: skip
+            errors.append(
+                "context_parallel: needs Transformer Engine, which relax-megatron does not wire for it "
+                "yet; set context_parallel: 1"
+            )
         if self.sequence_parallel and self.tensor_parallel == 1:
-            errors.append("sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)")
+            errors.append(
+                "sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)"
+            )
         if self.layer_spec == "te" and not self.device.startswith("cuda"):
             errors.append("layer_spec: te needs device: cuda (Transformer Engine has no CPU kernels)")
         if self.timeout_s is not None and not self.timeout_s > 0:
@@ -71,9 +79,11 @@ class MegatronParams:
 
             errors.append(CPU_REASON)
         if (self.tensor_parallel * self.data_parallel) % self.expert_parallel:
-            errors.append(f"expert_parallel={self.expert_parallel}: must divide tensor_parallel x data_parallel="
-                          f"{self.tensor_parallel * self.data_parallel} (expert-parallel ranks are carved from those, "
-                          "as in megatron with expert tensor parallelism 1)")  # fmt: skip
+            errors.append(
+                f"expert_parallel={self.expert_parallel}: must divide tensor_parallel x data_parallel="
+                f"{self.tensor_parallel * self.data_parallel} (expert-parallel ranks are carved from those, "
+                "as in megatron with expert tensor parallelism 1)"
+            )
         return errors
 
     def memory_layout(self, cfg: Any) -> Any:
@@ -85,13 +95,29 @@ class MegatronParams:
         from relax.core.memory_plan import model_parallel
 
         dtype = self.dtype or cfg.model.dtype
-        tp, pp, dp, ep = self.tensor_parallel, self.pipeline_parallel, self.data_parallel, self.expert_parallel
+        tp, pp, dp, ep = (
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.data_parallel,
+            self.expert_parallel,
+        )
         note = f"megatron TP {tp} x PP {pp} x DP {dp}" + (f" x EP {ep}" if ep > 1 else "") + f", {dtype}"
         note += ", distributed optimizer" if self.distributed_optimizer else ""
-        note += "" if self.layer_spec == "te" else f", layer_spec {self.layer_spec}: unfused attention counted"
-        return model_parallel(tp, pp, dp, ep, dtype, distributed_optimizer=self.distributed_optimizer,
-                              sequence_parallel=self.sequence_parallel, flash_attention=self.layer_spec == "te",
-                              chunked_logits=True, note=note)  # fmt: skip
+        note += (
+            "" if self.layer_spec == "te" else f", layer_spec {self.layer_spec}: unfused attention counted"
+        )
+        return model_parallel(
+            tp,
+            pp,
+            dp,
+            ep,
+            dtype,
+            distributed_optimizer=self.distributed_optimizer,
+            sequence_parallel=self.sequence_parallel,
+            flash_attention=self.layer_spec == "te",
+            chunked_logits=True,
+            note=note,
+        )
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what this trainer cannot do yet."""
@@ -99,9 +125,11 @@ class MegatronParams:
         if cfg.algorithm.critic.enable:  # what megatron_trainer refuses at start-up, caught by relax validate
             errors.append(CRITIC_MISSING)
         if cfg.trainer.pack_sequences:
-            errors.append("trainer.pack_sequences: the megatron trainer does not pack rows yet (megatron's THD "
-                          "layout needs Transformer Engine); use trainer.max_tokens_per_micro_batch, which sizes "
-                          "and trims its micro-batches, or trainer.backend torch / fsdp for packing")  # fmt: skip
+            errors.append(
+                "trainer.pack_sequences: the megatron trainer does not pack rows yet (megatron's THD "
+                "layout needs Transformer Engine); use trainer.max_tokens_per_micro_batch, which sizes "
+                "and trims its micro-batches, or trainer.backend torch / fsdp for packing"
+            )
         if cfg.trainer.offload and self.distributed_optimizer:
             from relax.megatron.distopt import OFFLOAD_REASON
 
@@ -110,8 +138,10 @@ class MegatronParams:
 
         errors += family_problems(cfg.model.path)
         if cfg.trainer.max_tokens_per_micro_batch and self.pipeline_parallel > 1:
-            errors.append("trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
-                          "of one shape; with pipeline_parallel > 1 use trainer.micro_batch_size")  # fmt: skip
+            errors.append(
+                "trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
+                "of one shape; with pipeline_parallel > 1 use trainer.micro_batch_size"
+            )
         return errors
 
 
@@ -124,8 +154,10 @@ LORA_MISSING = (
 
 
 #: why ``algorithm.critic.enable`` is refused on this trainer
-CRITIC_MISSING = ("algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; use "
-                  "trainer.backend torch or fsdp for PPO with a critic (both train it data-parallel)")  # fmt: skip
+CRITIC_MISSING = (
+    "algorithm.critic.enable: the megatron trainer has no critic (forward_values) yet; use "
+    "trainer.backend torch or fsdp for PPO with a critic (both train it data-parallel)"
+)
 
 
 def world_size(params: MegatronParams) -> int:
@@ -147,8 +179,10 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         raise ValueError(CRITIC_MISSING)
     dtype = params.dtype or ctx.dtype
     if dtype != "float32" and not params.device.startswith("cuda"):  # bf16 on CPU: tests only, slow
-        raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
-                         "with trainer.backend_params.device: cuda")  # fmt: skip
+        raise ValueError(
+            f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
+            "with trainer.backend_params.device: cuda"
+        )
     return MegatronTrainer(
         ctx.model_path,
         UpdateSettings.from_context(ctx),
@@ -182,8 +216,9 @@ def relax_register_trainers(register):
         megatron_trainer,
         config=MegatronParams,
         # one GPU per rank actor with device cuda (Ray sets each actor's CUDA_VISIBLE_DEVICES)
-        resources=lambda p: Resources(p.num_cpus, 1.0 if p.device.startswith("cuda") else 0.0,
-                                      num_workers=world_size(p)),
+        resources=lambda p: Resources(
+            p.num_cpus, 1.0 if p.device.startswith("cuda") else 0.0, num_workers=world_size(p)
+        ),
     )
 
 

@@ -19,7 +19,14 @@ import torch
 
 #: megatron's tensor-parallel attributes, read by its grad-norm helpers (``param_is_not_tensor_parallel_duplicate``,
 #: ``param_is_not_shared``): the masters carry their parameter's
-_PARALLEL_ATTRS = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce", "sequence_parallel")
+_PARALLEL_ATTRS = (
+    "tensor_model_parallel",
+    "partition_dim",
+    "partition_stride",
+    "shared",
+    "allreduce",
+    "sequence_parallel",
+)
 #: the optimizer-state key under which a checkpoint stores a master (see :mod:`relax.megatron.checkpoint`)
 MASTER_KEY = "fp32_param"
 

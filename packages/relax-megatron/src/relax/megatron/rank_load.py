@@ -66,8 +66,17 @@ def units(names: list[str]) -> dict[Any, list[str]]:
     return out
 
 
-def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_rank: int = 0,
-              ep: int = 1, ep_rank: int = 0) -> int:  # fmt: skip
+def load_rank(
+    model: Any,
+    model_dir: str | Checkpoint,
+    hf_config: Any,
+    tp: int = 1,
+    tp_rank: int = 0,
+    pp: int = 1,
+    pp_rank: int = 0,
+    ep: int = 1,
+    ep_rank: int = 0,
+) -> int:
     """Fill ``model`` (this TP / EP rank's shard of pipeline stage ``pp_rank``) from the HF checkpoint at
     ``model_dir`` (or a :class:`Checkpoint` view of one under the LM's names, ``media_front``), reading only
     what it holds; every model weight must be filled. The tensors read."""
@@ -119,7 +128,9 @@ def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int =
             name, target, start, count = rows
             with torch.no_grad():
                 params[target][count:].zero_()
-                checkpoint.read_into(name, params[target][:count], (start, start + count))  # into the weight itself
+                checkpoint.read_into(
+                    name, params[target][:count], (start, start + count)
+                )  # into the weight itself
             written.add(target)
             read += 1
             continue
@@ -137,8 +148,13 @@ def load_rank(model: Any, model_dir: str | Checkpoint, hf_config: Any, tp: int =
     return read
 
 
-def save_streamed(directory: str, export: Iterable[list[tuple[str, torch.Tensor]]],
-                  towers: Iterable[tuple[str, torch.Tensor]], hf_config: Any, model_path: str) -> None:  # fmt: skip
+def save_streamed(
+    directory: str,
+    export: Iterable[list[tuple[str, torch.Tensor]]],
+    towers: Iterable[tuple[str, torch.Tensor]],
+    hf_config: Any,
+    model_path: str,
+) -> None:
     """``save_hf``: every rank runs the export (its units are gathered one at a time), rank 0 appends each
     tensor to the current safetensors shard and writes config and tokenizer (``checkpoint.write_hf``);
     ``towers``: a media model's frozen towers (not exported, but the directory is the whole model)."""

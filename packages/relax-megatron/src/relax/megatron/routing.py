@@ -63,14 +63,18 @@ class _LayerReplay:
         self.replay = False
         self.counts: list[Tensor] | None = None
 
-    def get_replay_topk(self, scores: Tensor, topk: int, num_groups=None, group_topk=None, default_compute_topk=None):
+    def get_replay_topk(
+        self, scores: Tensor, topk: int, num_groups=None, group_topk=None, default_compute_topk=None
+    ):
         probs, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
         if self.target is None:
             return probs, own
         wanted = self.target.to(own.device, torch.long)
         if wanted.shape != own.shape:
-            raise ValueError(f"routing replay: routed_experts gives {tuple(wanted.shape)} (tokens, k) for a router "
-                             f"that routes {tuple(own.shape)}")  # fmt: skip
+            raise ValueError(
+                f"routing replay: routed_experts gives {tuple(wanted.shape)} (tokens, k) for a router "
+                f"that routes {tuple(own.shape)}"
+            )
         recorded = (wanted >= 0).all(-1)
         if self.counts is not None:
             same = (wanted.sort(-1).values == own.sort(-1).values).all(-1)
@@ -108,8 +112,10 @@ class MegatronRouting:
         if not routers:
             return None
         if routers[0].config.moe_router_fusion or any(r.layer_number is None for r in routers):
-            raise ValueError("routing replay: megatron's fused top-k (moe_router_fusion) bypasses the router's "
-                             "replay, and every router needs its layer_number")  # fmt: skip
+            raise ValueError(
+                "routing replay: megatron's fused top-k (moe_router_fusion) bypasses the router's "
+                "replay, and every router needs its layer_number"
+            )
         return cls(routers, replay, num_layers)
 
     @contextmanager
@@ -122,10 +128,14 @@ class MegatronRouting:
             yield
             return
         if routed.shape[:2] != batch["input_ids"].shape or routed.shape[2] != self.num_layers:
-            raise ValueError(f"routing replay: routed_experts {tuple(routed.shape)} should be (rows, tokens, "
-                             f"{self.num_layers} MoE layers, k) for input_ids {tuple(batch['input_ids'].shape)}")  # fmt: skip
+            raise ValueError(
+                f"routing replay: routed_experts {tuple(routed.shape)} should be (rows, tokens, "
+                f"{self.num_layers} MoE layers, k) for input_ids {tuple(batch['input_ids'].shape)}"
+            )
         tokens = token_routing(routed, batch["attention_mask"])
-        if self.sequence_split is not None:  # sequence parallelism: this TP rank's routers route its slice only
+        if (
+            self.sequence_split is not None
+        ):  # sequence parallelism: this TP rank's routers route its slice only
             tokens = sequence_slice(tokens, routed.shape[0], *self.sequence_split)
         for slot, layer in zip(self.slots, self.layers, strict=True):
             slot.target, slot.replay = tokens[:, layer], replay
@@ -158,7 +168,9 @@ class MegatronRouting:
         return differ / total if total else None
 
 
-def routing_metrics(routing: MegatronRouting | None, batch: dict[str, Any], rows: int, score, device) -> dict[str, float]:
+def routing_metrics(
+    routing: MegatronRouting | None, batch: dict[str, Any], rows: int, score, device
+) -> dict[str, float]:
     """Core's ``train/routing/*`` metrics (``relax.core.trainers.routing``) on the first ``rows`` rows of a batch
     carrying ``routed_experts``, before the update: for ``replay`` and ``free`` (the model's own routing),
     ``routing/mismatch_frac_*`` and, with ``rollout_logprobs``, ``routing/logprob_diff_*``. ``score(sub)``: the

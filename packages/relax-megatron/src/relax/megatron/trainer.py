@@ -90,7 +90,9 @@ class MegatronTrainer(Offloadable):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         layer_spec: str = "auto",
         sequence_parallel: bool = False,
-        freeze_media_towers: bool = False, freeze_vision: bool = False, freeze_audio: bool = False,
+        freeze_media_towers: bool = False,
+        freeze_vision: bool = False,
+        freeze_audio: bool = False,
         **overrides: Any,
     ) -> None:
         from megatron.core import parallel_state
@@ -100,8 +102,12 @@ class MegatronTrainer(Offloadable):
         check_layout(world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
         hf_config = model_config(model_path)  # a whole Qwen-Omni checkpoint: its thinker's
         lm = media_front.lm_config(hf_config) if media_front.is_media_model(hf_config) else hf_config
-        self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel, bool(convert.Dims.from_hf(lm).experts))
-        self.seq_multiple = tensor_parallel if self.sequence_parallel else 1  # the stages pad the sequence to it
+        self.sequence_parallel = sequence_parallel_on(
+            sequence_parallel, tensor_parallel, bool(convert.Dims.from_hf(lm).experts)
+        )
+        self.seq_multiple = (
+            tensor_parallel if self.sequence_parallel else 1
+        )  # the stages pad the sequence to it
         if dtype not in ("float32", "bfloat16"):  # bf16 on CPU runs here (the tests), the plugin refuses it
             raise ValueError(f"dtype={dtype!r}: the megatron trainer runs float32 or bfloat16")
         self.device = rank_device(device, rank)
@@ -118,13 +124,26 @@ class MegatronTrainer(Offloadable):
         random.seed(s.seed)
         np.random.seed(s.seed)
         torch.manual_seed(s.seed)
-        ensure_process_group(rank, world_size, master_addr, master_port, timeout_s=timeout_s,
-                             backend="nccl" if self.device.type == "cuda" else "gloo")  # fmt: skip
-        initialize_model_parallel(tensor_parallel, pipeline_parallel, seed=s.seed, expert_parallel=expert_parallel,
-                                  timeout_s=timeout_s)  # fmt: skip
+        ensure_process_group(
+            rank,
+            world_size,
+            master_addr,
+            master_port,
+            timeout_s=timeout_s,
+            backend="nccl" if self.device.type == "cuda" else "gloo",
+        )
+        initialize_model_parallel(
+            tensor_parallel,
+            pipeline_parallel,
+            seed=s.seed,
+            expert_parallel=expert_parallel,
+            timeout_s=timeout_s,
+        )
         self.model_path = model_path
         self.hf_config = hf_config
-        self.front = None  # media models (media_front.py): HF's towers, scatter and rope index feeding megatron's LM
+        self.front = (
+            None  # media models (media_front.py): HF's towers, scatter and rope index feeding megatron's LM
+        )
         self.media_config = None  # a media model's whole HF config (``hf_config`` is then its LM's)
         if media_front.is_media_model(self.hf_config):
             media_front.check_supported(self.hf_config, self.distributed_optimizer)
@@ -140,19 +159,46 @@ class MegatronTrainer(Offloadable):
         self.ep, self.ep_rank = expert_parallel, parallel_state.get_expert_model_parallel_rank()
         self.ep_group = parallel_state.get_expert_model_parallel_group()
         # megatron's DDP (distributed optimizer) then sums gradients over DP, as our own path does
-        layout = model_overrides(pipeline_parallel, expert_parallel, self.dtype, per_token_loss=self.distributed_optimizer,
-                                 sequence_parallel=self.sequence_parallel,
-                                 recompute=self.settings.recompute if trainable else "off")  # fmt: skip
-        self.model = convert.build_gpt_model(self.hf_config, pre_process=self.first_stage, post_process=self.last_stage,
-                                             layer_spec=self.layer_spec, tensor_model_parallel_size=tensor_parallel,
-                                             use_cpu_initialization=self.device.type == "cpu", init_method=no_init,
-                                             output_layer_init_method=no_init, **layout)  # fmt: skip
+        layout = model_overrides(
+            pipeline_parallel,
+            expert_parallel,
+            self.dtype,
+            per_token_loss=self.distributed_optimizer,
+            sequence_parallel=self.sequence_parallel,
+            recompute=self.settings.recompute if trainable else "off",
+        )
+        self.model = convert.build_gpt_model(
+            self.hf_config,
+            pre_process=self.first_stage,
+            post_process=self.last_stage,
+            layer_spec=self.layer_spec,
+            tensor_model_parallel_size=tensor_parallel,
+            use_cpu_initialization=self.device.type == "cpu",
+            init_method=no_init,
+            output_layer_init_method=no_init,
+            **layout,
+        )
         if self.media_config is not None:
-            self.front = media_front.MediaFront(model_path, self.model, self.media_config, first_stage=self.first_stage)
-        source = self.front.take_lm_weights() if self.front is not None else model_path  # a dict: loaded whole
-        load = convert.load_hf_into if isinstance(source, dict) else load_rank  # load_rank: this rank's part only
-        load(self.model, source, self.hf_config, self.tp, self.tp_rank, pipeline_parallel, self.pp_rank,
-             expert_parallel, self.ep_rank)  # fmt: skip
+            self.front = media_front.MediaFront(
+                model_path, self.model, self.media_config, first_stage=self.first_stage
+            )
+        source = (
+            self.front.take_lm_weights() if self.front is not None else model_path
+        )  # a dict: loaded whole
+        load = (
+            convert.load_hf_into if isinstance(source, dict) else load_rank
+        )  # load_rank: this rank's part only
+        load(
+            self.model,
+            source,
+            self.hf_config,
+            self.tp,
+            self.tp_rank,
+            pipeline_parallel,
+            self.pp_rank,
+            expert_parallel,
+            self.ep_rank,
+        )
         self.model.to(self.device)  # a no-op where megatron already allocated on the current GPU
         self.model.eval()  # no dropout: training and scoring forwards agree
         self.model.requires_grad_(trainable)
@@ -161,8 +207,13 @@ class MegatronTrainer(Offloadable):
             self.front.cast_parameters(self.dtype)  # bf16: the towers too (their fp32 masters below)
             self.front.requires_grad_(trainable)
         # frozen towers are neither trained nor exported (the rollout engine loaded them already), as in core
-        media_front.freeze(self.front, self.media_config or self.hf_config, freeze_media_towers=freeze_media_towers,
-                    freeze_vision=freeze_vision, freeze_audio=freeze_audio)  # fmt: skip
+        media_front.freeze(
+            self.front,
+            self.media_config or self.hf_config,
+            freeze_media_towers=freeze_media_towers,
+            freeze_vision=freeze_vision,
+            freeze_audio=freeze_audio,
+        )
         self.ddp = None  # megatron's DDP wrapper: with the distributed optimizer only
         self.masters = None  # bf16 without it: fp32 master weights (precision.py)
         # what the gradient code reduces and clips, by parameter name: the model's parameters, or their masters
@@ -172,9 +223,15 @@ class MegatronTrainer(Offloadable):
         if self.distributed_optimizer:
             from relax.megatron import distopt
 
-            self.ddp, self.optimizer = distopt.wrap(self.model, lr=s.lr, min_lr=s.lr * s.min_lr_ratio,
-                                                    weight_decay=s.weight_decay, betas=s.betas, eps=s.eps,
-                                                    bf16=self.dtype == torch.bfloat16)  # fmt: skip
+            self.ddp, self.optimizer = distopt.wrap(
+                self.model,
+                lr=s.lr,
+                min_lr=s.lr * s.min_lr_ratio,
+                weight_decay=s.weight_decay,
+                betas=s.betas,
+                eps=s.eps,
+                bf16=self.dtype == torch.bfloat16,
+            )
         elif trainable:
             if self.dtype != torch.float32:
                 from relax.megatron.precision import MasterWeights
@@ -182,15 +239,23 @@ class MegatronTrainer(Offloadable):
                 self.masters = MasterWeights(self.grad_params)  # the towers' included
                 self.grad_params = self.masters.named()
             params = [p for _, p in self.grad_params]
-            self.optimizer = torch.optim.AdamW(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
+            self.optimizer = torch.optim.AdamW(
+                params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay
+            )
         else:
             self.optimizer = None
         # chunked scores (chunked.py): the last stage's forward returns hidden states, scored a chunk at a time
         chunked = self.last_stage and s.logits_chunk_tokens > 0
-        self.head = OutputPassthrough(self.model, self.tp_group, self.tp, self.sequence_parallel) if chunked else None
+        self.head = (
+            OutputPassthrough(self.model, self.tp_group, self.tp, self.sequence_parallel) if chunked else None
+        )
         # MoE routing replay: a batch's ``routed_experts`` fed to this stage's routers (routing.py); None: dense
-        self.routing = MegatronRouting.for_model(self.model, s.routing_replay, self.hf_config.num_hidden_layers)
-        if self.routing is not None and self.sequence_parallel:  # each TP rank routes its slice of the sequence
+        self.routing = MegatronRouting.for_model(
+            self.model, s.routing_replay, self.hf_config.num_hidden_layers
+        )
+        if (
+            self.routing is not None and self.sequence_parallel
+        ):  # each TP rank routes its slice of the sequence
             self.routing.sequence_split = (self.tp, self.tp_rank)
         # core's loop; its ``step`` (train_step calls) is what a checkpoint stores
         self.update = PolicyUpdate(self, s, objective if trainable else None, fuse_old_logprobs=False)
@@ -219,7 +284,10 @@ class MegatronTrainer(Offloadable):
         """The batch's tensors on this rank's device (CPU: the batch itself)."""
         if self.device.type == "cpu":
             return batch
-        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return {
+            k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
 
     def _forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """This stage's forward on the right-padded rows, causal attention with no mask tensor (padding.py):
@@ -234,12 +302,17 @@ class MegatronTrainer(Offloadable):
         input_ids, position_ids = right_padded(batch)
         width = input_ids.shape[1]
         if self.sequence_parallel:  # the sequence splits over the TP ranks, padded; the logits cut again
-            input_ids, position_ids = pad_to_multiple(input_ids, 1, self.tp), pad_to_multiple(position_ids, 1, self.tp)
+            input_ids, position_ids = (
+                pad_to_multiple(input_ids, 1, self.tp),
+                pad_to_multiple(position_ids, 1, self.tp),
+            )
         with self.routing.applied(batch) if self.routing is not None else contextlib.nullcontext():
             out = model(input_ids, position_ids, attention_mask=None)
         return out[:, :width] if self.sequence_parallel and self.last_stage else out
 
-    def _scores(self, batch: dict[str, torch.Tensor], out: torch.Tensor, score: Callable = logprobs_and_entropy):
+    def _scores(
+        self, batch: dict[str, torch.Tensor], out: torch.Tensor, score: Callable = logprobs_and_entropy
+    ):
         """``score`` (vocab-parallel) of the response tokens, (B, R) each: positions P-1 .. P+R-2 predict
         them; logits temperature-scaled, each rank's its vocabulary slice; ``out``: the last stage's forward."""
         out = response_logits(out, batch)
@@ -257,9 +330,13 @@ class MegatronTrainer(Offloadable):
 
         if self.head is None:
             return scored(out, batch["responses"])
-        return chunked_scores(out, batch["responses"], self.head.weight, scored, self.settings.logits_chunk_tokens)
+        return chunked_scores(
+            out, batch["responses"], self.head.weight, scored, self.settings.logits_chunk_tokens
+        )
 
-    def _masked_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
+    def _masked_scores(
+        self, batch: dict[str, torch.Tensor], score: Callable, count: int
+    ) -> list[torch.Tensor]:
         """The first ``count`` outputs of ``score`` over the whole batch (micro-batched, no grad), 0 where
         masked; with DP each replica scores its rows and every rank gets all of them."""
         if self.dp == 1:
@@ -267,33 +344,48 @@ class MegatronTrainer(Offloadable):
         local = self._replica_scores(rank_rows(batch, self.dp, self.dp_rank), score, count)
         return [gather_rows(t, batch["responses"].shape[0], self.dp, self.dp_group) for t in local]
 
-    def _replica_scores(self, batch: dict[str, torch.Tensor], score: Callable, count: int) -> list[torch.Tensor]:
+    def _replica_scores(
+        self, batch: dict[str, torch.Tensor], score: Callable, count: int
+    ) -> list[torch.Tensor]:
         def masked(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> list[torch.Tensor]:
             keep = sub["response_mask"] > 0
-            return [torch.where(keep, t, torch.zeros_like(t)) for t in self._scores(sub, logits, score)[:count]]
+            return [
+                torch.where(keep, t, torch.zeros_like(t)) for t in self._scores(sub, logits, score)[:count]
+            ]
 
-        budget = self.settings.max_tokens_per_micro_batch if self.pp == 1 else 0  # PP: one shape (validate_run)
+        budget = (
+            self.settings.max_tokens_per_micro_batch if self.pp == 1 else 0
+        )  # PP: one shape (validate_run)
         micros = micro_batches(batch, self.settings.micro_batch_size, budget)
         with torch.no_grad():
             if self.pp == 1:
                 records = [masked(sub, self._forward(self.model, sub)) for sub in micros]
             else:  # the last stage scores; its results go to every stage (rank 0 answers for the group)
-                records = run_schedule(self.model, micros, self._forward,
-                                       lambda sub, logits: (torch.zeros(()), masked(sub, logits)), forward_only=True,
-                                       seq_multiple=self.seq_multiple)  # fmt: skip
+                records = run_schedule(
+                    self.model,
+                    micros,
+                    self._forward,
+                    lambda sub, logits: (torch.zeros(()), masked(sub, logits)),
+                    forward_only=True,
+                    seq_multiple=self.seq_multiple,
+                )
         if self.pp == 1:
             pieces = [list(zip(micros, [r[i] for r in records], strict=True)) for i in range(count)]
             return [in_row_order(p, *batch["responses"].shape) for p in pieces]
         shape = tuple(batch["responses"].shape)
-        out = [torch.cat([r[i] for r in records]) if self.last_stage else torch.zeros(shape, device=self.device)
-               for i in range(count)]  # fmt: skip
+        out = [
+            torch.cat([r[i] for r in records]) if self.last_stage else torch.zeros(shape, device=self.device)
+            for i in range(count)
+        ]
         return from_last_stage(out)[0]
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0."""
         return self._masked_scores(self._on_device(batch), logprobs_and_entropy, 1)[0].cpu()
 
-    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_logprobs_and_sum_pi_squared(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward_logprobs`` and, from the same forward, the (B, R) ``sum_v pi(v)^2`` of the policy at
         ``temperature`` (optimal token baselines), vocab-parallel; both 0 where masked."""
         from relax.megatron.logprobs import logprobs_and_sum_pi_squared
@@ -302,7 +394,9 @@ class MegatronTrainer(Offloadable):
         return logprobs.cpu(), sum_sq.cpu()
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        raise RuntimeError("the megatron trainer has no critic yet: use trainer.backend torch or fsdp with algorithm.critic")
+        raise RuntimeError(
+            "the megatron trainer has no critic yet: use trainer.backend torch or fsdp with algorithm.critic"
+        )
 
     # ----------------------------------------------------------------- training
     def current_lr(self) -> float:
@@ -315,9 +409,13 @@ class MegatronTrainer(Offloadable):
         if self.optimizer is None or self.update.objective is None:
             raise RuntimeError("train_step needs a trainable MegatronTrainer with an objective")
         batch = self._on_device(batch)
-        routing = routing_metrics(self.routing, batch, self.settings.micro_batch_size,
-                                  score=lambda sub: self._masked_scores(sub, logprobs_and_entropy, 1)[0],
-                                  device=self.device)  # fmt: skip
+        routing = routing_metrics(
+            self.routing,
+            batch,
+            self.settings.micro_batch_size,
+            score=lambda sub: self._masked_scores(sub, logprobs_and_entropy, 1)[0],
+            device=self.device,
+        )
         return {**self.update.train_step(batch), **routing}
 
     # ------------------------------------------------------- ModelStep (the loop's calls)
@@ -328,11 +426,15 @@ class MegatronTrainer(Offloadable):
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._replica_scores(batch, logprobs_and_entropy, 1)[0]
 
-    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
+    def forward_backward(
+        self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn
+    ) -> list[dict[str, float]]:
         """Per micro-batch: forward, vocab-parallel logprobs and entropy, ``loss_fn``, backward; under PP
         megatron's 1F1B schedule runs them (the last stage calls ``loss_fn``; its records go to every stage)."""
 
-        def finish(sub: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        def finish(
+            sub: dict[str, torch.Tensor], logits: torch.Tensor
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             return loss_fn(sub, *self._scores(sub, logits))
 
         with recomputing(self.model, self.settings.recompute):  # megatron recomputes in training mode only
@@ -343,11 +445,22 @@ class MegatronTrainer(Offloadable):
                     loss.backward()
                     records.append(record)
                 return records
-            return from_last_stage([], run_schedule(self.model, micro_batches, self._forward, finish, forward_only=False,
-                                                    seq_multiple=self.seq_multiple))[1]
+            return from_last_stage(
+                [],
+                run_schedule(
+                    self.model,
+                    micro_batches,
+                    self._forward,
+                    finish,
+                    forward_only=False,
+                    seq_multiple=self.seq_multiple,
+                ),
+            )[1]
 
     def finish_gradients(self, max_norm: float) -> float:
-        if self.ddp is not None:  # megatron's DDP: its finalize_model_grads does the sums below; clips in apply
+        if (
+            self.ddp is not None
+        ):  # megatron's DDP: its finalize_model_grads does the sums below; clips in apply
             from relax.megatron import distopt
 
             return distopt.reduce_grads(self.ddp, self.optimizer)
@@ -399,12 +512,17 @@ class MegatronTrainer(Offloadable):
         moves them to the host itself), CPU on CPU. They may be views of the live weights: a receiver
         copies a bucket before the next train step."""
         from relax.megatron.layer_specs import from_te_names
+
         local = convert.weights_only(self.model.state_dict())
         if self.layer_spec == "te":  # the mapping speaks the local spec's names
             local = from_te_names(local)
         if self.pp > 1:  # whole-model layer numbers; the last stage's copy of a tied embedding left out
             offset = convert.stage_layers(self.hf_config.num_hidden_layers, self.pp, self.pp_rank).start
-            tied_copy = ("output_layer.weight",) if self.hf_config.tie_word_embeddings and not self.first_stage else ()
+            tied_copy = (
+                ("output_layer.weight",)
+                if self.hf_config.tie_word_embeddings and not self.first_stage
+                else ()
+            )
             local = global_layer_names(local, offset, tied_copy)
         units = convert.export_units(list(local))
 
@@ -416,10 +534,13 @@ class MegatronTrainer(Offloadable):
             # a unit's shards: the TP ranks' and, for experts, the EP ranks' (each holds its experts whole)
             for unit in source:
                 experts = {n: t for n, t in unit.items() if is_expert(n)}
-                shards = gather_tp_shards({n: t for n, t in unit.items() if n not in experts}, self.tp, self.tp_group)
+                shards = gather_tp_shards(
+                    {n: t for n, t in unit.items() if n not in experts}, self.tp, self.tp_group
+                )
                 expert_shards = gather_tp_shards(experts, self.ep, self.ep_group) if experts else []
-                for name, tensor in convert.megatron_to_hf(shards, self.hf_config, partial=True,
-                                                           expert_shards=expert_shards).items():  # fmt: skip
+                for name, tensor in convert.megatron_to_hf(
+                    shards, self.hf_config, partial=True, expert_shards=expert_shards
+                ).items():
                     yield media_front.hf_name(name, self.front and self.front.hooks.lm_prefix), tensor
             if self.front is not None:  # replicated: every rank holds them whole
                 yield from ((n, p.detach()) for n, p in self.front.tower_parameters(frozen=False))
@@ -430,7 +551,9 @@ class MegatronTrainer(Offloadable):
         """An HF directory (config, tokenizer, safetensors) that plain transformers loads. Collective:
         streamed (``rank_load.save_streamed``), no rank holds the whole model in host memory."""
         towers = self.front.tower_parameters(frozen=True) if self.front is not None else ()
-        save_streamed(directory, self.export_weights(), towers, self.media_config or self.hf_config, self.model_path)
+        save_streamed(
+            directory, self.export_weights(), towers, self.media_config or self.hf_config, self.model_path
+        )
 
     # -------------------------------------------------------------- checkpoints
     def save(self, directory: str) -> None:

@@ -31,11 +31,20 @@ AUDIO_IN_VIDEO = "use_audio_in_video"
 
 #: whole Qwen-Omni checkpoints as released (thinker, talker, vocoder) -> the thinker's class: Relax trains and
 #: rolls out the thinker, loaded from the checkpoint's ``thinker.*`` weights (SGLang serves the whole one)
-WHOLE_OMNI = {"qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
-              "qwen3_omni_moe": "Qwen3OmniMoeThinkerForConditionalGeneration"}
+WHOLE_OMNI = {
+    "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+    "qwen3_omni_moe": "Qwen3OmniMoeThinkerForConditionalGeneration",
+}
 
 #: the HF ``config.model_type`` of every checkpoint this adapter runs
-MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", *WHOLE_OMNI)
+MODEL_TYPES = (
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen2_5_omni_thinker",
+    "qwen3_omni_moe_thinker",
+    *WHOLE_OMNI,
+)
 
 #: the media models relax-megatron runs (its language model in megatron, the towers as HF modules); the other
 #: media types are refused there by name
@@ -54,8 +63,12 @@ SERVING = {
     "qwen3_omni_moe": ServingConventions(
         media_config_key="thinker_config",
         served_prefix="thinker.",
-        served_renames=(("model.language_model.", "model."), ("model.visual.", "visual."),
-                        ("model.audio_tower.", "audio_tower."), ("lm_head.", "lm_head.")),
+        served_renames=(
+            ("model.language_model.", "model."),
+            ("model.visual.", "visual."),
+            ("model.audio_tower.", "audio_tower."),
+            ("lm_head.", "lm_head."),
+        ),
     ),
 }
 
@@ -91,8 +104,9 @@ class QwenMediaAdapter:
         config = transformers.AutoConfig.from_pretrained(model_path)
         if config.model_type in WHOLE_OMNI:  # talker and vocoder weights are left unloaded
             thinker = getattr(transformers, WHOLE_OMNI[config.model_type])
-            model = thinker.from_pretrained(model_path, config=config.thinker_config, key_mapping={r"^thinker\.": ""},
-                                            dtype=dtype)  # fmt: skip
+            model = thinker.from_pretrained(
+                model_path, config=config.thinker_config, key_mapping={r"^thinker\.": ""}, dtype=dtype
+            )
         else:
             model = transformers.AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
         encode_audio_per_item(model)
@@ -111,7 +125,10 @@ class QwenMediaAdapter:
             thinker = getattr(transformers, WHOLE_OMNI[config.model_type])
             model, key_mapping = thinker._from_config(config.thinker_config, dtype=dtype), {r"^thinker\.": ""}
         else:
-            model, key_mapping = transformers.AutoModelForImageTextToText.from_config(config, dtype=dtype), None
+            model, key_mapping = (
+                transformers.AutoModelForImageTextToText.from_config(config, dtype=dtype),
+                None,
+            )
         encode_audio_per_item(model)
         return model, key_mapping
 
@@ -128,9 +145,15 @@ class QwenMediaAdapter:
     def media_token_ids(self, config: Any) -> list[int]:
         return [i for i in (_token_id(config, k) for k in MEDIA_TOKEN_KINDS) if i is not None]
 
-    def forward_kwargs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       media: dict[str, torch.Tensor], prompt_width: int, observed: torch.Tensor | None = None,
-                       ) -> dict[str, Any]:
+    def forward_kwargs(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        media: dict[str, torch.Tensor],
+        prompt_width: int,
+        observed: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """The media tensors; token types (text 0, image 1, video 2) where the model's rope index needs them;
         ``position_ids=None``, so the model's own rope-index function computes the 3-D positions; the mask as
         bool (the Omni rope index selects tokens with ``ids[mask]``). Media ids a response sampled (columns
@@ -142,7 +165,9 @@ class QwenMediaAdapter:
         response positions that are observations keep their media ids (a tool's image appended to ``media``).
         """
         response = input_ids[:, prompt_width:]
-        media_ids = torch.tensor(self.media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device)
+        media_ids = torch.tensor(
+            self.media_token_ids(model.config), dtype=input_ids.dtype, device=input_ids.device
+        )
         sampled = torch.isin(response, media_ids)
         if observed is not None:
             sampled &= ~observed.to(sampled.device)
@@ -150,8 +175,12 @@ class QwenMediaAdapter:
             input_ids = torch.cat([input_ids[:, :prompt_width], response.masked_fill(sampled, 0)], 1)
         media = model_inputs(media)
         flags = media.pop(AUDIO_IN_VIDEO, None)
-        kwargs: dict[str, Any] = {**media, "input_ids": input_ids, "position_ids": None,
-                                  "attention_mask": attention_mask.bool()}
+        kwargs: dict[str, Any] = {
+            **media,
+            "input_ids": input_ids,
+            "position_ids": None,
+            "attention_mask": attention_mask.bool(),
+        }
         if flags is not None:  # one bool for the whole batch in HF's rope index: every video must agree
             videos = media.get("video_grid_thw")
             if videos is None or flags.numel() != videos.shape[0]:
@@ -199,7 +228,6 @@ class QwenMediaAdapter:
                 break
         return lambda length: (delta + length).view(1, rows, 1).expand(3, -1, -1)
 
-
     # ---- what the backends read (relax.core.model_family)
     def megatron_media(self, hf_config: Any) -> MediaTowerHooks | None:
         """The media front's parts (relax-megatron): the language model under ``model.language_model``, the
@@ -208,8 +236,11 @@ class QwenMediaAdapter:
         if hf_config.model_type not in MEGATRON_MODEL_TYPES:
             return None
         deepstack = getattr(getattr(hf_config, "vision_config", None), "deepstack_visual_indexes", None) or ()
-        return MediaTowerHooks(lm_prefix="model.language_model.", towers=("visual", "audio_tower"),
-                               deepstack_layers=len(deepstack))
+        return MediaTowerHooks(
+            lm_prefix="model.language_model.",
+            towers=("visual", "audio_tower"),
+            deepstack_layers=len(deepstack),
+        )
 
     def megatron_lm_config(self, hf_config: Any) -> Any:
         """The language model's HF config (``text_config``), with the checkpoint's embedding tying."""
@@ -241,8 +272,12 @@ class QwenMediaLMAdapter:
 
         params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
         kind = "multi_axis_interleaved" if hf_config.model_type in INTERLEAVED_LM_TYPES else "multi_axis"
-        return qwen_layout(hf_config, qwen2=hf_config.model_type in QWEN2_LM_TYPES, rotary=kind,
-                           rotary_sections=tuple(params.get("mrope_section") or ()))
+        return qwen_layout(
+            hf_config,
+            qwen2=hf_config.model_type in QWEN2_LM_TYPES,
+            rotary=kind,
+            rotary_sections=tuple(params.get("mrope_section") or ()),
+        )
 
 
 QWEN2_LM_TYPES = ("qwen2_5_vl_text", "qwen2_5_omni_text")  # Qwen2 layers: q/k/v biases, no q/k norms

@@ -29,13 +29,22 @@ def encode_audio_per_item(model: Any) -> int:
 
 def _per_audio(forward: Any) -> Any:
     @functools.wraps(forward)
-    def per_audio(input_features: torch.Tensor, feature_lens: torch.Tensor | None = None, **kwargs: Any) -> Any:
+    def per_audio(
+        input_features: torch.Tensor, feature_lens: torch.Tensor | None = None, **kwargs: Any
+    ) -> Any:
         if feature_lens is None or feature_lens.numel() <= 1:
             return forward(input_features, feature_lens=feature_lens, **kwargs)
         n, outs, start = feature_lens.numel(), [], 0
         for i, length in enumerate(feature_lens.tolist()):  # features: (mel, frames of every audio in turn)
-            own = {k: v[i:i + 1] if torch.is_tensor(v) and v.dim() and v.shape[0] == n else v for k, v in kwargs.items()}
-            outs.append(forward(input_features[:, start:start + length], feature_lens=feature_lens[i:i + 1], **own))
+            own = {
+                k: v[i : i + 1] if torch.is_tensor(v) and v.dim() and v.shape[0] == n else v
+                for k, v in kwargs.items()
+            }
+            outs.append(
+                forward(
+                    input_features[:, start : start + length], feature_lens=feature_lens[i : i + 1], **own
+                )
+            )
             start += length
         return type(outs[0])(**{key: _cat([o[key] for o in outs]) for key in outs[0].keys()})
 

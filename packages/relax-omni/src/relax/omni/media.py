@@ -42,7 +42,13 @@ class MediaBudget:
 
     def validate(self) -> list[str]:
         errors = []
-        for name in ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "max_bytes_per_item"):
+        for name in (
+            "min_pixels",
+            "max_pixels",
+            "video_min_pixels",
+            "video_max_pixels",
+            "max_bytes_per_item",
+        ):
             if getattr(self, name) <= 0:
                 errors.append(f"{name} must be > 0, got {getattr(self, name)}")
         if self.min_pixels > self.max_pixels:
@@ -84,7 +90,9 @@ def _qwen_utils():
     os.environ.setdefault("FORCE_QWENVL_VIDEO_READER", "decord")  # read when the module is imported
     from qwen_omni_utils.v2_5 import audio_process, vision_process
 
-    quiet = logging.getLogger("qwen_omni_utils")  # an INFO line per decoded video: unless asked for, only warnings
+    quiet = logging.getLogger(
+        "qwen_omni_utils"
+    )  # an INFO line per decoded video: unless asked for, only warnings
     if quiet.level == logging.NOTSET:
         quiet.setLevel(logging.WARNING)
 
@@ -124,16 +132,26 @@ def attach_columns(messages: list[dict[str, Any]], media: list[dict[str, Any]]) 
         ref = m["ref"]
         kind, name = kind_of_column(m["key"], ref), f"media[{i}] (column {m['key']!r})"
         if kind is None:
-            raise MediaError("?", name, f"cannot tell the media kind of column {m['key']!r} (name the column "
-                             "image/video/audio, or give {\"type\": ..., <type>: ref} dicts)")
+            raise MediaError(
+                "?",
+                name,
+                f"cannot tell the media kind of column {m['key']!r} (name the column "
+                'image/video/audio, or give {"type": ..., <type>: ref} dicts)',
+            )
         value = ref.get(kind) if isinstance(ref, dict) else ref
         extra.append({"type": kind, kind: value, "_item": name})
     user["content"] = extra + items
     return out
 
 
-def load_media(messages: list[dict[str, Any]], media: list[dict[str, Any]], budget: MediaBudget, where: str,
-               patch_size: int = 14, allowed: tuple[str, ...] = KINDS) -> LoadedMedia:
+def load_media(
+    messages: list[dict[str, Any]],
+    media: list[dict[str, Any]],
+    budget: MediaBudget,
+    where: str,
+    patch_size: int = 14,
+    allowed: tuple[str, ...] = KINDS,
+) -> LoadedMedia:
     """Decode every media item of one prompt within ``budget``; raise ``MediaError(where, item, why)``."""
     try:
         messages = attach_columns(messages, media)
@@ -151,14 +169,28 @@ def load_media(messages: list[dict[str, Any]], media: list[dict[str, Any]], budg
             if kind == "text":
                 clean.append(item)
                 continue
-            name = item.get("_item", f"messages[{mi}].content[{ci}]") if isinstance(item, dict) else (
-                f"messages[{mi}].content[{ci}]")
+            name = (
+                item.get("_item", f"messages[{mi}].content[{ci}]")
+                if isinstance(item, dict)
+                else (f"messages[{mi}].content[{ci}]")
+            )
             if kind not in KINDS:
-                raise MediaError(where, name, f"unsupported content type {kind!r} (expected text, image, video or audio)")
+                raise MediaError(
+                    where, name, f"unsupported content type {kind!r} (expected text, image, video or audio)"
+                )
             label = f"{name} {kind} {short_ref(item.get(kind))}"
             if kind not in allowed:
-                raise MediaError(where, label, f"wrong type: this model takes {', '.join(allowed)}, not {kind}")
-            _load_item(loaded, kind, item.get(kind), budget, patch_size, lambda why, lb=label: MediaError(where, lb, why))
+                raise MediaError(
+                    where, label, f"wrong type: this model takes {', '.join(allowed)}, not {kind}"
+                )
+            _load_item(
+                loaded,
+                kind,
+                item.get(kind),
+                budget,
+                patch_size,
+                lambda why, lb=label: MediaError(where, lb, why),
+            )
             clean.append({"type": kind})  # the chat template only needs the placeholder
         loaded.messages.append({**message, "content": clean})
     return loaded
@@ -188,18 +220,26 @@ def _load_item(loaded: LoadedMedia, kind: str, ref: Any, budget: MediaBudget, pa
         tmp = None if isinstance(source, Path) else _spill(source)
         path = source if tmp is None else tmp
         try:
-            ele = {"video": str(path), "fps": budget.fps, "max_frames": budget.max_frames,
-                   "min_pixels": budget.video_min_pixels, "max_pixels": budget.video_max_pixels}
+            ele = {
+                "video": str(path),
+                "fps": budget.fps,
+                "max_frames": budget.max_frames,
+                "min_pixels": budget.video_min_pixels,
+                "max_pixels": budget.video_max_pixels,
+            }
             try:
                 (frames, meta), sample_fps = vision.fetch_video(
-                    ele, image_patch_size=patch_size, return_video_metadata=True, return_video_sample_fps=True)
+                    ele, image_patch_size=patch_size, return_video_metadata=True, return_video_sample_fps=True
+                )
             except Exception as e:  # decord / torchvision raise assorted errors (kept as __cause__)
                 raise err("undecodable video") from e
             loaded.videos.append(frames)
             loaded.video_metadata.append(meta)
             loaded.video_fps.append(float(sample_fps))
             if budget.use_audio_in_video:
-                track = _decode_audio(audio, {"type": "video", "video": str(path)}, True, err, "video soundtrack")
+                track = _decode_audio(
+                    audio, {"type": "video", "video": str(path)}, True, err, "video soundtrack"
+                )
                 _check_seconds(track, budget, err, "video soundtrack")
                 loaded.audios.append(track)
                 loaded.audio_from_video.append(len(loaded.videos) - 1)
@@ -210,7 +250,9 @@ def _load_item(loaded: LoadedMedia, kind: str, ref: Any, budget: MediaBudget, pa
 
 def _open_ref(kind: str, ref: Any, budget: MediaBudget, err) -> Path | bytes:
     if not isinstance(ref, str) or not ref:
-        raise err(f"wrong type: expected a path, file:// URL or base64 data URL string, got {type(ref).__name__}")
+        raise err(
+            f"wrong type: expected a path, file:// URL or base64 data URL string, got {type(ref).__name__}"
+        )
     if ref.startswith("data:"):
         head, sep, payload = ref.partition(",")
         mime = head[5:].split(";")[0]
@@ -219,14 +261,16 @@ def _open_ref(kind: str, ref: Any, budget: MediaBudget, err) -> Path | bytes:
         if mime and mime.split("/")[0] != kind:
             raise err(f"wrong type: a data URL of type {mime} where {kind} is expected")
         if len(payload) * 3 // 4 > budget.max_bytes_per_item:
-            raise err(f"over budget: about {len(payload) * 3 // 4} bytes > max_bytes_per_item={budget.max_bytes_per_item}")
+            raise err(
+                f"over budget: about {len(payload) * 3 // 4} bytes > max_bytes_per_item={budget.max_bytes_per_item}"
+            )
         try:
             return base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise err("invalid base64 in data URL") from None
     if ref.startswith(("http://", "https://")):
         raise err("remote URLs are not loaded (runs read no network); download the file and use its path")
-    path = Path(ref[len("file://"):] if ref.startswith("file://") else ref)
+    path = Path(ref[len("file://") :] if ref.startswith("file://") else ref)
     if not path.is_absolute() and budget.media_root is not None:
         path = Path(budget.media_root) / path
     if not path.is_file():

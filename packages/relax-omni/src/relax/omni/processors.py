@@ -71,13 +71,20 @@ class QwenOmniProcessor:
     def __call__(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """A text-only prompt (no media loaded): the chat template, encoded without extra special tokens."""
         text = self._render(messages)
-        return {"prompt_text": text, "prompt_ids": list(self.tokenizer.encode(text, add_special_tokens=False))}
+        return {
+            "prompt_text": text,
+            "prompt_ids": list(self.tokenizer.encode(text, add_special_tokens=False)),
+        }
 
-    def process(self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str) -> ProcessedPrompt:
+    def process(
+        self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str
+    ) -> ProcessedPrompt:
         loaded = load_media(messages, media, self.params, where, self.family.patch_size, self.family.kinds)
         return self._run(self._render(loaded.messages), loaded)
 
-    def continue_with(self, messages: list[dict[str, Any]], ended_with: str | None, where: str) -> ProcessedPrompt:
+    def continue_with(
+        self, messages: list[dict[str, Any]], ended_with: str | None, where: str
+    ) -> ProcessedPrompt:
         """Observation messages with media (a tool's image) rendered as the continuation after an assistant
         turn (``relax.core.processors.SupportsObservationMedia``), within the same media budgets."""
         from relax.core.agentic import ObservationRenderer
@@ -93,9 +100,13 @@ class QwenOmniProcessor:
             kwargs["images_kwargs"] = {"size": {"shortest_edge": p.min_pixels, "longest_edge": p.max_pixels}}
         if loaded.videos:
             kwargs.update(videos=loaded.videos, video_metadata=loaded.video_metadata)
-            kwargs["videos_kwargs"] = {"do_sample_frames": False, "size": {
-                "shortest_edge": p.video_min_pixels, "longest_edge": p.video_max_pixels}}
-            if len(set(loaded.video_fps)) == 1:  # seconds per temporal grid (M-RoPE time) from the sampled fps
+            kwargs["videos_kwargs"] = {
+                "do_sample_frames": False,
+                "size": {"shortest_edge": p.video_min_pixels, "longest_edge": p.video_max_pixels},
+            }
+            if (
+                len(set(loaded.video_fps)) == 1
+            ):  # seconds per temporal grid (M-RoPE time) from the sampled fps
                 kwargs["videos_kwargs"]["fps"] = loaded.video_fps[0]
         in_video = self.params.use_audio_in_video and bool(loaded.videos)
         if loaded.audios:

@@ -26,7 +26,14 @@ QUESTIONS = {
     "pitch": "is the tone low 1, middle 2 or high 3?",
     "fade": "does it get darker 1 or lighter 2?",
 }
-OPTIONS = {"image": 4, "audio": 2, "video": 2, "colour": 3, "pitch": 3, "fade": 2}  # answers are 1..OPTIONS[task]
+OPTIONS = {
+    "image": 4,
+    "audio": 2,
+    "video": 2,
+    "colour": 3,
+    "pitch": 3,
+    "fade": 2,
+}  # answers are 1..OPTIONS[task]
 KIND = {"colour": "image", "pitch": "audio", "fade": "video"}  # learnable task -> its media kind
 COLOURS = ((220, 40, 40), (40, 170, 40), (40, 60, 220))  # red, green, blue: answers 1, 2, 3
 PITCHES_HZ = ((200.0, 260.0), (600.0, 800.0), (1800.0, 2400.0))  # low, middle, high: answers 1, 2, 3
@@ -47,7 +54,9 @@ def circles_image(path: str | Path, circles: int, seed: int = 0, size: tuple[int
     img.save(path)
 
 
-def two_tones(path: str | Path, first_hz: float, second_hz: float, seconds: float = 0.5, rate: int = 16000) -> None:
+def two_tones(
+    path: str | Path, first_hz: float, second_hz: float, seconds: float = 0.5, rate: int = 16000
+) -> None:
     """A mono WAV: ``first_hz`` then ``second_hz``, ``seconds`` each."""
     import numpy as np
     import soundfile as sf
@@ -57,8 +66,9 @@ def two_tones(path: str | Path, first_hz: float, second_hz: float, seconds: floa
     sf.write(str(path), (0.3 * wave).astype(np.float32), rate)
 
 
-def moving_dot_video(path: str | Path, right: bool, frames: int = 8, size: int = 64, fps: int = 4,
-                     tone_hz: float | None = None) -> None:
+def moving_dot_video(
+    path: str | Path, right: bool, frames: int = 8, size: int = 64, fps: int = 4, tone_hz: float | None = None
+) -> None:
     """An MP4 (mpeg4) of a black dot crossing a white frame; with ``tone_hz`` also an AAC soundtrack."""
     import av
     import numpy as np
@@ -75,7 +85,7 @@ def moving_dot_video(path: str | Path, right: bool, frames: int = 8, size: int =
         for i in range(frames):
             x = 4 + (i if right else frames - 1 - i) * step
             frame = np.full((size, size, 3), 255, np.uint8)
-            frame[size // 2 - 4: size // 2 + 4, x: x + 8] = 0
+            frame[size // 2 - 4 : size // 2 + 4, x : x + 8] = 0
             out.mux(video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         out.mux(video.encode())
         if audio is not None:
@@ -87,7 +97,9 @@ def moving_dot_video(path: str | Path, right: bool, frames: int = 8, size: int =
             out.mux(audio.encode())
 
 
-def colour_image(path: str | Path, colour: tuple[int, int, int], seed: int = 0, size: tuple[int, int] = (56, 56)) -> None:
+def colour_image(
+    path: str | Path, colour: tuple[int, int, int], seed: int = 0, size: tuple[int, int] = (56, 56)
+) -> None:
     """A PNG of one large shape (circle or square, random place and size) in ``colour`` on a light background."""
     from PIL import Image, ImageDraw
 
@@ -155,8 +167,9 @@ def _write_media(task: str, index: int, directory: Path, rng: random.Random) -> 
     return name, answer
 
 
-def make_row(kind: str, index: int, directory: Path, rng: random.Random,
-             media_dir: str | Path | None = None) -> dict[str, Any]:
+def make_row(
+    kind: str, index: int, directory: Path, rng: random.Random, media_dir: str | Path | None = None
+) -> dict[str, Any]:
     """Write one media file under ``directory`` and return its dataset row, naming the file relative to it (or
     under ``media_dir``). ``kind``: a media kind (its loader-exercising task) or a learnable task name."""
     name, answer = _write_media(kind, index, directory, rng)
@@ -167,8 +180,14 @@ def make_row(kind: str, index: int, directory: Path, rng: random.Random,
     return {"prompt": [{"role": "user", "content": content}], "label": str(answer)}
 
 
-def make_dataset(directory: str | Path, kinds: tuple[str, ...], rows: int, seed: int = 0,
-                 name: str = "train.jsonl", media_dir: str | Path | None = None) -> Path:
+def make_dataset(
+    directory: str | Path,
+    kinds: tuple[str, ...],
+    rows: int,
+    seed: int = 0,
+    name: str = "train.jsonl",
+    media_dir: str | Path | None = None,
+) -> Path:
     """``rows`` rows cycling through ``kinds`` (media kinds or task names), media files beside the JSONL; rows
     name them relative to it, or under ``media_dir`` (where the directory will be read from). Returns the JSONL."""
     out = Path(directory)

@@ -20,8 +20,12 @@ PREFIX = "thinker."
 INDEX = "model.safetensors.index.json"
 #: a thinker's weight names as transformers holds them in memory -> as its checkpoint names them (the megatron
 #: trainer writes the former; transformers' ``save_pretrained`` the latter, already under ``thinker.``)
-_CHECKPOINT_NAMES = (("", ""), ("model.language_model.", "model."), ("model.visual.", "visual."),
-                     ("model.audio_tower.", "audio_tower."))  # fmt: skip
+_CHECKPOINT_NAMES = (
+    ("", ""),
+    ("model.language_model.", "model."),
+    ("model.visual.", "visual."),
+    ("model.audio_tower.", "audio_tower."),
+)
 _WRITTEN = {"config.json", INDEX}  # written here, not copied from the source
 _THE_SOURCES = {"generation_config.json"}  # the whole model's, over the thinker's
 
@@ -39,10 +43,15 @@ def _whole_name(name: str, thinker_names: set[str], source: Path) -> str:
     if name in thinker_names:
         return name
     for memory, checkpoint in _CHECKPOINT_NAMES:
-        if name.startswith(memory) and (whole := PREFIX + checkpoint + name.removeprefix(memory)) in thinker_names:
+        if (
+            name.startswith(memory)
+            and (whole := PREFIX + checkpoint + name.removeprefix(memory)) in thinker_names
+        ):
             return whole
-    raise ValueError(f"the saved thinker's weight {name!r} has no counterpart under {PREFIX!r} in the whole checkpoint "
-                     f"{source}: is it the checkpoint the run started from?")
+    raise ValueError(
+        f"the saved thinker's weight {name!r} has no counterpart under {PREFIX!r} in the whole checkpoint "
+        f"{source}: is it the checkpoint the run started from?"
+    )
 
 
 def _names(files: list[Path]) -> set[str]:
@@ -81,15 +90,21 @@ def rewrap_whole(directory: str | Path, model_path: str | Path) -> bool:
     thinker_names = {n for n in _names(_source_files(source)) if n.startswith(PREFIX)}
     renamed = {name: _whole_name(name, thinker_names, source) for name in _names(thinker_files)}
     if missing := thinker_names - set(renamed.values()):  # checked before a file changes
-        raise ValueError(f"{out} lacks {len(missing)} of the thinker's weights in {source} (e.g. {min(missing)!r})")
+        raise ValueError(
+            f"{out} lacks {len(missing)} of the thinker's weights in {source} (e.g. {min(missing)!r})"
+        )
     weight_map: dict[str, str] = {}
     total = 0  # tensor bytes, as the index counts them
     shards = ((file.name, {renamed[n]: t for n, t in load_file(file).items()}) for file in thinker_files)
-    for name, tensors in itertools.chain(shards, _rest(source)):  # the thinker's renamed in place, then the rest
+    for name, tensors in itertools.chain(
+        shards, _rest(source)
+    ):  # the thinker's renamed in place, then the rest
         save_file(tensors, out / name, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-    (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (out / INDEX).write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     for key in ("dtype", "torch_dtype"):  # the thinker's weights are as trained; the rest keep the source's
         if key in saved:
             whole["thinker_config"][key] = saved[key]

@@ -46,7 +46,7 @@ def last_boxed(text: str) -> str | None:
             rest = start + len(cmd)
             if rest < len(text) and text[rest] == "{":
                 content = _balanced(text, rest)
-            elif text[rest:rest + 1] == " ":
+            elif text[rest : rest + 1] == " ":
                 content = text[rest + 1 :].split("$")[0].split()[0] if text[rest + 1 :].strip() else None
             else:
                 content = None

@@ -66,12 +66,16 @@ def gold_letter(label: Any, letters: str, texts: dict[str, str], params: ChoiceP
     for letter, option in texts.items():
         if normalize_answer(option) == normalize_answer(text):
             return letter
-    raise ValueError(f"multiple_choice: label {label!r} is neither a valid letter ({letters}), an index nor an option text")
+    raise ValueError(
+        f"multiple_choice: label {label!r} is neither a valid letter ({letters}), an index nor an option text"
+    )
 
 
 def _letter_in(fragment: str, letters: str) -> str | None:
     """A single valid letter standing for the whole fragment: "C", "(C)", "\\text{C}", "**C.**", "C) foo"."""
-    frag = re.sub(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}", r"\1", fragment).strip().strip("*$ ").strip()
+    frag = (
+        re.sub(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}", r"\1", fragment).strip().strip("*$ ").strip()
+    )
     m = re.match(r"^[(\[]?([A-Za-z])[)\].:]?(?:\s|$)", frag)
     if m and m.group(1).upper() in letters and (m.group(1).isupper() or len(frag) <= 3):
         return m.group(1).upper()
@@ -96,11 +100,18 @@ def chosen_letter(response: str, letters: str, standalone_fallback: bool = True)
     return None, "none"
 
 
-def choice_score(response: str, label: Any, metadata: dict[str, Any], params: ChoiceParams) -> dict[str, float]:
+def choice_score(
+    response: str, label: Any, metadata: dict[str, Any], params: ChoiceParams
+) -> dict[str, float]:
     """``score``/``acc`` 1 for the right letter; ``format`` 1 for a boxed or "Answer:" letter;
     ``parsed`` 1 when any valid letter was found."""
     letters, texts = _options(metadata, params)
     gold = gold_letter(label, letters, texts, params)
     letter, how = chosen_letter(response, letters, params.standalone_fallback)
     acc = float(letter == gold)
-    return {"score": acc, "acc": acc, "format": float(how in ("boxed", "phrase")), "parsed": float(letter is not None)}
+    return {
+        "score": acc,
+        "acc": acc,
+        "format": float(how in ("boxed", "phrase")),
+        "parsed": float(letter is not None),
+    }

@@ -67,12 +67,18 @@ class VerdictError(ValueError):
 
 
 def render(template: str, question: str, reference: str, response: str) -> str:
-    return template.replace("{question}", question).replace("{reference}", reference).replace("{response}", response)
+    return (
+        template.replace("{question}", question)
+        .replace("{reference}", reference)
+        .replace("{response}", response)
+    )
 
 
 def _scaled(value: float, params: GenRMParams, text: str) -> float:
     if not params.score_min <= value <= params.score_max:
-        raise VerdictError(f"judge score {value:g} outside [{params.score_min:g}, {params.score_max:g}] in {text[:120]!r}")
+        raise VerdictError(
+            f"judge score {value:g} outside [{params.score_min:g}, {params.score_max:g}] in {text[:120]!r}"
+        )
     return (value - params.score_min) / (params.score_max - params.score_min)
 
 
@@ -85,7 +91,9 @@ def parse_verdict(text: str, params: GenRMParams) -> float:
             return 1.0
         if words and words[0] == params.negative.lower():
             return 0.0
-        raise VerdictError(f"judge verdict is neither {params.positive!r} nor {params.negative!r}: {body[:120]!r}")
+        raise VerdictError(
+            f"judge verdict is neither {params.positive!r} nor {params.negative!r}: {body[:120]!r}"
+        )
     if params.parser == "score":
         m = re.search(r"[-+]?\d+(?:\.\d+)?", body)
         if m is None:
@@ -124,19 +132,29 @@ class JudgeServer:
         typed = build_section(reg.config, engine_params, "engine_params", errors)
         if errors:
             raise ValueError("genrm: " + "; ".join(errors))
-        self.engine = reg.factory(typed, PluginContext(role="rollout", model_path=model_path, tokenizer_path=model_path))
+        self.engine = reg.factory(
+            typed, PluginContext(role="rollout", model_path=model_path, tokenizer_path=model_path)
+        )
         self.tok = AutoTokenizer.from_pretrained(model_path)
 
-    async def judge(self, prompts: list[str], chat: bool, max_new_tokens: int, temperature: float) -> list[str]:
+    async def judge(
+        self, prompts: list[str], chat: bool, max_new_tokens: int, temperature: float
+    ) -> list[str]:
         from relax.core.protocols import GenerationRequest, SamplingParams
 
         eos = tuple(i for i in {self.tok.eos_token_id} if i is not None)
-        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=eos, seed=0)
+        params = SamplingParams(
+            temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=eos, seed=0
+        )
         requests = []
         for i, prompt in enumerate(prompts):
             if chat and self.tok.chat_template:
-                ids = self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   tokenize=True, return_dict=True)["input_ids"]
+                ids = self.tok.apply_chat_template(
+                    [{"role": "user", "content": prompt}],
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=True,
+                )["input_ids"]
             else:
                 ids = self.tok(prompt)["input_ids"]
             requests.append(GenerationRequest(request_id=f"judge-{i}", prompt_ids=list(ids), params=params))
@@ -157,8 +175,10 @@ class GenRMReward:
         if errors:
             raise ValueError("genrm: " + "; ".join(errors))
         self.params = params
-        self.judge = ray.remote(JudgeServer).options(num_cpus=params.num_cpus).remote(
-            params.engine, dict(params.engine_params), params.model_path
+        self.judge = (
+            ray.remote(JudgeServer)
+            .options(num_cpus=params.num_cpus)
+            .remote(params.engine, dict(params.engine_params), params.model_path)
         )
 
     def prompt_of(self, sample: Any) -> str:
@@ -169,8 +189,9 @@ class GenRMReward:
 
     async def verdicts(self, samples: list[Any]) -> list[str]:
         p = self.params
-        return await self.judge.judge.remote([self.prompt_of(s) for s in samples], p.apply_chat_template,
-                                             p.max_new_tokens, p.temperature)
+        return await self.judge.judge.remote(
+            [self.prompt_of(s) for s in samples], p.apply_chat_template, p.max_new_tokens, p.temperature
+        )
 
     async def score_group(self, samples: list[Any]) -> list[dict[str, float]]:
         """One result per sample; an unparsable verdict is returned as its VerdictError, which the hub

@@ -52,7 +52,9 @@ class HubParams:
     workers: int = 2  # processes of the pool that runs isolated components
     max_concurrency: int = 8  # reward calls in flight at once (pool calls and inline calls)
     call_timeout_s: float = 30.0  # wall-clock limit per component call (a component may set timeout_s)
-    fallback_score: float | None = None  # score of a failed or timed-out component; None: reward.fallback_score
+    fallback_score: float | None = (
+        None  # score of a failed or timed-out component; None: reward.fallback_score
+    )
     start_timeout_s: float = 120.0  # how long a call waits for a worker to start (imports included)
 
     def group_timeout_s(self, group_size: int) -> float:
@@ -62,8 +64,11 @@ class HubParams:
         worker start and the kill margin. The hub then always reports its own per-component failures
         before core's bound would fail the whole group."""
         specs = [spec if isinstance(spec, list) else [spec] for spec in self.routes.values()] or [[]]
-        timeouts = [item.get("timeout_s", self.call_timeout_s) if isinstance(item, dict) else self.call_timeout_s
-                     for items in specs for item in items]
+        timeouts = [
+            item.get("timeout_s", self.call_timeout_s) if isinstance(item, dict) else self.call_timeout_s
+            for items in specs
+            for item in items
+        ]
         longest = max([float(t) for t in timeouts if isinstance(t, int | float)] or [self.call_timeout_s])
         calls = max(group_size, 1) * max(len(items) for items in specs)
         waves = math.ceil(max(calls, 1) / max(min(self.workers, self.max_concurrency), 1))
@@ -74,7 +79,10 @@ class HubParams:
         for name, value, low in (("workers", self.workers, 1), ("max_concurrency", self.max_concurrency, 1)):
             if value < low:
                 errors.append(f"{name}: must be >= {low}, got {value}")
-        for name, value in (("call_timeout_s", self.call_timeout_s), ("start_timeout_s", self.start_timeout_s)):
+        for name, value in (
+            ("call_timeout_s", self.call_timeout_s),
+            ("start_timeout_s", self.start_timeout_s),
+        ):
             if not value > 0:
                 errors.append(f"{name}: must be > 0, got {value}")
         if self.fallback_score is not None and not math.isfinite(self.fallback_score):
@@ -120,7 +128,9 @@ def parse_routes(params: HubParams) -> tuple[dict[str, list[Component]], list[st
                 continue
             unknown = sorted(set(item) - _COMPONENT_KEYS)
             if unknown:
-                errors.append(f"{path}: unknown keys {unknown}; allowed keys: {', '.join(sorted(_COMPONENT_KEYS))}")
+                errors.append(
+                    f"{path}: unknown keys {unknown}; allowed keys: {', '.join(sorted(_COMPONENT_KEYS))}"
+                )
             name = item["name"]
             if name == HUB:
                 errors.append(f"{path}.name: a hub cannot contain a hub")
@@ -128,7 +138,9 @@ def parse_routes(params: HubParams) -> tuple[dict[str, list[Component]], list[st
             try:
                 reg = manager.registration("reward", name)
             except UnknownNameError:
-                errors.append(f"{path}.name: unknown reward {name!r}; registered: {', '.join(manager.names('reward'))}")
+                errors.append(
+                    f"{path}.name: unknown reward {name!r}; registered: {', '.join(manager.names('reward'))}"
+                )
                 continue
             typed = build_section(reg.config, item.get("params") or {}, f"{path}.params", errors)
             weight, timeout = item.get("weight", 1.0), item.get("timeout_s", params.call_timeout_s)
@@ -145,7 +157,9 @@ def parse_routes(params: HubParams) -> tuple[dict[str, list[Component]], list[st
             comps.append(Component(f"{route}.{i}.{name}", label, name, weight, typed, timeout, isolate))
         routes[route] = comps
     if params.default is not None and params.default not in params.routes:
-        errors.append(f"default: {params.default!r} is not a route; routes: {', '.join(map(repr, params.routes)) or '(none)'}")
+        errors.append(
+            f"default: {params.default!r} is not a route; routes: {', '.join(map(repr, params.routes)) or '(none)'}"
+        )
     return routes, errors
 
 
@@ -178,8 +192,15 @@ class Hub:
         self.fallback_score = own if own is not None else getattr(ctx, "fallback_score", 0.0)
         self.rewards = {c.key: build_component(c, ctx) for comps in routes.values() for c in comps}
         self.pooled = {c.key for comps in routes.values() for c in comps if self._isolated(c)}
-        self.pool = ProcessPool({k: self.rewards[k] for k in self.pooled}, size=params.workers,
-                                start_timeout_s=params.start_timeout_s) if self.pooled else None
+        self.pool = (
+            ProcessPool(
+                {k: self.rewards[k] for k in self.pooled},
+                size=params.workers,
+                start_timeout_s=params.start_timeout_s,
+            )
+            if self.pooled
+            else None
+        )
         self._sems: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
@@ -202,7 +223,9 @@ class Hub:
             return str(value)
         if self.params.default is not None:
             return self.params.default
-        raise ValueError(f"no route for {self.params.route_key}={value!r} and no default; routes: {sorted(self.routes)}")
+        raise ValueError(
+            f"no route for {self.params.route_key}={value!r} and no default; routes: {sorted(self.routes)}"
+        )
 
     async def score(self, sample: Any) -> dict[str, float]:
         return (await self.score_group([sample]))[0]
@@ -224,7 +247,9 @@ class Hub:
         await asyncio.gather(*calls)
         return [self._combine(s, r, res) for s, r, res in zip(samples, routes, results, strict=True)]
 
-    async def _run(self, comp: Component, samples: list[Any], idx: list[int], results: list[dict[str, Any]]) -> None:
+    async def _run(
+        self, comp: Component, samples: list[Any], idx: list[int], results: list[dict[str, Any]]
+    ) -> None:
         """Score ``samples`` with one component; each result (or _Failure) lands in ``results``."""
         reward = self.rewards[comp.key]
         if comp.key not in self.pooled and callable(getattr(reward, "score_group", None)):
@@ -235,7 +260,9 @@ class Hub:
 
         async def one(i: int, s: Any) -> None:
             if comp.key in self.pooled:
-                results[i][comp.key] = await self._guard(comp, lambda: self.pool.acall(comp.key, s, comp.timeout_s))
+                results[i][comp.key] = await self._guard(
+                    comp, lambda: self.pool.acall(comp.key, s, comp.timeout_s)
+                )
             else:
                 results[i][comp.key] = await self._guard(comp, lambda: call_scorer(reward.score, s))
 
@@ -248,12 +275,16 @@ class Hub:
 
         async with self._sem():
             try:
-                bound = comp.timeout_s + (self.params.start_timeout_s + POOL_MARGIN_S if comp.key in self.pooled else 0)
+                bound = comp.timeout_s + (
+                    self.params.start_timeout_s + POOL_MARGIN_S if comp.key in self.pooled else 0
+                )
                 value = await bounded(make_call(), bound)
             except ScorerTimeout:
                 return _Failure("timeouts", f"timed out after {comp.timeout_s:g}s")
             except CallTimeout as e:
-                return _Failure("timeouts", f"timed out after {comp.timeout_s:g}s" + (f" ({e})" if str(e) else ""))
+                return _Failure(
+                    "timeouts", f"timed out after {comp.timeout_s:g}s" + (f" ({e})" if str(e) else "")
+                )
             except Exception as e:  # noqa: BLE001  # a component bug must not stop the run
                 return _Failure("errors", f"{type(e).__name__}: {e}")
         if expect is not None and not (isinstance(value, list) and len(value) == expect):
@@ -280,10 +311,19 @@ class Hub:
                 except (TypeError, ValueError) as e:
                     value = _Failure("errors", str(e))
             if isinstance(value, _Failure):
-                log.warning("reward hub: %r (route %r) on %s: %s (scored %g)", comp.name, route, where, value,
-                            self.fallback_score)
-                add_failure(sample, "reward", f"reward hub: {comp.name!r} (route {route!r}): {value} "
-                                              f"(scored {self.fallback_score:g})")  # console, failures.jsonl
+                log.warning(
+                    "reward hub: %r (route %r) on %s: %s (scored %g)",
+                    comp.name,
+                    route,
+                    where,
+                    value,
+                    self.fallback_score,
+                )
+                add_failure(
+                    sample,
+                    "reward",
+                    f"reward hub: {comp.name!r} (route {route!r}): {value} (scored {self.fallback_score:g})",
+                )  # console, failures.jsonl
                 failed, timed_out = True, timed_out or value.kind == "timeouts"
                 parts = {"score": self.fallback_score}
                 info[f"{comp.label}/failed"] = 1.0
@@ -325,5 +365,8 @@ def _as_parts(value: Any) -> dict[str, float]:
 
 def single(name: str, params: Any, ctx: Any = None, **hub: Any) -> Hub:
     """A one-route hub around one reward: how ``math`` and friends run alone, still isolated."""
-    route = {"name": name, "params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params}
+    route = {
+        "name": name,
+        "params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params,
+    }
     return Hub(HubParams(routes={name: route}, default=name, **hub), ctx)

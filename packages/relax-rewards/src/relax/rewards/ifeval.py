@@ -99,13 +99,30 @@ def warm_ifeval() -> None:
 def loose_variants(response: str) -> list[str]:
     """The reference's loose transformations: without first/last/both lines, with ``*`` removed."""
     lines = response.split("\n")
-    first, last, both = ("\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip())
-    return [response, response.replace("*", ""), first, last, both,
-            first.replace("*", ""), last.replace("*", ""), both.replace("*", "")]
+    first, last, both = (
+        "\n".join(lines[1:]).strip(),
+        "\n".join(lines[:-1]).strip(),
+        "\n".join(lines[1:-1]).strip(),
+    )
+    return [
+        response,
+        response.replace("*", ""),
+        first,
+        last,
+        both,
+        first.replace("*", ""),
+        last.replace("*", ""),
+        both.replace("*", ""),
+    ]
 
 
-def verdicts(response: str, prompt: str, instruction_ids: list[str], kwargs_list: list[dict[str, Any]],
-             checkers: dict[str, Any]) -> list[tuple[bool, bool]]:
+def verdicts(
+    response: str,
+    prompt: str,
+    instruction_ids: list[str],
+    kwargs_list: list[dict[str, Any]],
+    checkers: dict[str, Any],
+) -> list[tuple[bool, bool]]:
     """``(strict, loose)`` per instruction, exactly as the reference evaluation computes them."""
     if len(kwargs_list) != len(instruction_ids):
         raise ValueError(f"ifeval: {len(instruction_ids)} instructions but {len(kwargs_list)} kwargs")
@@ -125,25 +142,39 @@ def verdicts(response: str, prompt: str, instruction_ids: list[str], kwargs_list
     return out
 
 
-def _ifeval(response: str, metadata: dict[str, Any], params: IFEvalParams, benchmark: str) -> dict[str, float]:
+def _ifeval(
+    response: str, metadata: dict[str, Any], params: IFEvalParams, benchmark: str
+) -> dict[str, float]:
     ids = metadata.get(params.instructions_key)
     if not isinstance(ids, list | tuple) or not ids:
-        raise ValueError(f"{benchmark}: metadata[{params.instructions_key!r}] must be a non-empty list of "
-                         f"instruction ids (add it to data.metadata_keys), got {ids!r}")
+        raise ValueError(
+            f"{benchmark}: metadata[{params.instructions_key!r}] must be a non-empty list of "
+            f"instruction ids (add it to data.metadata_keys), got {ids!r}"
+        )
     kwargs = metadata.get(params.kwargs_key) or [{} for _ in ids]
     text = after_think(response) if params.strip_think else response
-    results = verdicts(text or "", str(metadata.get("prompt", "")), list(ids), list(kwargs), registry(benchmark))
+    results = verdicts(
+        text or "", str(metadata.get("prompt", "")), list(ids), list(kwargs), registry(benchmark)
+    )
     n = len(results)
     strict_frac, loose_frac = sum(s for s, _ in results) / n, sum(lo for _, lo in results) / n
-    out = {"strict": strict_frac, "loose": loose_frac, "strict_all": float(strict_frac == 1.0),
-           "loose_all": float(loose_frac == 1.0)}
+    out = {
+        "strict": strict_frac,
+        "loose": loose_frac,
+        "strict_all": float(strict_frac == 1.0),
+        "loose_all": float(loose_frac == 1.0),
+    }
     key = params.mode if params.aggregate == "fraction" else f"{params.mode}_all"
     return {"score": out[key], **out}
 
 
-def ifeval_score(response: str, label: Any, metadata: dict[str, Any], params: IFEvalParams) -> dict[str, float]:
+def ifeval_score(
+    response: str, label: Any, metadata: dict[str, Any], params: IFEvalParams
+) -> dict[str, float]:
     return _ifeval(response, metadata, params, "ifeval")
 
 
-def ifbench_score(response: str, label: Any, metadata: dict[str, Any], params: IFEvalParams) -> dict[str, float]:
+def ifbench_score(
+    response: str, label: Any, metadata: dict[str, Any], params: IFEvalParams
+) -> dict[str, float]:
     return _ifeval(response, metadata, params, "ifbench")

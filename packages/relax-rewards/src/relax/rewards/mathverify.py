@@ -58,7 +58,9 @@ def math_score(response: str, label: Any, metadata: dict[str, Any], params: Math
 
     if label is None:
         raise ValueError("math needs a label (the reference answer); set data.label_key")
-    golds = [parse_gold(lab, params.verify_timeout_s) for lab in (label if isinstance(label, list) else [label])]
+    golds = [
+        parse_gold(lab, params.verify_timeout_s) for lab in (label if isinstance(label, list) else [label])
+    ]
     if not any(golds):
         raise ValueError(f"math: math-verify cannot parse the label {label!r}")
     text = after_think(response)
@@ -72,8 +74,14 @@ def math_score(response: str, label: Any, metadata: dict[str, Any], params: Math
     else:
         pred = parse(text[-params.tail_chars :], parsing_timeout=params.verify_timeout_s)
     ok = bool(pred) and any(
-        gold and verify(gold, pred, float_rounding=params.float_rounding, strict=params.strict,
-                        timeout_seconds=params.verify_timeout_s)
+        gold
+        and verify(
+            gold,
+            pred,
+            float_rounding=params.float_rounding,
+            strict=params.strict,
+            timeout_seconds=params.verify_timeout_s,
+        )
         for gold in golds
     )
     acc = float(ok)

@@ -60,7 +60,9 @@ def accuracy(response: str, label: Any, timeout_s: int = 5) -> float:
     return float(normalize_answer(answer) == normalize_answer(gold_text))
 
 
-def openr1_score(response: str, label: Any, metadata: dict[str, Any], params: OpenR1Params) -> dict[str, float]:
+def openr1_score(
+    response: str, label: Any, metadata: dict[str, Any], params: OpenR1Params
+) -> dict[str, float]:
     if label is None:
         raise ValueError("openr1_mm needs a label (the reference answer); set data.label_key")
     acc = accuracy(response, label, params.verify_timeout_s)

@@ -52,6 +52,7 @@ def _serve(conn: Any) -> None:
         # calls carry relax Samples, whose module imports torch (1.5 s or more): import it during start-up
         # (start_timeout_s), not inside the first call's timeout_s, which it would eat on a fresh worker
         import relax.core.data  # noqa: F401
+
         for target in targets.values():
             warm = getattr(target, "warm_up", None)
             if callable(warm):
@@ -89,8 +90,11 @@ class _Worker:
     def __init__(self, payload: bytes, index: int) -> None:
         parent, child = socket.socketpair()
         code = "import sys; from relax.rewards.pool import child_main; child_main(int(sys.argv[1]))"
-        self.proc = subprocess.Popen([sys.executable, "-c", code, str(child.fileno())], pass_fds=(child.fileno(),),
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(child.fileno())],
+            pass_fds=(child.fileno(),),
+            stdin=subprocess.DEVNULL,
+        )
         child.close()
         self.conn = Connection(parent.detach())
         self.conn.send_bytes(pickle.dumps((list(sys.path), payload)))
@@ -115,7 +119,9 @@ class _Worker:
         try:
             kind, detail = self.conn.recv()
         except EOFError:
-            raise WorkerDied(f"reward worker pid {self.pid} exited during start-up (exit code {self.exitcode()})") from None
+            raise WorkerDied(
+                f"reward worker pid {self.pid} exited during start-up (exit code {self.exitcode()})"
+            ) from None
         if kind != "ready":
             raise RuntimeError(detail)
         self.ready = True

@@ -57,7 +57,9 @@ class RemoteRewardError(RuntimeError):
 def request_item(sample: Any, fields: dict[str, str]) -> dict[str, Any]:
     item = {}
     for key, attr in fields.items():
-        item[key] = (sample.metadata or {}).get(attr[9:]) if attr.startswith("metadata.") else getattr(sample, attr)
+        item[key] = (
+            (sample.metadata or {}).get(attr[9:]) if attr.startswith("metadata.") else getattr(sample, attr)
+        )
     return item
 
 
@@ -79,7 +81,9 @@ class RemoteReward:
             return {}
         token = os.environ.get(p.auth_env)
         if not token:
-            raise RemoteRewardError(f"remote reward: environment variable {p.auth_env!r} (auth_env) is not set")
+            raise RemoteRewardError(
+                f"remote reward: environment variable {p.auth_env!r} (auth_env) is not set"
+            )
         return {p.auth_header: f"{p.auth_scheme} {token}".strip()}
 
     def post(self, samples: list[Any]) -> list[Any]:
@@ -106,17 +110,23 @@ class RemoteReward:
             if resp.status_code >= 400:
                 raise RemoteRewardError(f"remote reward {p.url}: HTTP {resp.status_code}: {resp.text[:200]}")
             return self._scores(resp, len(samples))
-        raise RemoteRewardError(f"remote reward {p.url}: gave up after {p.retries + 1} attempts (last: {last})")
+        raise RemoteRewardError(
+            f"remote reward {p.url}: gave up after {p.retries + 1} attempts (last: {last})"
+        )
 
     def _scores(self, resp: Any, n: int) -> list[Any]:
         p = self.params
         try:
             data = resp.json()
         except ValueError:
-            raise RemoteRewardError(f"remote reward {p.url}: reply is not JSON: {resp.text[:200]!r}") from None
+            raise RemoteRewardError(
+                f"remote reward {p.url}: reply is not JSON: {resp.text[:200]!r}"
+            ) from None
         scores = data.get(p.scores_key) if isinstance(data, dict) else None
         if not isinstance(scores, list) or len(scores) != n:
-            raise RemoteRewardError(f"remote reward {p.url}: expected {{{p.scores_key!r}: [{n} scores]}}, got {str(data)[:200]}")
+            raise RemoteRewardError(
+                f"remote reward {p.url}: expected {{{p.scores_key!r}: [{n} scores]}}, got {str(data)[:200]}"
+            )
         return scores
 
     async def score_group(self, samples: list[Any]) -> list[Any]:

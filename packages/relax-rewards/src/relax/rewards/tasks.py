@@ -19,12 +19,22 @@ def math_rows(n: int = 400, seed: int = 0, max_operand: int = 9) -> list[dict[st
     """``n`` rows drawn uniformly (with replacement) from all sums and exact quotients."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    problems = [(f"{a}+{b}=", f"\\boxed{{{a + b}}}", "add") for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    problems += [(f"{a * b}/{b}=", f"\\boxed{{\\frac{{{a * b}}}{{{b}}}}}", "div")
-                 for a in range(1, max_operand + 1) for b in range(2, max_operand + 1) if a * b < 100]
+    problems = [
+        (f"{a}+{b}=", f"\\boxed{{{a + b}}}", "add")
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+    ]
+    problems += [
+        (f"{a * b}/{b}=", f"\\boxed{{\\frac{{{a * b}}}{{{b}}}}}", "div")
+        for a in range(1, max_operand + 1)
+        for b in range(2, max_operand + 1)
+        if a * b < 100
+    ]
     rng = random.Random(seed)
-    return [dict(zip(("prompt", "label", "data_source"), problems[rng.randrange(len(problems))], strict=True))
-            for _ in range(n)]
+    return [
+        dict(zip(("prompt", "label", "data_source"), problems[rng.randrange(len(problems))], strict=True))
+        for _ in range(n)
+    ]
 
 
 def write_math_jsonl(path: str | Path, n: int = 400, seed: int = 0) -> Path:

@@ -39,13 +39,26 @@ def exit_at_start_up() -> None:
     raise SystemExit("exit_at_start_up")
 
 
-def make_sample(response: str, label: Any = None, metadata: dict[str, Any] | None = None, group: int = 0,
-                index: int = 0, prompt: str = "") -> Any:
+def make_sample(
+    response: str,
+    label: Any = None,
+    metadata: dict[str, Any] | None = None,
+    group: int = 0,
+    index: int = 0,
+    prompt: str = "",
+) -> Any:
     """A scored-to-be ``Sample`` with only what rewards read."""
     from relax.core.data import Sample
 
-    return Sample(prompt_ids=[1, 2], group_id=group, index_in_group=index, prompt_text=prompt,
-                  response_text=response, label=label, metadata=dict(metadata or {}))
+    return Sample(
+        prompt_ids=[1, 2],
+        group_id=group,
+        index_in_group=index,
+        prompt_text=prompt,
+        response_text=response,
+        label=label,
+        metadata=dict(metadata or {}),
+    )
 
 
 @hookimpl

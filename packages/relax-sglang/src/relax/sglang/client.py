@@ -18,15 +18,17 @@ class SGLangHTTPError(RuntimeError):
 
 
 class SGLangClient:
-    def __init__(self, url: str, name: str, control_timeout_s: float, request_timeout_s: float, max_concurrency: int):
+    def __init__(
+        self, url: str, name: str, control_timeout_s: float, request_timeout_s: float, max_concurrency: int
+    ):
         self.url, self.name = url.rstrip("/"), name
         self.control_timeout_s, self.request_timeout_s = control_timeout_s, request_timeout_s
         self.max_concurrency = max_concurrency
         self._http = requests.Session()
         self._lock = threading.Lock()
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._per_loop: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]
+        ] = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------------ control (blocking)
     def post(self, endpoint: str, body: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
@@ -44,7 +46,9 @@ class SGLangClient:
         except requests.ConnectionError as exc:
             raise SGLangHTTPError(f"{self.name}: {endpoint} unreachable (server down?): {exc}") from exc
         if resp.status_code != 200:
-            raise SGLangHTTPError(f"{self.name}: {endpoint} returned HTTP {resp.status_code}: {resp.text[:500]}")
+            raise SGLangHTTPError(
+                f"{self.name}: {endpoint} returned HTTP {resp.status_code}: {resp.text[:500]}"
+            )
         if not resp.content:
             return None
         try:
@@ -85,10 +89,14 @@ class SGLangClient:
                 timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
                 async with session.post(self.url + "/generate", json=payload, timeout=timeout) as resp:
                     if resp.status != 200:
-                        raise SGLangHTTPError(f"{self.name}: /generate returned HTTP {resp.status}: {(await resp.text())[:500]}")
+                        raise SGLangHTTPError(
+                            f"{self.name}: /generate returned HTTP {resp.status}: {(await resp.text())[:500]}"
+                        )
                     return await resp.json()
             except TimeoutError as exc:
-                raise SGLangHTTPError(f"{self.name}: /generate did not finish within {self.request_timeout_s:g}s") from exc
+                raise SGLangHTTPError(
+                    f"{self.name}: /generate did not finish within {self.request_timeout_s:g}s"
+                ) from exc
             except aiohttp.ClientError as exc:
                 raise SGLangHTTPError(f"{self.name}: /generate failed (server down?): {exc!r}") from exc
 

@@ -70,7 +70,9 @@ def server_settings(params: SGLangEngineParams, run_dtype: str) -> ServerSetting
     )
 
 
-def staging_devices(device: str, servers: int, tp_size: int, launched: bool = True) -> list[list[torch.device]]:
+def staging_devices(
+    device: str, servers: int, tp_size: int, launched: bool = True
+) -> list[list[torch.device]]:
     """Where ``sglang_tensor`` stages a bucket for each server's tensor-parallel ranks: ``[server][tp rank]``.
     A launched CUDA server ``j`` runs its rank ``k`` on the engine's GPU ``j * tp_size + k`` (``--base-gpu-id``;
     SGLang's GPU of a rank is base + rank), so that rank's copy is staged there: CUDA IPC then opens no context

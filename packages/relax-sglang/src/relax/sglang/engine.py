@@ -121,7 +121,9 @@ class SGLangEngine:
         if params.python == "auto" and not params.urls:
             from relax.sglang.server_env import server_python
 
-            params = dataclasses.replace(params, python=server_python(Path(run_dir) / "logs" / "sglang-server-env-build.log"))
+            params = dataclasses.replace(
+                params, python=server_python(Path(run_dir) / "logs" / "sglang-server-env-build.log")
+            )
         self._routing: RoutingLayout | None = None
         if record_routing:
             from relax.core.multimodal_model import model_config
@@ -130,13 +132,17 @@ class SGLangEngine:
             if SERVER_FLAG not in params.extra_args:
                 params = dataclasses.replace(params, extra_args=[*params.extra_args, SERVER_FLAG])
         if lora is not None and not params.urls and "--enable-lora" not in params.extra_args:
-            params = dataclasses.replace(params, extra_args=[*adapters.server_args(lora, params.device), *params.extra_args])
+            params = dataclasses.replace(
+                params, extra_args=[*adapters.server_args(lora, params.device), *params.extra_args]
+            )
         self.lora = lora
         self._adapter: str | None = None  # the loaded adapter every /generate names (None: the base model)
         self._pending = adapters.PendingAdapter()
         self.last_sync_bytes = 0  # bytes of the last adapter loaded into the server(s)
         self.params, self.model_path, self.index = params, model_path, index
-        self.served_architecture = served_architecture(model_path)  # one whose loader takes its own names (served_layout)
+        self.served_architecture = served_architecture(
+            model_path
+        )  # one whose loader takes its own names (served_layout)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
         self.servers: list[ServerProcess] = []  # launched ones (none when attached by URL)
         self.router: Any = None  # the sglang-router process in front of them (router: sglang)
@@ -188,7 +194,9 @@ class SGLangEngine:
         n = p.servers if p.router == "sglang" else 1
         for j in range(n):
             i = self.index * n + j
-            name = f"sglang-engine-{self.index}.log" if n == 1 else f"sglang-engine-{self.index}-server-{j}.log"
+            name = (
+                f"sglang-engine-{self.index}.log" if n == 1 else f"sglang-engine-{self.index}-server-{j}.log"
+            )
             server = ServerProcess(p, self.model_path, dtype, logs / name, i, base_gpu=j * p.tp_size)
             self.servers.append(server)
             server.start()
@@ -198,11 +206,15 @@ class SGLangEngine:
         from relax.sglang.router import RouterProcess, router_python
 
         python = router_python(self.params, self.params.python)  # the server env may have the router too
-        self.router = RouterProcess(self.params, python, urls, logs / f"sglang-router-{self.index}.log", self.index)
+        self.router = RouterProcess(
+            self.params, python, urls, logs / f"sglang-router-{self.index}.log", self.index
+        )
         self.router.start()
         return self.router.url
 
-    def _each(self, endpoint: str, body: dict[str, Any] | None = None, bodies: list[Any] | None = None) -> list[Any]:
+    def _each(
+        self, endpoint: str, body: dict[str, Any] | None = None, bodies: list[Any] | None = None
+    ) -> list[Any]:
         """POST ``endpoint`` to every server at once (a distributed weight update blocks each call until all
         of them received the broadcast, so they cannot go one after another); ``bodies``: one per server."""
         bodies = bodies if bodies is not None else [body] * len(self.workers)
@@ -211,14 +223,18 @@ class SGLangEngine:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(self.workers)) as pool:
-            return list(pool.map(lambda wb: wb[0].post(endpoint, wb[1]), zip(self.workers, bodies, strict=True)))
+            return list(
+                pool.map(lambda wb: wb[0].post(endpoint, wb[1]), zip(self.workers, bodies, strict=True))
+            )
 
     def _served_version(self, default: int, agree: bool = True) -> int:
         """The weight version the servers report: after an update they must agree; at start-up (``agree``
         False) servers attached at different versions count as the oldest until the first sync."""
         versions = {parse_version(w.get("/model_info").get("weight_version"), default) for w in self.workers}
         if agree and len(versions) != 1:
-            raise SGLangHTTPError(f"{self.name}: its servers serve different weight versions {sorted(versions)}")
+            raise SGLangHTTPError(
+                f"{self.name}: its servers serve different weight versions {sorted(versions)}"
+            )
         return min(versions)
 
     # ------------------------------------------------------------------ generation
@@ -227,13 +243,20 @@ class SGLangEngine:
         if any(r.media is not None for r in requests):
             if self._image_spec is None:
                 self._image_spec = load_image_spec(self.model_path)
-            media = _media_requests([r.media for r in requests], [list(r.prompt_ids) for r in requests], self._image_spec,
-                                    self.params.video_fps, self.tokenizer.decode)  # fmt: skip
+            media = _media_requests(
+                [r.media for r in requests],
+                [list(r.prompt_ids) for r in requests],
+                self._image_spec,
+                self.params.video_fps,
+                self.tokenizer.decode,
+            )
         epoch = self._abort_epoch
         with self._count_lock:
             self._in_flight += 1
         try:
-            return list(await asyncio.gather(*(self._one(r, m, epoch) for r, m in zip(requests, media, strict=True))))
+            return list(
+                await asyncio.gather(*(self._one(r, m, epoch) for r, m in zip(requests, media, strict=True)))
+            )
         finally:
             with self._count_lock:
                 self._in_flight -= 1
@@ -268,7 +291,9 @@ class SGLangEngine:
             if media is not None:
                 check_prompt_tokens(out["meta_info"], len(req.prompt_ids) + len(done), self.name)
             got, lps, vers, reason = parse_output(out, self._version)
-            ids, logprobs, versions, reason = cut_at_stop_ids(req.params, ids + got, logprobs + lps, versions + vers, reason)
+            ids, logprobs, versions, reason = cut_at_stop_ids(
+                req.params, ids + got, logprobs + lps, versions + vers, reason
+            )
             # aborted by a pause (pause_mode "abort"), not by abort(): continue from the tokens so far
             if reason != "abort" or self._abort_epoch != epoch:
                 break
@@ -285,7 +310,9 @@ class SGLangEngine:
 
     def pause(self) -> None:
         self._running.clear()
-        self._each("/pause_generation", {"mode": "abort" if self.lora is not None else self.params.pause_mode})
+        self._each(
+            "/pause_generation", {"mode": "abort" if self.lora is not None else self.params.pause_mode}
+        )
 
     def resume(self) -> None:
         self._each("/continue_generation", {})
@@ -299,8 +326,10 @@ class SGLangEngine:
         """``rollout.release_memory``: the server frees its weights and KV cache (``/release_memory_occupation``;
         on CUDA through ``memory_saver``; a CPU server goes through the same calls and frees nothing)."""
         if self.servers and self.params.device.startswith("cuda") and not self.params.memory_saver:
-            raise ServerError(f"{self.name}: rollout.release_memory needs engine_params.memory_saver (the server "
-                              "was launched without --enable-memory-saver)")
+            raise ServerError(
+                f"{self.name}: rollout.release_memory needs engine_params.memory_saver (the server "
+                "was launched without --enable-memory-saver)"
+            )
         self._each("/release_memory_occupation", {})
 
     def resume_memory(self) -> None:
@@ -316,8 +345,11 @@ class SGLangEngine:
         }
         for proc in self._processes():
             if not proc.alive():
-                error = f"{self.name} exited with code {proc.exit_code()}" if len(self.servers) == 1 and proc is self.server \
-                    else f"{proc.name} exited with code {proc.exit_code()}"  # fmt: skip
+                error = (
+                    f"{self.name} exited with code {proc.exit_code()}"
+                    if len(self.servers) == 1 and proc is self.server
+                    else f"{proc.name} exited with code {proc.exit_code()}"
+                )
                 return {**info, "ok": False, "error": error}
         try:
             for client in dict.fromkeys([*self.workers, self.client]):
@@ -371,14 +403,27 @@ class SGLangEngine:
         """One bucket through ``/update_weights_from_tensor`` (call between begin/end_weight_update); with
         ``lora``, one bucket of the adapter, loaded by ``end_weight_update``."""
         if self.lora is not None:
-            self._pending.add(list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors), self.name)
+            self._pending.add(
+                list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors),
+                self.name,
+            )
             return
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         check_served_names((n for n, _ in items), self.served_architecture, self.name)
-        layout = staging_devices(self.params.device, len(self.workers), self.params.tp_size, launched=bool(self.servers))
-        payloads, _alive = staged_payloads(items, layout)  # each server rank's copy on its own GPU, alive until answered
-        bodies = [{"serialized_named_tensors": ranks, "weight_version": str(version), "flush_cache": self._may_flush()}
-                  for ranks in payloads]  # fmt: skip
+        layout = staging_devices(
+            self.params.device, len(self.workers), self.params.tp_size, launched=bool(self.servers)
+        )
+        payloads, _alive = staged_payloads(
+            items, layout
+        )  # each server rank's copy on its own GPU, alive until answered
+        bodies = [
+            {
+                "serialized_named_tensors": ranks,
+                "weight_version": str(version),
+                "flush_cache": self._may_flush(),
+            }
+            for ranks in payloads
+        ]
         self._each("/update_weights_from_tensor", bodies=bodies)
         self._version = version
 
@@ -395,26 +440,41 @@ class SGLangEngine:
         """Ranks this engine adds to a ``sglang_distributed`` group: each server's tensor-parallel ranks."""
         return int(self.params.tp_size) * len(self.workers)
 
-    def init_weights_update_group(self, addr: str, port: int, rank_offset: int, world: int, group: str, backend: str) -> None:
+    def init_weights_update_group(
+        self, addr: str, port: int, rank_offset: int, world: int, group: str, backend: str
+    ) -> None:
         """Every server joins ``group``, the engine's ranks from ``rank_offset`` on, each server's TP ranks in
         a row (the calls return once the whole group formed, so they go out together)."""
         from concurrent.futures import ThreadPoolExecutor
 
         def join(j: int) -> Any:
-            body = {"master_address": addr, "master_port": port, "rank_offset": rank_offset + j * self.params.tp_size,
-                    "world_size": world, "group_name": group, "backend": backend}  # fmt: skip
+            body = {
+                "master_address": addr,
+                "master_port": port,
+                "rank_offset": rank_offset + j * self.params.tp_size,
+                "world_size": world,
+                "group_name": group,
+                "backend": backend,
+            }
             return self.workers[j].post("/init_weights_update_group", body)
 
         with ThreadPoolExecutor(len(self.workers)) as pool:
             list(pool.map(join, range(len(self.workers))))
 
-    def update_weights_from_distributed(self, layout: list[tuple[str, str, list[int]]], group: str, version: int) -> None:
+    def update_weights_from_distributed(
+        self, layout: list[tuple[str, str, list[int]]], group: str, version: int
+    ) -> None:
         """Receive one bucket broadcast by the trainer (rank 0) over ``group``: (name, dtype, shape) each."""
         self._refuse_full_weights("update_weights_from_distributed")
         check_served_names((n for n, _, _ in layout), self.served_architecture, self.name)
-        body = {"names": [n for n, _, _ in layout], "dtypes": [d for _, d, _ in layout],
-                "shapes": [list(s) for _, _, s in layout], "group_name": group, "weight_version": str(version),
-                "flush_cache": self._may_flush()}  # fmt: skip
+        body = {
+            "names": [n for n, _, _ in layout],
+            "dtypes": [d for _, d, _ in layout],
+            "shapes": [list(s) for _, _, s in layout],
+            "group_name": group,
+            "weight_version": str(version),
+            "flush_cache": self._may_flush(),
+        }
         self._each("/update_weights_from_distributed", body)
         self._version = version
 
@@ -422,12 +482,19 @@ class SGLangEngine:
         """Load the collected adapter as ``version``'s, serve it from now on, unload the one it replaces."""
         tensors = self._pending.take()
         name, old = adapters.adapter_name(version), self._adapter
-        if old == name:  # the same version again (a retried sync): SGLang refuses a second adapter of one name
+        if (
+            old == name
+        ):  # the same version again (a retried sync): SGLang refuses a second adapter of one name
             self._each("/unload_lora_adapter", {"lora_name": old})
             self._adapter = old = None
-        bodies = [{"lora_name": name, "config_dict": adapters.adapter_config(self.lora),
-                   "serialized_named_tensors": [serialize_tensors(tensors) for _ in range(self.params.tp_size)]}
-                  for _ in self.workers]  # one pickle per receiving rank (see staged_payloads)  # fmt: skip
+        bodies = [
+            {
+                "lora_name": name,
+                "config_dict": adapters.adapter_config(self.lora),
+                "serialized_named_tensors": [serialize_tensors(tensors) for _ in range(self.params.tp_size)],
+            }
+            for _ in self.workers
+        ]  # one pickle per receiving rank (see staged_payloads)
         self._each("/load_lora_adapter_from_tensors", bodies=bodies)
         self._adapter, self.last_sync_bytes = name, adapters.nbytes(tensors)
         if old is not None:  # waits for requests still on it (still tagged with its version; after pause(),
@@ -436,8 +503,10 @@ class SGLangEngine:
 
     def _refuse_full_weights(self, call: str) -> None:
         if self.lora is not None:
-            raise SGLangHTTPError(f"{self.name}: {call} loads full weights, but this engine serves trainer.lora "
-                                  "adapters (use the sglang_tensor or a core transport)")
+            raise SGLangHTTPError(
+                f"{self.name}: {call} loads full weights, but this engine serves trainer.lora "
+                "adapters (use the sglang_tensor or a core transport)"
+            )
 
     def _may_flush(self) -> bool:
         """Requests paused ``in_place`` keep their (old-weights) KV cache by definition, and SGLang refuses
@@ -452,7 +521,6 @@ class SGLangEngine:
 
     def flush_cache(self) -> None:
         self._each("/flush_cache", {})
-
 
 
 def check_server_version(client: SGLangClient) -> None:

@@ -16,7 +16,17 @@ import torch
 
 #: the target modules SGLang 0.5.23 can adapt on a dense decoder (``SUPPORTED_LORA_TARGET_MODULES``, the
 #: names a Qwen/Llama-style HF model uses); ``all-linear`` maps onto SGLang's ``all``
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
+TARGETS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "qkv_proj",
+    "gate_up_proj",
+)
 ALL_LINEAR = "all-linear"
 PEFT_PREFIX = "base_model.model."  # PEFT's names, which SGLang's adapter loader expects
 PARTS = (".lora_A.weight", ".lora_B.weight")
@@ -36,16 +46,22 @@ def validate(lora: Any, transport: str) -> list[str]:
     """What of ``trainer.lora`` (a ``LoraConfig``) this engine cannot serve, one message per field."""
     errors = []
     if lora.modules_to_save:
-        errors.append(f"trainer.lora.modules_to_save: rollout.engine sglang serves adapters only (SGLang's LoRA "
-                      f"adapters carry no fully trained modules), got {list(lora.modules_to_save)}; use "
-                      "rollout.engine hf, or modules_to_save: []")  # fmt: skip
+        errors.append(
+            f"trainer.lora.modules_to_save: rollout.engine sglang serves adapters only (SGLang's LoRA "
+            f"adapters carry no fully trained modules), got {list(lora.modules_to_save)}; use "
+            "rollout.engine hf, or modules_to_save: []"
+        )
     bad = [m for m in lora.target_modules if m not in (*TARGETS, ALL_LINEAR)]
     if bad:
-        errors.append(f"trainer.lora.target_modules: SGLang cannot adapt {bad} (it adapts {list(TARGETS)} or "
-                      f"{ALL_LINEAR!r}); use rollout.engine hf for other modules")  # fmt: skip
+        errors.append(
+            f"trainer.lora.target_modules: SGLang cannot adapt {bad} (it adapts {list(TARGETS)} or "
+            f"{ALL_LINEAR!r}); use rollout.engine hf for other modules"
+        )
     if transport in ("sglang_disk", "sglang_distributed"):
-        errors.append(f"weight_sync.transport: {transport} writes full weights into the server; an adapter sync "
-                      "needs sglang_tensor (or a core transport such as object_store)")  # fmt: skip
+        errors.append(
+            f"weight_sync.transport: {transport} writes full weights into the server; an adapter sync "
+            "needs sglang_tensor (or a core transport such as object_store)"
+        )
     return errors
 
 
@@ -62,8 +78,15 @@ def adapter_config(lora: Any) -> dict[str, Any]:
     """The PEFT ``adapter_config.json`` SGLang gets with each version: ``lora_alpha == r`` (scaling 1), since
     ``lora_B`` arrives scaled already."""
     targets = ALL_LINEAR if ALL_LINEAR in lora.target_modules else list(lora.target_modules)
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.rank,
-            "target_modules": targets, "bias": "none", "lora_dropout": 0.0}  # fmt: skip
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": lora.rank,
+        "lora_alpha": lora.rank,
+        "target_modules": targets,
+        "bias": "none",
+        "lora_dropout": 0.0,
+    }
 
 
 class PendingAdapter:
@@ -76,8 +99,10 @@ class PendingAdapter:
     def add(self, items: list[tuple[str, torch.Tensor]], engine: str) -> None:
         plain = [n for n, _ in items if not is_adapter_tensor(n)]
         if plain:
-            raise ValueError(f"{engine} serves LoRA adapters (trainer.lora): got non-adapter tensors {plain[:4]} "
-                             f"({len(plain)} in all)")  # fmt: skip
+            raise ValueError(
+                f"{engine} serves LoRA adapters (trainer.lora): got non-adapter tensors {plain[:4]} "
+                f"({len(plain)} in all)"
+            )
         for name, tensor in items:
             self.tensors[PEFT_PREFIX + name] = tensor.detach().to("cpu", copy=True).contiguous()
 

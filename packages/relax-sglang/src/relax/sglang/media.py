@@ -149,7 +149,9 @@ def video_server_args(video_fps: float, model_type: str | None = None) -> list[s
     return ["--mm-process-config", json.dumps({"video": video})]
 
 
-def frames_from_patches(pixel_values: Any, grid_thw: Any, spec: ImageSpec, what: str = "pixel_values") -> list[np.ndarray]:
+def frames_from_patches(
+    pixel_values: Any, grid_thw: Any, spec: ImageSpec, what: str = "pixel_values"
+) -> list[np.ndarray]:
     """Per item, the (T * temporal_patch_size, H, W, 3) uint8 frames whose Qwen-VL patches are
     ``pixel_values`` (inverse of the HF processor's patchify + normalize); ``what`` names the inputs in errors."""
     x = np.asarray(pixel_values, dtype=np.float64)
@@ -162,11 +164,13 @@ def frames_from_patches(pixel_values: Any, grid_thw: Any, spec: ImageSpec, what:
     items, start = [], 0
     for t, gh, gw in grids.tolist():
         n = t * gh * gw
-        chunk = x[start:start + n]
+        chunk = x[start : start + n]
         start += n
         if chunk.shape != (n, 3 * tp * p * p):
-            raise ValueError(f"{what} rows {chunk.shape} do not match {grid} {(t, gh, gw)} and patch "
-                             f"size {p} x temporal {tp}")  # fmt: skip
+            raise ValueError(
+                f"{what} rows {chunk.shape} do not match {grid} {(t, gh, gw)} and patch "
+                f"size {p} x temporal {tp}"
+            )
         chunk = chunk.reshape(t, gh // m, gw // m, m, m, 3, tp, p, p).transpose(0, 6, 5, 1, 3, 7, 2, 4, 8)
         frames = chunk.reshape(t * tp, 3, gh * p, gw * p)
         pixels = np.clip(np.rint((frames * std + mean) * 255.0), 0, 255).astype(np.uint8)
@@ -193,7 +197,9 @@ def _av() -> Any:
     try:
         import av  # PyAV: installed with relax-omni (qwen-omni-utils), which made the media
     except ImportError as exc:
-        raise ValueError("video and audio requests to SGLang need PyAV (pip install av) to encode them") from exc
+        raise ValueError(
+            "video and audio requests to SGLang need PyAV (pip install av) to encode them"
+        ) from exc
     return av
 
 
@@ -250,8 +256,12 @@ class MediaRequest:
 
 
 def media_request(
-    inputs: dict[str, Any], prompt_ids: list[int], spec: ImageSpec | None, video_fps: float = 2.0,
-    audios: list[np.ndarray] | None = None, decode: Callable[[list[int]], str] | None = None,
+    inputs: dict[str, Any],
+    prompt_ids: list[int],
+    spec: ImageSpec | None,
+    video_fps: float = 2.0,
+    audios: list[np.ndarray] | None = None,
+    decode: Callable[[list[int]], str] | None = None,
 ) -> MediaRequest:
     """The HTTP form of one prompt's processed media (see the module docstring); what SGLang cannot take
     exactly is an error naming it. ``video_fps``: the server's video sampling fps (``video_server_args``);
@@ -297,8 +307,10 @@ def media_request(
             raise ValueError("audio inputs for a model without audio_token_id in its config.json")
         rate = audio_rate(spec.model_type)
         if not rate:
-            raise ValueError(f"audio inputs for model_type {spec.model_type!r}, whose model adapter declares no audio "
-                             "sample rate (ServingConventions.audio_sample_rate); use the hf engine for them")
+            raise ValueError(
+                f"audio inputs for model_type {spec.model_type!r}, whose model adapter declares no audio "
+                "sample rate (ServingConventions.audio_sample_rate); use the hf engine for them"
+            )
         ids = _collapsed(ids, spec.audio_token_id, len(audios), "audio")
         fields["audio_data"] = [audio_data_url(w, rate) for w in audios]
     return MediaRequest(ids, fields)
@@ -307,7 +319,9 @@ def media_request(
 def _collapsed(ids: list[int], token_id: int, items: int, kind: str) -> list[int]:
     collapsed = collapse_runs(ids, token_id)
     if collapsed.count(token_id) != items:
-        raise ValueError(f"prompt has {collapsed.count(token_id)} {kind} placeholder runs for {items} {kind}s")
+        raise ValueError(
+            f"prompt has {collapsed.count(token_id)} {kind} placeholder runs for {items} {kind}s"
+        )
     return collapsed
 
 
@@ -332,11 +346,17 @@ def _videos(inputs: dict[str, Any], spec: ImageSpec, video_fps: float) -> list[n
             f"the SGLang server samples at engine_params.video_fps={video_fps:g}: M-RoPE times would differ; set "
             "data.processor_params.fps and engine_params.video_fps alike (a short video may get another fps)"
         )
-    return frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos")
+    return frames_from_patches(
+        inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos"
+    )
 
 
 def _timestamped_videos(
-    ids: list[int], inputs: dict[str, Any], spec: ImageSpec, video_fps: float, decode: Callable[[list[int]], str] | None
+    ids: list[int],
+    inputs: dict[str, Any],
+    spec: ImageSpec,
+    video_fps: float,
+    decode: Callable[[list[int]], str] | None,
 ) -> tuple[list[int], list[str]]:
     """Qwen3-VL videos: the prompt writes each video as ``<vs> (<t seconds> <vs> pad.. <ve>) per temporal grid
     <ve>``. Each such block becomes the template's single ``<vs> pad <ve>`` again, and its frames go in a
@@ -345,8 +365,12 @@ def _timestamped_videos(
     Returns the collapsed ids and the video data URLs."""
     pad, start, end = spec.video_token_id, spec.vision_start_token_id, spec.vision_end_token_id
     if decode is None or start is None or end is None:
-        raise ValueError("timestamped video requests need the tokenizer and vision_start/end_token_id in config.json")
-    videos = frames_from_patches(inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos")
+        raise ValueError(
+            "timestamped video requests need the tokenizer and vision_start/end_token_id in config.json"
+        )
+    videos = frames_from_patches(
+        inputs["pixel_values_videos"], inputs["video_grid_thw"], spec, "pixel_values_videos"
+    )
     runs, pos = [], 0  # [first, last + 1) of every run of the video placeholder
     for token, run in itertools.groupby(ids):
         n = len(list(run))
@@ -355,21 +379,31 @@ def _timestamped_videos(
         pos += n
     grids = [int(t) for t in np.asarray(inputs["video_grid_thw"]).reshape(-1, 3)[:, 0]]
     if len(runs) != sum(grids):
-        raise ValueError(f"prompt has {len(runs)} video frame runs for {len(grids)} videos of {sum(grids)} temporal grids")
+        raise ValueError(
+            f"prompt has {len(runs)} video frame runs for {len(grids)} videos of {sum(grids)} temporal grids"
+        )
     out, urls, cursor = [], [], 0
     for frames, group in zip(videos, np.split(np.asarray(runs), np.cumsum(grids)[:-1]), strict=True):
         opening = max((k for k in range(cursor, group[0][0] - 1) if ids[k] == start), default=None)
         stamps, prev = [], (opening or 0) + 1
         for first, last in group.tolist():
-            text = decode(ids[prev:first - 1]).strip()
-            if opening is None or ids[first - 1] != start or last >= len(ids) or ids[last] != end or not TIMESTAMP.fullmatch(text):
-                raise ValueError(f"video block at prompt position {first} is not <t seconds><vision_start>pads<vision_end> "
-                                 f"(read {text!r}): not a timestamped-video prompt")  # fmt: skip
+            text = decode(ids[prev : first - 1]).strip()
+            if (
+                opening is None
+                or ids[first - 1] != start
+                or last >= len(ids)
+                or ids[last] != end
+                or not TIMESTAMP.fullmatch(text)
+            ):
+                raise ValueError(
+                    f"video block at prompt position {first} is not <t seconds><vision_start>pads<vision_end> "
+                    f"(read {text!r}): not a timestamped-video prompt"
+                )
             stamps.append(TIMESTAMP.fullmatch(text).group(1))
             prev = last + 1
         if prev >= len(ids) or ids[prev] != end:
             raise ValueError(f"video block ending at prompt position {prev} lacks its closing vision_end")
-        out += ids[cursor:opening + 1] + [pad]
+        out += ids[cursor : opening + 1] + [pad]
         cursor = prev
         urls.append(video_data_url(frames, video_fps, stamps))
     return out + ids[cursor:], urls

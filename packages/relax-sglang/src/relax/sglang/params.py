@@ -26,7 +26,9 @@ class SGLangEngineParams:
     device: str = "cpu"
     # None below: the device's default (relax.sglang.device_defaults; docs/gpu.md has the table)
     dtype: str | None = None  # cpu: the run's model dtype; cuda: the run's when not float32, else bfloat16
-    mem_fraction_static: float = 0.8  # SGLang's static memory fraction (the KV pool is capped by max_total_tokens)
+    mem_fraction_static: float = (
+        0.8  # SGLang's static memory fraction (the KV pool is capped by max_total_tokens)
+    )
     max_total_tokens: int | None = None  # cpu: 4096; cuda: SGLang sizes the KV pool; 0: no cap on either
     tp_size: int = 1
     host: str = "127.0.0.1"
@@ -52,8 +54,12 @@ class SGLangEngineParams:
     # routing of /generate, control calls to every server. Use rollout.num_engines 1 to route a whole fleet.
     router: Router = "relax"
     servers: int = 1  # launched servers behind the engine's sglang-router (router: sglang)
-    router_python: str = "auto"  # an interpreter with sglang-router; auto: $RELAX_SGLANG_ROUTER_PYTHON, ours, the server's
-    router_policy: str = "cache_aware"  # sglang-router --policy (random, round_robin, cache_aware, power_of_two)
+    router_python: str = (
+        "auto"  # an interpreter with sglang-router; auto: $RELAX_SGLANG_ROUTER_PYTHON, ours, the server's
+    )
+    router_policy: str = (
+        "cache_aware"  # sglang-router --policy (random, round_robin, cache_aware, power_of_two)
+    )
     router_args: list[str] = field(default_factory=list)  # passed through to sglang_router.launch_router
 
     def memory_layout(self, cfg: Any) -> Any:
@@ -67,12 +73,15 @@ class SGLangEngineParams:
         # device_defaults.default_dtype's CUDA rule (that module imports this one): bf16 unless the run is half
         dtype = self.dtype or (cfg.model.dtype if cfg.model.dtype != "float32" else "bfloat16")
         return EngineLayout(
-            gpus=self.tp_size * self.servers, tensor_parallel=self.tp_size,
+            gpus=self.tp_size * self.servers,
+            tensor_parallel=self.tp_size,
             weight_bytes=4 if dtype in ("float32", "fp32") else 2,
-            static_fraction=self.mem_fraction_static, kv_cap_tokens=self.max_total_tokens or None, runtime_gib=3.0,
+            static_fraction=self.mem_fraction_static,
+            kv_cap_tokens=self.max_total_tokens or None,
+            runtime_gib=3.0,
             releases_memory=cfg.rollout.release_memory and self.memory_saver,
             note=f"sglang tp {self.tp_size}, mem_fraction_static {self.mem_fraction_static}",
-        )  # fmt: skip
+        )
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what of ``trainer.lora`` SGLang cannot serve."""
@@ -83,14 +92,22 @@ class SGLangEngineParams:
 
         errors = validate(lora, cfg.weight_sync.transport)
         if self.pause_mode == "in_place" and cfg.rollout.partial_rollout == "in_place":
-            errors.append("rollout.engine_params.pause_mode: in_place keeps requests on the adapter they started "
-                          "with (SGLang cannot switch a running request's adapter); with trainer.lora use retract or "
-                          "abort (both resubmit under the new adapter)")  # fmt: skip
+            errors.append(
+                "rollout.engine_params.pause_mode: in_place keeps requests on the adapter they started "
+                "with (SGLang cannot switch a running request's adapter); with trainer.lora use retract or "
+                "abort (both resubmit under the new adapter)"
+            )
         return errors
 
     def validate(self) -> list[str]:
         errors = []
-        for name in ("startup_timeout_s", "request_timeout_s", "control_timeout_s", "mem_fraction_static", "video_fps"):
+        for name in (
+            "startup_timeout_s",
+            "request_timeout_s",
+            "control_timeout_s",
+            "mem_fraction_static",
+            "video_fps",
+        ):
             if getattr(self, name) <= 0:
                 errors.append(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -104,8 +121,10 @@ class SGLangEngineParams:
         if self.servers < 1:
             errors.append(f"servers: must be >= 1, got {self.servers}")
         if self.servers > 1 and self.router != "sglang":
-            errors.append("servers: several servers per engine need router 'sglang' (with router 'relax' each "
-                          "engine is one server: raise rollout.num_engines instead)")
+            errors.append(
+                "servers: several servers per engine need router 'sglang' (with router 'relax' each "
+                "engine is one server: raise rollout.num_engines instead)"
+            )
         bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
         if bad:
             errors.append(f"urls: must start with http:// or https://, got {bad}")

@@ -33,8 +33,12 @@ def sampling_params(params: SamplingParams, max_new_tokens: int) -> dict[str, An
 
 
 def generate_payload(
-    req: GenerationRequest, rid: str, response_ids: list[int], media: MediaRequest | None = None,
-    routed_experts: bool = False, lora_path: str | None = None,
+    req: GenerationRequest,
+    rid: str,
+    response_ids: list[int],
+    media: MediaRequest | None = None,
+    routed_experts: bool = False,
+    lora_path: str | None = None,
 ) -> dict[str, Any]:
     """The ``/generate`` body continuing ``req`` after ``response_ids`` (its prefix plus tokens so far);
     ``media``: the request's media in SGLang's HTTP form (collapsed prompt ids + raw media fields);
@@ -93,7 +97,9 @@ def parse_output(out: dict[str, Any], default_version: int) -> tuple[list[int], 
     ids = [int(t) for t in out.get("output_ids", [])]
     logprobs = [float(lp) for lp, *_ in meta.get("output_token_logprobs") or []]
     if len(logprobs) != len(ids):
-        raise ValueError(f"SGLang returned {len(ids)} tokens but {len(logprobs)} logprobs (rid {meta.get('id')})")
+        raise ValueError(
+            f"SGLang returned {len(ids)} tokens but {len(logprobs)} logprobs (rid {meta.get('id')})"
+        )
     return ids, logprobs, token_versions(meta, len(ids), default_version), finish_reason(meta)
 
 

@@ -12,8 +12,14 @@ def _engine(params: SGLangEngineParams, ctx: PluginContext):
     from relax.sglang.engine import SGLangEngine
 
     return SGLangEngine(
-        params, ctx.model_path, dtype=ctx.dtype, index=ctx.index, run_dir=ctx.run_dir, tokenizer_path=ctx.tokenizer_path,
-        record_routing=ctx.record_routing, lora=ctx.lora,
+        params,
+        ctx.model_path,
+        dtype=ctx.dtype,
+        index=ctx.index,
+        run_dir=ctx.run_dir,
+        tokenizer_path=ctx.tokenizer_path,
+        record_routing=ctx.record_routing,
+        lora=ctx.lora,
     )
 
 

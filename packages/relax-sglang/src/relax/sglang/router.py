@@ -32,15 +32,25 @@ def router_command(params: SGLangEngineParams, python: str, worker_urls: list[st
     """The ``sglang_router.launch_router`` command line fronting ``worker_urls`` (pure: unit-tested). Its
     request timeout follows the engine's, so the router never cuts a long generation the engine waits for."""
     return [
-        python, "-m", "sglang_router.launch_router",
-        "--worker-urls", *worker_urls,
-        "--policy", params.router_policy,
-        "--host", params.host, "--port", str(port),
-        "--request-timeout-secs", str(int(params.request_timeout_s)),
-        "--worker-startup-timeout-secs", str(int(params.startup_timeout_s)),
-        "--log-level", "warn",
+        python,
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        params.router_policy,
+        "--host",
+        params.host,
+        "--port",
+        str(port),
+        "--request-timeout-secs",
+        str(int(params.request_timeout_s)),
+        "--worker-startup-timeout-secs",
+        str(int(params.startup_timeout_s)),
+        "--log-level",
+        "warn",
         *params.router_args,
-    ]  # fmt: skip
+    ]
 
 
 def has_router(python: str) -> bool:
@@ -74,7 +84,9 @@ class RouterProcess(ServerProcess):
     interpreter = "router_python"
     interpreter_hint = "an environment with the sglang-router package"
 
-    def __init__(self, params: SGLangEngineParams, python: str, worker_urls: list[str], log_path: Path, index: int = 0):
+    def __init__(
+        self, params: SGLangEngineParams, python: str, worker_urls: list[str], log_path: Path, index: int = 0
+    ):
         super().__init__(params, "", "", log_path, index)
         self.python, self.worker_urls = python, list(worker_urls)
         self.port = free_port(params.host)  # engine_params.port numbers the servers

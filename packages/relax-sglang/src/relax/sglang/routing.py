@@ -36,8 +36,10 @@ class RoutingLayout:
         text = getattr(config, "get_text_config", lambda: config)()
         experts, top_k = getattr(text, "num_experts", 0) or 0, getattr(text, "num_experts_per_tok", 0) or 0
         if not experts or not top_k:
-            raise ValueError(f"routing replay: {getattr(text, 'model_type', '?')} has no MoE layers (num_experts, "
-                             "num_experts_per_tok); set algorithm.routing_replay: off for a dense model")  # fmt: skip
+            raise ValueError(
+                f"routing replay: {getattr(text, 'model_type', '?')} has no MoE layers (num_experts, "
+                "num_experts_per_tok); set algorithm.routing_replay: off for a dense model"
+            )
         dense, step = (
             set(getattr(text, "mlp_only_layers", None) or []),
             getattr(text, "decoder_sparse_step", 1) or 1,
@@ -50,8 +52,10 @@ class RoutingLayout:
         """``(tokens, MoE layers, top_k)`` from one answer's ``meta_info`` for a ``tokens``-long sequence."""
         encoded = meta.get("routed_experts")
         if not encoded:
-            raise ValueError(f"routing replay: SGLang returned no routed_experts (rid {meta.get('id')}); launch "
-                             f"the server with {SERVER_FLAG} (attached servers too)")  # fmt: skip
+            raise ValueError(
+                f"routing replay: SGLang returned no routed_experts (rid {meta.get('id')}); launch "
+                f"the server with {SERVER_FLAG} (attached servers too)"
+            )
         flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
         # tokens past ``tokens``: a response Relax cut at a stop id (``payload.cut_at_stop_ids``)
         routed = flat.reshape(-1, self.num_layers, self.top_k)[:tokens, list(self.moe_layers)]

@@ -50,7 +50,10 @@ class ServedLayout:
             if served.endswith(FUSED_GATE_UP):
                 base, half = served.removesuffix(".gate_up_proj"), tensor.shape[1] // 2
                 for e, expert in enumerate(tensor):
-                    out += [(f"{base}.{e}.gate_proj.weight", expert[:half]), (f"{base}.{e}.up_proj.weight", expert[half:])]
+                    out += [
+                        (f"{base}.{e}.gate_proj.weight", expert[:half]),
+                        (f"{base}.{e}.up_proj.weight", expert[half:]),
+                    ]
             elif served.endswith(FUSED_DOWN):
                 base = served.removesuffix(".down_proj")
                 out += [(f"{base}.{e}.down_proj.weight", expert) for e, expert in enumerate(tensor)]
@@ -62,15 +65,19 @@ class ServedLayout:
         for old, new in self.renames:
             if name.startswith(old):
                 return new + name.removeprefix(old)
-        raise ValueError(f"weight {name!r} is not one the served model's loader takes under {self.prefix!r} "
-                         f"(known prefixes: {', '.join(old for old, _ in self.renames)})")
+        raise ValueError(
+            f"weight {name!r} is not one the served model's loader takes under {self.prefix!r} "
+            f"(known prefixes: {', '.join(old for old, _ in self.renames)})"
+        )
 
 
 def layout_for(served: str) -> ServedLayout:
     """The layout of a served model type (what :func:`served_architecture` returned), from its family's adapter."""
     conventions = serving_conventions(served)
     if not conventions.served_prefix:
-        raise ValueError(f"model_type {served!r}: its model adapter declares no served layout (ServingConventions)")
+        raise ValueError(
+            f"model_type {served!r}: its model adapter declares no served layout (ServingConventions)"
+        )
     return ServedLayout(prefix=conventions.served_prefix, renames=conventions.served_renames)
 
 
@@ -92,9 +99,11 @@ def check_served_names(names: Iterable[str], architecture: str | None, engine: s
     prefix = layout_for(architecture).prefix
     stray = next((n for n in names if not n.startswith(prefix)), None)
     if stray is not None:
-        raise ValueError(f"{engine}: the server runs {architecture}, whose loader takes checkpoint names under "
-                         f"{prefix!r} (got {stray!r}); the sglang_* transports map a trainer's export, "
-                         "relax.sglang.served_layout.layout_for does it for a direct call")
+        raise ValueError(
+            f"{engine}: the server runs {architecture}, whose loader takes checkpoint names under "
+            f"{prefix!r} (got {stray!r}); the sglang_* transports map a trainer's export, "
+            "relax.sglang.served_layout.layout_for does it for a direct call"
+        )
 
 
 def safetensors_names(path: str) -> Iterator[str]:

@@ -37,7 +37,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_command(
-    params: SGLangEngineParams, model_path: str, port: int, dtype: str, video: str | None = None, base_gpu: int = 0
+    params: SGLangEngineParams,
+    model_path: str,
+    port: int,
+    dtype: str,
+    video: str | None = None,
+    base_gpu: int = 0,
 ) -> list[str]:
     """The ``sglang.launch_server`` command line for ``params`` (pure: unit-tested); ``video``: the model type
     of a model the engine sends video, so the server re-processes our rebuilt frames exactly (unless
@@ -46,15 +51,25 @@ def server_command(
     server uses (several servers behind one sglang-router each take their own ``tp_size``)."""
     settings = server_settings(params, dtype)
     cmd = [
-        params.python, "-m", "sglang.launch_server",
-        "--model-path", model_path,
-        "--host", params.host, "--port", str(port),
-        "--device", params.device,
-        "--dtype", settings.dtype,
-        "--mem-fraction-static", str(params.mem_fraction_static),
-        "--tp-size", str(params.tp_size),
+        params.python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--host",
+        params.host,
+        "--port",
+        str(port),
+        "--device",
+        params.device,
+        "--dtype",
+        settings.dtype,
+        "--mem-fraction-static",
+        str(params.mem_fraction_static),
+        "--tp-size",
+        str(params.tp_size),
         "--skip-server-warmup",
-    ]  # fmt: skip
+    ]
     if settings.max_total_tokens is not None:
         cmd += ["--max-total-tokens", str(settings.max_total_tokens)]
     if settings.deterministic:
@@ -64,10 +79,18 @@ def server_command(
     if params.memory_saver and params.device.startswith("cuda"):
         cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
     if params.device == "cpu":  # what runs without sgl-kernel (see server/cpu_shims)
-        cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--disable-cuda-graph",
-                "--sleep-on-idle"]  # an idle CPU scheduler otherwise spins a whole core  # fmt: skip
+        cmd += [
+            "--attention-backend",
+            "torch_native",
+            "--sampling-backend",
+            "pytorch",
+            "--disable-cuda-graph",
+            "--sleep-on-idle",
+        ]  # an idle CPU scheduler otherwise spins a whole core
     attention = cuda_attention_backend(params.device, settings.dtype)
-    if attention and "--attention-backend" not in params.extra_args:  # float32 on CUDA (an explicit choice wins)
+    if (
+        attention and "--attention-backend" not in params.extra_args
+    ):  # float32 on CUDA (an explicit choice wins)
         cmd += ["--attention-backend", attention]
     if video and "--mm-process-config" not in params.extra_args:
         cmd += video_server_args(params.video_fps, video)
@@ -104,9 +127,21 @@ class ServerProcess:
     interpreter_hint = "the SGLang server environment (packages/relax-sglang/scripts/build_server_env.sh)"
 
     def __init__(
-        self, params: SGLangEngineParams, model_path: str, dtype: str, log_path: Path, index: int = 0, base_gpu: int = 0
+        self,
+        params: SGLangEngineParams,
+        model_path: str,
+        dtype: str,
+        log_path: Path,
+        index: int = 0,
+        base_gpu: int = 0,
     ):
-        self.params, self.model_path, self.dtype, self.index, self.base_gpu = params, model_path, dtype, index, base_gpu
+        self.params, self.model_path, self.dtype, self.index, self.base_gpu = (
+            params,
+            model_path,
+            dtype,
+            index,
+            base_gpu,
+        )
         self.log_path = Path(log_path)
         self.port = params.port + index if params.port else free_port(params.host)
         self.url = f"http://{params.host}:{self.port}"
@@ -131,9 +166,14 @@ class ServerProcess:
             log.flush()
             try:
                 self.proc = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
-                )  # fmt: skip
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.environment(),
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
             except FileNotFoundError as exc:
                 raise ServerError(
                     f"{self.name}: cannot run engine_params.{self.interpreter} {cmd[0]!r} ({exc}); point it at "
@@ -157,7 +197,8 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 self.stop()
                 raise ServerError(
-                    f"{self.name} was not healthy within {timeout_s:g}s; log {self.log_path}:\n" + log_tail(self.log_path)
+                    f"{self.name} was not healthy within {timeout_s:g}s; log {self.log_path}:\n"
+                    + log_tail(self.log_path)
                 )
             time.sleep(HEALTH_POLL_S)
 

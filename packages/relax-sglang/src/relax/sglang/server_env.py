@@ -30,7 +30,9 @@ def server_python(log_path: str | os.PathLike[str] | None = None) -> str:
     global _python
     with _lock:
         if _python is None:
-            default = Path(tempfile.gettempdir()) / "relax-sglang-server-env-build.log"  # not the caller's cwd
+            default = (
+                Path(tempfile.gettempdir()) / "relax-sglang-server-env-build.log"
+            )  # not the caller's cwd
             _python = os.environ.get("RELAX_SGLANG_PYTHON") or _build(Path(log_path or default))
         return _python
 
@@ -39,7 +41,13 @@ def _build(log: Path) -> str:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as err:
         try:
-            done = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=err, text=True, timeout=BUILD_TIMEOUT_S)
+            done = subprocess.run(
+                ["bash", str(BUILD_SCRIPT)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
             done = None
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])

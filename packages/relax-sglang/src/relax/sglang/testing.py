@@ -15,7 +15,12 @@ from relax.sglang.params import SGLangEngineParams
 from relax.sglang.server_env import ServerEnvError, server_python
 
 __all__ = [
-    "ServerEnvError", "close_shared", "engine_params", "load_weights", "server_python", "shared_engine",
+    "ServerEnvError",
+    "close_shared",
+    "engine_params",
+    "load_weights",
+    "server_python",
+    "shared_engine",
     "tiny_omni_dirs",
 ]
 
@@ -25,7 +30,9 @@ _shared: dict[str, Any] = {}
 
 def engine_params(**overrides: Any) -> SGLangEngineParams:
     """Engine params for tests: the built server env, CPU, short timeouts."""
-    base = dict(python=server_python(), startup_timeout_s=900.0, control_timeout_s=120.0, request_timeout_s=300.0)
+    base = dict(
+        python=server_python(), startup_timeout_s=900.0, control_timeout_s=120.0, request_timeout_s=300.0
+    )
     return SGLangEngineParams(**{**base, **overrides})
 
 
@@ -73,14 +80,23 @@ def tiny_omni_dirs(root: str | Path, seed: int = 1) -> tuple[str, str]:
     base = Path(tiny_multimodal_dir(root, "qwen3_omni", seed))
     config = json.loads((base / "config.json").read_text())
     config["vision_config"].update(depth=3, deepstack_visual_indexes=[0, 1, 2])
-    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "transformers_version")}
+    fields = {
+        k: v for k, v in config.items() if k not in ("architectures", "model_type", "transformers_version")
+    }
     torch.manual_seed(seed)
-    model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(transformers.Qwen3OmniMoeThinkerConfig(**fields))
+    model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(
+        transformers.Qwen3OmniMoeThinkerConfig(**fields)
+    )
     tmp = Path(f"{target}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp / "thinker")
-    for name in ("chat_template.jinja", "generation_config.json", "processor_config.json", "tokenizer.json",
-                 "tokenizer_config.json"):  # fmt: skip
+    for name in (
+        "chat_template.jinja",
+        "generation_config.json",
+        "processor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         shutil.copy(base / name, tmp / "thinker" / name)
     wrap_whole_omni(tmp / "thinker", tmp, "qwen3_omni")
     tmp.rename(target)

@@ -51,8 +51,10 @@ def served_export(trainer: Any, peers: Peers) -> Any:
     """``trainer`` exporting in the layout the engines' servers load (they must agree: one model)."""
     served = set(peers.call("served_architecture", what="served_architecture").values())
     if len(served) > 1:
-        raise WeightSyncError(f"the engines serve different architectures ({sorted(map(str, served))}): one sync "
-                              "sends one model")
+        raise WeightSyncError(
+            f"the engines serve different architectures ({sorted(map(str, served))}): one sync "
+            "sends one model"
+        )
     architecture = served.pop() if served else None
     return trainer if architecture is None else ServedExport(trainer, layout_for(architecture))
 
@@ -98,8 +100,11 @@ class SGLangDistributedParams:
     master_addr: str = "127.0.0.1"  # where the trainer's store listens; servers on other nodes need its IP
 
     def validate_run(self, cfg: Any) -> list[str]:
-        return nccl_colocate_errors(cfg, self.backend, "use weight_sync.transport sglang_tensor (CUDA IPC on the "
-                                    "shared GPU), or mode async / hybrid")  # fmt: skip
+        return nccl_colocate_errors(
+            cfg,
+            self.backend,
+            "use weight_sync.transport sglang_tensor (CUDA IPC on the shared GPU), or mode async / hybrid",
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -127,7 +132,9 @@ def open_store(addr: str, world: int, timeout_s: float) -> tuple[Any, int]:
 
     fd, port = listen(addr)
     timeout = datetime.timedelta(seconds=timeout_s)
-    return dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd), port
+    return dist.TCPStore(
+        addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd
+    ), port
 
 
 def trainer_group(store: Any, world: int, name: str, backend: str, timeout_s: float) -> Any:
@@ -137,7 +144,14 @@ def trainer_group(store: Any, world: int, name: str, backend: str, timeout_s: fl
 
     timeout = datetime.timedelta(seconds=timeout_s)
     group, _ = _new_process_group_helper(
-        world, 0, [], Backend(backend), PrefixStore(name, store), group_name=name, backend_options=None, timeout=timeout
+        world,
+        0,
+        [],
+        Backend(backend),
+        PrefixStore(name, store),
+        group_name=name,
+        backend_options=None,
+        timeout=timeout,
     )
     _world.pg_group_ranks[group] = {i: i for i in range(world)}
     return group
@@ -188,7 +202,9 @@ class SGLangDistributedSync(InProcessSync):
                         broadcast(self._group, on_group_device(tensor, device)).wait(timeout)
                 except Exception as exc:
                     peers.wait(pending, f"update_weights_from_distributed(bucket {i}, version {version})")
-                    raise WeightSyncError(f"broadcast of bucket {i} (version {version}) failed: {exc}") from exc
+                    raise WeightSyncError(
+                        f"broadcast of bucket {i} (version {version}) failed: {exc}"
+                    ) from exc
                 peers.wait(pending, f"update_weights_from_distributed(bucket {i}, version {version})")
                 yield bucket_nbytes(bucket)
         except BaseException:
@@ -206,7 +222,9 @@ class SGLangDistributedSync(InProcessSync):
         addr = self.params.master_addr
         store, port = open_store(addr, world, self.timeout_s)
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
-        pending = peers.start_each("join", [(addr, port, off, world, name, self.params.backend) for off in offsets])
+        pending = peers.start_each(
+            "join", [(addr, port, off, world, name, self.params.backend) for off in offsets]
+        )
         try:
             group = trainer_group(store, world, name, self.params.backend, self.timeout_s)
         except Exception as exc:

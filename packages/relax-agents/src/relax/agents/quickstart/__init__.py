@@ -13,4 +13,11 @@ from relax.agents.quickstart.build import (
     recipe_fingerprint,
 )
 
-__all__ = ["DEFAULT_DATA", "DEFAULT_MODEL", "ensure_agent_model", "ensure_task_data", "prepare", "recipe_fingerprint"]
+__all__ = [
+    "DEFAULT_DATA",
+    "DEFAULT_MODEL",
+    "ensure_agent_model",
+    "ensure_task_data",
+    "prepare",
+    "recipe_fingerprint",
+]

@@ -46,8 +46,15 @@ def _build(directory: Path, warmup: WarmupConfig) -> None:
     model = model_recipe.build_model(tokenizer, seed=warmup.seed)
     losses = warm_up(model, tokenizer, warmup)
     model_recipe.save(model, tokenizer, directory)
-    (directory / _RECIPE_FILE).write_text(json.dumps(
-        {"fingerprint": recipe_fingerprint(warmup), "warmup": dataclasses.asdict(warmup), "final_loss": losses[-1]}))
+    (directory / _RECIPE_FILE).write_text(
+        json.dumps(
+            {
+                "fingerprint": recipe_fingerprint(warmup),
+                "warmup": dataclasses.asdict(warmup),
+                "final_loss": losses[-1],
+            }
+        )
+    )
 
 
 def _is_current(directory: Path, warmup: WarmupConfig) -> bool:
@@ -91,7 +98,9 @@ def ensure_task_data(path: str | os.PathLike[str] = DEFAULT_DATA, n: int = 2000,
     return str(path) if Path(path).exists() else write_rows(path, problem_rows(n, seed))
 
 
-def prepare(model_dir: str | os.PathLike[str] = DEFAULT_MODEL, data_path: str | os.PathLike[str] = DEFAULT_DATA) -> tuple[str, str]:
+def prepare(
+    model_dir: str | os.PathLike[str] = DEFAULT_MODEL, data_path: str | os.PathLike[str] = DEFAULT_DATA
+) -> tuple[str, str]:
     """Both files ``examples/quickstart_agent*.yaml`` point at: the model is built once in the
     cache and copied to ``model_dir``."""
     cached = ensure_agent_model()

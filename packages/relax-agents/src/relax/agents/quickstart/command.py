@@ -10,8 +10,12 @@ HELP = "build the agent quick-start's warmed-up tiny model and task data (seeded
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-dir", default=DEFAULT_MODEL, help=f"where the model goes (default {DEFAULT_MODEL})")
-    parser.add_argument("--data", default=DEFAULT_DATA, help=f"where the task JSONL goes (default {DEFAULT_DATA})")
+    parser.add_argument(
+        "--model-dir", default=DEFAULT_MODEL, help=f"where the model goes (default {DEFAULT_MODEL})"
+    )
+    parser.add_argument(
+        "--data", default=DEFAULT_DATA, help=f"where the task JSONL goes (default {DEFAULT_DATA})"
+    )
 
 
 def handler(ns: argparse.Namespace) -> int:

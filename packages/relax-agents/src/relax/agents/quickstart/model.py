@@ -15,8 +15,18 @@ from typing import Any
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
 #: whole tokens, matched before single characters (``<tool_call>`` before ``tool``)
-WORDS = ("<tool_call>", "</tool_call>", "user", "assistant", "system", "tool", "calculator", "name",
-         "arguments", "expression")
+WORDS = (
+    "<tool_call>",
+    "</tool_call>",
+    "user",
+    "assistant",
+    "system",
+    "tool",
+    "calculator",
+    "name",
+    "arguments",
+    "expression",
+)
 CHARS = tuple("0123456789abcdefghijklmnopqrstuvwxyz") + tuple("+-*/=?.,:;_'\"{}()[]<>| \n")
 
 # A generic ChatML template: every role (``tool`` included) is one ``<|im_start|>role\n...<|im_end|>``
@@ -55,8 +65,14 @@ def build_model(tokenizer: Any, seed: int) -> Any:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, dtype="float32", **AGENT_MODEL)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype="float32",
+        **AGENT_MODEL,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)

@@ -35,8 +35,9 @@ class WarmupConfig:
     seed: int = 0
 
 
-def conversation_transcript(tokenizer: Any, renderer: Any, prompt: list[dict[str, Any]],
-                            turns: list[str | list[dict[str, Any]]]) -> tuple[list[int], list[int]]:
+def conversation_transcript(
+    tokenizer: Any, renderer: Any, prompt: list[dict[str, Any]], turns: list[str | list[dict[str, Any]]]
+) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of one episode exactly as a rollout builds it, for any task: the chat-templated
     ``prompt`` (mask 0), then ``turns`` in order -- a string is an assistant turn (its tokens plus the EOS,
     mask 1), a list of messages is an observation (``renderer.ids``, as core appends it, mask 0)."""
@@ -45,20 +46,26 @@ def conversation_transcript(tokenizer: Any, renderer: Any, prompt: list[dict[str
     head = enc(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
     ids, mask = list(head), [0] * len(head)
     for turn in turns:
-        part, trained = ([*enc(turn), eos], 1) if isinstance(turn, str) else \
-            (renderer.ids(turn, ended_with=tokenizer.eos_token), 0)
+        part, trained = (
+            ([*enc(turn), eos], 1)
+            if isinstance(turn, str)
+            else (renderer.ids(turn, ended_with=tokenizer.eos_token), 0)
+        )
         ids.extend(part)
         mask.extend([trained] * len(part))
     return ids, mask
 
 
-def transcript(tokenizer: Any, renderer: Any, a: int, b: int, use_tool: bool, guess: int,
-               train_decision: bool = True) -> tuple[list[int], list[int]]:
+def transcript(
+    tokenizer: Any, renderer: Any, a: int, b: int, use_tool: bool, guess: int, train_decision: bool = True
+) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of one calculator episode: with the tool, or a direct ``guess``. Without
     ``train_decision`` the first assistant token (call or answer?) carries no loss."""
     prompt = [{"role": "user", "content": f"{a}*{b}="}]
     turns: list[str | list[dict[str, Any]]] = (
-        [tool_call_text(f"{a}*{b}"), [{"role": "tool", "content": str(a * b)}], str(a * b)] if use_tool else [str(guess)]
+        [tool_call_text(f"{a}*{b}"), [{"role": "tool", "content": str(a * b)}], str(a * b)]
+        if use_tool
+        else [str(guess)]
     )
     ids, mask = conversation_transcript(tokenizer, renderer, prompt, turns)
     if not train_decision:
@@ -83,13 +90,21 @@ def warm_up(model: Any, tokenizer: Any, config: WarmupConfig = WarmupConfig()) -
         a, b = problem(rng)
         use_tool = rng.random() < config.tool_fraction
         decide = not use_tool or rng.random() < share
-        return transcript(tokenizer, renderer, a, b, use_tool, guess=rng.randint(10_000, 998_001), train_decision=decide)
+        return transcript(
+            tokenizer, renderer, a, b, use_tool, guess=rng.randint(10_000, 998_001), train_decision=decide
+        )
 
     return supervised_warm_up(model, example, config.steps, config.batch_size, config.lr, config.seed)
 
 
-def supervised_warm_up(model: Any, example: Callable[[random.Random], tuple[list[int], list[int]]], steps: int = 400,
-                       batch_size: int = 32, lr: float = 6e-3, seed: int = 0) -> list[float]:
+def supervised_warm_up(
+    model: Any,
+    example: Callable[[random.Random], tuple[list[int], list[int]]],
+    steps: int = 400,
+    batch_size: int = 32,
+    lr: float = 6e-3,
+    seed: int = 0,
+) -> list[float]:
     """Train ``model`` in place on ``example(rng)`` transcripts -- (token ids, loss mask), e.g. from
     :func:`conversation_transcript` with your own task's prompts, tool calls and observations -- so that a
     tiny model knows your tool-call format before RL. Returns the loss per step; deterministic in ``seed``."""
@@ -128,10 +143,13 @@ def _token_mean_loss(model: Any, batch: list[tuple[list[int], list[int]]]) -> An
     for width in sorted({len(ids) for ids, _ in batch}):
         group = [(ids, mask) for ids, mask in batch if len(ids) == width]
         input_ids = torch.tensor([ids for ids, _ in group])
-        labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask, strict=True)] for ids, mask in group])
+        labels = torch.tensor(
+            [[t if m else -100 for t, m in zip(ids, mask, strict=True)] for ids, mask in group]
+        )
         logits = model(input_ids=input_ids).logits[:, :-1]
         targets = labels[:, 1:]
-        total = total + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                                          ignore_index=-100, reduction="sum")
+        total = total + torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         count += int((targets != -100).sum())
     return total / max(count, 1)

@@ -21,7 +21,12 @@ def interrupt(thread: threading.Thread) -> bool:
     sleep, a socket read -- stops when that returns). False when the thread was gone already."""
     if thread.ident is None or not thread.is_alive():
         return False
-    return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(EpisodeTimeout)) == 1
+    return (
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(EpisodeTimeout)
+        )
+        == 1
+    )
 
 
 def call_all(calls: Sequence[Callable[[], Any]], timeout_s: float) -> list[tuple[Any, BaseException | None]]:
@@ -48,7 +53,10 @@ def call_all(calls: Sequence[Callable[[], Any]], timeout_s: float) -> list[tuple
         except EpisodeTimeout:  # arrived after the call returned: nothing left to stop
             pass
 
-    threads = [threading.Thread(target=run, args=(i, c), daemon=True, name=f"episode-call-{i}") for i, c in enumerate(calls)]
+    threads = [
+        threading.Thread(target=run, args=(i, c), daemon=True, name=f"episode-call-{i}")
+        for i, c in enumerate(calls)
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + timeout_s

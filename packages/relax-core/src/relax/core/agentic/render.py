@@ -28,7 +28,9 @@ class ObservationRenderer:
         self.turn_close = base[base.rindex("\x00") + 1 :]
 
     def _template(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        return self.templater.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.templater.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def text(self, messages: list[dict[str, Any]], ended_with: str | None) -> str:
         """The continuation text after a turn whose last sampled token decodes to ``ended_with``
@@ -51,8 +53,9 @@ class ObservationRenderer:
 TRUNCATED = "[truncated]"
 
 
-def fit_observations(renderer: ObservationRenderer, messages: list[dict[str, Any]], ended_with: str | None,
-                     max_tokens: int) -> tuple[list[int], bool]:
+def fit_observations(
+    renderer: ObservationRenderer, messages: list[dict[str, Any]], ended_with: str | None, max_tokens: int
+) -> tuple[list[int], bool]:
     """The observations' continuation ids, their text contents cut from the end (marked ``[truncated]``)
     so that the whole continuation, template tokens included, fits ``max_tokens`` where it can.
     Returns (ids, whether anything was cut)."""

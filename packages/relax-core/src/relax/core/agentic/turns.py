@@ -26,8 +26,17 @@ from relax.core.protocols import (
 )
 
 #: per-episode counters, always present in ``sample.metadata["episode"]`` (an environment adds its own)
-COUNTERS = ("turns", "tool_calls", "malformed_tool_calls", "tool_errors", "observation_tokens",
-            "truncated", "observations_cut", "timeouts", "errors")
+COUNTERS = (
+    "turns",
+    "tool_calls",
+    "malformed_tool_calls",
+    "tool_errors",
+    "observation_tokens",
+    "truncated",
+    "observations_cut",
+    "timeouts",
+    "errors",
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +75,16 @@ class Turns:
     Keyed by (step, group, index), so the same object serves every step in flight (async mode).
     Thread-safe: several rollout steps may advance at once."""
 
-    def __init__(self, environment: Environment, parser: ToolParser, tokenizer: Any, limits: EpisodeLimits,
-                 stop_token_ids: list[int], processor: Any = None, media_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        environment: Environment,
+        parser: ToolParser,
+        tokenizer: Any,
+        limits: EpisodeLimits,
+        stop_token_ids: list[int],
+        processor: Any = None,
+        media_token_ids: Sequence[int] = (),
+    ) -> None:
         """``processor``: the run's multimodal processor, for observations carrying media (a tool's image);
         ``media_token_ids``: the model's media placeholder ids (a VL model's), see :meth:`request`."""
         self.environment, self.parser, self.tokenizer, self.limits = environment, parser, tokenizer, limits
@@ -101,14 +118,20 @@ class Turns:
             prompt_ids=[*sample.prompt_ids, *self._context(sample)],
             media=sample.mm_inputs,
             continues=turn + 1 < self.limits.max_turns,
-            params=replace(params, max_new_tokens=max(1, budget),
-                           seed=turn_seed(seed, step, sample.group_id, sample.index_in_group, turn)),
+            params=replace(
+                params,
+                max_new_tokens=max(1, budget),
+                seed=turn_seed(seed, step, sample.group_id, sample.index_in_group, turn),
+            ),
         )
 
     def _context(self, sample: Sample) -> list[int]:
         if not self.media_token_ids:
             return sample.response_ids
-        return [0 if t in self.media_token_ids and m else t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True)]
+        return [
+            0 if t in self.media_token_ids and m else t
+            for t, m in zip(sample.response_ids, sample.loss_mask, strict=True)
+        ]
 
     # ------------------------------------------------------------------ results
     def advance(self, step: int, samples: list[Sample], results: list[GenerationResult]) -> list[Sample]:
@@ -117,30 +140,58 @@ class Turns:
         states = [self._state(step, s) for s in samples]
         turns = [self._append_turn(s, st, r) for s, st, r in zip(samples, states, results, strict=True)]
         outcomes = call_all(
-            [lambda s=s, st=st, t=t: self._step(s, st, t) for s, st, t in zip(samples, states, turns, strict=True)],
+            [
+                lambda s=s, st=st, t=t: self._step(s, st, t)
+                for s, st, t in zip(samples, states, turns, strict=True)
+            ],
             self.limits.turn_timeout_s,
         )
         again = []
         for sample, state, turn, (value, error) in zip(samples, states, turns, outcomes, strict=True):
             where = f"turn {turn.index}"
             if value is TIMEOUT:
-                self._end(step, sample, state, None, timeouts=1, error=f"{where}: episode call did not return within "
-                          f"environment.turn_timeout_s={self.limits.turn_timeout_s:g}s (its thread was interrupted)")
+                self._end(
+                    step,
+                    sample,
+                    state,
+                    None,
+                    timeouts=1,
+                    error=f"{where}: episode call did not return within "
+                    f"environment.turn_timeout_s={self.limits.turn_timeout_s:g}s (its thread was interrupted)",
+                )
             elif error is not None:
-                self._end(step, sample, state, None, errors=1, exc=error,
-                          error=f"{where}: episode raised {type(error).__name__}: {error}")
+                self._end(
+                    step,
+                    sample,
+                    state,
+                    None,
+                    errors=1,
+                    exc=error,
+                    error=f"{where}: episode raised {type(error).__name__}: {error}",
+                )
             else:
-                for reason in value.failures if isinstance(value.failures, list | tuple) else [str(value.failures)]:
+                for reason in (
+                    value.failures if isinstance(value.failures, list | tuple) else [str(value.failures)]
+                ):
                     add_failure(sample, "tool", f"{where}: {reason}")
                 problem = "" if value.done else observation_problem(value.observations)
                 if problem:
-                    self._end(step, sample, state, None, errors=1, error=f"{where}: Episode.step returned {problem}")
+                    self._end(
+                        step, sample, state, None, errors=1, error=f"{where}: Episode.step returned {problem}"
+                    )
                     continue
                 try:
                     goes_on = self._continue(sample, state, turn, value)
                 except Exception as exc:  # noqa: BLE001 - an observation that cannot be appended (bad media)
-                    self._end(step, sample, state, None, errors=1, exc=exc,
-                              error=f"{where}: observation could not be appended: {type(exc).__name__}: {exc}")
+                    self._end(
+                        step,
+                        sample,
+                        state,
+                        None,
+                        errors=1,
+                        exc=exc,
+                        error=f"{where}: observation could not be appended: {type(exc).__name__}: {exc}",
+                    )
                     continue
                 if goes_on:
                     again.append(sample)
@@ -165,9 +216,17 @@ class Turns:
         state.stats["turns"] += 1
         state.stats["tool_calls"] += len(calls)
         state.stats["malformed_tool_calls"] += sum(bool(c.error) for c in calls)
-        state.log.append({"text": text, "tokens": len(new), "finish_reason": result.finish_reason,
-                          "tool_calls": [{"name": c.name, "arguments": c.arguments, **({"error": c.error} if c.error else {})}
-                                         for c in calls]})
+        state.log.append(
+            {
+                "text": text,
+                "tokens": len(new),
+                "finish_reason": result.finish_reason,
+                "tool_calls": [
+                    {"name": c.name, "arguments": c.arguments, **({"error": c.error} if c.error else {})}
+                    for c in calls
+                ],
+            }
+        )
         return Turn(state.turns - 1, text, new, calls, result.finish_reason, content, list(result.logprobs))
 
     def _step(self, sample: Sample, state: _Live, turn: Turn) -> StepResult:
@@ -185,8 +244,11 @@ class Turns:
         if result.done:
             return False
         # on_tool_error: end -- a malformed call, the environment's own failures, or its ``tool_errors`` count
-        tool_failed = (result.info.get("tool_errors", 0) > 0 or any(c.error for c in turn.tool_calls)
-                       or bool(result.failures))
+        tool_failed = (
+            result.info.get("tool_errors", 0) > 0
+            or any(c.error for c in turn.tool_calls)
+            or bool(result.failures)
+        )
         if state.turns >= limits.max_turns or (limits.on_tool_error == "end" and tool_failed):
             state.stats["truncated"] += state.turns >= limits.max_turns
             return False
@@ -199,7 +261,9 @@ class Turns:
                 state.stats["truncated"] += 1
                 return False
         else:
-            ids, cut = fit_observations(self.renderer, result.observations, ended_with, limits.max_observation_tokens)
+            ids, cut = fit_observations(
+                self.renderer, result.observations, ended_with, limits.max_observation_tokens
+            )
         state.stats["observations_cut"] += cut
         if len(sample.response_ids) + len(ids) >= limits.max_total_tokens:
             state.stats["truncated"] += 1
@@ -212,31 +276,50 @@ class Turns:
         sample.versions += [version] * len(ids)
         sample.loss_mask += [0.0] * len(ids)
         state.stats["observation_tokens"] += len(ids)
-        state.log[-1]["observations"] = [m.get("content") if isinstance(m.get("content", ""), str) else "<media>"
-                                         for m in result.observations]
+        state.log[-1]["observations"] = [
+            m.get("content") if isinstance(m.get("content", ""), str) else "<media>"
+            for m in result.observations
+        ]
         state.log[-1]["observation_tokens"] = len(ids)
         return True
 
-    def _media_observation(self, sample: Sample, messages: list[dict[str, Any]],
-                           ended_with: str | None) -> tuple[list[int], dict[str, Any]]:
+    def _media_observation(
+        self, sample: Sample, messages: list[dict[str, Any]], ended_with: str | None
+    ) -> tuple[list[int], dict[str, Any]]:
         """Observation media through the run's processor: (its ids, placeholders expanded; its model inputs,
         appended to the sample's when the observation is: the model counts placeholders in order)."""
         if not callable(getattr(self.processor, "continue_with", None)):
-            raise ValueError("an observation carries media, but the run has no multimodal processor that can "
-                             "continue a conversation with it (data.processor with continue_with)")
-        processed = self.processor.continue_with(messages, ended_with, f"episode {sample.group_id}/{sample.index_in_group}")
+            raise ValueError(
+                "an observation carries media, but the run has no multimodal processor that can "
+                "continue a conversation with it (data.processor with continue_with)"
+            )
+        processed = self.processor.continue_with(
+            messages, ended_with, f"episode {sample.group_id}/{sample.index_in_group}"
+        )
         return list(processed["prompt_ids"]), processed["inputs"]
 
-    def _end(self, step: int, sample: Sample, state: _Live, result: StepResult | None, error: str = "",
-             exc: BaseException | None = None, **counts: int) -> None:
+    def _end(
+        self,
+        step: int,
+        sample: Sample,
+        state: _Live,
+        result: StepResult | None,
+        error: str = "",
+        exc: BaseException | None = None,
+        **counts: int,
+    ) -> None:
         state.stats.update(counts)
-        stats = {k: float(state.stats.get(k, 0)) for k in COUNTERS} | {k: float(v) for k, v in state.stats.items()}
+        stats = {k: float(state.stats.get(k, 0)) for k in COUNTERS} | {
+            k: float(v) for k, v in state.stats.items()
+        }
         sample.metadata["episode"] = stats
         sample.metadata["episode_turns"] = state.log
         sample.metadata["episode_reward"] = result.reward if result is not None else None
         if error:
             sample.metadata["episode_error"] = error
-            add_failure(sample, "episode", error, exc)  # on the console and in failures.jsonl (relax.core.failures)
+            add_failure(
+                sample, "episode", error, exc
+            )  # on the console and in failures.jsonl (relax.core.failures)
         with self._lock:
             self._live.pop((step, sample.group_id, sample.index_in_group), None)
         if state.episode is not None:  # closing must not block the rollout either
@@ -253,15 +336,21 @@ def _close_quietly(episode: Episode) -> None:
 def observation_problem(observations: Any) -> str:
     """'' when ``observations`` is a list of chat messages core can render, else what is wrong with it."""
     if not isinstance(observations, list | tuple):
-        return (f"observations={_short(observations)} ({type(observations).__name__}); expected a list of messages "
-                "like {'role': 'tool', 'content': '...'}")
+        return (
+            f"observations={_short(observations)} ({type(observations).__name__}); expected a list of messages "
+            "like {'role': 'tool', 'content': '...'}"
+        )
     for i, message in enumerate(observations):
         if not isinstance(message, dict):
             return f"observations[{i}]={_short(message)} ({type(message).__name__}); expected a message dict"
         content = message.get("content", "")
-        if not isinstance(content, str) and not (isinstance(content, list) and all(isinstance(p, dict) for p in content)):
-            return (f"observations[{i}]['content']={_short(content)} ({type(content).__name__}); expected a string "
-                    "(or a list of parts such as {'type': 'image', 'image': ...} for media)")
+        if not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(p, dict) for p in content)
+        ):
+            return (
+                f"observations[{i}]['content']={_short(content)} ({type(content).__name__}); expected a string "
+                "(or a list of parts such as {'type': 'image', 'image': ...} for media)"
+            )
     return ""
 
 

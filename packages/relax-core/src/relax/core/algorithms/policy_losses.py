@@ -44,9 +44,15 @@ class PolicyLossInputs:
 
 #: the per-token fields of ``PolicyLossInputs`` (everything shaped like ``response_mask``)
 TOKEN_FIELDS = (
-    "logprobs", "old_logprobs", "advantages", "rollout_logprobs", "ref_logprobs", "teacher_logprobs", "entropy",
+    "logprobs",
+    "old_logprobs",
+    "advantages",
+    "rollout_logprobs",
+    "ref_logprobs",
+    "teacher_logprobs",
+    "entropy",
     "is_weights",
-)  # fmt: skip
+)
 
 
 def zero_masked(inputs: PolicyLossInputs) -> PolicyLossInputs:

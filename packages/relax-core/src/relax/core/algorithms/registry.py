@@ -59,7 +59,17 @@ _BUILTIN = {"advantage": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSSES, "kl
 
 _GROUPS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "gdpo")
 _RATIO_LOSSES = (
-    "ppo", "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_binary_kl", "m2po", "dro"
+    "ppo",
+    "gspo",
+    "sapo",
+    "cispo",
+    "gmpo",
+    "clip_cov",
+    "kl_cov",
+    "dppo_tv",
+    "dppo_binary_kl",
+    "m2po",
+    "dro",
 )
 #: (kind, name) -> what the built-in consumes (names not listed need nothing beyond the policy's logprobs)
 BUILTIN_NEEDS: dict[tuple[str, str], frozenset[str]] = {
@@ -83,8 +93,9 @@ def builtin_spec(kind: str, name: str) -> AlgorithmSpec:
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; built-in {kind} names: {sorted(table)}")
     key = (kind, name)
-    return AlgorithmSpec(kind, name, table[name], BUILTIN_NEEDS.get(key, frozenset()),
-                         BUILTIN_MODES.get(key, frozenset(MODES)))
+    return AlgorithmSpec(
+        kind, name, table[name], BUILTIN_NEEDS.get(key, frozenset()), BUILTIN_MODES.get(key, frozenset(MODES))
+    )
 
 
 def register_builtin_algorithms(register: Callable[..., None]) -> None:
@@ -110,8 +121,14 @@ def algorithm_spec(kind: str, name: str) -> AlgorithmSpec:
     if manager is None:
         return builtin_spec(kind, name)
     reg = manager.registration(kind, name)
-    return AlgorithmSpec(kind, name, reg.factory, frozenset(reg.options.get("needs", ())),
-                         frozenset(reg.options.get("modes", MODES)), reg.plugin)
+    return AlgorithmSpec(
+        kind,
+        name,
+        reg.factory,
+        frozenset(reg.options.get("needs", ())),
+        frozenset(reg.options.get("modes", MODES)),
+        reg.plugin,
+    )
 
 
 def algorithm_specs(kind: str) -> list[AlgorithmSpec]:
@@ -133,8 +150,10 @@ def config_needs(algorithm: Any) -> frozenset[str]:
 def declared_by(algorithm: Any, need: str) -> list[str]:
     """The config fields whose chosen algorithm declares ``need``, as ``field='name'`` (start-up
     errors name them); unregistered names are skipped (the config loader reports those)."""
-    fields = {"advantage": ("algorithm.advantage_estimator", algorithm.advantage_estimator),
-              "policy_loss": ("algorithm.policy_loss", algorithm.policy_loss)}
+    fields = {
+        "advantage": ("algorithm.advantage_estimator", algorithm.advantage_estimator),
+        "policy_loss": ("algorithm.policy_loss", algorithm.policy_loss),
+    }
     out = []
     for kind, (field, name) in fields.items():
         try:

@@ -40,20 +40,41 @@ def snapshot(run: Any, protect: bool, attach: bool, state: str | None = None) ->
     engines = []
     for h in run.engine_health(timeout_s=HEALTH_TIMEOUT_S):
         i = h["engine_index"]
-        engines.append({"engine_id": i, "healthy": bool(h.get("ok")), "weight_version": h.get("weight_version"),
-                        "node": nodes.get(i),
-                        "load": load.get(i, 0), "draining": i in draining,
-                        "protected": protect and run.engine_on_reservation(i), "error": h.get("error")})
+        engines.append(
+            {
+                "engine_id": i,
+                "healthy": bool(h.get("ok")),
+                "weight_version": h.get("weight_version"),
+                "node": nodes.get(i),
+                "load": load.get(i, 0),
+                "draining": i in draining,
+                "protected": protect and run.engine_on_reservation(i),
+                "error": h.get("error"),
+            }
+        )
     queue = _finite(run.queue_metrics())
     cfg = run.config
     return {
-        "name": cfg.name, "state": state or ("paused" if run.control.paused else "running"), "mode": cfg.mode,
-        "engine": cfg.rollout.engine, "attach": attach, "step": run.step, "total_steps": cfg.total_steps,
-        "weight_version": run.weight_version, "engines": engines, "trainer_idle_frac": run.trainer_idle_frac,
+        "name": cfg.name,
+        "state": state or ("paused" if run.control.paused else "running"),
+        "mode": cfg.mode,
+        "engine": cfg.rollout.engine,
+        "attach": attach,
+        "step": run.step,
+        "total_steps": cfg.total_steps,
+        "weight_version": run.weight_version,
+        "engines": engines,
+        "trainer_idle_frac": run.trainer_idle_frac,
         "fleet": run.engine_shortfall(),  # engines live of wanted; what a missing one waits for
-        "queue": {"rows": queue.get("queue/rows"), "capacity": queue.get("queue/capacity"),
-                  "depth": {k.removeprefix("queue/depth/"): v for k, v in queue.items() if k.startswith("queue/depth/")}},
-        "metrics": _finite(run.metrics), "updated": time.time(),
+        "queue": {
+            "rows": queue.get("queue/rows"),
+            "capacity": queue.get("queue/capacity"),
+            "depth": {
+                k.removeprefix("queue/depth/"): v for k, v in queue.items() if k.startswith("queue/depth/")
+            },
+        },
+        "metrics": _finite(run.metrics),
+        "updated": time.time(),
     }
 
 
@@ -123,14 +144,20 @@ class ControlAgent:
         elif kind == "checkpoint":
             self.update(op, "saving")
             control.request_checkpoint().add_done_callback(
-                lambda f: self._finish(op, f, lambda path: {"result": {"path": str(path)}}))
+                lambda f: self._finish(op, f, lambda path: {"result": {"path": str(path)}})
+            )
         elif kind == "scale_out":
             self.busy.set()
             self.idle.clear()
             urls = request.get("urls")
-            future = control.scale_out(len(urls) if urls else request["num_engines"], urls=urls,
-                                       on_phase=lambda phase, ids: self.update(op, phase, engine_ids=ids))
-            future.add_done_callback(lambda f: self._finish(op, f, lambda ids: {"engine_ids": ids}, "scale_out"))
+            future = control.scale_out(
+                len(urls) if urls else request["num_engines"],
+                urls=urls,
+                on_phase=lambda phase, ids: self.update(op, phase, engine_ids=ids),
+            )
+            future.add_done_callback(
+                lambda f: self._finish(op, f, lambda ids: {"engine_ids": ids}, "scale_out")
+            )
         elif kind == "scale_in":
             self.busy.set()
             self.idle.clear()
@@ -170,7 +197,14 @@ class ControlAgent:
         step_rows = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
         fill = queue_fill(snap["queue"]["rows"] or 0.0, cfg.max_staleness, step_rows)
         serving = sum(not e["draining"] for e in snap["engines"])
-        obs = Observation(snap["step"], serving, snap["trainer_idle_frac"] or 0.0, fill, time.monotonic(), self.busy.is_set())
+        obs = Observation(
+            snap["step"],
+            serving,
+            snap["trainer_idle_frac"] or 0.0,
+            fill,
+            time.monotonic(),
+            self.busy.is_set(),
+        )
         decision = self.autoscaler.observe(obs)
         self._record(decision)
         if decision.action is None:

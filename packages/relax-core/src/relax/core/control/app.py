@@ -47,11 +47,18 @@ def build_app(hub_name: str, token: str | None) -> FastAPI:
 
     def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
         if token and (creds is None or not hmac.compare_digest(creds.credentials.encode(), token.encode())):
-            raise HubError(ControlError(401, "missing or wrong bearer token (send Authorization: Bearer <control token>)"))
+            raise HubError(
+                ControlError(
+                    401, "missing or wrong bearer token (send Authorization: Bearer <control token>)"
+                )
+            )
 
-    app = FastAPI(title="Relax control plane", version="1",
-                  description="Status, metrics and elastic rollout of a running Relax run.",
-                  dependencies=[Depends(authorized)])
+    app = FastAPI(
+        title="Relax control plane",
+        version="1",
+        description="Status, metrics and elastic rollout of a running Relax run.",
+        dependencies=[Depends(authorized)],
+    )
     hub: list[Any] = []
 
     async def ask(method: str, *args: Any) -> Any:
@@ -94,7 +101,9 @@ def build_app(hub_name: str, token: str | None) -> FastAPI:
             body = prometheus.exposition(values, snapshot.get("name") or "relax")
             return PlainTextResponse(body, media_type=prometheus.CONTENT_TYPE)
         if format not in (None, "json"):
-            raise HubError(ControlError(400, f"format: {format!r} is not allowed; allowed values: 'json', 'prometheus'"))
+            raise HubError(
+                ControlError(400, f"format: {format!r} is not allowed; allowed values: 'json', 'prometheus'")
+            )
         return {"step": snapshot.get("step"), "metrics": values}
 
     @app.post("/pause", status_code=202, response_model=OperationInfo)

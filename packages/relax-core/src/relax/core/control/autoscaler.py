@@ -59,8 +59,10 @@ class Autoscaler:
         complete = len(window) == c.steps
         starved = complete and idle > c.idle_frac and fill < c.starved_fill
         full = complete and fill >= c.full_fill
-        seen = (f"over {len(window)}/{c.steps} steps trainer idle {idle:.0%}, queue {fill:.0%} full; "
-                f"{obs.engines} engine(s)")
+        seen = (
+            f"over {len(window)}/{c.steps} steps trainer idle {idle:.0%}, queue {fill:.0%} full; "
+            f"{obs.engines} engine(s)"
+        )
 
         def hold(why: str) -> Decision:
             return Decision(obs.step, None, f"{why} ({seen})")

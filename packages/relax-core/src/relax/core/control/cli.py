@@ -32,10 +32,14 @@ class ControlClient:
         import requests
 
         try:
-            resp = requests.request(method, self.address + path, json=body, headers=self.headers, timeout=self.timeout_s)
+            resp = requests.request(
+                method, self.address + path, json=body, headers=self.headers, timeout=self.timeout_s
+            )
         except requests.RequestException as exc:
-            raise ClientError(f"cannot reach the control plane at {self.address} ({type(exc).__name__}); "
-                              f"is a run with control.enabled: true running? (--address / ${ADDRESS_ENV})") from None
+            raise ClientError(
+                f"cannot reach the control plane at {self.address} ({type(exc).__name__}); "
+                f"is a run with control.enabled: true running? (--address / ${ADDRESS_ENV})"
+            ) from None
         if not resp.ok:
             try:
                 detail = resp.json().get("detail", resp.text)
@@ -80,7 +84,9 @@ def format_status(s: dict[str, Any]) -> str:
         f"queue: {queue.get('rows')} rows of {queue.get('capacity')}; trainer idle "
         f"{'-' if idle is None else f'{idle:.0%}'}",
     ]
-    if (fleet := s.get("fleet") or {}).get("line"):  # engines missing: how many, what they wait for, since when
+    if (fleet := s.get("fleet") or {}).get(
+        "line"
+    ):  # engines missing: how many, what they wait for, since when
         lines.append(f"engines: {fleet['line']}")
     if op := s.get("operation"):
         lines.append(f"operation {op['id']}: {op['kind']} {op['state']}")
@@ -98,17 +104,24 @@ def format_operation(op: dict[str, Any]) -> str:
 
 
 def _client(ns: argparse.Namespace) -> ControlClient:
-    return ControlClient(ns.address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
-                         ns.token or os.environ.get(TOKEN_ENV))
+    return ControlClient(
+        ns.address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS, ns.token or os.environ.get(TOKEN_ENV)
+    )
 
 
-def _operation(submit: Callable[[argparse.Namespace], tuple[str, dict | None]]) -> Callable[[argparse.Namespace], int]:
+def _operation(
+    submit: Callable[[argparse.Namespace], tuple[str, dict | None]],
+) -> Callable[[argparse.Namespace], int]:
     """A command that POSTs an operation and, with ``--wait``, follows it to its end."""
 
     def handler(ns: argparse.Namespace) -> int:
         path, body = submit(ns)
-        return _run(ns, lambda c: _submit_and_wait(c, ns, path, body), format_operation,
-                    ok=lambda op: op["state"] not in ("failed", "cancelled"))
+        return _run(
+            ns,
+            lambda c: _submit_and_wait(c, ns, path, body),
+            format_operation,
+            ok=lambda op: op["state"] not in ("failed", "cancelled"),
+        )
 
     return handler
 
@@ -118,8 +131,12 @@ def _submit_and_wait(client: ControlClient, ns: argparse.Namespace, path: str, b
     return client.wait(op["id"], ns.wait_timeout) if ns.wait else op
 
 
-def _run(ns: argparse.Namespace, call: Callable[[ControlClient], Any], render: Callable[[Any], str],
-         ok: Callable[[Any], bool] = lambda _: True) -> int:
+def _run(
+    ns: argparse.Namespace,
+    call: Callable[[ControlClient], Any],
+    render: Callable[[Any], str],
+    ok: Callable[[Any], bool] = lambda _: True,
+) -> int:
     try:
         result = call(_client(ns))
     except ClientError as exc:
@@ -145,7 +162,9 @@ def _scale_in(ns: argparse.Namespace) -> tuple[str, dict]:
 
 
 def _common(parser: argparse.ArgumentParser, wait: bool = False) -> None:
-    parser.add_argument("--address", help=f"control API address (default ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
+    parser.add_argument(
+        "--address", help=f"control API address (default ${ADDRESS_ENV} or {DEFAULT_ADDRESS})"
+    )
     parser.add_argument("--token", help=f"bearer token (default ${TOKEN_ENV})")
     parser.add_argument("--json", action="store_true", help="print the API's JSON answer")
     if wait:
@@ -153,7 +172,9 @@ def _common(parser: argparse.ArgumentParser, wait: bool = False) -> None:
         parser.add_argument("--wait-timeout", type=float, default=600.0, help="seconds --wait waits at most")
 
 
-def _with(*extra: Callable[[argparse.ArgumentParser], Any], wait: bool = False) -> Callable[[argparse.ArgumentParser], None]:
+def _with(
+    *extra: Callable[[argparse.ArgumentParser], Any], wait: bool = False
+) -> Callable[[argparse.ArgumentParser], None]:
     def arguments(parser: argparse.ArgumentParser) -> None:
         for add in extra:
             add(parser)
@@ -163,20 +184,54 @@ def _with(*extra: Callable[[argparse.ArgumentParser], Any], wait: bool = False) 
 
 
 def register_commands(register: Callable[..., None]) -> None:
-    register("status", lambda ns: _run(ns, lambda c: c.request("GET", "/status"), format_status),
-             help="status of a running run (control plane)", arguments=_with())
-    register("engines", lambda ns: _run(ns, lambda c: c.request("GET", "/engines"),
-                                        lambda r: table(r["engines"], ENGINE_COLUMNS)),
-             help="rollout engines of a running run", arguments=_with())
-    register("scale-out", _operation(_scale_out), help="add rollout engines to a running run", arguments=_with(
-        lambda p: p.add_argument("n", nargs="?", type=int, help="number of engines Relax places on the cluster"),
-        lambda p: p.add_argument("--url", action="append", help="attach a running external engine (repeatable)"),
-        wait=True))
-    register("scale-in", _operation(_scale_in), help="drain and remove rollout engines", arguments=_with(
-        lambda p: p.add_argument("n", nargs="?", type=int, help="number of engines (least loaded, unprotected)"),
-        lambda p: p.add_argument("--id", action="append", type=int, help="engine id to remove (repeatable)"),
-        lambda p: p.add_argument("--drain-timeout", type=float, help="seconds to drain before forcing"),
-        wait=True))
-    for name, help_ in [("pause", "pause a running run after its current step"), ("resume", "resume a paused run"),
-                        ("checkpoint", "save a checkpoint after the current step")]:
-        register(name, _operation(lambda ns, name=name: (f"/{name}", None)), help=help_, arguments=_with(wait=True))
+    register(
+        "status",
+        lambda ns: _run(ns, lambda c: c.request("GET", "/status"), format_status),
+        help="status of a running run (control plane)",
+        arguments=_with(),
+    )
+    register(
+        "engines",
+        lambda ns: _run(
+            ns, lambda c: c.request("GET", "/engines"), lambda r: table(r["engines"], ENGINE_COLUMNS)
+        ),
+        help="rollout engines of a running run",
+        arguments=_with(),
+    )
+    register(
+        "scale-out",
+        _operation(_scale_out),
+        help="add rollout engines to a running run",
+        arguments=_with(
+            lambda p: p.add_argument(
+                "n", nargs="?", type=int, help="number of engines Relax places on the cluster"
+            ),
+            lambda p: p.add_argument(
+                "--url", action="append", help="attach a running external engine (repeatable)"
+            ),
+            wait=True,
+        ),
+    )
+    register(
+        "scale-in",
+        _operation(_scale_in),
+        help="drain and remove rollout engines",
+        arguments=_with(
+            lambda p: p.add_argument(
+                "n", nargs="?", type=int, help="number of engines (least loaded, unprotected)"
+            ),
+            lambda p: p.add_argument(
+                "--id", action="append", type=int, help="engine id to remove (repeatable)"
+            ),
+            lambda p: p.add_argument("--drain-timeout", type=float, help="seconds to drain before forcing"),
+            wait=True,
+        ),
+    )
+    for name, help_ in [
+        ("pause", "pause a running run after its current step"),
+        ("resume", "resume a paused run"),
+        ("checkpoint", "save a checkpoint after the current step"),
+    ]:
+        register(
+            name, _operation(lambda ns, name=name: (f"/{name}", None)), help=help_, arguments=_with(wait=True)
+        )

@@ -22,21 +22,35 @@ class Notifier:
         try:
             import apprise
         except ImportError as exc:  # the optional extra is missing
-            raise RuntimeError("logging.notify_urls needs Apprise: pip install 'relax-core[control]'") from exc
+            raise RuntimeError(
+                "logging.notify_urls needs Apprise: pip install 'relax-core[control]'"
+            ) from exc
         self._apprise = apprise
         self.client = apprise.Apprise()
         self.run_name = run_name
         bad = [url for url in urls if not self.client.add(url)]
         if bad:
-            raise ValueError(f"logging.notify_urls: Apprise cannot use {bad} (unknown schema or malformed URL)")
+            raise ValueError(
+                f"logging.notify_urls: Apprise cannot use {bad} (unknown schema or malformed URL)"
+            )
         self._threads: list[threading.Thread] = []
 
     def send(self, event: str, body: str) -> bool:
         """Deliver ``event`` to every URL now; True if all accepted it."""
         kind = self._apprise.NotifyType
-        notify_type = kind.FAILURE if event in FAILURE_EVENTS else kind.SUCCESS if event in SUCCESS_EVENTS else kind.INFO
+        notify_type = (
+            kind.FAILURE
+            if event in FAILURE_EVENTS
+            else kind.SUCCESS
+            if event in SUCCESS_EVENTS
+            else kind.INFO
+        )
         try:
-            ok = bool(self.client.notify(title=f"relax {self.run_name}: {event}", body=body, notify_type=notify_type))
+            ok = bool(
+                self.client.notify(
+                    title=f"relax {self.run_name}: {event}", body=body, notify_type=notify_type
+                )
+            )
         except Exception as exc:  # a notification must never break the run
             log.warning("relax: notification %r failed: %s", event, exc)
             return False
@@ -45,7 +59,9 @@ class Notifier:
         return ok
 
     def send_later(self, event: str, body: str) -> None:
-        thread = threading.Thread(target=self.send, args=(event, body), name=f"relax-notify-{event}", daemon=True)
+        thread = threading.Thread(
+            target=self.send, args=(event, body), name=f"relax-notify-{event}", daemon=True
+        )
         thread.start()
         self._threads.append(thread)
 

@@ -57,7 +57,10 @@ def relax_on_run_end(run: Any, status: str) -> None:
             plane.stop(status)
     finally:
         last = run.metrics
-        _notify(status, f"at step {run.step} of {run.config.total_steps}; reward mean {last.get('reward/mean', float('nan')):.3f}")
+        _notify(
+            status,
+            f"at step {run.step} of {run.config.total_steps}; reward mean {last.get('reward/mean', float('nan')):.3f}",
+        )
         if (notifier := _SESSION.get("notifier")) is not None:
             notifier.flush()
         _SESSION.clear()

@@ -38,8 +38,11 @@ def exposition(metrics: Mapping[str, object], run: str) -> str:
         if not isinstance(value, int | float) or (name := metric_name(key)) in seen:
             continue
         seen.add(name)
-        lines += [f"# HELP {name} Relax metric {key}", f"# TYPE {name} gauge",
-                  f'{name}{{run="{_label(run)}"}} {_number(float(value))}']
+        lines += [
+            f"# HELP {name} Relax metric {key}",
+            f"# TYPE {name} gauge",
+            f'{name}{{run="{_label(run)}"}} {_number(float(value))}',
+        ]
     return "\n".join(lines) + "\n"
 
 

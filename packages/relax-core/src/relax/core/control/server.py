@@ -48,8 +48,9 @@ def start_hub(name: str) -> Any:
     return ray.remote(num_cpus=0)(ControlState).options(name=name, namespace=NAMESPACE).remote()
 
 
-def deploy(hub_name: str, token: str | None, host: str, port: int, app_name: str = APP_NAME,
-           route_prefix: str = "/") -> tuple[bool, str]:
+def deploy(
+    hub_name: str, token: str | None, host: str, port: int, app_name: str = APP_NAME, route_prefix: str = "/"
+) -> tuple[bool, str]:
     """Run the control app on Serve, starting Serve on ``host:port`` unless it runs already (then
     its address is used, with a warning if it differs); returns (started here, base URL)."""
     from ray import serve
@@ -60,8 +61,12 @@ def deploy(hub_name: str, token: str | None, host: str, port: int, app_name: str
     if running is None:
         serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
     elif running != (host, port):
-        log.warning("relax: Serve already runs on %s:%d; the control API is served there, not on %s:%d",
-                    *running, host, port)
+        log.warning(
+            "relax: Serve already runs on %s:%d; the control API is served there, not on %s:%d",
+            *running,
+            host,
+            port,
+        )
         host, port = running
     serve.run(ControlAPI.bind(hub_name, token), name=app_name, route_prefix=route_prefix, blocking=False)
     return running is None, f"http://{host}:{port}{route_prefix.rstrip('/')}"
@@ -81,7 +86,10 @@ class ControlPlane:
             raise
         print(f"relax: control plane at {self.address} (OpenAPI: {self.address}/docs)", flush=True)
         if generated:
-            print(f"relax: control token (shown once; clients send it as Authorization: Bearer): {self.token}", flush=True)
+            print(
+                f"relax: control token (shown once; clients send it as Authorization: Bearer): {self.token}",
+                flush=True,
+            )
 
     def stop(self, status: str) -> None:
         from ray import serve

@@ -65,7 +65,10 @@ def control_errors(cfg: Any) -> list[str]:
         errors.append("control.host: must not be empty")
     if c.token is not None and len(c.token) < 16:
         errors.append("control.token: must be at least 16 characters (or null to generate one)")
-    for path, value in [("control.drain_timeout_s", c.drain_timeout_s), ("control.autoscaler.cooldown_s", a.cooldown_s)]:
+    for path, value in [
+        ("control.drain_timeout_s", c.drain_timeout_s),
+        ("control.autoscaler.cooldown_s", a.cooldown_s),
+    ]:
         if value < 0:
             errors.append(f"{path}: must be >= 0, got {value!r}")
     if c.publish_s <= 0:
@@ -73,7 +76,9 @@ def control_errors(cfg: Any) -> list[str]:
     if a.min_engines < 1:
         errors.append(f"control.autoscaler.min_engines: must be >= 1, got {a.min_engines}")
     if a.max_engines < a.min_engines:
-        errors.append(f"control.autoscaler.max_engines: {a.max_engines} is below min_engines ({a.min_engines})")
+        errors.append(
+            f"control.autoscaler.max_engines: {a.max_engines} is below min_engines ({a.min_engines})"
+        )
     if a.steps < 1:
         errors.append(f"control.autoscaler.steps: must be >= 1, got {a.steps}")
     for name in ("idle_frac", "starved_fill", "full_fill"):
@@ -82,7 +87,9 @@ def control_errors(cfg: Any) -> list[str]:
     if a.enabled and not c.enabled:
         errors.append("control.autoscaler.enabled: needs control.enabled: true")
     if a.enabled and cfg.mode == "colocate":
-        errors.append("control.autoscaler.enabled: needs mode 'async' or 'hybrid' (it reads the transfer queue)")
+        errors.append(
+            "control.autoscaler.enabled: needs mode 'async' or 'hybrid' (it reads the transfer queue)"
+        )
     for i, url in enumerate(cfg.logging.notify_urls):
         if (why := notify_url_error(url)) is not None:
             errors.append(f"logging.notify_urls[{i}]: {why}")

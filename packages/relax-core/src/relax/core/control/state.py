@@ -103,7 +103,9 @@ class ControlState:
         return [asdict(op) for op in self.ops.values()]
 
     def current_scale_op(self) -> Operation | None:
-        return next((op for op in self.ops.values() if op.kind in SCALE_KINDS and op.state not in TERMINAL), None)
+        return next(
+            (op for op in self.ops.values() if op.kind in SCALE_KINDS and op.state not in TERMINAL), None
+        )
 
     def submit(self, kind: str, request: dict[str, Any], source: str = "api") -> dict[str, Any]:
         """Queue an operation for the driver; raises :class:`ControlError` (409/404) when the run
@@ -115,16 +117,24 @@ class ControlState:
         engine_ids: list[int] = []
         if kind in SCALE_KINDS:
             if (busy := self.current_scale_op()) is not None:
-                raise ControlError(409, f"operation {busy.id} ({busy.kind}) is still {busy.state}; one scale operation at a time")
+                raise ControlError(
+                    409,
+                    f"operation {busy.id} ({busy.kind}) is still {busy.state}; one scale operation at a time",
+                )
             if kind == "scale_out" and request.get("urls") and not self.snapshot.get("attach"):
-                raise ControlError(400, f"urls: rollout engine {self.snapshot.get('engine')!r} cannot attach external "
-                                        "engines; scale out with num_engines")
+                raise ControlError(
+                    400,
+                    f"urls: rollout engine {self.snapshot.get('engine')!r} cannot attach external "
+                    "engines; scale out with num_engines",
+                )
             if kind == "scale_in":
                 engine_ids = self._scale_in_targets(request)
                 request = {**request, "engine_ids": engine_ids}
         self._count += 1
         now = time.time()
-        op = Operation(f"op-{self._count}", kind, "pending", request, source, now, now, engine_ids, history=["pending"])
+        op = Operation(
+            f"op-{self._count}", kind, "pending", request, source, now, now, engine_ids, history=["pending"]
+        )
         self.ops[op.id] = op
         self.inbox.append({"op": op.id, "kind": kind, "request": request})
         return asdict(op)
@@ -135,7 +145,9 @@ class ControlState:
         if op is None:
             raise ControlError(404, f"no operation {op_id!r}")
         if not any(c["op"] == op_id for c in self.inbox):
-            raise ControlError(409, f"operation {op_id} is {op.state}; only an operation not started yet can be cancelled")
+            raise ControlError(
+                409, f"operation {op_id} is {op.state}; only an operation not started yet can be cancelled"
+            )
         self.inbox = [c for c in self.inbox if c["op"] != op_id]
         self.update(op_id, "cancelled", error="cancelled by request")
         return asdict(op)
@@ -150,16 +162,24 @@ class ControlState:
                 raise ControlError(404, f"engine_ids: {unknown} not serving; serving: {sorted(engines)}")
             protected = sorted(i for i in ids if engines[i].get("protected"))
             if protected:
-                raise ControlError(409, f"engine_ids: {protected} are protected (present from the start; "
-                                        "control.protect_initial_engines)")
+                raise ControlError(
+                    409,
+                    f"engine_ids: {protected} are protected (present from the start; "
+                    "control.protect_initial_engines)",
+                )
             targets = sorted(set(ids))
         else:
             n = request["num_engines"]
-            removable = sorted((e for e in engines.values() if not e.get("protected")),
-                               key=lambda e: (e.get("load", 0), -e["engine_id"]))
+            removable = sorted(
+                (e for e in engines.values() if not e.get("protected")),
+                key=lambda e: (e.get("load", 0), -e["engine_id"]),
+            )
             if n > len(removable):
-                raise ControlError(409, f"num_engines: {n} requested but only {len(removable)} engine(s) can be "
-                                        f"removed ({len(engines) - len(removable)} protected)")
+                raise ControlError(
+                    409,
+                    f"num_engines: {n} requested but only {len(removable)} engine(s) can be "
+                    f"removed ({len(engines) - len(removable)} protected)",
+                )
             targets = sorted(e["engine_id"] for e in removable[:n])
         if len(targets) >= len(engines):
             raise ControlError(409, f"scale-in would leave no serving engine (serving: {sorted(engines)})")

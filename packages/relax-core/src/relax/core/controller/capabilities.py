@@ -40,7 +40,9 @@ def declares(obj: Any, flag: str) -> bool:
     if flag not in DECLARED:
         raise KeyError(f"unknown declared flag {flag!r}; known: {', '.join(DECLARED)}")
     value = getattr(obj, flag, False)
-    if isinstance(obj, type) and inspect.isfunction(value):  # a per-instance answer (a method): asked of a class,
+    if isinstance(obj, type) and inspect.isfunction(
+        value
+    ):  # a per-instance answer (a method): asked of a class,
         return False  # only an instance can say (e.g. the torch trainer's depends on its LoRA dropout)
     return bool(value() if callable(value) else value)
 
@@ -64,7 +66,9 @@ def required(cfg: Any) -> dict[str, dict[str, str]]:
     if cfg.checkpoint.save_hf_final:
         need["trainer"]["save_hf"] = "checkpoint.save_hf_final"
     if cfg.rollout.release_memory:
-        need["rollout"].update(release_memory="rollout.release_memory", resume_memory="rollout.release_memory")
+        need["rollout"].update(
+            release_memory="rollout.release_memory", resume_memory="rollout.release_memory"
+        )
     if cfg.trainer.offload:
         need["trainer"].update(offload="trainer.offload", onload="trainer.offload")
     if cfg.mode != "colocate" and cfg.rollout.partial_rollout == "abort":

@@ -40,8 +40,12 @@ def close_held(host: Any, *plugins: Any) -> None:
     """In a role's process: close its plugin objects, then the weight-sync sides built there."""
     from relax.core.weight_sync.transport import release_sides
 
-    run_all([*((type(p).__name__, lambda p=p: close_plugin(p)) for p in plugins if p is not None),
-             ("weight-sync sides", lambda: release_sides(host))])
+    run_all(
+        [
+            *((type(p).__name__, lambda p=p: close_plugin(p)) for p in plugins if p is not None),
+            ("weight-sync sides", lambda: release_sides(host)),
+        ]
+    )
 
 
 def close_roles(handles: Iterable[Any], timeout_s: float) -> None:
@@ -60,7 +64,9 @@ def close_roles(handles: Iterable[Any], timeout_s: float) -> None:
         try:
             local.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         except Exception as exc:  # dead, silent, or its close failed: the actor is killed next anyway
-            log.warning("relax: closing %r at the end of the run failed: %s: %s", handle, type(exc).__name__, exc)
+            log.warning(
+                "relax: closing %r at the end of the run failed: %s: %s", handle, type(exc).__name__, exc
+            )
 
 
 def _distinct(handles: Iterable[Any]) -> list[Any]:

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from relax.core.controller.step import StepContext
 
 
-def collect_groups(state: StepContext, step: int, metrics: dict[str, float]) -> tuple[list[Sample], list[list[Sample]]]:
+def collect_groups(
+    state: StepContext, step: int, metrics: dict[str, float]
+) -> tuple[list[Sample], list[list[Sample]]]:
     """Roll out, score and filter prompt batches until the step has ``rollout.prompts_per_step``
     groups to train on (DAPO dynamic sampling draws up to ``max_extra_rounds`` extra batches).
 
@@ -34,7 +36,9 @@ def collect_groups(state: StepContext, step: int, metrics: dict[str, float]) -> 
             metrics[f"reward/{key}"] = metrics.get(f"reward/{key}", 0.0) + float(value)
         if cfg.algorithm.greedy_baseline:
             with stages.timed(metrics, "greedy_baseline"):
-                stages.greedy_baseline(state.fleet.router, roles.reward, groups, cfg, step, state.stop_token_ids)
+                stages.greedy_baseline(
+                    state.fleet.router, roles.reward, groups, cfg, step, state.stop_token_ids
+                )
         scored_all += [s for g in groups for s in g]
         round_kept, dropped = stages.filter_groups(groups)
         dropped_hook += dropped
@@ -55,7 +59,9 @@ def collect_groups(state: StepContext, step: int, metrics: dict[str, float]) -> 
     return scored_all, kept
 
 
-def _score_round(state: StepContext, step: int, metrics: dict[str, float]) -> tuple[list[list[Sample]], dict[str, float]]:
+def _score_round(
+    state: StepContext, step: int, metrics: dict[str, float]
+) -> tuple[list[list[Sample]], dict[str, float]]:
     """One prompt batch: generate, then score; the reward actor returns scored copies, regrouped here."""
     cfg, roles = state.cfg, state.roles
     groups = state.prompts.draw(step)
@@ -66,7 +72,15 @@ def _score_round(state: StepContext, step: int, metrics: dict[str, float]) -> tu
             total=n_requests, desc=f"rollout step {step}", leave=False, disable=not cfg.logging.progress
         ) as bar,
     ):
-        stages.generate(state.fleet.router, groups, cfg, step, state.stop_token_ids, on_progress=bar.update, turns=state.turns)
+        stages.generate(
+            state.fleet.router,
+            groups,
+            cfg,
+            step,
+            state.stop_token_ids,
+            on_progress=bar.update,
+            turns=state.turns,
+        )
     with stages.timed(metrics, "reward"):
         scored, counts = stages.score(roles.reward, [s for g in groups for s in g], cfg)
     by_group: dict[int, list[Sample]] = {}
@@ -80,7 +94,9 @@ def _fuses_old_logprobs(state: StepContext) -> bool:
     strictly on-policy: the engines sampled with the weights the trainer holds)."""
     if state.fused_old_logprobs is None:  # a declared flag (capabilities.DECLARED), not probed by calling it
         offered = local.get(state.roles.trainer.capabilities.remote(), timeout=state.cfg.trainer.timeout_s)
-        state.fused_old_logprobs = stages.fuse_old_logprobs(state.cfg, state.roles, "fuses_old_logprobs" in offered)
+        state.fused_old_logprobs = stages.fuse_old_logprobs(
+            state.cfg, state.roles, "fuses_old_logprobs" in offered
+        )
     return state.fused_old_logprobs
 
 
@@ -94,9 +110,13 @@ def _train(state: StepContext, step: int, train_samples: list[Sample], metrics: 
     with stages.timed(metrics, "logprob"):
         extra = stages.forward_batch(roles, raw, cfg, old_logprobs=not fused)
     old_lp, ref_lp = extra.pop("old_logprobs", None), extra.pop("ref_logprobs", None)
-    batch, adv_metrics = stages.prepare_batch(train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra)
+    batch, adv_metrics = stages.prepare_batch(
+        train_samples, state.pad_id, cfg, old_lp, ref_lp, raw=raw, **extra
+    )
     metrics.update(adv_metrics)
-    if state.sample_log is not None:  # logging.log_samples: what the model wrote, with its reward and advantage
+    if (
+        state.sample_log is not None
+    ):  # logging.log_samples: what the model wrote, with its reward and advantage
         state.sample_log.record(step, train_samples, batch["advantages"], batch["response_mask"])
     with stages.timed(metrics, "train"):
         train_metrics = recovery.train(state, batch, step)
@@ -120,7 +140,9 @@ def colocate_step(state: StepContext) -> dict[str, float]:
     gen_tokens = sum(len(s.response_ids) for s in samples)
     metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(metrics["time/generate_s"], 1e-9)
     metrics.update(stages.sample_metrics(samples))
-    state.failures.record(step, samples)  # reasons to the console and failures.jsonl; most failed: the run stops
+    state.failures.record(
+        step, samples
+    )  # reasons to the console and failures.jsonl; most failed: the run stops
     train_samples = [s for g in kept for s in g]
 
     with handoff.training():  # engines release, trainer onload ... trainer release, engines resume

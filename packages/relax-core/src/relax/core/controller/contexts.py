@@ -55,8 +55,14 @@ def base_context(cfg: RelaxConfig, role: str, model_path: str | None, **fields: 
 
 def engine_context(cfg: RelaxConfig, model_path: str, index: int) -> PluginContext:
     return base_context(
-        cfg, "rollout", model_path, index=index, world_size=cfg.rollout.num_engines,
-        resources=resources_for(cfg, "rollout_engine"), record_routing=cfg.algorithm.routing_replay != "off", lora=cfg.trainer.lora,
+        cfg,
+        "rollout",
+        model_path,
+        index=index,
+        world_size=cfg.rollout.num_engines,
+        resources=resources_for(cfg, "rollout_engine"),
+        record_routing=cfg.algorithm.routing_replay != "off",
+        lora=cfg.trainer.lora,
     )
 
 
@@ -84,10 +90,18 @@ class EngineHandle:
         return self.engines[0] if self.engines else None
 
 
-def reward_context(cfg: RelaxConfig, model_path: str | None, engines: list[Any] | None = None) -> PluginContext:
+def reward_context(
+    cfg: RelaxConfig, model_path: str | None, engines: list[Any] | None = None
+) -> PluginContext:
     """``engines``: the run's rollout engine handles, served to the reward by ``ctx.engine_handle()``."""
-    return base_context(cfg, "reward", model_path, timeout_s=cfg.reward.timeout_s, engine_handle=EngineHandle(engines),
-                        fallback_score=cfg.reward.fallback_score)
+    return base_context(
+        cfg,
+        "reward",
+        model_path,
+        timeout_s=cfg.reward.timeout_s,
+        engine_handle=EngineHandle(engines),
+        fallback_score=cfg.reward.fallback_score,
+    )
 
 
 def processor_context(cfg: RelaxConfig, model_path: str) -> PluginContext:

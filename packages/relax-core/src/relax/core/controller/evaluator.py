@@ -44,26 +44,60 @@ class LoadedSet:
 def set_config(cfg: RelaxConfig, spec: EvalSetConfig) -> RelaxConfig:
     """The run's config as one eval set sees it: its keys, reward, environment, sampling."""
     d = cfg.data
-    metadata = [*d.metadata_keys, *([spec.source_key] if spec.source_key and spec.source_key not in d.metadata_keys else [])]
-    data = replace(d, path=spec.path, prompt_key=spec.prompt_key or d.prompt_key, label_key=spec.label_key or d.label_key,
-                   metadata_keys=metadata, shuffle=False)
-    rollout = replace(cfg.rollout, n_samples_per_prompt=spec.n_samples, top_p=spec.top_p,
-                      max_new_tokens=spec.max_new_tokens or cfg.rollout.max_new_tokens)  # the temperature: in params
-    return replace(cfg, data=data, rollout=rollout, reward=spec.reward or cfg.reward,
-                   environment=spec.environment or cfg.environment)
+    metadata = [
+        *d.metadata_keys,
+        *([spec.source_key] if spec.source_key and spec.source_key not in d.metadata_keys else []),
+    ]
+    data = replace(
+        d,
+        path=spec.path,
+        prompt_key=spec.prompt_key or d.prompt_key,
+        label_key=spec.label_key or d.label_key,
+        metadata_keys=metadata,
+        shuffle=False,
+    )
+    rollout = replace(
+        cfg.rollout,
+        n_samples_per_prompt=spec.n_samples,
+        top_p=spec.top_p,
+        max_new_tokens=spec.max_new_tokens or cfg.rollout.max_new_tokens,
+    )  # the temperature: in params
+    return replace(
+        cfg,
+        data=data,
+        rollout=rollout,
+        reward=spec.reward or cfg.reward,
+        environment=spec.environment or cfg.environment,
+    )
 
 
 class Evaluator:
     """The run's eval sets and schedule. ``run_reward`` / ``run_turns``: the run's reward role and multi-turn
     loop, used by sets that name no reward / environment of their own."""
 
-    def __init__(self, cfg: RelaxConfig, tokenizer: Any, stop_token_ids: list[int], model_path: str,
-                 run_reward: Any = None, run_turns: Any = None, engines: Any = None, resume_step: int | None = None) -> None:
-        self.cfg, self.tokenizer, self.stop_token_ids, self.model_path = cfg, tokenizer, stop_token_ids, model_path
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        tokenizer: Any,
+        stop_token_ids: list[int],
+        model_path: str,
+        run_reward: Any = None,
+        run_turns: Any = None,
+        engines: Any = None,
+        resume_step: int | None = None,
+    ) -> None:
+        self.cfg, self.tokenizer, self.stop_token_ids, self.model_path = (
+            cfg,
+            tokenizer,
+            stop_token_ids,
+            model_path,
+        )
         self.run_reward, self.run_turns, self.engines = run_reward, run_turns, engines
         self.root = Path(cfg.run_dir) / "eval"
         self.loaded: dict[str, LoadedSet | str] = {}  # a set, or why it cannot be evaluated
-        self.latest: dict[str, float] = {}  # every set's latest result (the REST status shows it between evals)
+        self.latest: dict[
+            str, float
+        ] = {}  # every set's latest result (the REST status shows it between evals)
         self.seconds = 0.0  # spent evaluating, in all
         if cfg.eval.sets:
             self._forget_after(resume_step if resume_step is not None else -1)
@@ -82,7 +116,9 @@ class Evaluator:
             return False
         if step == 0:
             return ev.before_train
-        return bool(ev.every_n_steps and step % ev.every_n_steps == 0) or (ev.at_end and step == self.cfg.total_steps)
+        return bool(ev.every_n_steps and step % ev.every_n_steps == 0) or (
+            ev.at_end and step == self.cfg.total_steps
+        )
 
     def evaluate(self, router: Any, step: int, version: int) -> dict[str, float]:
         """Every set at ``step`` with the engines at weight ``version``; ``eval/<set>/<metric>`` metrics."""
@@ -104,21 +140,31 @@ class Evaluator:
             return self._failed(name, step, version, loaded)
         groups = self._groups(loaded, step)
         samples = [s for g in groups for s in g]
-        stages.generate(router, groups, loaded.cfg, step, self.stop_token_ids, params=loaded.params, turns=loaded.turns)
+        stages.generate(
+            router, groups, loaded.cfg, step, self.stop_token_ids, params=loaded.params, turns=loaded.turns
+        )
         try:
             scored, _ = stages.score(loaded.reward, samples, loaded.cfg)
         except Exception as exc:  # noqa: BLE001  # a reward that raises or hangs fails this eval, not the run
-            return self._failed(name, step, version, f"reward {loaded.cfg.reward.name!r}: {type(exc).__name__}: {exc}")
+            return self._failed(
+                name, step, version, f"reward {loaded.cfg.reward.name!r}: {type(exc).__name__}: {exc}"
+            )
         by_group: dict[int, list[Any]] = {}
         for s in scored:
             by_group.setdefault(s.group_id, []).append(s)
         regrouped = [sorted(g, key=lambda s: s.index_in_group) for _, g in sorted(by_group.items())]
         metrics = set_metrics(regrouped, loaded.spec.source_key)
         versions = [v for s in scored for v in s.versions]
-        version = min(versions, default=version)  # the weights that wrote the responses (async: may lag the trainer)
-        metrics.update(failed=0.0, version=float(version), time_s=time.perf_counter() - started,
-                       sample_version_min=float(min(versions, default=version)),
-                       sample_version_max=float(max(versions, default=version)))
+        version = min(
+            versions, default=version
+        )  # the weights that wrote the responses (async: may lag the trainer)
+        metrics.update(
+            failed=0.0,
+            version=float(version),
+            time_s=time.perf_counter() - started,
+            sample_version_min=float(min(versions, default=version)),
+            sample_version_max=float(max(versions, default=version)),
+        )
         rows = completion_rows(regrouped, step, version, loaded.spec.source_key)
         write_jsonl(self.root / name / f"step_{step}.jsonl", rows)
         self._record(name, step, version, "ok", None, metrics)
@@ -132,10 +178,18 @@ class Evaluator:
         self._record(name, step, version, "failed", reason, {})
         return {f"eval/{name}/failed": 1.0, f"eval/{name}/version": float(version)}
 
-    def _record(self, name: str, step: int, version: int, status: str, reason: str | None,
-                metrics: dict[str, float]) -> None:
+    def _record(
+        self, name: str, step: int, version: int, status: str, reason: str | None, metrics: dict[str, float]
+    ) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        row = {"step": step, "set": name, "version": version, "status": status, "reason": reason, "metrics": metrics}
+        row = {
+            "step": step,
+            "set": name,
+            "version": version,
+            "status": status,
+            "reason": reason,
+            "metrics": metrics,
+        }
         with (self.root / "results.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
 
@@ -168,8 +222,12 @@ class Evaluator:
             resolve_data_path(self.cfg, Path(self.cfg.run_dir))
             spec = replace(spec, path=str(heldout_data_path(self.cfg)))
         cfg = set_config(self.cfg, spec)
-        dataset = build_dataset(replace(cfg, rollout=replace(cfg.rollout, prompts_per_step=1)), self.tokenizer, spec.path,
-                                self.model_path)
+        dataset = build_dataset(
+            replace(cfg, rollout=replace(cfg.rollout, prompts_per_step=1)),
+            self.tokenizer,
+            spec.path,
+            self.model_path,
+        )
         items = dataset.items[: spec.max_prompts] if spec.max_prompts else list(dataset.items)
         params = replace(sampling_params(cfg, self.stop_token_ids), temperature=spec.temperature, top_k=0)
         own_reward = spec.reward is not None or self.run_reward is None  # relax eval: no run reward to share
@@ -191,7 +249,9 @@ class Evaluator:
         from relax.core.controller.roles import RewardRole
         from relax.core.lazy_ray import LocalHandle
 
-        derive = getattr(cfg.reward.params, "group_timeout_s", None)  # the hub derives its bound from its own limits
+        derive = getattr(
+            cfg.reward.params, "group_timeout_s", None
+        )  # the hub derives its bound from its own limits
         if callable(derive):
             timeout_s = max(cfg.reward.timeout_s, float(derive(cfg.rollout.n_samples_per_prompt)))
             cfg = replace(cfg, reward=replace(cfg.reward, timeout_s=timeout_s))
@@ -205,7 +265,11 @@ class Evaluator:
         from relax.core.controller import closing
 
         own = [s.reward for s in self.loaded.values() if isinstance(s, LoadedSet) and s.own_reward]
-        turns = [s.turns for s in self.loaded.values() if isinstance(s, LoadedSet) and s.turns is not self.run_turns]
+        turns = [
+            s.turns
+            for s in self.loaded.values()
+            if isinstance(s, LoadedSet) and s.turns is not self.run_turns
+        ]
         closing.run_all([("eval turns", lambda: [t.close() for t in turns if t is not None])])
         if own:
             closing.close_roles(own, self.cfg.rollout.control_timeout_s)

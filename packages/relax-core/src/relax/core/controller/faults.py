@@ -89,7 +89,11 @@ def wait(refs: Any, timeout_s: float, role: str, op: str, index: int | None = No
         exc.add_note(f"(raised by {who} in {op})")
         raise
     except Exception as exc:  # raised by a role in the driver: the same note
-        if isinstance(refs, local.LocalRef) or isinstance(refs, list) and any(isinstance(r, local.LocalRef) for r in refs):
+        if (
+            isinstance(refs, local.LocalRef)
+            or isinstance(refs, list)
+            and any(isinstance(r, local.LocalRef) for r in refs)
+        ):
             exc.add_note(f"(raised by {who} in {op})")
         raise
 

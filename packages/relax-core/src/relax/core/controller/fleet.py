@@ -142,8 +142,11 @@ class EngineFleet:
     def metrics(self) -> dict[str, float]:
         """Cumulative ``fault/*`` counters plus the number of serving engines."""
         self.counters.set("resubmitted_requests", float(self.router.resubmitted))
-        return {**self.counters.metrics(), "fault/engines_live": float(len(self.router)),
-                "fault/engines_wanted": float(self.shortfall.wanted)}
+        return {
+            **self.counters.metrics(),
+            "fault/engines_live": float(len(self.router)),
+            "fault/engines_wanted": float(self.shortfall.wanted),
+        }
 
     # ------------------------------------------------------------------ failures
     def evict(self, index: int, reason: str, replace: bool = True) -> None:
@@ -154,11 +157,17 @@ class EngineFleet:
             return
         with self._lock:
             slot = self._slots.get(index)
-        lost = Lost(index, reason, slot, self._places.node_of(handle) if self._places else None)  # before the kill
+        lost = Lost(
+            index, reason, slot, self._places.node_of(handle) if self._places else None
+        )  # before the kill
         self._forget(handle)
         kill(handle)
         self.counters.add("engine_evictions")
-        if not (self._schedule_replacement(lost, reason) if replace else self._give_up(lost, reason, "not asked for")):
+        if not (
+            self._schedule_replacement(lost, reason)
+            if replace
+            else self._give_up(lost, reason, "not asked for")
+        ):
             self._close_if_empty(reason)
 
     def _trainer_gone(self) -> bool:
@@ -175,8 +184,12 @@ class EngineFleet:
             return self._give_up(lost, reason, "the trainer is gone")
         with self._lock:
             if self._stop.is_set() or self._restarts >= cap:
-                spent = "the run is stopping" if self._stop.is_set() else f"rollout.max_restarts={cap} " + (
-                    f"spent ({self._restarts} replacements)" if cap else "allows none")
+                spent = (
+                    "the run is stopping"
+                    if self._stop.is_set()
+                    else f"rollout.max_restarts={cap} "
+                    + (f"spent ({self._restarts} replacements)" if cap else "allows none")
+                )
                 index = None
             else:
                 self._restarts += 1
@@ -188,10 +201,16 @@ class EngineFleet:
         if index is None:
             return self._give_up(lost, reason, spent)
         self.shortfall.replacing(index, lost)
-        log.warning("relax: %s; evicted it, starting rollout engine[%d] as replacement %d of at most %d",
-                    reason, index, attempt, cap)
-        threading.Thread(target=self._replace, args=(lost, index, reason), name=f"relax-replace-{index}",
-                         daemon=True).start()
+        log.warning(
+            "relax: %s; evicted it, starting rollout engine[%d] as replacement %d of at most %d",
+            reason,
+            index,
+            attempt,
+            cap,
+        )
+        threading.Thread(
+            target=self._replace, args=(lost, index, reason), name=f"relax-replace-{index}", daemon=True
+        ).start()
         return True
 
     def _give_up(self, lost: Lost, reason: str, why: str) -> bool:
@@ -201,7 +220,9 @@ class EngineFleet:
         with self._lock:
             if lost.slot is not None and lost.slot not in self._free_slots:
                 self._free_slots.append(lost.slot)
-        log.error("relax: %s; evicted it; rollout engine[%d] will not be replaced: %s", reason, lost.index, why)
+        log.error(
+            "relax: %s; evicted it; rollout engine[%d] will not be replaced: %s", reason, lost.index, why
+        )
         return False
 
     def _replace(self, lost: Lost, index: int, reason: str) -> None:
@@ -247,8 +268,12 @@ class EngineFleet:
         seconds = time.monotonic() - lost.at  # from the loss, not from the last attempt
         self.counters.add("engine_restarts")
         self.counters.set("last_recovery_s", seconds)
-        log.warning("relax: rollout engine[%d] serves in place of engine[%d], %.1fs after it was lost", index,
-                    lost.index, seconds)
+        log.warning(
+            "relax: rollout engine[%d] serves in place of engine[%d], %.1fs after it was lost",
+            index,
+            lost.index,
+            seconds,
+        )
 
     def _await_place(self, lost: Lost, index: int) -> bool:
         """Before replacing ``lost``: Ray's verdict on its node, then its reservation on an alive node
@@ -264,8 +289,12 @@ class EngineFleet:
                 return True
             exclude = lost.node if verdict == "dead" else None
             if exclude:
-                log.warning("relax: Ray declared the node of rollout engine[%d] dead; its replacement engine[%d] "
-                            "goes to another node", lost.index, index)
+                log.warning(
+                    "relax: Ray declared the node of rollout engine[%d] dead; its replacement engine[%d] "
+                    "goes to another node",
+                    lost.index,
+                    index,
+                )
         with self._lock:
             slot = self._slots.get(index)
 
@@ -274,8 +303,14 @@ class EngineFleet:
         def waiting() -> None:  # said when the wait starts, and again every REMIND_S while it lasts
             if self.shortfall.waiting(index, places.wants()) or time.monotonic() - said[0] > REMIND_S:
                 said[0] = time.monotonic()
-                log.warning("relax: rollout engine[%d] (replacing engine[%d]) waits for %s (its reservation is on "
-                            "no alive node); start one: %s", index, lost.index, places.wants(), places.fix())
+                log.warning(
+                    "relax: rollout engine[%d] (replacing engine[%d]) waits for %s (its reservation is on "
+                    "no alive node); start one: %s",
+                    index,
+                    lost.index,
+                    places.wants(),
+                    places.fix(),
+                )
 
         return not places.await_slot(slot, exclude, self._stop, waiting)
 
@@ -287,9 +322,11 @@ class EngineFleet:
         with self._lock:
             replacing, used = self._replacing, self._restarts
         if not self.router.live() and not replacing:
-            self.router.close(NoEnginesLeft(
-                f"{reason}; no rollout engine left (rollout.max_restarts={self.rollout.max_restarts}, {used} used)"
-            ))
+            self.router.close(
+                NoEnginesLeft(
+                    f"{reason}; no rollout engine left (rollout.max_restarts={self.rollout.max_restarts}, {used} used)"
+                )
+            )
 
     def explain(self) -> str | None:
         """What the run waits for while engines are missing (the stop message and ``relax status`` say it)."""
@@ -308,11 +345,15 @@ class EngineFleet:
         current weights (under ``weights_lock``, one transfer for all) and only then route to them."""
         phase = on_phase or (lambda name, which: None)
         phase("creating", indices)
-        if self._places is not None:  # each reservation on an alive node (a lost node's moves once one has room)
+        if (
+            self._places is not None
+        ):  # each reservation on an alive node (a lost node's moves once one has room)
             with self._lock:
                 slots = {index: self._slots.get(index) for index in indices}
             self._places.await_slots(slots, self.rollout.timeout_s, self._stop)
-        handles = [self._start_engine(index, self._slots.get(index), **self._overrides(index)) for index in indices]
+        handles = [
+            self._start_engine(index, self._slots.get(index), **self._overrides(index)) for index in indices
+        ]
         try:
             phase("health-checking", indices)
             deadline = time.monotonic() + self.rollout.timeout_s
@@ -320,7 +361,9 @@ class EngineFleet:
                 self._await(handle.__ray_ready__.remote(), deadline, f"rollout engine[{index}] did not start")
                 if not hasattr(handle, "health"):  # a bare test actor; every RolloutRole has it
                     continue
-                health = self._await(handle.health.remote(), deadline, f"rollout engine[{index}] did not answer health")
+                health = self._await(
+                    handle.health.remote(), deadline, f"rollout engine[{index}] did not answer health"
+                )
                 if not health.get("ok", True):
                     raise RuntimeError(f"rollout engine[{index}] is unhealthy after start: {health}")
             with self.weights_lock:
@@ -398,14 +441,18 @@ class EngineFleet:
         log.info("relax: rollout engines %s added; serving: %s", indices, sorted(self.router.live()))
         return indices
 
-    def attach_engines(self, urls: list[str], on_phase: PhaseFn | None = None, field: str | None = None) -> list[int]:
+    def attach_engines(
+        self, urls: list[str], on_phase: PhaseFn | None = None, field: str | None = None
+    ) -> list[int]:
         """Add one engine per URL, each attached to that running server, synced to the current weight
         version before it serves; returns their indices. ``field``: the engine's attach field (default:
         what its plugin declared, ``attach_param``)."""
         field = field or attach_param(self.rollout.engine)
         if field is None:
-            raise ValueError(f"urls: rollout engine {self.rollout.engine!r} cannot attach external engines (its "
-                             "plugin declares no attach= field); scale out with num_engines")
+            raise ValueError(
+                f"urls: rollout engine {self.rollout.engine!r} cannot attach external engines (its "
+                "plugin declares no attach= field); scale out with num_engines"
+            )
         return self.add_engines(len(urls), on_phase, engine_params=[{field: [url]} for url in urls])
 
     def remove_engine(self, index: int, drain_timeout_s: float = 0.0) -> dict[str, Any]:
@@ -416,10 +463,16 @@ class EngineFleet:
         if index not in live:
             raise KeyError(f"rollout engine[{index}] is not serving; serving: {sorted(live)}")
         if not set(live) - self.router.draining() - {index}:
-            raise ValueError(f"rollout engine[{index}] is the last serving engine; add one before removing it")
+            raise ValueError(
+                f"rollout engine[{index}] is the last serving engine; add one before removing it"
+            )
         self.router.drain(index)
         deadline = time.monotonic() + drain_timeout_s
-        while self.router.outstanding().get(index, 0) > 0 and time.monotonic() < deadline and not self._stop.is_set():
+        while (
+            self.router.outstanding().get(index, 0) > 0
+            and time.monotonic() < deadline
+            and not self._stop.is_set()
+        ):
             time.sleep(DRAIN_POLL_S)
         forced = self.router.outstanding().get(index, 0)
         handle = self.router.remove_engine(index)
@@ -431,8 +484,12 @@ class EngineFleet:
             if (slot := self._slots.pop(index, None)) is not None:
                 self._free_slots.append(slot)
         self.shortfall.removed()
-        log.info("relax: rollout engine[%d] removed (%s); serving: %s", index,
-                 f"forced with {forced} requests in flight" if forced else "drained", sorted(self.router.live()))
+        log.info(
+            "relax: rollout engine[%d] removed (%s); serving: %s",
+            index,
+            f"forced with {forced} requests in flight" if forced else "drained",
+            sorted(self.router.live()),
+        )
         return {"drained": forced == 0, "forced_requests": forced}
 
     # ------------------------------------------------------------------ calls on every engine
@@ -452,7 +509,9 @@ class EngineFleet:
             except ray.exceptions.RayActorError as exc:
                 self.evict(i, f"rollout engine[{i}] died before answering {method} ({describe(exc)})")
             except Exception as exc:  # the engine raised (in its actor or the driver)
-                raise RoleError(f"rollout engine[{i}] failed in {method}: {describe(exc)}", "rollout engine", i, method) from exc
+                raise RoleError(
+                    f"rollout engine[{i}] failed in {method}: {describe(exc)}", "rollout engine", i, method
+                ) from exc
         return answers
 
     def trained(self, version: int) -> None:
@@ -478,7 +537,11 @@ class EngineFleet:
                     answered = self.control("weight_version", engines=engines)
                     if len(answered) == len(engines):
                         raise  # every engine is fine: the transport or the trainer failed
-                    log.warning("relax: weight sync failed (%s); retrying on engines %s", describe(exc), sorted(answered))
+                    log.warning(
+                        "relax: weight sync failed (%s); retrying on engines %s",
+                        describe(exc),
+                        sorted(answered),
+                    )
 
     def publish(self, version: int, abort: bool) -> dict[str, float]:
         """Async modes: pause every engine (no decode step runs), optionally abort in-flight
@@ -487,7 +550,9 @@ class EngineFleet:
             paused = self.control("pause")
             try:
                 if abort:
-                    self.control("abort", engines={i: h for i, h in self.router.live().items() if i in paused})
+                    self.control(
+                        "abort", engines={i: h for i, h in self.router.live().items() if i in paused}
+                    )
                 return self.sync(version)
             finally:
                 live = self.router.live()

@@ -70,13 +70,17 @@ class RunControl:
         (``EngineFleet.attach_engines``); ``on_phase(phase, indices)`` reports "creating",
         "health-checking", "weight-syncing", "active". Resolves to their indices once they serve."""
         if urls:
-            return self._in_thread(f"scale_out({urls})", lambda state: state.fleet.attach_engines(urls, on_phase))
+            return self._in_thread(
+                f"scale_out({urls})", lambda state: state.fleet.attach_engines(urls, on_phase)
+            )
         return self._in_thread(f"scale_out({n})", lambda state: state.fleet.add_engines(n, on_phase))
 
     def scale_in(self, index: int, drain_timeout_s: float) -> cf.Future:
         """Drain engine ``index`` (no new requests; in-flight ones finish for up to ``drain_timeout_s``),
         then stop it. Resolves to ``{"drained": bool, "forced_requests": int}``."""
-        return self._in_thread(f"scale_in({index})", lambda state: state.fleet.remove_engine(index, drain_timeout_s))
+        return self._in_thread(
+            f"scale_in({index})", lambda state: state.fleet.remove_engine(index, drain_timeout_s)
+        )
 
     def _in_thread(self, what: str, fn: Callable[[Any], Any]) -> cf.Future:
         future: cf.Future = cf.Future()
@@ -85,7 +89,9 @@ class RunControl:
             future.set_exception(RuntimeError(f"control: {what}: no run attached"))
             return future
 
-        threading.Thread(target=_resolve, args=(future, what, fn, state), name=f"relax-control-{what}", daemon=True).start()
+        threading.Thread(
+            target=_resolve, args=(future, what, fn, state), name=f"relax-control-{what}", daemon=True
+        ).start()
         return future
 
     def _submit(self, what: str, fn: Callable[[Any], Any]) -> cf.Future:
@@ -204,7 +210,10 @@ class RunHandle:
         from relax.core.weight_sync.base import is_actor
         from relax.core.weight_sync.nodes import actor_node, node_address
 
-        return {i: node_address(actor_node(h)) if is_actor(h) else None for i, h in self._state.fleet.live().items()}
+        return {
+            i: node_address(actor_node(h)) if is_actor(h) else None
+            for i, h in self._state.fleet.live().items()
+        }
 
     def engine_health(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """``health()`` of every serving rollout engine, by index order; an engine that does not
@@ -219,7 +228,9 @@ class RunHandle:
         out = []
         for (index, _), ref in zip(engines, refs, strict=True):
             try:
-                out.append({"engine_index": index, **ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))})
+                out.append(
+                    {"engine_index": index, **ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))}
+                )
             except Exception as exc:  # dead or stuck: say so, never hang the caller
                 out.append({"engine_index": index, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return out

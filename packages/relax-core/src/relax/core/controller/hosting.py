@@ -35,8 +35,10 @@ def host_problems(cfg: Any) -> list[str]:
     if trainer.world_size != 1:
         problems.append(f"trainer.backend_params.world_size is {trainer.world_size}, not 1")
     if engine.device != trainer.device:
-        problems.append(f"rollout.engine_params.device {engine.device!r} != trainer.backend_params.device "
-                        f"{trainer.device!r}")
+        problems.append(
+            f"rollout.engine_params.device {engine.device!r} != trainer.backend_params.device "
+            f"{trainer.device!r}"
+        )
     if trainer.dtype not in (None, cfg.model.dtype):
         problems.append(f"trainer.backend_params.dtype {trainer.dtype!r} != model.dtype {cfg.model.dtype!r}")
     return problems
@@ -60,8 +62,10 @@ def driver_problems(cfg: Any) -> list[str]:
     :func:`host_problems`: every role must be one the driver can hold, and nothing may need Ray."""
     problems = []
     if not reward_in_driver(cfg):
-        problems.append(f"reward.name is {cfg.reward.name!r}, not a reward declared in_driver=True "
-                        f"({', '.join(driver_rewards()) or 'none registered'})")
+        problems.append(
+            f"reward.name is {cfg.reward.name!r}, not a reward declared in_driver=True "
+            f"({', '.join(driver_rewards()) or 'none registered'})"
+        )
     if roles := sorted({"reference", "teacher"} & set(config_needs(cfg.algorithm))):
         problems.append(f"the algorithm needs a {' and a '.join(roles)} model (its own actor)")
     if cfg.ray.address:
@@ -86,13 +90,23 @@ def placement_errors(cfg: Any) -> list[str]:
         return []
     problems = host_problems(cfg)
     if host in ("trainer", "driver") and problems:
-        return [f"rollout.host: {host!r} is not possible here: " + "; ".join(problems) + " (use 'auto' or 'separate')"]
+        return [
+            f"rollout.host: {host!r} is not possible here: "
+            + "; ".join(problems)
+            + " (use 'auto' or 'separate')"
+        ]
     if host == "driver" and (in_driver := driver_problems(cfg)):
-        return ["rollout.host: 'driver' is not possible here: " + "; ".join(in_driver) + " (use 'auto' or 'trainer')"]
+        return [
+            "rollout.host: 'driver' is not possible here: "
+            + "; ".join(in_driver)
+            + " (use 'auto' or 'trainer')"
+        ]
     if cfg.trainer.offload and not (host == "auto" and problems):
         where = host if host != "auto" else "trainer" if driver_problems(cfg) else "driver"
-        return [f"trainer.offload: the engine runs on the trainer's own model (rollout.host {host!r}: in the {where}), "
-                "so offloading the trainer would take the engine's weights along; set rollout.host: separate"]  # fmt: skip
+        return [
+            f"trainer.offload: the engine runs on the trainer's own model (rollout.host {host!r}: in the {where}), "
+            "so offloading the trainer would take the engine's weights along; set rollout.host: separate"
+        ]
     return []
 
 

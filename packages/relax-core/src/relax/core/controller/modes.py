@@ -35,8 +35,14 @@ def pipelined_step(state: StepContext) -> dict[str, float]:
     rows, raw, waited = pipe.prefetch.get(step, prepare, cfg.queue.timeout_s)
     if step < cfg.total_steps:  # the next step's take + collate overlap this step's update
         pipe.prefetch.start(step + 1, prepare)
-    metrics = {**pipe.rollout_stats.pop(step, {}), **rollout_metrics(rows, state.version), "time/trainer_wait_s": waited}
-    state.failures.record(step, rows.samples)  # reasons to the console and failures.jsonl (relax.core.failures)
+    metrics = {
+        **pipe.rollout_stats.pop(step, {}),
+        **rollout_metrics(rows, state.version),
+        "time/trainer_wait_s": waited,
+    }
+    state.failures.record(
+        step, rows.samples
+    )  # reasons to the console and failures.jsonl (relax.core.failures)
 
     # 2. filter groups (plugins' relax_filter_group), in group order as colocate trains them
     kept_groups, dropped = stages.filter_groups(rows.groups())
@@ -66,7 +72,12 @@ def pipelined_step(state: StepContext) -> dict[str, float]:
 
 
 def train(
-    state: StepContext, pipe: Pipeline, rows: StepRows, step: int, metrics: dict[str, float], raw: dict | None = None
+    state: StepContext,
+    pipe: Pipeline,
+    rows: StepRows,
+    step: int,
+    metrics: dict[str, float],
+    raw: dict | None = None,
 ) -> None:
     """Forward what the queue roles did not compute, build the batch, run the committed update
     (``raw``: ``rows`` already collated)."""
@@ -78,9 +89,16 @@ def train(
     if pipe.use_reference:
         fwd["ref_logprobs"] = rows.column("ref_logprobs", width)
     batch, adv_metrics = stages.prepare_batch(
-        samples, state.pad_id, cfg, fwd["old_logprobs"], fwd.get("ref_logprobs"),
-        values=fwd.get("values"), teacher_logprobs=fwd.get("teacher_logprobs"), sum_pi_squared=fwd.get("sum_pi_squared"),
-        raw=raw, advantages=rows.column("advantages", width) if pipe.advantage_role else None,
+        samples,
+        state.pad_id,
+        cfg,
+        fwd["old_logprobs"],
+        fwd.get("ref_logprobs"),
+        values=fwd.get("values"),
+        teacher_logprobs=fwd.get("teacher_logprobs"),
+        sum_pi_squared=fwd.get("sum_pi_squared"),
+        raw=raw,
+        advantages=rows.column("advantages", width) if pipe.advantage_role else None,
     )
     metrics.update(adv_metrics)
     if state.sample_log is not None:  # logging.log_samples
@@ -106,17 +124,29 @@ def collate_rows(pad_id: int) -> Callable[[StepRows], dict | None]:
 
 def start_pipeline(state: StepContext) -> Pipeline:
     return Pipeline(
-        state.cfg, prompts=state.prompts, fleet=state.fleet, reward=state.roles.reward,
-        reference=state.roles.reference, pad_id=state.pad_id, stop_token_ids=state.stop_token_ids,
-        step=state.step, version=state.version, turns=state.turns,
+        state.cfg,
+        prompts=state.prompts,
+        fleet=state.fleet,
+        reward=state.roles.reward,
+        reference=state.roles.reference,
+        pad_id=state.pad_id,
+        stop_token_ids=state.stop_token_ids,
+        step=state.step,
+        version=state.version,
+        turns=state.turns,
     )
 
 
 def rollout_metrics(rows: StepRows, version: int) -> dict[str, float]:
     """Reward / length metrics, per-sample staleness against the trainer's ``version``, mixed versions."""
     samples = rows.samples
-    metrics = {**stages.sample_metrics(samples), **staleness_metrics([version - s.min_version for s in samples])}
-    metrics["rollout/mixed_version_frac"] = sum(s.min_version != s.max_version for s in samples) / len(samples)
+    metrics = {
+        **stages.sample_metrics(samples),
+        **staleness_metrics([version - s.min_version for s in samples]),
+    }
+    metrics["rollout/mixed_version_frac"] = sum(s.min_version != s.max_version for s in samples) / len(
+        samples
+    )
     return metrics
 
 

@@ -52,7 +52,9 @@ def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
 
 
 @lazy_ray.remote(num_cpus=0)
-def advantage_task(samples: list[Sample], pad_id: int, cfg: Any, ref_rows: list[list[float]] | None) -> list[list[float]]:
+def advantage_task(
+    samples: list[Sample], pad_id: int, cfg: Any, ref_rows: list[list[float]] | None
+) -> list[list[float]]:
     """Advantage role (CPU, stateless): a whole step batch so global whitening sees every row."""
     from relax.core.controller.stages import prepare_batch
 
@@ -138,13 +140,20 @@ class Pipeline:
             raise self.errors[0]
 
     def _pump(
-        self, consumer: str, columns: list[str], batch_size: int, work: Callable[[Batch], dict[str, list]], by_step: bool = False
+        self,
+        consumer: str,
+        columns: list[str],
+        batch_size: int,
+        work: Callable[[Batch], dict[str, list]],
+        by_step: bool = False,
     ) -> None:
         """Move rows through one role until stopped; ``by_step`` takes whole steps in order."""
         step = self.start_step + 1
         while not self.stop.is_set():
             try:
-                batch = self.queue.get(consumer, columns, batch_size, timeout=POLL_S, partition=step if by_step else None)
+                batch = self.queue.get(
+                    consumer, columns, batch_size, timeout=POLL_S, partition=step if by_step else None
+                )
             except TimeoutError:
                 continue
             self.queue.add_columns(batch.keys, work(batch))
@@ -159,17 +168,27 @@ class Pipeline:
         while not self.stop.is_set() and step < cfg.total_steps:
             step += 1
             with self.gate:
-                self.gate.wait_for(lambda s=step: self.stop.is_set() or self.engine_version >= s - 1 - cfg.max_staleness)
+                self.gate.wait_for(
+                    lambda s=step: self.stop.is_set() or self.engine_version >= s - 1 - cfg.max_staleness
+                )
             if self.stop.is_set():
                 return
             groups = self.prompts.draw(step)
-            self.threads.append(self._spawn(f"rollout-step-{step}", lambda s=step, g=groups: self._generate_step(s, g)))
+            self.threads.append(
+                self._spawn(f"rollout-step-{step}", lambda s=step, g=groups: self._generate_step(s, g))
+            )
 
     def _generate_step(self, step: int, groups: list[list[Sample]]) -> None:
         cfg = self.cfg
         started, tokens, resubmitted = time.perf_counter(), 0, 0
         for finished, n_aborted in stream_groups(
-            self.router, groups, self.params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s, turns=self.turns
+            self.router,
+            groups,
+            self.params,
+            cfg.seed,
+            step,
+            timeout_s=cfg.rollout.timeout_s,
+            turns=self.turns,
         ):
             resubmitted += n_aborted
             for group in finished:
@@ -228,9 +247,13 @@ class Pipeline:
         while True:
             self._check()
             if self.stop.is_set():
-                raise RuntimeError(f"the async pipeline closed while the trainer waited for step {step}'s rows")
+                raise RuntimeError(
+                    f"the async pipeline closed while the trainer waited for step {step}'s rows"
+                )
             try:
-                batch = self.queue.get("trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=step)
+                batch = self.queue.get(
+                    "trainer", self.trainer_columns, self.step_rows, timeout=POLL_S, partition=step
+                )
                 return StepRows.of(batch), time.perf_counter() - started
             except TimeoutError:
                 continue
@@ -258,7 +281,11 @@ class Pipeline:
     def rates(self, queue_metrics: dict[str, float]) -> dict[str, float]:
         """Rows produced / consumed per second (per role) since the previous call."""
         now = time.perf_counter()
-        counters = {k: v for k, v in queue_metrics.items() if k.startswith(("queue/rows_produced", "queue/rows_consumed/"))}
+        counters = {
+            k: v
+            for k, v in queue_metrics.items()
+            if k.startswith(("queue/rows_produced", "queue/rows_consumed/"))
+        }
         last_time, last = self._last_rates
         self._last_rates = (now, counters)
         dt = max(now - last_time, 1e-9)
@@ -282,7 +309,9 @@ class StepPrefetch:
     exactly the rows the step would have taken itself, only earlier. Whatever depends on the trainer's
     state (metrics against its version, filters, old logprobs) stays in the step, after the take."""
 
-    def __init__(self, take: Callable[[int], tuple[StepRows, float]], timeout_message: Callable[[], str]) -> None:
+    def __init__(
+        self, take: Callable[[int], tuple[StepRows, float]], timeout_message: Callable[[], str]
+    ) -> None:
         self._take, self._timeout_message = take, timeout_message
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-prefetch")
         self._pending: dict[int, Future] = {}
@@ -296,7 +325,9 @@ class StepPrefetch:
         rows, _ = self._take(step)
         return rows, prepare(rows)
 
-    def get(self, step: int, prepare: Callable[[StepRows], Any], timeout_s: float) -> tuple[StepRows, Any, float]:
+    def get(
+        self, step: int, prepare: Callable[[StepRows], Any], timeout_s: float
+    ) -> tuple[StepRows, Any, float]:
         """``step``'s rows and ``prepare(rows)``, prefetched if :meth:`start` ran for it, else taken now;
         plus how long the caller blocked (the trainer's wait for data). Raises what the take raised,
         or ``TimeoutError`` after ``timeout_s``."""
@@ -337,7 +368,9 @@ class StepRows:
     def of(cls, batch: Batch) -> StepRows:
         samples = merge_rewards(batch)
         order = sorted(range(len(samples)), key=lambda i: (samples[i].group_id, samples[i].index_in_group))
-        columns = {c: [batch.data[c][i] for i in order] for c in ("advantages", "ref_logprobs") if c in batch.data}
+        columns = {
+            c: [batch.data[c][i] for i in order] for c in ("advantages", "ref_logprobs") if c in batch.data
+        }
         return cls(list(batch.keys), [samples[i] for i in order], columns)
 
     def groups(self) -> list[list[Sample]]:

@@ -82,8 +82,9 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     return bundle or {"CPU": MIN_CPU}
 
 
-def plan(mode: str, trainer: Resources, engine: Resources, num_engines: int,
-         nodes: dict[str, str] | None = None) -> Plan:
+def plan(
+    mode: str, trainer: Resources, engine: Resources, num_engines: int, nodes: dict[str, str] | None = None
+) -> Plan:
     """The placement groups for a run (see the module docstring); ``nodes``: role -> node label
     (``ray.nodes``: ``trainer`` pins the trainer's group, ``rollout`` every engine's, colocate's shared one)."""
     nodes = nodes or {}
@@ -104,8 +105,10 @@ def plan(mode: str, trainer: Resources, engine: Resources, num_engines: int,
         shared = GroupSpec("colocate", tuple(bundles), node=nodes.get("trainer") or nodes.get("rollout"))
         return Plan((shared,), tuple(trainer_slots), tuple(engine_slots))
     groups = [GroupSpec("trainer", tuple(_bundle(*t) for _ in range(ranks)), node=nodes.get("trainer"))]
-    groups += [GroupSpec(f"rollout[{i}]", (_bundle(*e),), "STRICT_PACK", node=nodes.get("rollout"))
-               for i in range(num_engines)]
+    groups += [
+        GroupSpec(f"rollout[{i}]", (_bundle(*e),), "STRICT_PACK", node=nodes.get("rollout"))
+        for i in range(num_engines)
+    ]
     return Plan(
         tuple(groups),
         tuple(Slot(0, r, *t) for r in range(ranks)),
@@ -128,7 +131,10 @@ def plan_for(cfg: Any) -> Plan:
     from relax.core.controller.contexts import resources_for
 
     return plan(
-        cfg.mode, resources_for(cfg, "trainer"), resources_for(cfg, "rollout_engine"), cfg.rollout.num_engines,
+        cfg.mode,
+        resources_for(cfg, "trainer"),
+        resources_for(cfg, "rollout_engine"),
+        cfg.rollout.num_engines,
         nodes=cfg.ray.nodes,
     )
 
@@ -224,7 +230,9 @@ def reserve(
             name = f"relax:{tag}:{spec.role}"
             selectors = bundle_selectors(spec.node, len(spec.bundles))
             extra = {"bundle_label_selector": selectors} if selectors else {}
-            placement.groups.append(placement_group(list(spec.bundles), strategy=spec.strategy, name=name, **extra))
+            placement.groups.append(
+                placement_group(list(spec.bundles), strategy=spec.strategy, name=name, **extra)
+            )
             placement.names.append(name)
         deadline = time.monotonic() + timeout_s
         for spec, pg in zip(p.groups, placement.groups, strict=True):

@@ -66,7 +66,9 @@ class EnginePlaces:
         """:meth:`verdict` by a task pinned to ``node`` (a worker process starts there to answer)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        probe = ray.remote(num_cpus=0)(_probe)  # made here: importing this module must not import Ray (lazy_ray)
+        probe = ray.remote(num_cpus=0)(
+            _probe
+        )  # made here: importing this module must not import Ray (lazy_ray)
         ref = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
         try:
             while True:
@@ -109,8 +111,13 @@ class EnginePlaces:
     def has_reservation(self, slot: int | None) -> bool:
         return slot is not None and self.placement is not None and bool(self.placement.groups)
 
-    def await_slot(self, slot: int | None, exclude: str | None, stop: threading.Event,
-                   waiting: Callable[[], None] = lambda: None) -> bool:
+    def await_slot(
+        self,
+        slot: int | None,
+        exclude: str | None,
+        stop: threading.Event,
+        waiting: Callable[[], None] = lambda: None,
+    ) -> bool:
         """Wait, however long, until ``slot``'s reservation sits on an alive node other than ``exclude``
         (``waiting()`` is called each time it does not yet); True at once for an engine without one,
         False when ``stop`` is set first."""
@@ -129,16 +136,20 @@ class EnginePlaces:
                 if stop.is_set():
                     raise RuntimeError("the run is stopping")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"rollout engine[{index}]: the reservation of engine slot {slot} is on no alive "
-                                       f"node within {timeout_s:g}s; it waits for {self.wants()} (start one with "
-                                       f"`{self.fix()}`)")
+                    raise TimeoutError(
+                        f"rollout engine[{index}]: the reservation of engine slot {slot} is on no alive "
+                        f"node within {timeout_s:g}s; it waits for {self.wants()} (start one with "
+                        f"`{self.fix()}`)"
+                    )
                 time.sleep(POLL_S)
 
     def wants(self) -> str:
         """What a waiting engine needs, in words: ``a node labelled relax-node=rollout with CPU=1 free``."""
         from relax.core.cluster import NODE_LABEL
 
-        needs = ", ".join(f"{k}={v:g}" for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0) or "CPU=0"
+        needs = (
+            ", ".join(f"{k}={v:g}" for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0) or "CPU=0"
+        )
         where = f"a node labelled {NODE_LABEL}={self.label}" if self.label else "a node"
         return f"{where} with {needs} free"
 
@@ -166,4 +177,6 @@ def for_run(cfg: Any, placement: Any | None) -> EnginePlaces:
 
     declared = resources_for(cfg, "rollout_engine")
     workers = max(1, declared.num_workers)
-    return EnginePlaces(placement, node_of(cfg, "rollout"), declared.num_cpus * workers, declared.num_gpus * workers)
+    return EnginePlaces(
+        placement, node_of(cfg, "rollout"), declared.num_cpus * workers, declared.num_gpus * workers
+    )

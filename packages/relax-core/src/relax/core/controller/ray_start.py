@@ -28,8 +28,16 @@ RAY_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 #: what the workers of a joined cluster must see as the driver does
-FORWARDED_ENV = (*RAY_ENV, "RAY_AUTH_MODE", "WANDB_MODE", "RELAX_CACHE_DIR", "OMP_NUM_THREADS", "RELAX_PLUGINS",
-                 "RELAX_DISABLE_PLUGINS", "PYTHONPATH")  # fmt: skip
+FORWARDED_ENV = (
+    *RAY_ENV,
+    "RAY_AUTH_MODE",
+    "WANDB_MODE",
+    "RELAX_CACHE_DIR",
+    "OMP_NUM_THREADS",
+    "RELAX_PLUGINS",
+    "RELAX_DISABLE_PLUGINS",
+    "PYTHONPATH",
+)
 LOOPBACK = "127.0.0.1"
 #: Ray replaces a loopback node address by the machine's network address unless it thinks it runs
 #: on a single machine; this is its switch for that (named for the platforms where it is the default)
@@ -86,7 +94,11 @@ def peek_settings(data: dict[str, Any] | None) -> RaySettings | None:
         section = dict(data.get("ray") or {})
     except (TypeError, ValueError):
         return None
-    address, node_ip, num_cpus = section.get("address"), section.get("node_ip_address"), section.get("num_cpus")
+    address, node_ip, num_cpus = (
+        section.get("address"),
+        section.get("node_ip_address"),
+        section.get("num_cpus"),
+    )
     if not all(v is None or isinstance(v, str) for v in (address, node_ip)):
         return None
     if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
@@ -100,12 +112,16 @@ def may_run_in_driver(data: dict[str, Any]) -> bool:
     """Whether :func:`peek_config`'s data might put every role in the driver (``rollout.host``
     auto or driver, colocate mode, no cluster address): such a run may need no Ray at all, so none is
     started before the config is loaded (the loaded config decides: ``controller.hosting.in_driver``)."""
+
     def get(section: str, key: str, default: Any) -> Any:
         node = data.get(section) if section else data
         return node.get(key, default) if isinstance(node, dict) else default
 
-    return (get("rollout", "host", "auto") in ("auto", "driver") and get("", "mode", "colocate") == "colocate"
-            and not get("ray", "address", None))
+    return (
+        get("rollout", "host", "auto") in ("auto", "driver")
+        and get("", "mode", "colocate") == "colocate"
+        and not get("ray", "address", None)
+    )
 
 
 def start_ray(settings: RaySettings, log_to_driver: bool = True) -> bool:
@@ -131,13 +147,19 @@ def start_ray(settings: RaySettings, log_to_driver: bool = True) -> bool:
         if settings.node_ip_address:
             kwargs["_node_ip_address"] = settings.node_ip_address
         if os.environ.get("RAY_AUTH_MODE") == "disabled":
-            log.warning("relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code")
+            log.warning(
+                "relax: RAY_AUTH_MODE=disabled while joining a cluster: anyone who reaches its ports can run code"
+            )
         try:
-            if _is_loopback(settings.address):  # a cluster on this machine's loopback (`ray start` on 127.0.0.x):
+            if _is_loopback(
+                settings.address
+            ):  # a cluster on this machine's loopback (`ray start` on 127.0.0.x):
                 # the driver is on the head's machine and joins as that node (Ray would look for 127.0.0.1)
                 if _host(settings.address) != "localhost" and not settings.address.startswith("ray://"):
                     kwargs.setdefault("_node_ip_address", _host(settings.address))
-                with _single_machine():  # Ray would otherwise swap 127.0.0.1 for the machine's network address
+                with (
+                    _single_machine()
+                ):  # Ray would otherwise swap 127.0.0.1 for the machine's network address
                     ray.init(**kwargs)
             else:
                 ray.init(**kwargs)
@@ -179,23 +201,37 @@ def join_failure(address: str, exc: BaseException) -> str:
     auth = any(type(e).__name__ == "AuthenticationError" for e in chain) or "InvalidAuthToken" in text
     if auth or "Unauthenticated" in text:
         token = Path.home() / ".ray" / "auth_token"
-        have = ("RAY_AUTH_TOKEN" in os.environ and "$RAY_AUTH_TOKEN") or ("RAY_AUTH_TOKEN_PATH" in os.environ and
-                "$RAY_AUTH_TOKEN_PATH") or (token.is_file() and str(token))
+        have = (
+            ("RAY_AUTH_TOKEN" in os.environ and "$RAY_AUTH_TOKEN")
+            or ("RAY_AUTH_TOKEN_PATH" in os.environ and "$RAY_AUTH_TOKEN_PATH")
+            or (token.is_file() and str(token))
+        )
         if mode != "token":
-            fix = (f"the cluster runs Ray's token authentication and this driver does not (RAY_AUTH_MODE="
-                   f"{mode or 'unset'}): run `export RAY_AUTH_MODE=token` and relax again" +
-                   (f" (Ray then reads the token from {have})" if have else
-                    " with the cluster's token in ~/.ray/auth_token or $RAY_AUTH_TOKEN"))
+            fix = (
+                f"the cluster runs Ray's token authentication and this driver does not (RAY_AUTH_MODE="
+                f"{mode or 'unset'}): run `export RAY_AUTH_MODE=token` and relax again"
+                + (
+                    f" (Ray then reads the token from {have})"
+                    if have
+                    else " with the cluster's token in ~/.ray/auth_token or $RAY_AUTH_TOKEN"
+                )
+            )
         else:
-            fix = (f"the cluster rejected this driver's token (RAY_AUTH_MODE=token, token from {have or 'nowhere'}): "
-                   "give it the cluster's token (the head's ~/.ray/auth_token, or $RAY_AUTH_TOKEN)")
+            fix = (
+                f"the cluster rejected this driver's token (RAY_AUTH_MODE=token, token from {have or 'nowhere'}): "
+                "give it the cluster's token (the head's ~/.ray/auth_token, or $RAY_AUTH_TOKEN)"
+            )
         why = f"authentication: {fix}"
     else:
-        why = (f"is a Ray head running there (`ray status --address {address}`), reachable from here, and on the "
-               f"same Ray version as this driver ({ray.__version__})? If the head runs token authentication (it turns "
-               "it on when ~/.ray/auth_token exists), set RAY_AUTH_MODE=token here too")
+        why = (
+            f"is a Ray head running there (`ray status --address {address}`), reachable from here, and on the "
+            f"same Ray version as this driver ({ray.__version__})? If the head runs token authentication (it turns "
+            "it on when ~/.ray/auth_token exists), set RAY_AUTH_MODE=token here too"
+        )
     lines = [line.strip() for e in chain for line in str(e).splitlines() if line.strip()]
-    said = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(exc).__name__)
+    said = next(
+        (line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(exc).__name__
+    )
     return f"could not join the Ray cluster at {address}: {why} (Ray said: {said[:240]})"
 
 

@@ -85,7 +85,11 @@ def _trainer_died(exc: BaseException) -> bool:
 def blame_trainer(error: BaseException) -> BaseException:
     """The error to report: the trainer's death when the run lost its trainer, whatever failed first
     (an engine stuck at the same moment would otherwise be blamed); ``error`` itself otherwise."""
-    if not getattr(error, "relax_trainer_lost", False) or isinstance(error, faults.RoleError) and error.role == "trainer":
+    if (
+        not getattr(error, "relax_trainer_lost", False)
+        or isinstance(error, faults.RoleError)
+        and error.role == "trainer"
+    ):
         return error
     if isinstance(error, KeyboardInterrupt):
         return error
@@ -96,7 +100,9 @@ def blame_trainer(error: BaseException) -> BaseException:
 
 def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | None:
     cfg = state.cfg
-    if _trainer_died(error) or trainer_lost(state):  # its death seen first (a node lost: Ray marks it dead later)
+    if _trainer_died(error) or trainer_lost(
+        state
+    ):  # its death seen first (a node lost: Ray marks it dead later)
         log.error("relax: no emergency checkpoint: the trainer is gone")
         error.relax_trainer_lost = True  # type: ignore[attr-defined]
         return None
@@ -107,7 +113,9 @@ def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | No
         except Exception as exc:
             if _trainer_died(exc):
                 error.relax_trainer_lost = True  # type: ignore[attr-defined]
-            log.error("relax: no emergency checkpoint: the trainer failed mid-step (%s)", faults.describe(exc))
+            log.error(
+                "relax: no emergency checkpoint: the trainer failed mid-step (%s)", faults.describe(exc)
+            )
             return None
         commit_step(state, step, trained=True)
     if state.pipeline is not None:
@@ -117,7 +125,9 @@ def _emergency_checkpoint(state: StepContext, error: BaseException) -> Path | No
         return latest  # nothing trained since the last checkpoint
     started = time.perf_counter()
     path = state.save_checkpoint()
-    log.warning("relax: emergency checkpoint at step %d: %s (%.1fs)", state.step, path, time.perf_counter() - started)
+    log.warning(
+        "relax: emergency checkpoint at step %d: %s (%.1fs)", state.step, path, time.perf_counter() - started
+    )
     return path
 
 
@@ -134,7 +144,9 @@ def restart_point(cfg: Any, checkpoints_root: Path, since: float) -> str:
     return str(valid[-1]) if valid else cfg.checkpoint.resume
 
 
-def with_trainer_restarts(cfg: Any, attempt: Callable[[Any, faults.FaultCounters], dict[str, Any]]) -> dict[str, Any]:
+def with_trainer_restarts(
+    cfg: Any, attempt: Callable[[Any, faults.FaultCounters], dict[str, Any]]
+) -> dict[str, Any]:
     """Run ``attempt(cfg, counters)``; when it fails because the trainer actor died, run it again
     from the latest checkpoint, up to ``trainer.max_restarts`` times."""
     counters = faults.FaultCounters()
@@ -150,8 +162,13 @@ def with_trainer_restarts(cfg: Any, attempt: Callable[[Any, faults.FaultCounters
             restarts += 1
             counters.add("trainer_restarts")
             resume = restart_point(cfg, root, since)
-            log.error("relax: the trainer died (%s); restarting the run from %s (restart %d of %d)",
-                      faults.describe(exc), resume, restarts, cfg.trainer.max_restarts)
+            log.error(
+                "relax: the trainer died (%s); restarting the run from %s (restart %d of %d)",
+                faults.describe(exc),
+                resume,
+                restarts,
+                cfg.trainer.max_restarts,
+            )
             cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=resume))
 
 

@@ -229,10 +229,19 @@ class RewardRole:
     def score(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
         c = self.cfg
         stats = self.loop.score(
-            self.reward, samples, timeout_s=c.timeout_s, max_concurrency=c.max_concurrency, on_error=c.on_error,
-            reward_name=self.name, fallback_score=c.fallback_score,
+            self.reward,
+            samples,
+            timeout_s=c.timeout_s,
+            max_concurrency=c.max_concurrency,
+            on_error=c.on_error,
+            reward_name=self.name,
+            fallback_score=c.fallback_score,
         )
-        return samples, {"failures": float(stats.failures), "timeouts": float(stats.timeouts), "seconds": stats.seconds}
+        return samples, {
+            "failures": float(stats.failures),
+            "timeouts": float(stats.timeouts),
+            "seconds": stats.seconds,
+        }
 
     def close(self) -> None:
         """End of run: the reward's ``close()`` (pools, sessions; controller.closing)."""
@@ -250,7 +259,9 @@ class _Host(_Trainer):
     fleet and the weight sync (:class:`relax.core.weight_sync.hosted.HostedSync`: publish the
     version, move nothing) reach it through the ordinary engine handle."""
 
-    def __init__(self, cfg: RelaxConfig, ctx: PluginContext, engine_ctx: PluginContext, num_threads: int | None = None):
+    def __init__(
+        self, cfg: RelaxConfig, ctx: PluginContext, engine_ctx: PluginContext, num_threads: int | None = None
+    ):
         from relax.core.engines.hosted import hosted_engine
 
         super().__init__(cfg, ctx, num_threads=num_threads)

@@ -41,7 +41,9 @@ class EngineRouter:
     it); without one the engine is just removed, and losing the last one closes the router.
     """
 
-    def __init__(self, engines: Sequence[Any] | Mapping[int, Any] = (), on_failure: FailureHandler | None = None) -> None:
+    def __init__(
+        self, engines: Sequence[Any] | Mapping[int, Any] = (), on_failure: FailureHandler | None = None
+    ) -> None:
         items = dict(engines) if isinstance(engines, Mapping) else dict(enumerate(engines))
         self._engines: dict[int, Any] = items
         self._outstanding: dict[int, int] = dict.fromkeys(items, 0)
@@ -51,14 +53,18 @@ class EngineRouter:
         self._closed: BaseException | None = None
         self.on_failure = on_failure
         self.resubmitted = 0  # requests sent again because their engine left
-        self.explain: Callable[[], str | None] = lambda: None  # why no engine is live (for the timeout's error)
+        self.explain: Callable[[], str | None] = lambda: (
+            None
+        )  # why no engine is live (for the timeout's error)
 
     # ------------------------------------------------------------------ the engine set
     def add_engine(self, handle: Any, index: int) -> None:
         """Start routing to ``handle`` as engine ``index`` (indices are never reused)."""
         with self._cv:
             if index in self._engines or index in self._retired:
-                raise ValueError(f"rollout engine[{index}] already exists or existed; indices are never reused")
+                raise ValueError(
+                    f"rollout engine[{index}] already exists or existed; indices are never reused"
+                )
             self._engines[index] = handle
             self._outstanding[index] = 0
             self._closed = None
@@ -134,8 +140,12 @@ class EngineRouter:
                 raise self.closed_error()
             if not ready:
                 why = self.explain()  # what the run waits for (the fleet: a node with the label, ...)
-                raise NoEnginesLeft(f"no rollout engine became available within {wait_s:g}s" + (f"; {why}" if why else ""))
-            idx = min(self._engines, key=lambda i: (i in self._draining, i != prefer, self._outstanding[i], i))
+                raise NoEnginesLeft(
+                    f"no rollout engine became available within {wait_s:g}s" + (f"; {why}" if why else "")
+                )
+            idx = min(
+                self._engines, key=lambda i: (i in self._draining, i != prefer, self._outstanding[i], i)
+            )
             self._outstanding[idx] += len(requests)
             handle = self._engines[idx]
         return handle.generate.remote(requests), idx
@@ -209,9 +219,14 @@ def stream_groups(
                 call.lost = f"rollout engine[{call.index}] died during generate ({describe(exc)})"
                 router.report_failure(call.index, call.lost)
                 lost.append(call)
-            except Exception as exc:  # the engine raised (in its actor or the driver): a bug, not a lost engine
+            except (
+                Exception
+            ) as exc:  # the engine raised (in its actor or the driver): a bug, not a lost engine
                 raise RoleError(
-                    f"rollout engine[{call.index}] failed in generate: {describe(exc)}", "rollout engine", call.index, "generate"
+                    f"rollout engine[{call.index}] failed in generate: {describe(exc)}",
+                    "rollout engine",
+                    call.index,
+                    "generate",
                 ) from exc
             else:
                 aborted, answered = [], []
@@ -232,7 +247,10 @@ def stream_groups(
         for call in lost:
             router.count_resubmitted(len(call.samples))
             for sample in call.samples:  # reported with the step's failures; the sample itself is not lost
-                why = call.lost or f"rollout engine[{call.index}] left the fleet (lost or removed) during generate"
+                why = (
+                    call.lost
+                    or f"rollout engine[{call.index}] left the fleet (lost or removed) during generate"
+                )
                 add_failure(sample, "engine", f"{why}; its request was resubmitted")
             send(call.groups, call.samples)
         if lost:

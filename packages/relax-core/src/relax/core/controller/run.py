@@ -33,8 +33,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("relax")
 
-CONSOLE_KEYS = ("reward/mean", "reward/accuracy", "response/length_mean", "train/loss", "train/grad_norm",
-                "train/entropy", "kl/policy_ref", "perf/tokens_per_s", "time/step_s")
+CONSOLE_KEYS = (
+    "reward/mean",
+    "reward/accuracy",
+    "response/length_mean",
+    "train/loss",
+    "train/grad_norm",
+    "train/entropy",
+    "kl/policy_ref",
+    "perf/tokens_per_s",
+    "time/step_s",
+)
 PLOT_KEYS = ("reward/mean", "response/length_mean")
 
 
@@ -91,7 +100,9 @@ class RunState:
         self.model_path, self.tokenizer, self.pad_id = local.model_path, local.tokenizer, local.pad_id
         self.stop_token_ids, self.dataset = local.stop_token_ids, local.dataset
         self.first_metrics = {f"data/{k}": float(v) for k, v in self.dataset.stats.items()}
-        self.turns = build_turns(cfg, self.tokenizer, self.stop_token_ids, self.model_path, self.dataset.processor)
+        self.turns = build_turns(
+            cfg, self.tokenizer, self.stop_token_ids, self.model_path, self.dataset.processor
+        )
         if clock is not None:
             clock.add_overlapped("model, tokenizer, data", local.seconds)
             clock.mark("tokenizer, data" if in_driver(cfg) else "setup beyond ray")
@@ -107,15 +118,25 @@ class RunState:
             closing.run_all([("role actors", self.roles.release)])
             raise
         try:
-            self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+            self.checkpoints = CheckpointManager(
+                self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last
+            )
             # engines by stable index; the reward's judge handle follows the live set. A trainer-hosted
             # engine is never replaced: it fails with its trainer (controller.recovery restarts both)
-            fleet_cfg = replace(cfg, rollout=replace(cfg.rollout, max_restarts=0)) if self.roles.hosted else cfg
+            fleet_cfg = (
+                replace(cfg, rollout=replace(cfg.rollout, max_restarts=0)) if self.roles.hosted else cfg
+            )
             self.fleet = EngineFleet(
-                fleet_cfg, self.roles.engines, runtime.engine_starter(cfg, self.model_path, self.roles),
-                self.weight_sync, self.roles.trainer, counters,
+                fleet_cfg,
+                self.roles.engines,
+                runtime.engine_starter(cfg, self.model_path, self.roles),
+                self.weight_sync,
+                self.roles.trainer,
+                counters,
                 on_change=lambda engines: self.roles.reward.set_engines.remote(engines),
-                places=None if self.roles.hosted or in_driver(cfg) else places.for_run(cfg, self.roles.placement),
+                places=None
+                if self.roles.hosted or in_driver(cfg)
+                else places.for_run(cfg, self.roles.placement),
             )
             self.train_inflight = None
             self.step = 0
@@ -128,8 +149,16 @@ class RunState:
             if resume_from is not None:
                 self._resume(resume_from)
             lc = cfg.logging
-            backends = [name for name, on in [("console", lc.console), ("tensorboard", lc.tensorboard),
-                                              ("wandb", lc.wandb), ("clearml", lc.clearml)] if on]
+            backends = [
+                name
+                for name, on in [
+                    ("console", lc.console),
+                    ("tensorboard", lc.tensorboard),
+                    ("wandb", lc.wandb),
+                    ("clearml", lc.clearml),
+                ]
+                if on
+            ]
             self.metrics = MetricsLogger(
                 self.run_dir,
                 backends=backends,
@@ -137,20 +166,38 @@ class RunState:
                 project=lc.wandb_project,
                 run_name=cfg.name,
                 config=cfg.to_dict(),
-                resume_step=self.step if resume_from is not None else -1,  # fresh: no row kept, step 0's eval neither
+                resume_step=self.step
+                if resume_from is not None
+                else -1,  # fresh: no row kept, step 0's eval neither
             )
             from relax.core.controller.evaluator import Evaluator
             from relax.core.evaluation.sample_log import SampleLog
 
             resumed = self.step if resume_from is not None else None
-            self.evaluator = Evaluator(cfg, self.tokenizer, self.stop_token_ids, self.model_path, self.roles.reward,
-                                       self.turns, self.roles.engines, resume_step=resumed)
-            self.sample_log = (SampleLog(self.run_dir, lc.log_samples, self.metrics, resumed, self.tokenizer)
-                               if lc.log_samples else None)
+            self.evaluator = Evaluator(
+                cfg,
+                self.tokenizer,
+                self.stop_token_ids,
+                self.model_path,
+                self.roles.reward,
+                self.turns,
+                self.roles.engines,
+                resume_step=resumed,
+            )
+            self.sample_log = (
+                SampleLog(self.run_dir, lc.log_samples, self.metrics, resumed, self.tokenizer)
+                if lc.log_samples
+                else None
+            )
             from relax.core.failures import FailureLog
 
-            self.failures = FailureLog(self.run_dir, lc.failure_warnings, lc.fail_if_failure_rate_above,
-                                       lc.failure_window_steps, resumed)
+            self.failures = FailureLog(
+                self.run_dir,
+                lc.failure_warnings,
+                lc.fail_if_failure_rate_above,
+                lc.failure_window_steps,
+                resumed,
+            )
         except BaseException:  # e.g. a resume that fails: nothing started may outlive the attempt
             self._release_roles()
             raise
@@ -160,12 +207,18 @@ class RunState:
     def _resume(self, path: Path) -> None:
         state = read_controller_state(path)
         try:
-            faults.wait(self.roles.trainer.load.remote(str(path / "trainer")), self.cfg.trainer.timeout_s, "trainer", "load")
+            faults.wait(
+                self.roles.trainer.load.remote(str(path / "trainer")),
+                self.cfg.trainer.timeout_s,
+                "trainer",
+                "load",
+            )
         except faults.RoleError:
             raise  # dead or silent: the trainer's fault, not the checkpoint's
         except Exception as exc:  # e.g. an older checkpoint (no manifest) with a damaged file
-            raise CheckpointError(f"checkpoint {path}: the trainer could not load {path / 'trainer'} "
-                                  f"({faults.describe(exc)})") from exc
+            raise CheckpointError(
+                f"checkpoint {path}: the trainer could not load {path / 'trainer'} ({faults.describe(exc)})"
+            ) from exc
         self.step, self.version = state["step"], state["version"]
         self.prompts.restore(self.step, (state["dataset"], state["next_group_id"]))
         random.setstate(_tuplify(state["py_random"]))
@@ -186,9 +239,16 @@ class RunState:
             "py_random": random.getstate(),
             "np_random": [x.tolist() if isinstance(x, np.ndarray) else x for x in np.random.get_state()],
         }
-        return self.checkpoints.save(self.step, lambda tmp: faults.wait(
-            self.roles.trainer.save.remote(str(tmp / "trainer")), self.cfg.trainer.timeout_s, "trainer", "save"
-        ), state)
+        return self.checkpoints.save(
+            self.step,
+            lambda tmp: faults.wait(
+                self.roles.trainer.save.remote(str(tmp / "trainer")),
+                self.cfg.trainer.timeout_s,
+                "trainer",
+                "save",
+            ),
+            state,
+        )
 
     # ------------------------------------------------------------------ engine set (control API)
 
@@ -204,7 +264,11 @@ class RunState:
     def evaluate_before_train(self) -> None:
         """``eval.before_train``: the starting model's scores, logged as step 0 (a resumed run has them)."""
         if self.step == 0 and self.evaluator.due(0):
-            metrics = {"step": 0.0, "policy_version": float(self.version), **self.evaluator.evaluate(self.fleet.router, 0, self.version)}
+            metrics = {
+                "step": 0.0,
+                "policy_version": float(self.version),
+                **self.evaluator.evaluate(self.fleet.router, 0, self.version),
+            }
             self.metrics.log(0, metrics)
             self.last_metrics = dict(metrics)
 
@@ -218,7 +282,10 @@ class RunState:
         from relax.core.data_multimodal import draw_counts
 
         metrics.update(draw_counts(self.dataset))  # media prompts are skipped / filtered as they are drawn
-        self.last_metrics = {**self.evaluator.latest, **metrics}  # the REST status shows the latest eval between evals
+        self.last_metrics = {
+            **self.evaluator.latest,
+            **metrics,
+        }  # the REST status shows the latest eval between evals
         self.metrics.log(self.step, metrics)
         get_plugin_manager().hook.relax_on_step_end(step=self.step, metrics=dict(metrics))
         every = self.cfg.checkpoint.save_every
@@ -235,47 +302,78 @@ class RunState:
             from relax.core.disk import disk_guard
 
             with disk_guard("final HF save", final_dir):  # a full disk names the path and the cause
-                faults.wait(self.roles.trainer.save_hf.remote(str(final_dir)), self.cfg.trainer.timeout_s, "trainer", "save_hf")
+                faults.wait(
+                    self.roles.trainer.save_hf.remote(str(final_dir)),
+                    self.cfg.trainer.timeout_s,
+                    "trainer",
+                    "save_hf",
+                )
         self.metrics.close()
         if self.cfg.logging.plot:
             from relax.core.metrics_plot import plot_curves
 
-            agentic = ("episode/tool_calls_mean",) if self.cfg.environment.name else ()  # multi-turn: tool use too
-            evals = tuple(f"eval/{name}/accuracy" for name in self.cfg.eval.sets)  # held-out scores beside the reward
-            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS + evals + agentic)
-        return {"run_dir": str(self.run_dir), "final_hf": str(final_dir) if final_dir else None, "steps": self.step,
-                "failures": self.failures.summary()}
+            agentic = (
+                ("episode/tool_calls_mean",) if self.cfg.environment.name else ()
+            )  # multi-turn: tool use too
+            evals = tuple(
+                f"eval/{name}/accuracy" for name in self.cfg.eval.sets
+            )  # held-out scores beside the reward
+            plot_curves(
+                self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", keys=PLOT_KEYS + evals + agentic
+            )
+        return {
+            "run_dir": str(self.run_dir),
+            "final_hf": str(final_dir) if final_dir else None,
+            "steps": self.step,
+            "failures": self.failures.summary(),
+        }
 
     def shutdown(self) -> None:
         """End of the run, completed or failed: stop the fleet and the pipeline, have every role close
         its plugin objects and weight-sync sides, kill the actors, close the driver's transport. Each
         part runs even when one before it failed (``controller.closing``)."""
-        closing.run_all([
-            ("the engine fleet", self.fleet.close),  # no more replacements; streams waiting for an engine stop
-            ("the async pipeline", self.pipeline.close if self.pipeline is not None else None),
-            ("the environment", self.turns.close if self.turns is not None else None),
-            ("the eval sets", self.evaluator.close if hasattr(self, "evaluator") else None),
-        ])
+        closing.run_all(
+            [
+                (
+                    "the engine fleet",
+                    self.fleet.close,
+                ),  # no more replacements; streams waiting for an engine stop
+                ("the async pipeline", self.pipeline.close if self.pipeline is not None else None),
+                ("the environment", self.turns.close if self.turns is not None else None),
+                ("the eval sets", self.evaluator.close if hasattr(self, "evaluator") else None),
+            ]
+        )
         self._release_roles()
         if self.started_ray:
             ray.shutdown()
 
     def _release_roles(self) -> None:
         r = self.roles
-        closing.run_all([
-            ("plugin objects", lambda: closing.close_roles(
-                [r.trainer, *r.trainer_peers, r.reference, r.teacher, r.reward, *r.engines], self.cfg.rollout.control_timeout_s
-            )),
-            ("role actors", r.release),  # kills every actor and removes the run's placement groups
-            ("weight_sync transport", self.weight_sync.close),  # after the kill: what the trainer's sender left
-        ])
+        closing.run_all(
+            [
+                (
+                    "plugin objects",
+                    lambda: closing.close_roles(
+                        [r.trainer, *r.trainer_peers, r.reference, r.teacher, r.reward, *r.engines],
+                        self.cfg.rollout.control_timeout_s,
+                    ),
+                ),
+                ("role actors", r.release),  # kills every actor and removes the run's placement groups
+                (
+                    "weight_sync transport",
+                    self.weight_sync.close,
+                ),  # after the kill: what the trainer's sender left
+            ]
+        )
 
 
 def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(i) for i in x) if isinstance(x, list) else x
 
 
-def run(cfg: RelaxConfig, early: startup.EarlyStart | None = None, launched: float | None = None) -> dict[str, Any]:
+def run(
+    cfg: RelaxConfig, early: startup.EarlyStart | None = None, launched: float | None = None
+) -> dict[str, Any]:
     """Run training to ``cfg.total_steps``; returns a summary (run dir, final model dir, last metrics).
 
     Faults: SIGINT/SIGTERM interrupt the run (see ``controller.signals``); on any failure an
@@ -338,14 +436,22 @@ def _run_attempt(
             clock.mark("ready")
             clock.report()  # where the seconds before the first step went
         last: dict[str, float] = {}
-        bar = tqdm(total=cfg.total_steps, initial=state.step, desc="train steps", disable=not cfg.logging.progress, unit="step")
+        bar = tqdm(
+            total=cfg.total_steps,
+            initial=state.step,
+            desc="train steps",
+            disable=not cfg.logging.progress,
+            unit="step",
+        )
         started = time.perf_counter()
         state.evaluate_before_train()
         while state.step < cfg.total_steps:
             handle.control.apply(state)  # plugins' pause / checkpoint / engine requests, between steps
             last = step_fns[cfg.mode](state)
             bar.update(1)
-            bar.set_postfix(reward=f"{last.get('reward/mean', 0):.3f}", len=f"{last.get('response/length_mean', 0):.1f}")
+            bar.set_postfix(
+                reward=f"{last.get('reward/mean', 0):.3f}", len=f"{last.get('response/length_mean', 0):.1f}"
+            )
         bar.close()
         summary = state.finish()
         summary.update(last_metrics=last, seconds=time.perf_counter() - started)

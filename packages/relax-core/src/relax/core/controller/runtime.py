@@ -54,7 +54,9 @@ def embedded_num_cpus(cfg: RelaxConfig) -> int:
 def resolve_model_path(cfg: RelaxConfig) -> str:
     if cfg.model.path:
         if not Path(cfg.model.path).is_dir():
-            raise FileNotFoundError(f"model.path: {cfg.model.path!r} is not a directory (HF-format model expected)")
+            raise FileNotFoundError(
+                f"model.path: {cfg.model.path!r} is not a directory (HF-format model expected)"
+            )
         return cfg.model.path
     from relax.core.quickstart_model import ensure_quickstart_model
 
@@ -70,11 +72,18 @@ def resolve_data_path(cfg: RelaxConfig, run_dir: Path) -> str:
 
     d, held = cfg.data, cfg.data.task_heldout
     path = run_dir / "data" / (f"arithmetic_train_h{held}.jsonl" if held else "arithmetic.jsonl")
-    _write_once(path, lambda part: write_arithmetic_jsonl(part, n=d.task_size, seed=cfg.seed, max_operand=d.task_max_operand,
-                                                          heldout=held))
+    _write_once(
+        path,
+        lambda part: write_arithmetic_jsonl(
+            part, n=d.task_size, seed=cfg.seed, max_operand=d.task_max_operand, heldout=held
+        ),
+    )
     if held:
         rows = heldout_rows(held, cfg.seed, d.task_max_operand)
-        _write_once(heldout_data_path(cfg, run_dir), lambda part: part.write_text("".join(json.dumps(r) + "\n" for r in rows)))
+        _write_once(
+            heldout_data_path(cfg, run_dir),
+            lambda part: part.write_text("".join(json.dumps(r) + "\n" for r in rows)),
+        )
     return str(path)
 
 
@@ -115,7 +124,9 @@ def build_dataset(cfg: RelaxConfig, tokenizer: Any, data_path: str, model_path: 
     )
     from relax.core.controller.contexts import build_plugin, processor_context
 
-    processor = build_plugin(cfg, "processor", processor_context(cfg, model_path)) if d.apply_chat_template else None
+    processor = (
+        build_plugin(cfg, "processor", processor_context(cfg, model_path)) if d.apply_chat_template else None
+    )
     return PromptDataset(dataset_cfg, tokenizer, processor)
 
 
@@ -134,8 +145,18 @@ class Roles:
         """Every actor handle, for shutdown."""
         from relax.core.weight_sync.base import is_actor
 
-        return [h for h in (self.trainer, *self.trainer_peers, self.reference, self.teacher, self.reward,
-                            *self.engines) if is_actor(h)]  # a role in the driver is none
+        return [
+            h
+            for h in (
+                self.trainer,
+                *self.trainer_peers,
+                self.reference,
+                self.teacher,
+                self.reward,
+                *self.engines,
+            )
+            if is_actor(h)
+        ]  # a role in the driver is none
 
     def release(self) -> None:
         """Kill every actor and release the placement groups (idempotent; Ray may already be gone)."""
@@ -201,7 +222,10 @@ def start_local_roles(cfg: RelaxConfig, model_path: str) -> Roles:
 
     threads = hosting.host_threads(max(1, os.cpu_count() or 2), driver=True)
     host = HostRole.__ray_actor_class__(
-        cfg, contexts.trainer_context(cfg, model_path), contexts.engine_context(cfg, model_path, 0), num_threads=threads
+        cfg,
+        contexts.trainer_context(cfg, model_path),
+        contexts.engine_context(cfg, model_path, 0),
+        num_threads=threads,
     )
     trainer = LocalHandle(host)
     roles = Roles(trainer, None, [trainer], None, hosted=True)
@@ -214,10 +238,13 @@ def _check_capabilities(cfg: RelaxConfig, roles: Roles) -> None:
     """The optional methods the config needs of trainer and engine (``controller.capabilities``)."""
     from relax.core.controller import capabilities, local
 
-    capabilities.check(cfg, {
-        "trainer": (cfg.trainer.backend, local.get(roles.trainer.capabilities.remote())),
-        "rollout": (cfg.rollout.engine, local.get(roles.engines[0].capabilities.remote())),
-    })
+    capabilities.check(
+        cfg,
+        {
+            "trainer": (cfg.trainer.backend, local.get(roles.trainer.capabilities.remote())),
+            "rollout": (cfg.rollout.engine, local.get(roles.engines[0].capabilities.remote())),
+        },
+    )
 
 
 #: an engine's actor threads: generate calls of up to ``max_staleness + 1`` concurrent steps (two
@@ -232,8 +259,10 @@ def engine_starter(cfg: RelaxConfig, model_path: str, roles: Roles) -> Callable[
 
     def start(index: int, slot: int | None = None, engine_params: dict[str, Any] | None = None) -> Any:
         if roles.hosted:
-            raise RuntimeError("rollout.host: the run's engine lives in the trainer's process; more engines (or a "
-                               "replacement) need rollout.host=separate")
+            raise RuntimeError(
+                "rollout.host: the run's engine lives in the trainer's process; more engines (or a "
+                "replacement) need rollout.host=separate"
+            )
         run_cfg = with_engine_params(cfg, engine_params) if engine_params else cfg  # e.g. attached by URL
         # a slot's reservation is on an alive node by now: the fleet waits for that (controller.places), never
         # starting an engine outside it while Ray re-places it -- the two would then compete for one node's room
@@ -242,7 +271,9 @@ def engine_starter(cfg: RelaxConfig, model_path: str, roles: Roles) -> Callable[
     return start
 
 
-def start_engine(cfg: RelaxConfig, model_path: str, index: int, placement: Any | None, slot: int | None) -> Any:
+def start_engine(
+    cfg: RelaxConfig, model_path: str, index: int, placement: Any | None, slot: int | None
+) -> Any:
     """Create rollout engine ``index`` (returns at once; the actor loads in the background).
 
     ``slot``: which configured engine's reservation it runs on -- a replacement takes the slot of
@@ -278,15 +309,22 @@ def build_weight_sync(cfg: RelaxConfig, model_path: str, hosted: bool) -> Any:
         from relax.core.weight_sync.hosted import HostedSync
 
         chosen = cfg.weight_sync.transport
-        log.info("relax: weight_sync.transport %r is not used: rollout.host=%s runs the engine on the trainer's own "
-                 "module, so a weight sync only publishes the version (0 bytes move); use rollout.host=separate to "
-                 "send weights through %r", chosen, cfg.rollout.host, chosen)
+        log.info(
+            "relax: weight_sync.transport %r is not used: rollout.host=%s runs the engine on the trainer's own "
+            "module, so a weight sync only publishes the version (0 bytes move); use rollout.host=separate to "
+            "send weights through %r",
+            chosen,
+            cfg.rollout.host,
+            chosen,
+        )
         return HostedSync(ctx=ctx)
     transport = build_plugin(cfg, "weight_sync", ctx)
     if not isinstance(transport, WeightSync):
         missing = [m for m in ("sync", "check_engine", "close") if not callable(getattr(transport, m, None))]
-        raise TypeError(f"weight_sync.transport {cfg.weight_sync.transport!r}: {type(transport).__name__} is not a "
-                        f"WeightSync (relax.core.protocols); it lacks {', '.join(missing)}")
+        raise TypeError(
+            f"weight_sync.transport {cfg.weight_sync.transport!r}: {type(transport).__name__} is not a "
+            f"WeightSync (relax.core.protocols); it lacks {', '.join(missing)}"
+        )
     transport.check_engine(cfg.rollout.engine)  # the transport serves this engine?
     return transport
 
@@ -303,14 +341,18 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
     cores = max(1, os.cpu_count() or 2)
     reserved = roles.placement
     roles.hosted = hosting.hosts_engine(cfg)
-    if "reference" in config_needs(cfg.algorithm) and cfg.trainer.lora is None:  # by the estimator/loss, or kl.coef > 0
+    if (
+        "reference" in config_needs(cfg.algorithm) and cfg.trainer.lora is None
+    ):  # by the estimator/loss, or kl.coef > 0
         ref_ctx = contexts.trainer_context(cfg, model_path, role="reference")
         roles.reference = TrainerRole.options(num_cpus=0, **actor_options(cfg, "reference")).remote(
-            cfg, ref_ctx, num_threads=cores)
+            cfg, ref_ctx, num_threads=cores
+        )
     if (path := teacher_path(cfg, model_path)) is not None:
         teacher_ctx = contexts.trainer_context(cfg, path, role="teacher")
         roles.teacher = TrainerRole.options(num_cpus=0, **actor_options(cfg, "teacher")).remote(
-            cfg, teacher_ctx, num_threads=cores)
+            cfg, teacher_ctx, num_threads=cores
+        )
     trainer_opts = reserved.trainer_options()
     ctx = contexts.trainer_context(cfg, model_path)
     if roles.hosted:  # one process: the trainer serves rollout with its own module
@@ -319,8 +361,12 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
         )
         roles.engines = [roles.trainer]
     else:
-        roles.engines = [start_engine(cfg, model_path, i, reserved, slot=i) for i in range(cfg.rollout.num_engines)]
-    roles.reward = start_reward(cfg, contexts.reward_context(cfg, model_path, roles.engines))  # maybe in the driver
+        roles.engines = [
+            start_engine(cfg, model_path, i, reserved, slot=i) for i in range(cfg.rollout.num_engines)
+        ]
+    roles.reward = start_reward(
+        cfg, contexts.reward_context(cfg, model_path, roles.engines)
+    )  # maybe in the driver
     if roles.hosted:
         pass  # started above, as engine 0
     elif len(trainer_opts) == 1:
@@ -329,11 +375,18 @@ def _start_actors(cfg: RelaxConfig, model_path: str, roles: Roles) -> None:
         threads = max(1, cores // len(trainer_opts))
 
         def rank_args(info):
-            rank_ctx = replace(ctx, index=info.rank, world_size=info.world_size, master_addr=info.master_addr,
-                               master_port=info.master_port)
+            rank_ctx = replace(
+                ctx,
+                index=info.rank,
+                world_size=info.world_size,
+                master_addr=info.master_addr,
+                master_port=info.master_port,
+            )
             return (cfg, rank_ctx), {"num_threads": threads}
 
-        group = spawn(TrainerRole, "trainer", trainer_opts, rank_args, reserved.node_ids(reserved.plan.trainer))
+        group = spawn(
+            TrainerRole, "trainer", trainer_opts, rank_args, reserved.node_ids(reserved.plan.trainer)
+        )
         roles.trainer, roles.trainer_peers = group.handles[0], group.handles[1:]
         ray.get(roles.trainer.lead.remote(group.peers()))
     if "reference" in config_needs(cfg.algorithm) and cfg.trainer.lora is not None:
@@ -351,8 +404,11 @@ def _await_started(roles: Roles, timeout_s: float) -> None:
 
     named = [("trainer", None, roles.trainer)]
     named += [("trainer rank", r + 1, h) for r, h in enumerate(roles.trainer_peers)]
-    named += [(role, None, h) for role, h in [("reference", roles.reference), ("teacher", roles.teacher),
-                                              ("reward", roles.reward)] if h is not None]
+    named += [
+        (role, None, h)
+        for role, h in [("reference", roles.reference), ("teacher", roles.teacher), ("reward", roles.reward)]
+        if h is not None
+    ]
     named += [("rollout engine", i, h) for i, h in enumerate(roles.engines)]
     refs = [(role, index, h.__ray_ready__.remote()) for role, index, h in named]
     deadline = time.monotonic() + timeout_s

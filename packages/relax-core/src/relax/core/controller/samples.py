@@ -67,6 +67,8 @@ def apply_result(sample: Sample, result: GenerationResult) -> Sample:
     sample.versions = list(result.versions)
     sample.finish_reason = result.finish_reason
     sample.response_text = result.text
-    sample.routed_experts = getattr(result, "routed_experts", None)  # MoE routing replay (relax.core.routing_replay)
+    sample.routed_experts = getattr(
+        result, "routed_experts", None
+    )  # MoE routing replay (relax.core.routing_replay)
     sample.loss_mask = [1.0] * len(result.response_ids)
     return sample

@@ -83,10 +83,26 @@ class Shortfall:
     def status(self, live: int) -> dict:
         """``{"engines_live", "engines_wanted", "waiting": [...], "not_replaced": [...]}``."""
         with self._lock:
-            waiting = [{"engine_id": i, "replaces": p.lost.index, "waiting_for": p.waiting_for, "since": p.since,
-                        "lost": p.lost.reason} for i, p in sorted(self.pending.items())]
-            gone = [{"engine_id": i, "why": why, "lost": lost.reason} for i, (lost, why) in sorted(self.not_replaced.items())]
-            return {"engines_live": live, "engines_wanted": self.wanted, "waiting": waiting, "not_replaced": gone}
+            waiting = [
+                {
+                    "engine_id": i,
+                    "replaces": p.lost.index,
+                    "waiting_for": p.waiting_for,
+                    "since": p.since,
+                    "lost": p.lost.reason,
+                }
+                for i, p in sorted(self.pending.items())
+            ]
+            gone = [
+                {"engine_id": i, "why": why, "lost": lost.reason}
+                for i, (lost, why) in sorted(self.not_replaced.items())
+            ]
+            return {
+                "engines_live": live,
+                "engines_wanted": self.wanted,
+                "waiting": waiting,
+                "not_replaced": gone,
+            }
 
     def line(self, live: int) -> str | None:
         """One line for the console and the stop message while engines are missing; None when none is."""
@@ -94,7 +110,10 @@ class Shortfall:
         if live >= s["engines_wanted"] and not s["waiting"]:
             return None
         parts = [f"{live} of {s['engines_wanted']} rollout engines live"]
-        parts += [f"engine[{w['engine_id']}] (replacing engine[{w['replaces']}]) waits for {w['waiting_for']} since "
-                  f"{time.strftime('%H:%M:%S', time.localtime(w['since']))}" for w in s["waiting"]]
+        parts += [
+            f"engine[{w['engine_id']}] (replacing engine[{w['replaces']}]) waits for {w['waiting_for']} since "
+            f"{time.strftime('%H:%M:%S', time.localtime(w['since']))}"
+            for w in s["waiting"]
+        ]
         parts += [f"engine[{g['engine_id']}] will not be replaced: {g['why']}" for g in s["not_replaced"]]
         return "; ".join(parts)

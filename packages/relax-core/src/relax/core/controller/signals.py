@@ -59,7 +59,9 @@ class SignalGuard:
         self.signame = self.signame or name
         if self.phase == "run":
             self.phase = "stopping"
-            self._say(f"{name} received: stopping; an emergency checkpoint is saved if possible (Ctrl-C again to skip it)")
+            self._say(
+                f"{name} received: stopping; an emergency checkpoint is saved if possible (Ctrl-C again to skip it)"
+            )
             raise Interrupted(name)
         if self.phase == "checkpoint":
             self.phase, self.skip_checkpoint = "cleanup", True
@@ -72,7 +74,9 @@ class SignalGuard:
 
             reap(ray_processes(), grace_s=0.0)
             os._exit(128 + signum)
-        self._say(f"{name} again: still shutting Ray down cleanly (a few seconds; {FORCE_AFTER - self.count} more to force)")
+        self._say(
+            f"{name} again: still shutting Ray down cleanly (a few seconds; {FORCE_AFTER - self.count} more to force)"
+        )
 
 
 _current: SignalGuard | None = None

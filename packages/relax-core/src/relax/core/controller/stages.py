@@ -82,7 +82,9 @@ def generate(
     params = params or sampling_params(cfg, stop_token_ids)
     if not isinstance(router, EngineRouter):
         router = EngineRouter(router)
-    for finished, _ in stream_groups(router, groups, params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s, turns=turns):
+    for finished, _ in stream_groups(
+        router, groups, params, cfg.seed, step, timeout_s=cfg.rollout.timeout_s, turns=turns
+    ):
         if on_progress:
             on_progress(sum(len(g) for g in finished))
     return groups
@@ -92,12 +94,16 @@ def score(reward: Any, samples: list[Sample], cfg: RelaxConfig) -> tuple[list[Sa
     """Score through the reward role, bounded by :func:`relax.core.controller.faults.reward_timeout`,
     then shape the rewards (:func:`shape_rewards`): every mode scores through here, wherever the
     reward role runs (its own actor, or the driver)."""
-    scored, stats = faults.wait(reward.score.remote(samples), faults.reward_timeout(cfg, len(samples)), "reward", "score")
+    scored, stats = faults.wait(
+        reward.score.remote(samples), faults.reward_timeout(cfg, len(samples)), "reward", "score"
+    )
     shape_rewards(scored, cfg)
     return scored, stats
 
 
-def filter_groups(groups: list[list[Sample]], cfg: RelaxConfig | None = None) -> tuple[list[list[Sample]], int]:
+def filter_groups(
+    groups: list[list[Sample]], cfg: RelaxConfig | None = None
+) -> tuple[list[list[Sample]], int]:
     """Apply ``relax_filter_group`` hooks, then (given ``cfg`` with ``algorithm.dynamic_sampling``
     on) DAPO's uniform-reward filter; returns kept groups and the number dropped."""
     hook = get_plugin_manager().hook.relax_filter_group
@@ -145,14 +151,28 @@ def shape_rewards(samples: list[Sample], cfg: RelaxConfig) -> None:
 
 
 def greedy_baseline(
-    router: EngineRouter | list[Any], reward: Any, groups: list[list[Sample]], cfg: RelaxConfig, step: int, stop_token_ids: list[int]
+    router: EngineRouter | list[Any],
+    reward: Any,
+    groups: list[list[Sample]],
+    cfg: RelaxConfig,
+    step: int,
+    stop_token_ids: list[int],
 ) -> None:
     """ReMax baseline: one greedy response per group, scored by the reward role; its reward is
     stored on every member as ``reward_info["greedy_reward"]`` (call after scoring the group)."""
     probes = [
-        [Sample(prompt_ids=list(g[0].prompt_ids), group_id=g[0].group_id, index_in_group=-1,
-                prompt_text=g[0].prompt_text, label=g[0].label, metadata=dict(g[0].metadata), media=list(g[0].media),
-                mm_inputs=g[0].mm_inputs)]
+        [
+            Sample(
+                prompt_ids=list(g[0].prompt_ids),
+                group_id=g[0].group_id,
+                index_in_group=-1,
+                prompt_text=g[0].prompt_text,
+                label=g[0].label,
+                metadata=dict(g[0].metadata),
+                media=list(g[0].media),
+                mm_inputs=g[0].mm_inputs,
+            )
+        ]
         for g in groups
         if g
     ]
@@ -201,7 +221,11 @@ def engine_scored_old_logprobs(cfg: RelaxConfig, samples: list[Sample], version:
 
 
 def forward_batch(
-    roles: Any, raw: dict[str, torch.Tensor], cfg: RelaxConfig, with_reference: bool = True, old_logprobs: bool = True
+    roles: Any,
+    raw: dict[str, torch.Tensor],
+    cfg: RelaxConfig,
+    with_reference: bool = True,
+    old_logprobs: bool = True,
 ) -> dict[str, torch.Tensor]:
     """The forward passes a collated batch needs, submitted together so the roles run concurrently:
     ``old_logprobs`` (policy; the engine's rollout logprobs when ``trainer.recompute_old_logprobs``
@@ -267,8 +291,12 @@ def prepare_batch(
     ``old_logprobs`` None: the trainer computes them (and reports the rollout/train mismatch)."""
     batch = dict(raw) if raw is not None else collate(samples, pad_id)
     mask = batch["response_mask"]
-    for name, tensor in [("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs),
-                         ("teacher_logprobs", teacher_logprobs), ("values", values)]:
+    for name, tensor in [
+        ("old_logprobs", old_logprobs),
+        ("ref_logprobs", ref_logprobs),
+        ("teacher_logprobs", teacher_logprobs),
+        ("values", values),
+    ]:
         if tensor is not None:
             batch[name] = tensor
     greedy = None
@@ -320,7 +348,9 @@ def sample_metrics(samples: list[Sample]) -> dict[str, float]:
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
     lengths = torch.tensor([float(len(s.response_ids)) for s in samples])
     scores = [s.reward_info.get("score", s.reward or 0.0) for s in samples]
-    correct = torch.tensor([float(s.reward_info.get("acc", float(v >= 1.0))) for s, v in zip(samples, scores, strict=True)])
+    correct = torch.tensor(
+        [float(s.reward_info.get("acc", float(v >= 1.0))) for s, v in zip(samples, scores, strict=True)]
+    )
     group_ids = [s.group_id for s in samples]
     metrics = {
         "data/group_id_min": float(min(group_ids)),  # which prompts a step drew: resume checks use it

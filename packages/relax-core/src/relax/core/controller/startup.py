@@ -96,7 +96,9 @@ def prepare_local(cfg: Any) -> LocalSetup:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     dataset = runtime.build_dataset(cfg, tokenizer, runtime.resolve_data_path(cfg, run_dir), model_path)
-    return LocalSetup(model_path, tokenizer, pad_id, stop_token_ids(tokenizer), dataset, time.perf_counter() - started)
+    return LocalSetup(
+        model_path, tokenizer, pad_id, stop_token_ids(tokenizer), dataset, time.perf_counter() - started
+    )
 
 
 class BackgroundSetup:

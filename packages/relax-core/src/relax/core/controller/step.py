@@ -33,7 +33,9 @@ class StepContext(Protocol):
     train_inflight: tuple[Any, int] | None  # (ref, step) while a train step runs (controller.recovery)
     checkpoints: CheckpointManager
     fused_old_logprobs: bool | None  # colocate: old logprobs come from the update itself (asked once)
-    failures: Any  # relax.core.failures.FailureLog: each step's samples' failures reported (and the rate checked)
+    failures: (
+        Any  # relax.core.failures.FailureLog: each step's samples' failures reported (and the rate checked)
+    )
 
     def end_step(self, metrics: dict[str, float]) -> None:
         """Log the step's metrics, call ``relax_on_step_end``, checkpoint every ``save_every``."""

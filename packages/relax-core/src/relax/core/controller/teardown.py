@@ -87,7 +87,9 @@ def reap(pids: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
         except OSError:
             pass
     if left:
-        log.warning("relax: killed %d Ray process(es) that outlived ray.shutdown(): %s", len(left), sorted(left))
+        log.warning(
+            "relax: killed %d Ray process(es) that outlived ray.shutdown(): %s", len(left), sorted(left)
+        )
     return left
 
 

@@ -112,7 +112,10 @@ class WorkerGroup:
         if len(self.handles) > 1:
             args = tuple(ray.put(a) for a in args)
             kwargs = {k: ray.put(v) for k, v in kwargs.items()}
-        return {self.first_rank + i: getattr(h, method).remote(*args, **kwargs) for i, h in enumerate(self.handles)}
+        return {
+            self.first_rank + i: getattr(h, method).remote(*args, **kwargs)
+            for i, h in enumerate(self.handles)
+        }
 
     def run(self, method: str, *args: Any, local: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """``method`` on every rank; returns rank 0's result.
@@ -242,8 +245,10 @@ def _same_failure(error: BaseException, peer_errors: dict[int, BaseException], p
 
     if len(peer_errors) != peers:
         return False
-    causes = [getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
-              for e in peer_errors.values()]
+    causes = [
+        getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
+        for e in peer_errors.values()
+    ]
     return all(c is not None and type(c) is type(error) for c in causes)
 
 

@@ -31,7 +31,9 @@ class Row:
     versions: list[int] = field(default_factory=list)
     finish: str = ""  # "" while running; then "stop" | "length" | "abort"
     error: Exception | None = None  # a failed decode step this row was part of
-    routing: list[Any] = field(default_factory=list)  # MoE top-k experts per fed token, when recorded (engines.routing)
+    routing: list[Any] = field(
+        default_factory=list
+    )  # MoE top-k experts per fed token, when recorded (engines.routing)
 
     @property
     def context(self) -> list[int]:
@@ -108,7 +110,9 @@ class DecodeBatch:
             kv_batch.trim_left(self.cache, int(self.lengths.max()))
 
 
-def row_sampling_params(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_sampling_params(
+    rows: list[Row], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(temperature, top_k, top_p) of ``rows``, one entry per row."""
     params = [r.request.params for r in rows]
     return (

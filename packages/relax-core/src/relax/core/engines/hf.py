@@ -92,8 +92,12 @@ class HFRolloutEngine:
         # sliding-window / linear-attention caches cannot be cut row by row: such a model decodes in static batches
         self.continuous_batching = kv_batch.movable(self.model.config)
         if not self.continuous_batching:
-            log.info("HF engine: %s (%s) keeps a sliding-window or linear-attention KV cache; decoding in static "
-                     "batches instead of continuous batching", model_path, getattr(self.model.config, "model_type", "?"))
+            log.info(
+                "HF engine: %s (%s) keeps a sliding-window or linear-attention KV cache; decoding in static "
+                "batches instead of continuous batching",
+                model_path,
+                getattr(self.model.config, "model_type", "?"),
+            )
         self._params = dict(self.model.state_dict())  # views sharing storage with the live model
         self._expert_rules: list[weight_names.ExpertRule] | None = None  # read on a first unknown name
         self._adapters = AdapterMerger()  # LoRA syncs: adapters merged into the served weights
@@ -116,7 +120,9 @@ class HFRolloutEngine:
         self._waiting: deque[Row] = deque()
         self._waiting_contexts: Counter[tuple[int, ...]] = Counter()  # context[:-1] of waiting rows
         self._prefixes: dict[tuple[int, ...], kv_batch.Layers] = {}  # their prefills, once computed
-        self._prefix_cache = PrefixCache(0 if record_routing else int(prefix_cache_mb * 2**20))  # finished requests' KV
+        self._prefix_cache = PrefixCache(
+            0 if record_routing else int(prefix_cache_mb * 2**20)
+        )  # finished requests' KV
         self._routing = EngineRouting(self.model) if record_routing else None  # MoE routing replay
         # work done, for tests and benchmarks: a decode row yields exactly one token
         self.stats = {"prefill_rows": 0, "prefill_tokens": 0, "decode_steps": 0, "decode_rows": 0}
@@ -218,7 +224,9 @@ class HFRolloutEngine:
         if any(r.media is not None for r in requests):
             from relax.core.engines.multimodal import media_groups
 
-            return await self._generate_apart(rows, epoch, media_groups(rows, self.device, self.media_kv_cache))
+            return await self._generate_apart(
+                rows, epoch, media_groups(rows, self.device, self.media_kv_cache)
+            )
         if not self.continuous_batching:
             from relax.core.engines.static import static_batches
 
@@ -384,15 +392,23 @@ class HFRolloutEngine:
         batch = self._batch
         if self._prefix_cache.enabled and batch.cache is not None:
             for i, row in enumerate(batch.rows):
-                if (row.request.continues and row.finish in ("stop", "length") and row.versions
-                        and row.versions[0] == self._version):
+                if (
+                    row.request.continues
+                    and row.finish in ("stop", "length")
+                    and row.versions
+                    and row.versions[0] == self._version
+                ):
                     tokens = row.context + row.ids[:-1]
                     layers = kv_batch.own_row_layers(batch.cache, i, len(tokens))
                     self._prefix_cache.put(tokens, layers, self._version)
         batch.drop_finished()
 
-    def _sample(self, rows: list[Row], logits: torch.Tensor,
-                params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def _sample(
+        self,
+        rows: list[Row],
+        logits: torch.Tensor,
+        params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """One token per row from its next-token ``logits`` (row order), with its logprob, version
         and finish reason; ``params``: the rows' (temperature, top_k, top_p) if already built."""
         temperature, top_k, top_p = params or row_sampling_params(rows, logits.device)
@@ -423,7 +439,9 @@ class HFRolloutEngine:
                 self._prefixes[k] = fresh[k]
         return kv_batch.stack_rows([fresh[k][0] for k in keys]), torch.stack([fresh[k][1] for k in keys])
 
-    def _forward_contexts(self, contexts: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
+    def _forward_contexts(
+        self, contexts: list[tuple[int, ...]]
+    ) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
         """Prefill ``contexts``: those starting with a sequence in the prefix cache only from there."""
         cache = self._prefix_cache
         hits = {c: cache.longest_prefix(c, self._version) for c in contexts} if cache.enabled else {}
@@ -434,12 +452,16 @@ class HFRolloutEngine:
             out.update(self._forward_suffixes(warm))
         return out
 
-    def _forward_suffixes(self, warm: list[tuple[tuple[int, ...], PrefixHit]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
+    def _forward_suffixes(
+        self, warm: list[tuple[tuple[int, ...], PrefixHit]]
+    ) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
         """One forward over the contexts' new suffixes on top of their cached prefixes' KV."""
         suffixes = [c[hit.length :] for c, hit in warm]
         past = kv_batch.stack_rows([hit.layers for _, hit in warm])
         cache_width = kv_batch.width(past)
-        input_ids, attention, positions = kv_batch.suffix_inputs([hit.length for _, hit in warm], suffixes, self.pad_token_id)
+        input_ids, attention, positions = kv_batch.suffix_inputs(
+            [hit.length for _, hit in warm], suffixes, self.pad_token_id
+        )
         with torch.no_grad():
             out = self.model(
                 input_ids=input_ids.to(self.device),
@@ -458,7 +480,9 @@ class HFRolloutEngine:
             for i, ((c, hit), s) in enumerate(zip(warm, suffixes, strict=True))
         }
 
-    def _forward_prefixes(self, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
+    def _forward_prefixes(
+        self, prefixes: list[tuple[int, ...]]
+    ) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
         """One left-padded forward over ``prefixes``; each one's cache rows and last logits."""
         input_ids, attention, positions = kv_batch.left_padded(prefixes, self.pad_token_id)
         with torch.no_grad():

@@ -40,12 +40,29 @@ def fingerprint(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
 class HostedHFEngine(HFRolloutEngine):
     """``RolloutEngine`` over a module it does not own (the trainer's); see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, model_path: str = "", device: str = "cpu",
-                 max_batch_size: int = 256, seed: int = 0, prefix_cache_mb: float = 0.0,
-                 record_routing: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        model_path: str = "",
+        device: str = "cpu",
+        max_batch_size: int = 256,
+        seed: int = 0,
+        prefix_cache_mb: float = 0.0,
+        record_routing: bool = False,
+    ) -> None:
         # kept KV (prefix_cache_mb) names its weight version: a published version makes it stale at once
-        super().__init__(model_path, device=device, max_batch_size=max_batch_size, seed=seed, model=model,
-                         tokenizer=tokenizer, prefix_cache_mb=prefix_cache_mb, record_routing=record_routing)
+        super().__init__(
+            model_path,
+            device=device,
+            max_batch_size=max_batch_size,
+            seed=seed,
+            model=model,
+            tokenizer=tokenizer,
+            prefix_cache_mb=prefix_cache_mb,
+            record_routing=record_routing,
+        )
         self._published = fingerprint(model)
         self._mode_lock = threading.Lock()
         self._calls = 0
@@ -111,10 +128,17 @@ def hosted_engine(trainer: Any, params: Any, ctx: Any) -> HostedHFEngine:
     with the ``hf`` engine's typed ``params`` (``max_batch_size``, ``seed``, ``prefix_cache_mb``)."""
     model, tokenizer = getattr(trainer, "model", None), getattr(trainer, "tokenizer", None)
     if not isinstance(model, torch.nn.Module) or tokenizer is None:
-        raise TypeError(f"rollout.host=trainer: trainer {type(trainer).__name__} has no HF .model/.tokenizer to serve")
+        raise TypeError(
+            f"rollout.host=trainer: trainer {type(trainer).__name__} has no HF .model/.tokenizer to serve"
+        )
     device = str(next(model.parameters()).device)
-    return HostedHFEngine(model, tokenizer, model_path=ctx.model_path or "", device=device,
-                          max_batch_size=params.max_batch_size, seed=params.seed,
-                          prefix_cache_mb=params.prefix_cache_mb,
-                          record_routing=getattr(ctx, "record_routing", False))  # MoE routing replay
-
+    return HostedHFEngine(
+        model,
+        tokenizer,
+        model_path=ctx.model_path or "",
+        device=device,
+        max_batch_size=params.max_batch_size,
+        seed=params.seed,
+        prefix_cache_mb=params.prefix_cache_mb,
+        record_routing=getattr(ctx, "record_routing", False),
+    )  # MoE routing replay

@@ -36,7 +36,9 @@ def movable(config: Any) -> bool:
     return all(type(layer) is DynamicLayer for layer in layers)
 
 
-def left_padded(contexts: list[list[int]] | list[tuple[int, ...]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
+def left_padded(
+    contexts: list[list[int]] | list[tuple[int, ...]], pad_token_id: int
+) -> tuple[torch.Tensor, ...]:
     """(ids, attention mask, position ids) of ``contexts`` left-padded to the longest, on CPU:
     positions count from 0 at each row's first real token, so padding changes no logit."""
     width = max(len(c) for c in contexts)
@@ -133,7 +135,9 @@ def stack_rows(rows: list[Layers]) -> Any:
     )
 
 
-def suffix_inputs(cached_lengths: list[int], suffixes: list[tuple[int, ...]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
+def suffix_inputs(
+    cached_lengths: list[int], suffixes: list[tuple[int, ...]], pad_token_id: int
+) -> tuple[torch.Tensor, ...]:
     """(ids, attention mask, position ids) of ``suffixes`` continuing rows whose ``cached_lengths``
     positions sit left-padded in a cache (:func:`stack_rows`) of width ``max(cached_lengths)``.
 
@@ -148,7 +152,9 @@ def suffix_inputs(cached_lengths: list[int], suffixes: list[tuple[int, ...]], pa
     return ids, torch.cat([cache_mask, suffix_mask], dim=-1), positions
 
 
-def row_layers_after_gap(cache: Any, row: int, cache_width: int, cached_length: int, suffix_length: int) -> Layers:
+def row_layers_after_gap(
+    cache: Any, row: int, cache_width: int, cached_length: int, suffix_length: int
+) -> Layers:
     """Row ``row``'s real positions in a cache built by a :func:`suffix_inputs` forward: the last
     ``cached_length`` of its first ``cache_width`` columns, then its last ``suffix_length`` (fresh tensors)."""
     rows, head = slice(row, row + 1), slice(cache_width - cached_length, cache_width)

@@ -32,8 +32,12 @@ def media_groups(rows: list[Any], device: torch.device, use_cache: bool = True) 
         index.setdefault((id(media[i]), tuple(r.context)), []).append(i)
     # None: a text-only row; source.* entries (original media for other engines) never reach the model
     return [
-        MediaGroup([rows[i] for i in ids], {k: v.to(device) for k, v in model_inputs(media[ids[0]] or {}).items()},
-                   device, use_cache)
+        MediaGroup(
+            [rows[i] for i in ids],
+            {k: v.to(device) for k, v in model_inputs(media[ids[0]] or {}).items()},
+            device,
+            use_cache,
+        )
         for ids in index.values()
     ]
 
@@ -46,7 +50,9 @@ class MediaGroup:
     """One group's decode state: its rows, their media and, with the KV cache, the cache of ``rows_cached``
     (``length`` positions each), the adapter's decode positions and the weights' version."""
 
-    def __init__(self, rows: list[Any], media: dict[str, torch.Tensor], device: torch.device, use_cache: bool) -> None:
+    def __init__(
+        self, rows: list[Any], media: dict[str, torch.Tensor], device: torch.device, use_cache: bool
+    ) -> None:
         self.rows = [r for r in rows if not r.finish]
         self.media, self.device, self.use_cache = media, device, use_cache
         self.rows_cached: list[Any] = []
@@ -69,11 +75,18 @@ class MediaGroup:
             return
         rows = self.rows_cached  # rows that finish stay in the cached batch (logits ignored): one cache shape
         last = torch.tensor([[r.ids[-1]] for r in rows], dtype=torch.long, device=self.device)
-        last = last.masked_fill(torch.isin(last, torch.tensor(media_token_ids(model.config), device=last.device)), 0)
+        last = last.masked_fill(
+            torch.isin(last, torch.tensor(media_token_ids(model.config), device=last.device)), 0
+        )
         mask = torch.ones((len(rows), self.length + 1), dtype=torch.long, device=self.device)
         with torch.no_grad():
-            out = model(input_ids=last, attention_mask=mask, position_ids=self.positions(self.length).to(self.device),
-                        cache=self.cache, use_cache=True)
+            out = model(
+                input_ids=last,
+                attention_mask=mask,
+                position_ids=self.positions(self.length).to(self.device),
+                cache=self.cache,
+                use_cache=True,
+            )
         self.cache, self.length = out.cache, self.length + 1
         keep = [i for i, r in enumerate(rows) if not r.finish]
         sample([rows[i] for i in keep], out.logits[keep, -1])
@@ -92,8 +105,9 @@ class MediaGroup:
     def _forward(self, model: Any, rows: list[Any], cache: bool) -> tuple[torch.Tensor, Any]:
         """Last-position logits of prompt + response so far with the media; the KV cache when ``cache``."""
         ids = torch.tensor([r.context + r.ids for r in rows], dtype=torch.long, device=self.device)
-        kwargs = media_forward_kwargs(model, ids, torch.ones_like(ids), _repeat(self.media, len(rows)),
-                                      len(rows[0].request.prompt_ids))
+        kwargs = media_forward_kwargs(
+            model, ids, torch.ones_like(ids), _repeat(self.media, len(rows)), len(rows[0].request.prompt_ids)
+        )
         with torch.no_grad():
             out = model(use_cache=cache, logits_to_keep=1, **kwargs)
         return out.logits[:, -1], (out.cache if cache else None)

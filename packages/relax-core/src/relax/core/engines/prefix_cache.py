@@ -51,7 +51,9 @@ class PrefixCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = max(0, int(capacity_bytes))
-        self._entries: OrderedDict[tuple[int, ...], tuple[Layers, int, int]] = OrderedDict()  # oldest first; (kv, bytes, block hash)
+        self._entries: OrderedDict[tuple[int, ...], tuple[Layers, int, int]] = (
+            OrderedDict()
+        )  # oldest first; (kv, bytes, block hash)
         # chained hash of an entry's whole blocks -> how many entries with it have each length
         self._index: dict[int, Counter[int]] = {}
         self._version: int | None = None

@@ -25,10 +25,15 @@ from relax.core.engines.kv_batch import left_padded
 Sample = Callable[[list[Any], torch.Tensor], Any]  # the engine's: one token per row from its logits
 
 
-def static_batches(rows: list[Any], max_batch_size: int, pad_token_id: int, device: torch.device) -> list[StaticBatch]:
+def static_batches(
+    rows: list[Any], max_batch_size: int, pad_token_id: int, device: torch.device
+) -> list[StaticBatch]:
     """``rows`` (``Row`` objects) in arrival order, ``max_batch_size`` to a batch."""
     live = [r for r in rows if not r.finish]
-    return [StaticBatch(live[i:i + max_batch_size], pad_token_id, device) for i in range(0, len(live), max_batch_size)]
+    return [
+        StaticBatch(live[i : i + max_batch_size], pad_token_id, device)
+        for i in range(0, len(live), max_batch_size)
+    ]
 
 
 class StaticBatch:
@@ -53,8 +58,13 @@ class StaticBatch:
         last = torch.tensor([[r.ids[-1]] for r in self.cached], dtype=torch.long, device=self.device)
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.cached), 1)], dim=1)
         with torch.no_grad():
-            out = model(input_ids=last, attention_mask=self.mask, position_ids=self.lengths[:, None], cache=self.cache,
-                        use_cache=True)
+            out = model(
+                input_ids=last,
+                attention_mask=self.mask,
+                position_ids=self.lengths[:, None],
+                cache=self.cache,
+                use_cache=True,
+            )
         self.cache, self.lengths = out.cache, self.lengths + 1
         keep = [i for i, r in enumerate(self.cached) if not r.finish]
         sample([self.cached[i] for i in keep], out.logits[keep, -1])
@@ -64,9 +74,17 @@ class StaticBatch:
         self.cached = [r for r in self.rows if not r.finish]
         contexts = [r.context + r.ids for r in self.cached]
         ids, mask, positions = left_padded(contexts, self.pad_token_id)
-        self.mask, self.lengths = mask.to(self.device), torch.tensor([len(c) for c in contexts], device=self.device)
+        self.mask, self.lengths = (
+            mask.to(self.device),
+            torch.tensor([len(c) for c in contexts], device=self.device),
+        )
         with torch.no_grad():
-            out = model(input_ids=ids.to(self.device), attention_mask=self.mask, position_ids=positions.to(self.device),
-                        use_cache=True, logits_to_keep=1)
+            out = model(
+                input_ids=ids.to(self.device),
+                attention_mask=self.mask,
+                position_ids=positions.to(self.device),
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self.cache, self.version = out.cache, version
         sample(self.cached, out.logits[:, -1])

@@ -52,7 +52,9 @@ def rules_from_converters(converters: list[Any]) -> list[ExpertRule]:
         sources = conv.source_patterns
         for i, src in enumerate(sources):
             pattern = re.compile(r"(?:^|\.)" + re.escape(src).replace(r"\*", r"(\d+)") + "$")
-            rules.append(ExpertRule(pattern, conv.target_patterns[0], i, len(sources), dim, conv.scope_prefix))
+            rules.append(
+                ExpertRule(pattern, conv.target_patterns[0], i, len(sources), dim, conv.scope_prefix)
+            )
     return rules
 
 

@@ -55,7 +55,9 @@ def maj_at_k(answers: Sequence[str | None], scores: Sequence[float]) -> float | 
     """Score of the most frequent answer (ties: the one seen first), or None when some response has no
     answer to compare (``None``): then majority voting is undefined for this prompt."""
     if len(answers) != len(scores) or not answers:
-        raise ValueError(f"maj@k needs one score per answer, got {len(answers)} answers, {len(scores)} scores")
+        raise ValueError(
+            f"maj@k needs one score per answer, got {len(answers)} answers, {len(scores)} scores"
+        )
     if any(a is None for a in answers):
         return None
     counts: dict[str, int] = {}

@@ -50,7 +50,9 @@ def group_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, float]:
         out[f"pass@{k}"] = sum(pass_at_k(len(g), sum(map(correct, g)), k) for g in groups) / len(groups)
     if n > 1:
         out[f"mean@{n}"] = sum(mean_at_k([score_of(s) for s in g]) for g in groups) / len(groups)
-        majorities = [maj_at_k([extract_answer(s.response_text) for s in g], [score_of(s) for s in g]) for g in groups]
+        majorities = [
+            maj_at_k([extract_answer(s.response_text) for s in g], [score_of(s) for s in g]) for g in groups
+        ]
         if all(m is not None for m in majorities):
             out[f"maj@{n}"] = sum(majorities) / len(majorities)  # type: ignore[arg-type]
     episodes = [s.metadata["episode"] for s in samples if isinstance(s.metadata.get("episode"), dict)]
@@ -80,23 +82,38 @@ def set_metrics(groups: Sequence[Sequence[Any]], source_key: str | None) -> dict
     return out
 
 
-def completion_rows(groups: Sequence[Sequence[Any]], step: int, version: int,
-                    source_key: str | None) -> list[dict[str, Any]]:
+def completion_rows(
+    groups: Sequence[Sequence[Any]], step: int, version: int, source_key: str | None
+) -> list[dict[str, Any]]:
     """One JSON-ready row per response: prompt, response, label, score and reward components, the weight
     versions that wrote it, the answer majority voting saw."""
     rows = []
     for g in groups:
         for s in g:
             info = {k: v for k, v in s.reward_info.items() if isinstance(v, int | float) and math.isfinite(v)}
-            rows.append({
-                "step": step, "version": version, "prompt": s.prompt_text, "response": s.response_text,
-                "label": s.label if isinstance(s.label, str | int | float | bool | None) else str(s.label),
-                "score": score_of(s), "correct": correct(s), "reward_info": info,
-                "answer": extract_answer(s.response_text), "source": source_of(s, source_key),
-                "prompt_index": s.group_id, "sample_index": s.index_in_group, "finish_reason": s.finish_reason,
-                "response_tokens": len(s.response_ids), "min_version": s.min_version, "max_version": s.max_version,
-                **({"episode": s.metadata["episode"]} if "episode" in s.metadata else {}),
-            })
+            rows.append(
+                {
+                    "step": step,
+                    "version": version,
+                    "prompt": s.prompt_text,
+                    "response": s.response_text,
+                    "label": s.label
+                    if isinstance(s.label, str | int | float | bool | None)
+                    else str(s.label),
+                    "score": score_of(s),
+                    "correct": correct(s),
+                    "reward_info": info,
+                    "answer": extract_answer(s.response_text),
+                    "source": source_of(s, source_key),
+                    "prompt_index": s.group_id,
+                    "sample_index": s.index_in_group,
+                    "finish_reason": s.finish_reason,
+                    "response_tokens": len(s.response_ids),
+                    "min_version": s.min_version,
+                    "max_version": s.max_version,
+                    **({"episode": s.metadata["episode"]} if "episode" in s.metadata else {}),
+                }
+            )
     return rows
 
 

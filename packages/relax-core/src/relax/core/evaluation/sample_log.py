@@ -33,14 +33,23 @@ def trajectory(sample: Any, tokenizer: Any = None) -> dict[str, Any]:
             spans.append({"start": i, "end": i + 1, "trained": m > 0})
     if tokenizer is not None:
         for span in spans:
-            span["text"] = tokenizer.decode(ids[span["start"]:span["end"]], skip_special_tokens=False)
+            span["text"] = tokenizer.decode(ids[span["start"] : span["end"]], skip_special_tokens=False)
     meta = sample.metadata
-    extra = {key: meta[key] for key in ("episode", "episode_turns", "episode_error", "failures") if key in meta}
-    return {"response_ids": ids, "loss_mask": mask, "spans": spans, "reward_info": dict(sample.reward_info), **extra}
+    extra = {
+        key: meta[key] for key in ("episode", "episode_turns", "episode_error", "failures") if key in meta
+    }
+    return {
+        "response_ids": ids,
+        "loss_mask": mask,
+        "spans": spans,
+        "reward_info": dict(sample.reward_info),
+        **extra,
+    }
 
 
-def sample_rows(step: int, samples: list[Any], advantages: Any, mask: Any, k: int,
-                tokenizer: Any = None) -> list[dict[str, Any]]:
+def sample_rows(
+    step: int, samples: list[Any], advantages: Any, mask: Any, k: int, tokenizer: Any = None
+) -> list[dict[str, Any]]:
     """``k`` rows; ``advantages`` / ``mask``: the step's (B, R) tensors in ``samples`` order (the advantage
     shown is the mean over the response's trained tokens); each row's ``trajectory`` (:func:`trajectory`)."""
     rows = []
@@ -50,11 +59,21 @@ def sample_rows(step: int, samples: list[Any], advantages: Any, mask: Any, k: in
         if advantages is not None:
             tokens = float(mask[i].sum())
             adv = float((advantages[i] * mask[i]).sum()) / tokens if tokens else 0.0
-        rows.append({"step": step, "prompt": s.prompt_text, "response": s.response_text,
-                     "label": s.label if isinstance(s.label, str | int | float | None) else str(s.label),
-                     "reward": float(s.reward or 0.0), "advantage": adv, "response_tokens": len(s.response_ids),
-                     "finish_reason": s.finish_reason, "group": s.group_id, "index": s.index_in_group,
-                     "trajectory": trajectory(s, tokenizer)})
+        rows.append(
+            {
+                "step": step,
+                "prompt": s.prompt_text,
+                "response": s.response_text,
+                "label": s.label if isinstance(s.label, str | int | float | None) else str(s.label),
+                "reward": float(s.reward or 0.0),
+                "advantage": adv,
+                "response_tokens": len(s.response_ids),
+                "finish_reason": s.finish_reason,
+                "group": s.group_id,
+                "index": s.index_in_group,
+                "trajectory": trajectory(s, tokenizer),
+            }
+        )
     return rows
 
 
@@ -62,19 +81,34 @@ class SampleLog:
     """Appends each step's rows to ``samples.jsonl`` (a resumed run drops the rows past its checkpoint) and
     hands them to ``metrics.log_table`` (W&B table, TensorBoard text)."""
 
-    def __init__(self, run_dir: str | Path, k: int, metrics: Any = None, resume_step: int | None = None,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        k: int,
+        metrics: Any = None,
+        resume_step: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
         """``tokenizer``: decodes each trajectory's spans (what ``relax inspect`` shows)."""
-        self.path, self.k, self.metrics, self.tokenizer = Path(run_dir) / "samples.jsonl", k, metrics, tokenizer
+        self.path, self.k, self.metrics, self.tokenizer = (
+            Path(run_dir) / "samples.jsonl",
+            k,
+            metrics,
+            tokenizer,
+        )
         keep = resume_step if resume_step is not None else -1
         lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
         kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] <= keep]
         self.path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
 
-    def record(self, step: int, samples: list[Any], advantages: Any = None, mask: Any = None) -> list[dict[str, Any]]:
+    def record(
+        self, step: int, samples: list[Any], advantages: Any = None, mask: Any = None
+    ) -> list[dict[str, Any]]:
         rows = sample_rows(step, samples, advantages, mask, self.k, self.tokenizer)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
         if self.metrics is not None and rows:
-            self.metrics.log_table(step, "samples", [[r.get(c) for c in COLUMNS] for r in rows], list(COLUMNS))
+            self.metrics.log_table(
+                step, "samples", [[r.get(c) for c in COLUMNS] for r in rows], list(COLUMNS)
+            )
         return rows

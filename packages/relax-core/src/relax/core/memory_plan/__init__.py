@@ -16,7 +16,20 @@ from relax.core.memory_plan.shape import ModelShape, ShapeError, shape_from_conf
 from relax.core.memory_plan.source import gpu_memory, plan_errors, plan_for
 
 __all__ = [
-    "DeclaresLayout", "Device", "EngineLayout", "MemoryPlan", "ModelShape", "ShapeError", "TrainLayout",
-    "build_plan", "format_plan", "gpu_memory", "model_parallel", "plan_errors", "plan_for", "replicated",
-    "shape_from_config", "sharded",
-]  # fmt: skip
+    "DeclaresLayout",
+    "Device",
+    "EngineLayout",
+    "MemoryPlan",
+    "ModelShape",
+    "ShapeError",
+    "TrainLayout",
+    "build_plan",
+    "format_plan",
+    "gpu_memory",
+    "model_parallel",
+    "plan_errors",
+    "plan_for",
+    "replicated",
+    "shape_from_config",
+    "sharded",
+]

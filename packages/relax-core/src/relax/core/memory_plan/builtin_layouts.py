@@ -24,8 +24,11 @@ def trainer_layout(cfg: Any) -> TrainLayout | str | None:
     params, backend = cfg.trainer.backend_params, cfg.trainer.backend
     dtype = getattr(params, "dtype", None) or cfg.model.dtype
     if backend == "torch":  # fp32 parameters, autocast forwards in the compute dtype, SDPA attention
-        return replicated(params.world_size, dtype, autocast=True, note=f"torch DP {params.world_size}, {dtype}") \
-            if _on_gpu(params) else None
+        return (
+            replicated(params.world_size, dtype, autocast=True, note=f"torch DP {params.world_size}, {dtype}")
+            if _on_gpu(params)
+            else None
+        )
     if backend == "fsdp":
         if not _on_gpu(params):
             return None
@@ -41,13 +44,20 @@ def engine_layout(cfg: Any, row: int) -> EngineLayout | str | None:
         if not _on_gpu(params):
             return None
         dtype = cfg.model.dtype
-        return EngineLayout(gpus=1, weight_bytes=DTYPE_BYTES.get(dtype, 4), kv_tokens=params.max_batch_size * row,
-                            runtime_gib=1.5, releases_memory=cfg.rollout.release_memory)  # fmt: skip
+        return EngineLayout(
+            gpus=1,
+            weight_bytes=DTYPE_BYTES.get(dtype, 4),
+            kv_tokens=params.max_batch_size * row,
+            runtime_gib=1.5,
+            releases_memory=cfg.rollout.release_memory,
+        )
     return layout_of(params, cfg)
 
 
 def recompute(cfg: Any) -> str:
     """The recompute mode the trainer runs (FSDP's older ``activation_checkpointing`` counts as full)."""
-    if cfg.trainer.backend == "fsdp" and getattr(cfg.trainer.backend_params, "activation_checkpointing", False):
+    if cfg.trainer.backend == "fsdp" and getattr(
+        cfg.trainer.backend_params, "activation_checkpointing", False
+    ):
         return "full"
     return cfg.trainer.recompute

@@ -30,7 +30,9 @@ class TrainLayout:
     tensor_parallel: int = 1  # splits each layer's activations' head / MLP dims
     sequence_parallel: bool = False  # also the hidden-size activations (norms, residuals)
     context_parallel: int = 1  # splits every activation's tokens
-    pipeline_parallel: int = 1  # layers per stage = layers / PP; the first stage keeps PP micro-batches in flight
+    pipeline_parallel: int = (
+        1  # layers per stage = layers / PP; the first stage keeps PP micro-batches in flight
+    )
     weight_bytes: int = 2  # the model copy the forward reads (compute dtype); 0 when the masters are it
     master_bytes: int = 4  # fp32 master weights (or the fp32 parameters themselves)
     grad_bytes: int = 4
@@ -77,35 +79,71 @@ def precision(dtype: str) -> tuple[int, int]:
     return compute, 4
 
 
-def replicated(world: int, dtype: str, *, autocast: bool, flash_attention: bool = True, note: str = "") -> TrainLayout:
+def replicated(
+    world: int, dtype: str, *, autocast: bool, flash_attention: bool = True, note: str = ""
+) -> TrainLayout:
     """Data parallel with a full copy per rank: fp32 parameters (the masters), fp32 grads and AdamW state,
     and with ``autocast`` in half precision a compute-dtype copy of every weight while the step runs."""
     compute, _ = precision(dtype)
-    return TrainLayout(world=world, weight_bytes=0, cast_cache=autocast and compute < 4,
-                       flash_attention=flash_attention, note=note)  # fmt: skip
+    return TrainLayout(
+        world=world,
+        weight_bytes=0,
+        cast_cache=autocast and compute < 4,
+        flash_attention=flash_attention,
+        note=note,
+    )
 
 
-def sharded(world: int, dtype: str, *, context_parallel: int = 1, offload: bool = False, note: str = "") -> TrainLayout:
+def sharded(
+    world: int, dtype: str, *, context_parallel: int = 1, offload: bool = False, note: str = ""
+) -> TrainLayout:
     """FSDP: fp32 parameters, grads and AdamW state sharded over ``world`` ranks; each layer gathered in the
     compute dtype for its forward and backward (this layer and the prefetched next)."""
-    return TrainLayout(world=world, weight_bytes=0, master_shards=world, grad_shards=world, optimizer_shards=world,
-                       gathered_layers=2, context_parallel=context_parallel, offload_to_host=offload,
-                       note=note)  # fmt: skip
+    return TrainLayout(
+        world=world,
+        weight_bytes=0,
+        master_shards=world,
+        grad_shards=world,
+        optimizer_shards=world,
+        gathered_layers=2,
+        context_parallel=context_parallel,
+        offload_to_host=offload,
+        note=note,
+    )
 
 
-def model_parallel(tensor: int, pipeline: int, data: int, expert: int, dtype: str, *, distributed_optimizer: bool,
-                   sequence_parallel: bool, flash_attention: bool, chunked_logits: bool, note: str = "") -> TrainLayout:
+def model_parallel(
+    tensor: int,
+    pipeline: int,
+    data: int,
+    expert: int,
+    dtype: str,
+    *,
+    distributed_optimizer: bool,
+    sequence_parallel: bool,
+    flash_attention: bool,
+    chunked_logits: bool,
+    note: str = "",
+) -> TrainLayout:
     """Tensor x pipeline (x expert) parallel weights in the compute dtype with fp32 masters, fp32 grads and
     AdamW state; a distributed optimizer shards masters and moments over the data-parallel ranks (the fp32
     grad buffer stays whole)."""
     compute, _ = precision(dtype)
     shards = data if distributed_optimizer else 1
     return TrainLayout(
-        world=tensor * pipeline * data, dense_split=tensor * pipeline, expert_split=expert * pipeline,
-        tensor_parallel=tensor, sequence_parallel=sequence_parallel, pipeline_parallel=pipeline,
-        weight_bytes=compute if compute < 4 else 0, master_shards=shards, optimizer_shards=shards,
-        flash_attention=flash_attention, chunked_logits=chunked_logits, note=note,
-    )  # fmt: skip
+        world=tensor * pipeline * data,
+        dense_split=tensor * pipeline,
+        expert_split=expert * pipeline,
+        tensor_parallel=tensor,
+        sequence_parallel=sequence_parallel,
+        pipeline_parallel=pipeline,
+        weight_bytes=compute if compute < 4 else 0,
+        master_shards=shards,
+        optimizer_shards=shards,
+        flash_attention=flash_attention,
+        chunked_logits=chunked_logits,
+        note=note,
+    )
 
 
 def layout_of(params: Any, cfg: Any) -> TrainLayout | EngineLayout | None | str:

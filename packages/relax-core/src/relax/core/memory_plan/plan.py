@@ -53,15 +53,21 @@ class MemoryPlan:
         for d in self.devices:
             if d.total > self.usable:
                 term, size = max(d.terms.items(), key=lambda kv: kv[1])
-                out.append(f"memory plan: {d.name} needs {d.total / GIB:.1f} GiB > {self.usable / GIB:.1f} GiB usable "
-                           f"of {self.gpu_gib:g} GiB (largest term: {term} {size / GIB:.1f} GiB; `relax plan` prints "
-                           "every term)")  # fmt: skip
+                out.append(
+                    f"memory plan: {d.name} needs {d.total / GIB:.1f} GiB > {self.usable / GIB:.1f} GiB usable "
+                    f"of {self.gpu_gib:g} GiB (largest term: {term} {size / GIB:.1f} GiB; `relax plan` prints "
+                    "every term)"
+                )
         if self.kv_tokens is not None and self.kv_tokens < self.row:
-            out.append(f"memory plan: an engine's KV cache holds {self.kv_tokens:.0f} tokens, less than one row of "
-                       f"{self.row} (data.max_prompt_length + the response): raise its memory fraction, or its "
-                       "tensor parallelism")  # fmt: skip
+            out.append(
+                f"memory plan: an engine's KV cache holds {self.kv_tokens:.0f} tokens, less than one row of "
+                f"{self.row} (data.max_prompt_length + the response): raise its memory fraction, or its "
+                "tensor parallelism"
+            )
         if self.stated_gpus and self.gpus > self.stated_gpus:
-            out.append(f"memory plan: the run reserves {self.gpus} GPUs, cluster.gpus states {self.stated_gpus}")
+            out.append(
+                f"memory plan: the run reserves {self.gpus} GPUs, cluster.gpus states {self.stated_gpus}"
+            )
         return out
 
 
@@ -71,8 +77,15 @@ def _gpus(layout: TrainLayout | EngineLayout | None) -> int:
     return layout.gpus if isinstance(layout, EngineLayout) else 0
 
 
-def build_plan(cfg: Any, shape: ModelShape, gpu_gib: float, *, critic: ModelShape | None = None,
-               reference: ModelShape | None = None, teacher: ModelShape | None = None) -> MemoryPlan:
+def build_plan(
+    cfg: Any,
+    shape: ModelShape,
+    gpu_gib: float,
+    *,
+    critic: ModelShape | None = None,
+    reference: ModelShape | None = None,
+    teacher: ModelShape | None = None,
+) -> MemoryPlan:
     """Every GPU kind of ``cfg``: trainer ranks and engines on their own GPUs (async / hybrid) or one shared
     GPU per rank seen at both peaks (colocate); reference / teacher as one GPU each. ``critic`` etc.: the
     shapes of those roles' models when the run has them."""
@@ -92,8 +105,13 @@ def build_plan(cfg: Any, shape: ModelShape, gpu_gib: float, *, critic: ModelShap
     if cfg.mode == "colocate" and train and engine:
         offload = bool(getattr(cfg.trainer, "offload", False))
         devices.append(Device("colocated GPU while training", tl.world, {**train, **engine.idle}))
-        devices.append(Device("colocated GPU while generating", tl.world,
-                              {**roles.resident_terms(train, offload), **engine.terms}))  # fmt: skip
+        devices.append(
+            Device(
+                "colocated GPU while generating",
+                tl.world,
+                {**roles.resident_terms(train, offload), **engine.terms},
+            )
+        )
         gpus = max(tl.world, engines * el.gpus)
     else:
         if train:
@@ -104,10 +122,14 @@ def build_plan(cfg: Any, shape: ModelShape, gpu_gib: float, *, critic: ModelShap
     on_gpu = tl is not None
     for name, model in (("reference", reference), ("teacher", teacher)):
         if model is not None and on_gpu:
-            devices.append(Device(f"{name} GPU (frozen, {dtype})", 1, roles.frozen_terms(model, dtype, size), False))
+            devices.append(
+                Device(f"{name} GPU (frozen, {dtype})", 1, roles.frozen_terms(model, dtype, size), False)
+            )
     if engine:
-        notes.append(f"engine KV cache: {engine.kv_tokens:,.0f} tokens per server "
-                     f"({engine.kv_tokens / size.row:.1f} rows of {size.row})")  # fmt: skip
+        notes.append(
+            f"engine KV cache: {engine.kv_tokens:,.0f} tokens per server "
+            f"({engine.kv_tokens / size.row:.1f} rows of {size.row})"
+        )
     stated = int(getattr(getattr(cfg, "cluster", None), "gpus", 0) or 0)
     return MemoryPlan(gpu_gib, devices, gpus, stated, notes, engine.kv_tokens if engine else None, size.row)
 

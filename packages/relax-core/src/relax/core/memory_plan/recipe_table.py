@@ -47,20 +47,39 @@ def rows() -> list[list[str]]:
             train = "colocated GPU while training" if cfg.mode == "colocate" else "trainer GPU"
             gen = "colocated GPU while generating" if cfg.mode == "colocate" else "engine GPU"
             budget = cfg.trainer.max_tokens_per_micro_batch or f"{cfg.trainer.micro_batch_size} rows"
-            out.append([
-                f"`{name}`" + (" --mode colocate" if mode else ""), recipe.hardware, f"{plan.gpus}", _layout(cfg),
-                f"{budget} / {cfg.trainer.recompute}",
-                f"{_terms(plan, train, ('weights', 'masters', 'gradients', 'optimizer', 'gathered', 'autocast')):.1f}",
-                f"{_terms(plan, train, ('activations', 'logits')):.1f}",
-                f"{peak(plan, train):.1f}", f"{peak(plan, gen):.1f}", f"{plan.kv_tokens or 0:,.0f}",
-                f"{plan.usable / GIB:.1f}", "yes" if not plan.errors() else "NO",
-            ])  # fmt: skip
+            out.append(
+                [
+                    f"`{name}`" + (" --mode colocate" if mode else ""),
+                    recipe.hardware,
+                    f"{plan.gpus}",
+                    _layout(cfg),
+                    f"{budget} / {cfg.trainer.recompute}",
+                    f"{_terms(plan, train, ('weights', 'masters', 'gradients', 'optimizer', 'gathered', 'autocast')):.1f}",
+                    f"{_terms(plan, train, ('activations', 'logits')):.1f}",
+                    f"{peak(plan, train):.1f}",
+                    f"{peak(plan, gen):.1f}",
+                    f"{plan.kv_tokens or 0:,.0f}",
+                    f"{plan.usable / GIB:.1f}",
+                    "yes" if not plan.errors() else "NO",
+                ]
+            )
     return out
 
 
-HEAD = ["recipe", "sized for", "GPUs used", "layout (trainer; engines)", "micro-batch tokens / recompute",
-        "trainer state GiB", "activations + logits GiB", "training peak GiB", "generating peak GiB",
-        "KV tokens per server", "usable GiB", "fits"]  # fmt: skip
+HEAD = [
+    "recipe",
+    "sized for",
+    "GPUs used",
+    "layout (trainer; engines)",
+    "micro-batch tokens / recompute",
+    "trainer state GiB",
+    "activations + logits GiB",
+    "training peak GiB",
+    "generating peak GiB",
+    "KV tokens per server",
+    "usable GiB",
+    "fits",
+]
 
 
 def markdown() -> str:

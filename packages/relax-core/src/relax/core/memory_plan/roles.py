@@ -30,16 +30,23 @@ def sizes(cfg: Any) -> Sizes:
     row = cfg.data.max_prompt_length + response
     budget = cfg.trainer.max_tokens_per_micro_batch
     tokens = max(budget, row) if budget else cfg.trainer.micro_batch_size * row
-    return Sizes(row=row, tokens=tokens, chunk=cfg.trainer.logits_chunk_tokens, recompute=cfg.trainer.recompute)
+    return Sizes(
+        row=row, tokens=tokens, chunk=cfg.trainer.logits_chunk_tokens, recompute=cfg.trainer.recompute
+    )
 
 
 def lora_params(shape: ModelShape, lora: Any) -> int:
     """Trainable parameters of ``trainer.lora``: rank x (in + out) per targeted projection per layer, plus the
     modules trained in full (``modules_to_save``: the embedding / head)."""
-    dims = {"q_proj": (shape.hidden, shape.q_dim), "k_proj": (shape.hidden, shape.kv_dim),
-            "v_proj": (shape.hidden, shape.kv_dim), "o_proj": (shape.q_dim, shape.hidden),
-            "gate_proj": (shape.hidden, shape.intermediate), "up_proj": (shape.hidden, shape.intermediate),
-            "down_proj": (shape.intermediate, shape.hidden)}  # fmt: skip
+    dims = {
+        "q_proj": (shape.hidden, shape.q_dim),
+        "k_proj": (shape.hidden, shape.kv_dim),
+        "v_proj": (shape.hidden, shape.kv_dim),
+        "o_proj": (shape.q_dim, shape.hidden),
+        "gate_proj": (shape.hidden, shape.intermediate),
+        "up_proj": (shape.hidden, shape.intermediate),
+        "down_proj": (shape.intermediate, shape.hidden),
+    }
     wanted = lora.target_modules
     targets = dims if "all-linear" in wanted else {k: v for k, v in dims.items() if k in wanted}
     adapters = shape.layers * sum(lora.rank * (a + b) for a, b in targets.values())
@@ -47,8 +54,14 @@ def lora_params(shape: ModelShape, lora: Any) -> int:
     return adapters + full
 
 
-def trainer_terms(shape: ModelShape, layout: TrainLayout, cfg: Any, size: Sizes, dtype: str,
-                  critic: ModelShape | None = None) -> dict[str, float]:
+def trainer_terms(
+    shape: ModelShape,
+    layout: TrainLayout,
+    cfg: Any,
+    size: Sizes,
+    dtype: str,
+    critic: ModelShape | None = None,
+) -> dict[str, float]:
     """One trainer rank at its training peak: state, one micro-batch's activations and logits, the weight-sync
     bucket, the CUDA runtime; with a critic (same process) its state too (the two never run backward together,
     so the larger activation peak counts). The critic (``relax.core.trainers.critic``) is a whole fp32 replica
@@ -80,7 +93,10 @@ def resident_terms(trainer: dict[str, float], offload: bool) -> dict[str, float]
     kept = {k: v for k, v in trainer.items() if k.startswith(("policy ", "critic ")) and k.endswith(state)}
     if offload:
         kept = {}
-    return {**{f"trainer {k} (resident)": v for k, v in kept.items()}, "trainer CUDA runtime": RUNTIME_GIB * t.GIB}
+    return {
+        **{f"trainer {k} (resident)": v for k, v in kept.items()},
+        "trainer CUDA runtime": RUNTIME_GIB * t.GIB,
+    }
 
 
 def frozen_terms(shape: ModelShape, dtype: str, size: Sizes) -> dict[str, float]:
@@ -113,6 +129,10 @@ def engine_terms(shape: ModelShape, layout: EngineLayout, gpu_bytes: float) -> E
     else:
         kv = layout.kv_tokens * per_token
     runtime = layout.runtime_gib * t.GIB
-    terms = {"engine weights": weights, "engine KV cache": kv, "engine runtime (graphs, activations)": runtime}
+    terms = {
+        "engine weights": weights,
+        "engine KV cache": kv,
+        "engine runtime (graphs, activations)": runtime,
+    }
     idle = {"engine runtime (released)": runtime} if layout.releases_memory else dict(terms)
     return EngineTerms(terms, idle, kv / per_token if per_token else 0.0)

@@ -23,7 +23,9 @@ _FFN = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "n_inner")
 
 
 def _first(d: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> Any:
-    return next((d[k] for k in keys if isinstance(d.get(k), int | float) and not isinstance(d.get(k), bool)), default)
+    return next(
+        (d[k] for k in keys if isinstance(d.get(k), int | float) and not isinstance(d.get(k), bool)), default
+    )
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,15 @@ class ModelShape:
 
     def layer_params(self, moe: bool) -> int:
         """One decoder layer with its two norms; ``moe``: router, routed and shared experts instead of the MLP."""
-        mlp = (self.expert_params_per_layer() + self.hidden * self.experts
-               + 3 * self.hidden * self.shared_expert_intermediate) if moe else self.dense_mlp_params()  # fmt: skip
+        mlp = (
+            (
+                self.expert_params_per_layer()
+                + self.hidden * self.experts
+                + 3 * self.hidden * self.shared_expert_intermediate
+            )
+            if moe
+            else self.dense_mlp_params()
+        )
         return self.attention_params() + mlp + 2 * self.hidden
 
     def embedding_params(self) -> int:
@@ -78,8 +87,12 @@ class ModelShape:
 
     def total_params(self) -> int:
         dense_layers = self.layers - self.moe_layers
-        return (dense_layers * self.layer_params(False) + self.moe_layers * self.layer_params(True)
-                + self.embedding_params() + self.tower_params)  # fmt: skip
+        return (
+            dense_layers * self.layer_params(False)
+            + self.moe_layers * self.layer_params(True)
+            + self.embedding_params()
+            + self.tower_params
+        )
 
     def largest_layer_params(self) -> int:
         return self.layer_params(self.moe_layers > 0)
@@ -116,19 +129,28 @@ def _lm_shape(d: dict[str, Any], tied_default: bool) -> ModelShape:
         step = int(d.get("decoder_sparse_step") or 1)
         dense_only = set(d.get("mlp_only_layers") or [])
         first_dense = int(d.get("first_k_dense_replace") or 0)
-        moe_layers = sum(1 for i in range(layers) if i not in dense_only and i >= first_dense and (i + 1) % step == 0)
+        moe_layers = sum(
+            1 for i in range(layers) if i not in dense_only and i >= first_dense and (i + 1) % step == 0
+        )
     shared = int(d.get("shared_expert_intermediate_size") or 0)
     if not shared and d.get("n_shared_experts"):
         shared = int(d["n_shared_experts"]) * int(d.get("moe_intermediate_size") or 0)
     tied = d.get("tie_word_embeddings")
     return ModelShape(
-        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        intermediate=int(_first(d, _FFN, 4 * hidden)), vocab=int(d["vocab_size"]),
-        tied_embeddings=tied_default if tied is None else bool(tied), experts=experts,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=int(_first(d, _FFN, 4 * hidden)),
+        vocab=int(d["vocab_size"]),
+        tied_embeddings=tied_default if tied is None else bool(tied),
+        experts=experts,
         experts_per_token=int(d.get("num_experts_per_tok") or 0) if experts else 0,
         expert_intermediate=int(d.get("moe_intermediate_size") or 0) if experts else 0,
-        shared_expert_intermediate=shared if experts else 0, moe_layers=moe_layers,
-    )  # fmt: skip
+        shared_expert_intermediate=shared if experts else 0,
+        moe_layers=moe_layers,
+    )
 
 
 def tower_params(d: dict[str, Any]) -> int:
@@ -142,7 +164,9 @@ def tower_params(d: dict[str, Any]) -> int:
     out = int(_first(d, ("out_hidden_size", "output_dim", "projection_dim"), 0))
     total = int(layers) * (4 * hidden * hidden + 2 * hidden * ffn + 9 * hidden)
     if patch := d.get("patch_size"):
-        total += int(d.get("in_channels", 3)) * int(d.get("temporal_patch_size", 1)) * int(patch) ** 2 * hidden
+        total += (
+            int(d.get("in_channels", 3)) * int(d.get("temporal_patch_size", 1)) * int(patch) ** 2 * hidden
+        )
     total += int(d.get("num_position_embeddings") or 0) * hidden
     if merge := d.get("spatial_merge_size"):
         wide = hidden * int(merge) ** 2
@@ -156,14 +180,19 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     """The trained model of a config.json (see the module docstring); a clear error if it has none."""
     candidates = [(d, parent) for d, parent in _subconfigs(config) if _is_lm(d)]
     if not candidates:
-        raise ShapeError("config.json: no language model found (no (sub-)config with vocab_size, a layer count "
-                         "and a hidden size)")  # fmt: skip
+        raise ShapeError(
+            "config.json: no language model found (no (sub-)config with vocab_size, a layer count "
+            "and a hidden size)"
+        )
     tied_default = config.get("tie_word_embeddings")
     tied_default = True if tied_default is None else bool(tied_default)
     shapes = [(_lm_shape(d, tied_default), d, parent) for d, parent in candidates]
     lm, lm_dict, parent = max(shapes, key=lambda s: s[0].total_params())
     towers = 0
     if parent is not None:  # the LM's siblings without a vocabulary: the towers the adapter trains with it
-        towers = sum(tower_params(v) for v in parent.values()
-                     if isinstance(v, dict) and v is not lm_dict and "vocab_size" not in v)  # fmt: skip
+        towers = sum(
+            tower_params(v)
+            for v in parent.values()
+            if isinstance(v, dict) and v is not lm_dict and "vocab_size" not in v
+        )
     return ModelShape(**{**lm.__dict__, "tower_params": towers})

@@ -32,7 +32,9 @@ def model_config(path: str | None) -> tuple[dict[str, Any], str]:
             raise ShapeError(f"{file}: not readable as JSON ({exc})") from None
     if (shipped := bundled_config(Path(path).name)) is not None:
         return shipped, f"the shape shipped for {Path(path).name} ({file} not there yet)"
-    raise ShapeError(f"{file}: not found, and no shape is shipped for {Path(path).name!r}; download the model first")
+    raise ShapeError(
+        f"{file}: not found, and no shape is shipped for {Path(path).name!r}; download the model first"
+    )
 
 
 def shape_of(path: str | None) -> ModelShape:
@@ -56,11 +58,13 @@ def plan_for(cfg: Any, gpu_gib: float) -> MemoryPlan:
     needs = config_needs(cfg.algorithm)
     teacher = policy if cfg.algorithm.teacher_model_path == POLICY_INIT else cfg.algorithm.teacher_model_path
     return build_plan(
-        cfg, shape_of(policy), gpu_gib,
+        cfg,
+        shape_of(policy),
+        gpu_gib,
         critic=shape_of(critic.model_path or policy) if critic.enable else None,
         reference=shape_of(policy) if "reference" in needs and cfg.trainer.lora is None else None,
         teacher=shape_of(teacher) if "teacher" in needs else None,
-    )  # fmt: skip
+    )
 
 
 def plan_errors(cfg: Any, override: float | None = None) -> list[str]:

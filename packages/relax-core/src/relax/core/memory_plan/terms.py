@@ -36,8 +36,9 @@ def split_params(shape: ModelShape, layout: TrainLayout) -> float:
     return (shape.total_params() - experts) / layout.dense_split + experts / layout.expert_split
 
 
-def state_terms(shape: ModelShape, layout: TrainLayout, compute_bytes: int,
-                trainable: float | None = None) -> dict[str, float]:
+def state_terms(
+    shape: ModelShape, layout: TrainLayout, compute_bytes: int, trainable: float | None = None
+) -> dict[str, float]:
     """weights / fp32 masters / grads / optimizer per rank. ``trainable``: parameters trained (LoRA: the
     adapters and modules_to_save); the rest of the model is frozen in the compute dtype."""
     held = split_params(shape, layout)
@@ -52,7 +53,9 @@ def state_terms(shape: ModelShape, layout: TrainLayout, compute_bytes: int,
     if layout.offload_to_host:
         terms = {k: 0.0 for k in terms}
     if layout.gathered_layers:
-        terms["gathered layers"] = layout.gathered_layers * shape.largest_layer_params() * 2 / layout.expert_split
+        terms["gathered layers"] = (
+            layout.gathered_layers * shape.largest_layer_params() * 2 / layout.expert_split
+        )
     if layout.cast_cache:
         terms["autocast weight copies"] = 2 * train
     return terms
@@ -66,15 +69,26 @@ def layer_activation_elements(shape: ModelShape, layout: TrainLayout) -> float:
     """Elements one token keeps for backward in one decoder layer (module docstring)."""
     tp, sp = layout.tensor_parallel, layout.tensor_parallel if layout.sequence_parallel else 1
     if shape.moe_layers:
-        mlp = (4 * shape.expert_intermediate * shape.experts_per_token + 4 * shape.shared_expert_intermediate
-               + 2 * shape.hidden * shape.experts_per_token + 2 * shape.experts)  # fmt: skip
+        mlp = (
+            4 * shape.expert_intermediate * shape.experts_per_token
+            + 4 * shape.shared_expert_intermediate
+            + 2 * shape.hidden * shape.experts_per_token
+            + 2 * shape.experts
+        )
     else:
         mlp = 4 * shape.intermediate
     return (8 * shape.hidden / sp + (3 * shape.q_dim + 3 * shape.kv_dim + mlp) / tp) / layout.context_parallel
 
 
-def activation_terms(shape: ModelShape, layout: TrainLayout, tokens: int, row: int, compute_bytes: int,
-                     recompute: str, grad: bool = True) -> dict[str, float]:
+def activation_terms(
+    shape: ModelShape,
+    layout: TrainLayout,
+    tokens: int,
+    row: int,
+    compute_bytes: int,
+    recompute: str,
+    grad: bool = True,
+) -> dict[str, float]:
     """Activations of one micro-batch of ``tokens`` tokens in rows of at most ``row`` tokens.
 
     ``grad`` False (a no-grad scoring pass): only one layer's transients exist at once."""
@@ -82,8 +96,14 @@ def activation_terms(shape: ModelShape, layout: TrainLayout, tokens: int, row: i
     in_flight = layout.pipeline_parallel  # 1F1B: the first stage holds PP micro-batches' activations
     per_layer = layer_activation_elements(shape, layout) * tokens * compute_bytes
     if compute_bytes < 4:  # RMSNorm upcasts its input to fp32 and keeps it
-        per_layer += 2 * shape.hidden * 4 * tokens / layout.context_parallel / (
-            layout.tensor_parallel if layout.sequence_parallel else 1)
+        per_layer += (
+            2
+            * shape.hidden
+            * 4
+            * tokens
+            / layout.context_parallel
+            / (layout.tensor_parallel if layout.sequence_parallel else 1)
+        )
     heads = shape.heads / layout.tensor_parallel
     scores = 0.0 if layout.flash_attention else heads * tokens * row / layout.context_parallel
     if not layout.flash_attention:  # eager attention also keeps K and V repeated to every query head
@@ -93,10 +113,19 @@ def activation_terms(shape: ModelShape, layout: TrainLayout, tokens: int, row: i
         return {"activations (no grad, one layer)": transient}
     if recompute == "full":
         inputs = (layers * in_flight + 2) * shape.hidden + 2 * shape.head_dim  # + final norm, rotary tables
-        keep = inputs * tokens * compute_bytes / (
-            layout.context_parallel * (layout.tensor_parallel if layout.sequence_parallel else 1))
-        return {"activations (layer inputs, recompute)": keep, "activations (one layer recomputed)": transient}
-    kept_scores = 0.0 if recompute == "selective" else scores * (4 + (compute_bytes if compute_bytes < 4 else 0))
+        keep = (
+            inputs
+            * tokens
+            * compute_bytes
+            / (layout.context_parallel * (layout.tensor_parallel if layout.sequence_parallel else 1))
+        )
+        return {
+            "activations (layer inputs, recompute)": keep,
+            "activations (one layer recomputed)": transient,
+        }
+    kept_scores = (
+        0.0 if recompute == "selective" else scores * (4 + (compute_bytes if compute_bytes < 4 else 0))
+    )
     kept = layers * in_flight * (per_layer + kept_scores)
     return {"activations": kept, "activations (one layer's scores)": scores * 8}
 

@@ -59,4 +59,6 @@ def even_replica_rows(batch: dict[str, Any], rank: int, world_size: int) -> dict
     pad = take_rows(batch, 0, 1)
     pad["response_mask"] = torch.zeros_like(pad["response_mask"])
     missing = size - (end - start)
-    return {k: torch.cat([v] + [pad[k]] * missing) if _per_row(batch[k], rows) else v for k, v in share.items()}
+    return {
+        k: torch.cat([v] + [pad[k]] * missing) if _per_row(batch[k], rows) else v for k, v in share.items()
+    }

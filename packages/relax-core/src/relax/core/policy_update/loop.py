@@ -46,8 +46,15 @@ class PolicyUpdate:
     ``fuse_old_logprobs``: the backend declares ``fuses_old_logprobs`` (see :meth:`train_step`).
     ``step`` counts ``train_step`` calls (the LR schedule's whole state: a backend checkpoints it)."""
 
-    def __init__(self, backend: ModelStep, settings: UpdateSettings, objective: Objective | None, *,
-                 critic: Any = None, fuse_old_logprobs: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        backend: ModelStep,
+        settings: UpdateSettings,
+        objective: Objective | None,
+        *,
+        critic: Any = None,
+        fuse_old_logprobs: bool = False,
+    ) -> None:
         self.backend, self.settings, self.objective, self.critic = backend, settings, objective, critic
         self.fuse_old_logprobs = fuse_old_logprobs  # what the backend declares (capabilities.DECLARED)
         self.step = 0
@@ -87,7 +94,10 @@ class PolicyUpdate:
                 record.update(self._optimizer_step(mini, lr))
             records.append(record)
         self.step += 1
-        metrics = {k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records)) for k in records[0]}
+        metrics = {
+            k: sum(r[k] for r in records) / (1 if k == "skipped_nonfinite" else len(records))
+            for k in records[0]
+        }
         if computed and scored and "rollout_logprobs" in batch and all("old_logprobs" in m for m in minis):
             metrics.update(self._rollout_mismatch(minis[:scored]))
         if self.critic is not None:
@@ -103,7 +113,9 @@ class PolicyUpdate:
         update, and how many mini-batches' old logprobs this model scores (mismatch metrics)."""
         rows = batch["responses"].shape[0]
         size = math.ceil(rows / self.settings.num_minibatches)
-        if self.backend.dp_size > 1:  # each replica scores its own rows of every mini-batch, before any update
+        if (
+            self.backend.dp_size > 1
+        ):  # each replica scores its own rows of every mini-batch, before any update
             minis = [self.backend.local_rows(self._balanced(mini)) for mini in split_rows(batch, size)]
             for mini in minis:
                 if "old_logprobs" not in mini:
@@ -147,7 +159,11 @@ class PolicyUpdate:
             n = float(m["response_mask"].sum())
             if n:
                 mm = mismatch_metrics(m["old_logprobs"], m["rollout_logprobs"], m["response_mask"])
-                tokens, abs_sum, k3_sum = tokens + n, abs_sum + n * mm["mismatch_abs_logprob_diff"], k3_sum + n * mm["mismatch_k3_kl"]
+                tokens, abs_sum, k3_sum = (
+                    tokens + n,
+                    abs_sum + n * mm["mismatch_abs_logprob_diff"],
+                    k3_sum + n * mm["mismatch_k3_kl"],
+                )
         tokens, abs_sum, k3_sum = self.backend.all_reduce_sum([tokens, abs_sum, k3_sum])
         tokens = max(tokens, 1.0)
         return {"rollout_logprob_abs_diff": abs_sum / tokens, "rollout_k3_kl": k3_sum / tokens}
@@ -160,16 +176,23 @@ class PolicyUpdate:
         backend.zero_grad()
         fused: list[tuple[Batch, torch.Tensor]] = []  # old logprobs taken from this forward (see train_step)
 
-        def loss_fn(micro: Batch, logprobs: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        def loss_fn(
+            micro: Batch, logprobs: torch.Tensor, entropy: torch.Tensor
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             if "old_logprobs" not in micro:  # exactly what score returns for these rows
                 micro["old_logprobs"] = torch.where(micro["response_mask"] > 0, logprobs.detach(), 0.0)
                 fused.append((micro, micro["old_logprobs"]))
             inputs = PolicyLossInputs(
-                logprobs=logprobs, old_logprobs=micro["old_logprobs"], advantages=micro["advantages"],
-                response_mask=micro["response_mask"], entropy=entropy, loss_agg_mode=s.loss_agg_mode,
-                global_token_count=tokens, global_seq_count=seqs,
+                logprobs=logprobs,
+                old_logprobs=micro["old_logprobs"],
+                advantages=micro["advantages"],
+                response_mask=micro["response_mask"],
+                entropy=entropy,
+                loss_agg_mode=s.loss_agg_mode,
+                global_token_count=tokens,
+                global_seq_count=seqs,
                 **{k: micro[k] for k in OPTIONAL_COLUMNS if k in micro},
-            )  # fmt: skip
+            )
             loss, obj_metrics = self.objective(inputs)
             record = _weighted(obj_metrics, float(micro["response_mask"].sum()))
             record[_LOSS] = float(loss.detach())
@@ -180,15 +203,22 @@ class PolicyUpdate:
         records = backend.forward_backward(micros, loss_fn)
         records.append(_shape_record(micros, packed=getattr(backend, "packs_sequences", False)))
         keys = sorted({k for r in records for k in r})
-        sums = dict(zip(keys, backend.all_reduce_sum([sum(r.get(k, 0.0) for r in records) for k in keys]), strict=True))
+        sums = dict(
+            zip(
+                keys, backend.all_reduce_sum([sum(r.get(k, 0.0) for r in records) for k in keys]), strict=True
+            )
+        )
         loss_sum, entropy_sum = sums.pop(_LOSS), sums.pop(_ENTROPY)
         positions, real, count = sums.pop(_POSITIONS), sums.pop(_REAL), sums.pop(_MICROS)
         grad_norm = backend.finish_gradients(s.grad_clip if s.grad_clip and s.grad_clip > 0 else float("inf"))
         skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
         if skipped:  # a NaN/inf update would destroy the weights: dropped, or the run stops
             backend.zero_grad()
-            self._nonfinite(f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} (loss {loss_sum}, "
-                            f"grad_norm {grad_norm}); the update was not applied", skippable=True)  # fmt: skip
+            self._nonfinite(
+                f"non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient'} (loss {loss_sum}, "
+                f"grad_norm {grad_norm}); the update was not applied",
+                skippable=True,
+            )
         elif problem := backend.apply_gradients(lr):
             self._nonfinite(problem, skippable=False)  # weights already non-finite: skipping cannot help
         if fused:
@@ -207,7 +237,9 @@ class PolicyUpdate:
     def _nonfinite(self, what: str, skippable: bool) -> None:
         if not (self.settings.skip_nonfinite and skippable):
             hint = "; trainer.skip_nonfinite=true skips such updates instead of stopping" if skippable else ""
-            raise NonFiniteError(f"train step {self.step + 1}: {what}. Lower trainer.lr or check rewards and advantages{hint}")
+            raise NonFiniteError(
+                f"train step {self.step + 1}: {what}. Lower trainer.lr or check rewards and advantages{hint}"
+            )
 
 
 def _shape_record(micros: list[Batch], packed: bool) -> dict[str, float]:

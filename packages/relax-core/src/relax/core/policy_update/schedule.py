@@ -13,7 +13,9 @@ def check_schedule(schedule: str) -> None:
         raise ValueError(f"unknown lr_schedule {schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float = 0.0) -> float:
+def lr_factor(
+    step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float = 0.0
+) -> float:
     """Multiplier on the base LR for 0-based ``step``.
 
     Warmup is linear, ``(step + 1) / warmup_steps`` (the first step already learns), reaching 1 at

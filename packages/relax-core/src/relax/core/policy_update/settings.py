@@ -55,21 +55,37 @@ class UpdateSettings:
         """From a plugin factory's ``PluginContext``: ``ctx.train`` (core's ``TrainSpec``) and ``ctx.seed``."""
         spec, t = ctx.train, ctx.train.optim
         return cls(
-            lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas), eps=t.eps, grad_clip=t.grad_clip,
-            warmup_steps=t.warmup_steps, total_steps=spec.total_steps, lr_schedule=t.lr_schedule,
-            min_lr_ratio=t.min_lr_ratio, micro_batch_size=t.micro_batch_size, num_minibatches=t.num_minibatches,
-            loss_agg_mode=spec.algorithm.loss_agg_mode, temperature=spec.temperature, seed=ctx.seed,
-            skip_nonfinite=t.skip_nonfinite, critic_warmup_steps=spec.algorithm.critic.warmup_steps,
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            betas=tuple(t.betas),
+            eps=t.eps,
+            grad_clip=t.grad_clip,
+            warmup_steps=t.warmup_steps,
+            total_steps=spec.total_steps,
+            lr_schedule=t.lr_schedule,
+            min_lr_ratio=t.min_lr_ratio,
+            micro_batch_size=t.micro_batch_size,
+            num_minibatches=t.num_minibatches,
+            loss_agg_mode=spec.algorithm.loss_agg_mode,
+            temperature=spec.temperature,
+            seed=ctx.seed,
+            skip_nonfinite=t.skip_nonfinite,
+            critic_warmup_steps=spec.algorithm.critic.warmup_steps,
             # the rollout's routing is the policy's: a distillation teacher (another model) never replays it
-            routing_replay=ctx.role != "teacher" and replays(getattr(spec.algorithm, "routing_replay", "off"), spec.trainable),
-            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch, pack_sequences=t.pack_sequences,
-            logits_chunk_tokens=t.logits_chunk_tokens, recompute=t.recompute,
-        )  # fmt: skip
+            routing_replay=ctx.role != "teacher"
+            and replays(getattr(spec.algorithm, "routing_replay", "off"), spec.trainable),
+            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+            pack_sequences=t.pack_sequences,
+            logits_chunk_tokens=t.logits_chunk_tokens,
+            recompute=t.recompute,
+        )
 
     def with_overrides(self, **overrides: Any) -> UpdateSettings:
         """A copy with some fields replaced (scripts and tests: ``TorchTrainer(path, lr=1e-2)``); an
         unknown name is an error that lists the known ones."""
         unknown = sorted(set(overrides) - {f.name for f in fields(self)})
         if unknown:
-            raise TypeError(f"unknown trainer settings {unknown}; UpdateSettings has {[f.name for f in fields(self)]}")
+            raise TypeError(
+                f"unknown trainer settings {unknown}; UpdateSettings has {[f.name for f in fields(self)]}"
+            )
         return replace(self, **overrides) if overrides else self

@@ -185,11 +185,12 @@ def micro_batches(
     return micros + [masked_micro_batch(batch) for _ in range(most - len(micros))]
 
 
-def most_over_replicas(count: int, rank: int, size: int, all_reduce_sum: Callable[[list[float]], list[float]]) -> int:
+def most_over_replicas(
+    count: int, rank: int, size: int, all_reduce_sum: Callable[[list[float]], list[float]]
+) -> int:
     """The largest ``count`` of ``size`` replicas (one sum of a one-hot vector: ``ModelStep.all_reduce_sum``)."""
     if size == 1:
         return count
     counts = [0.0] * size
     counts[rank] = float(count)
     return int(max(all_reduce_sum(counts)))
-

@@ -229,7 +229,12 @@ class TransferQueue:
         )
 
     def _select(
-        self, consumer: str, columns: list[str], batch_size: int, group_aware: bool, partition: int | None = None
+        self,
+        consumer: str,
+        columns: list[str],
+        batch_size: int,
+        group_aware: bool,
+        partition: int | None = None,
     ) -> list[Key] | None:
         chosen: list[Key] = []
         if not group_aware:

@@ -136,7 +136,9 @@ class TransferQueueClient:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options: dict = {"name": name} if name else {}
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False
+        )
         actor = TransferQueueActor.options(**options).remote(capacity, list(consumers), lease_timeout_s)
         return cls(actor, inline_bytes)
 
@@ -144,7 +146,9 @@ class TransferQueueClient:
     def connect(cls, name: str, inline_bytes: int = 64 << 10) -> TransferQueueClient:
         return cls(ray.get_actor(name), inline_bytes)
 
-    def _call(self, method: str, *args: Any, timeout: float | None = RPC_GRACE_S, num_returns: int = 1) -> Any:
+    def _call(
+        self, method: str, *args: Any, timeout: float | None = RPC_GRACE_S, num_returns: int = 1
+    ) -> Any:
         try:
             remote = getattr(self.actor, method)
             if num_returns != 1:
@@ -195,7 +199,9 @@ class TransferQueueClient:
         offloaded = self._offload_rows(rows)
         refs, parts = self._encode_offloaded(offloaded, (v for row in offloaded for v in row.values()))
         args = (group_ids, version, group_size, timeout)
-        return self._call("put_rows_packed", partition, args, refs, *parts, timeout=self._rpc_timeout(timeout))
+        return self._call(
+            "put_rows_packed", partition, args, refs, *parts, timeout=self._rpc_timeout(timeout)
+        )
 
     def add_columns(self, keys: Sequence[Key], columns: dict[str, Sequence[Any]]) -> None:
         offloaded = {col: [self._offload(v) for v in values] for col, values in columns.items()}
@@ -221,7 +227,13 @@ class TransferQueueClient:
         args = (list(columns), batch_size, timeout, group_aware, partition)
         n_parts = parts_for(self.row_bytes * batch_size)  # a wrong guess costs speed, never correctness
         refs, *parts = self._call(
-            "get_packed", consumer, args, list(ack), n_parts, timeout=self._rpc_timeout(timeout), num_returns=n_parts + 1
+            "get_packed",
+            consumer,
+            args,
+            list(ack),
+            n_parts,
+            timeout=self._rpc_timeout(timeout),
+            num_returns=n_parts + 1,
         )
         if isinstance(refs, _Raised):
             raise refs.error

@@ -7,5 +7,15 @@ from relax.core.recipes.catalog import DATASETS, RECIPES, DatasetSpec, Recipe, d
 from relax.core.recipes.output import PrepareReport, RowError
 from relax.core.recipes.prepare import build_smoke, prepare, prepare_smoke
 
-__all__ = ["DATASETS", "RECIPES", "DatasetSpec", "PrepareReport", "Recipe", "RowError", "build_smoke",
-           "dataset_of", "prepare", "prepare_smoke"]
+__all__ = [
+    "DATASETS",
+    "RECIPES",
+    "DatasetSpec",
+    "PrepareReport",
+    "Recipe",
+    "RowError",
+    "build_smoke",
+    "dataset_of",
+    "prepare",
+    "prepare_smoke",
+]

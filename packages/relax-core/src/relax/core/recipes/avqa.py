@@ -51,15 +51,21 @@ def read(source: str, split: str, out_dir: Path) -> Iterator[SourceRow]:
     if not files and root.is_dir() and (unpacked := extract_archives(root, out_dir / ".source")) is not None:
         files = data_files(unpacked, split, names)
     if not files:
-        raise SourceError(f"{source}: no {names[0]} (nor a .tar.gz holding one); expected the AVQA_R1/{split}/ "
-                          "directory of the published dataset")
+        raise SourceError(
+            f"{source}: no {names[0]} (nor a .tar.gz holding one); expected the AVQA_R1/{split}/ "
+            "directory of the published dataset"
+        )
     for file in files:
         yield from iter_file(file, file.parent)
 
 
 def options_of(value: Any) -> dict[str, str]:
     """``["A. cat", "B. dog"]`` (or un-lettered texts, lettered in order) -> ``{"A": "cat", "B": "dog"}``."""
-    if not isinstance(value, list) or len(value) < 2 or not all(isinstance(o, str) and o.strip() for o in value):
+    if (
+        not isinstance(value, list)
+        or len(value) < 2
+        or not all(isinstance(o, str) and o.strip() for o in value)
+    ):
         raise RowError("options are not a list of at least two texts", f"got {value!r:.80}")
     parsed = [_OPTION.match(o) for o in value]
     if all(parsed):
@@ -76,7 +82,9 @@ def answer_letter(solution: Any, options: dict[str, str]) -> str:
     if letter not in options:
         by_text = [k for k, v in options.items() if v.lower() == text.lower()]
         if not by_text:
-            raise RowError("answer is not one of the options", f"solution {text!r:.40}, options {sorted(options)}")
+            raise RowError(
+                "answer is not one of the options", f"solution {text!r:.40}, options {sorted(options)}"
+            )
         letter = by_text[0]
     return letter
 
@@ -98,18 +106,27 @@ def convert(src: SourceRow, out: Output) -> tuple[dict[str, Any], str]:
         raise RowError("path has no image and audio", f"got {paths!r:.80}")
     image = out.media_file("image", base / paths["image"])
     audio = out.media_file("audio", base / paths["audio"])
-    content = [{"type": "image", "image": image}, {"type": "audio", "audio": audio},
-               {"type": "text", "text": prompt_text(problem, options)}]
-    converted = {"messages": [{"role": "user", "content": content}], "label": label, "options": options,
-                 "data_source": row.get("data_source") or NAME}
+    content = [
+        {"type": "image", "image": image},
+        {"type": "audio", "audio": audio},
+        {"type": "text", "text": prompt_text(problem, options)},
+    ]
+    converted = {
+        "messages": [{"role": "user", "content": content}],
+        "label": label,
+        "options": options,
+        "data_source": row.get("data_source") or NAME,
+    }
     return converted, json.dumps([image, audio, problem, options, label])
 
 
 # --------------------------------------------------------------------------- fixture rows
 
-_QUESTIONS = [("What is making the sound?", ["dog", "piano", "car engine", "rain"]),
-              ("Where does the video take place?", ["street", "kitchen", "forest", "beach"]),
-              ("How many animals are there?", ["one", "two", "three", "four"])]
+_QUESTIONS = [
+    ("What is making the sound?", ["dog", "piano", "car engine", "rain"]),
+    ("Where does the video take place?", ["street", "kitchen", "forest", "beach"]),
+    ("How many animals are there?", ["one", "two", "three", "four"]),
+]
 
 
 def fixture_rows(rows: int) -> list[dict[str, Any]]:
@@ -119,15 +136,25 @@ def fixture_rows(rows: int) -> list[dict[str, Any]]:
     for i in range(rows):
         question, texts = _QUESTIONS[i % len(_QUESTIONS)]
         correct = "ABCD"[i % 4]
-        good.append({"problem_id": i, "problem": question, "data_type": "image_audio",
-                     "problem_type": "multiple choice", "options": [f"{k}. {t}" for k, t in zip("ABCD", texts, strict=True)],
-                     "solution": f"<answer>{correct}</answer>",
-                     "path": {"image": f"images/sample_{i}.jpg", "audio": f"audios/sample_{i}.wav"},
-                     "data_source": "OmniInstruct_v1-AVQA"})
+        good.append(
+            {
+                "problem_id": i,
+                "problem": question,
+                "data_type": "image_audio",
+                "problem_type": "multiple choice",
+                "options": [f"{k}. {t}" for k, t in zip("ABCD", texts, strict=True)],
+                "solution": f"<answer>{correct}</answer>",
+                "path": {"image": f"images/sample_{i}.jpg", "audio": f"audios/sample_{i}.wav"},
+                "data_source": "OmniInstruct_v1-AVQA",
+            }
+        )
     row = good[0]
-    return [*good, {**row, "solution": "<answer>E</answer>"},
-            {**row, "path": {"image": "images/sample_0.jpg", "audio": "audios/missing.wav"}},
-            {**row, "options": "A. yes"}]
+    return [
+        *good,
+        {**row, "solution": "<answer>E</answer>"},
+        {**row, "path": {"image": "images/sample_0.jpg", "audio": "audios/missing.wav"}},
+        {**row, "options": "A. yes"},
+    ]
 
 
 def _jpeg(png: bytes) -> bytes:
@@ -163,9 +190,15 @@ def write_fixture(directory: Path, rows: int, archive: bool = True) -> Path:
     questions); returns ``directory``."""
     top = directory / ("staging" if archive else "") / "AVQA_R1"
     _write_split(top / "train", "train", fixture_rows(rows))
-    valid = [{**r, "problem_id": 1000 + i, "problem": f"{r['problem']} (valid {i})",
-              "path": {"image": f"images/sample_{1000 + i}.jpg", "audio": f"audios/sample_{1000 + i}.wav"}}
-             for i, r in enumerate(fixture_rows(VALID_ROWS)[:VALID_ROWS])]
+    valid = [
+        {
+            **r,
+            "problem_id": 1000 + i,
+            "problem": f"{r['problem']} (valid {i})",
+            "path": {"image": f"images/sample_{1000 + i}.jpg", "audio": f"audios/sample_{1000 + i}.wav"},
+        }
+        for i, r in enumerate(fixture_rows(VALID_ROWS)[:VALID_ROWS])
+    ]
     _write_split(top / "valid", "valid", valid)
     if archive:
         with tarfile.open(directory / "AVQA_R1.tar.gz", "w:gz") as tar:

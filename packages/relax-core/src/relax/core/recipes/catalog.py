@@ -75,13 +75,37 @@ class Recipe:
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
-        DatasetSpec(dapo_math.NAME, dapo_math.HUB_ID, "17k competition math problems, answer on an 'Answer:' line",
-                    "math", dapo_math.convert, dapo_math.write_fixture, "quickstart", heldout_rows=500),
-        DatasetSpec(openr1_vl.NAME, openr1_vl.HUB_ID, "7.7k image + math question pairs, <answer> solutions",
-                    "openr1_mm", openr1_vl.convert, openr1_vl.write_fixture, "qwen3_vl", heldout_rows=200),
-        DatasetSpec(avqa.NAME, avqa.HUB_ID, "6.4k image + audio multiple-choice questions (4 options)",
-                    "multiple_choice", avqa.convert, avqa.write_fixture, "qwen3_omni", read=avqa.read,
-                    heldout_split="valid"),
+        DatasetSpec(
+            dapo_math.NAME,
+            dapo_math.HUB_ID,
+            "17k competition math problems, answer on an 'Answer:' line",
+            "math",
+            dapo_math.convert,
+            dapo_math.write_fixture,
+            "quickstart",
+            heldout_rows=500,
+        ),
+        DatasetSpec(
+            openr1_vl.NAME,
+            openr1_vl.HUB_ID,
+            "7.7k image + math question pairs, <answer> solutions",
+            "openr1_mm",
+            openr1_vl.convert,
+            openr1_vl.write_fixture,
+            "qwen3_vl",
+            heldout_rows=200,
+        ),
+        DatasetSpec(
+            avqa.NAME,
+            avqa.HUB_ID,
+            "6.4k image + audio multiple-choice questions (4 options)",
+            "multiple_choice",
+            avqa.convert,
+            avqa.write_fixture,
+            "qwen3_omni",
+            read=avqa.read,
+            heldout_split="valid",
+        ),
     )
 }
 
@@ -96,18 +120,46 @@ _GPU_COLOCATE = {  # trainer and SGLang servers take turns on the same GPUs: wei
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("dapo-math-grpo", dapo_math.NAME, "Qwen/Qwen3-4B", "1 node x 8 GPUs (80 GB)",
-               "dapo_math_grpo.yaml", "examples/qwen3_4b_grpo_math.yaml", "examples/recipes/dapo_math_grpo_smoke.yaml",
-               mode_fields={"colocate": _GPU_COLOCATE}),
-        Recipe("dapo-math-ppo", dapo_math.NAME, "Qwen/Qwen3-4B", "1 node x 8 GPUs (141 GB, H200)",
-               "dapo_math_ppo.yaml", "examples/recipes/qwen3_4b_ppo_math.yaml",
-               "examples/recipes/dapo_math_ppo_smoke.yaml", mode_fields={"colocate": _GPU_COLOCATE}),
-        Recipe("openr1-vl-grpo", openr1_vl.NAME, "Qwen/Qwen3-VL-4B-Instruct", "1 node x 8 GPUs (80 GB)",
-               "openr1_vl_grpo.yaml", "examples/omni/qwen3_vl_4b_grpo.yaml",
-               "examples/recipes/openr1_vl_grpo_smoke.yaml", mode_fields={"colocate": _GPU_COLOCATE}),
-        Recipe("avqa-omni-grpo", avqa.NAME, "Qwen/Qwen3-Omni-30B-A3B-Instruct", "2 nodes x 8 GPUs (80 GB)",
-               "avqa_omni_grpo.yaml", "examples/omni/qwen3_omni_30b_a3b_grpo.yaml",
-               "examples/recipes/avqa_omni_grpo_smoke.yaml", modes=("async", "hybrid")),
+        Recipe(
+            "dapo-math-grpo",
+            dapo_math.NAME,
+            "Qwen/Qwen3-4B",
+            "1 node x 8 GPUs (80 GB)",
+            "dapo_math_grpo.yaml",
+            "examples/qwen3_4b_grpo_math.yaml",
+            "examples/recipes/dapo_math_grpo_smoke.yaml",
+            mode_fields={"colocate": _GPU_COLOCATE},
+        ),
+        Recipe(
+            "dapo-math-ppo",
+            dapo_math.NAME,
+            "Qwen/Qwen3-4B",
+            "1 node x 8 GPUs (141 GB, H200)",
+            "dapo_math_ppo.yaml",
+            "examples/recipes/qwen3_4b_ppo_math.yaml",
+            "examples/recipes/dapo_math_ppo_smoke.yaml",
+            mode_fields={"colocate": _GPU_COLOCATE},
+        ),
+        Recipe(
+            "openr1-vl-grpo",
+            openr1_vl.NAME,
+            "Qwen/Qwen3-VL-4B-Instruct",
+            "1 node x 8 GPUs (80 GB)",
+            "openr1_vl_grpo.yaml",
+            "examples/omni/qwen3_vl_4b_grpo.yaml",
+            "examples/recipes/openr1_vl_grpo_smoke.yaml",
+            mode_fields={"colocate": _GPU_COLOCATE},
+        ),
+        Recipe(
+            "avqa-omni-grpo",
+            avqa.NAME,
+            "Qwen/Qwen3-Omni-30B-A3B-Instruct",
+            "2 nodes x 8 GPUs (80 GB)",
+            "avqa_omni_grpo.yaml",
+            "examples/omni/qwen3_omni_30b_a3b_grpo.yaml",
+            "examples/recipes/avqa_omni_grpo_smoke.yaml",
+            modes=("async", "hybrid"),
+        ),
     )
 }
 
@@ -117,6 +169,8 @@ def dataset_of(name: str) -> DatasetSpec:
     if name in RECIPES:
         name = RECIPES[name].dataset
     if name not in DATASETS:
-        raise KeyError(f"unknown recipe or dataset {name!r}; datasets: {', '.join(DATASETS)}; "
-                       f"recipes: {', '.join(RECIPES)}")
+        raise KeyError(
+            f"unknown recipe or dataset {name!r}; datasets: {', '.join(DATASETS)}; "
+            f"recipes: {', '.join(RECIPES)}"
+        )
     return DATASETS[name]

@@ -12,8 +12,10 @@ from pathlib import Path
 from relax.core.recipes.catalog import DATASETS, RECIPES
 from relax.core.recipes.starter import MODES
 
-_MISSING = re.compile(r"^  (data\.path|eval\.sets\.[^:]+\.path): '([^']*?)([^/']+)/([^/']+)\.jsonl' does not exist.*$",
-                      re.MULTILINE)
+_MISSING = re.compile(
+    r"^  (data\.path|eval\.sets\.[^:]+\.path): '([^']*?)([^/']+)/([^/']+)\.jsonl' does not exist.*$",
+    re.MULTILINE,
+)
 
 
 def _hint(m: re.Match[str]) -> str:
@@ -24,7 +26,9 @@ def _hint(m: re.Match[str]) -> str:
     where = "" if out == f"data/{spec.name}" else f" --out {out}"
     extra = f" --split {split}" if split == spec.heldout_split else f" --heldout {spec.heldout_rows}"
     extra = "" if extra == " --heldout 0" else extra
-    return f"{m.group(0)} -- make it with: relax data prepare {spec.name} --source {spec.hub_id}{where}{extra}"
+    return (
+        f"{m.group(0)} -- make it with: relax data prepare {spec.name} --source {spec.hub_id}{where}{extra}"
+    )
 
 
 @contextmanager
@@ -58,8 +62,11 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
         print(f"relax: {exc.args[0]}", file=sys.stderr)
         return 2
     if ns.smoke == (ns.source is not None):
-        print(f"relax: data prepare {ns.recipe}: give --source (a directory, a file or a Hub id such as "
-              f"{spec.hub_id}) or --smoke (fixture rows), not both", file=sys.stderr)
+        print(
+            f"relax: data prepare {ns.recipe}: give --source (a directory, a file or a Hub id such as "
+            f"{spec.hub_id}) or --smoke (fixture rows), not both",
+            file=sys.stderr,
+        )
         return 2
     if ns.heldout < 0:
         print(f"relax: data prepare {spec.name}: --heldout must be >= 0, got {ns.heldout}", file=sys.stderr)
@@ -74,11 +81,16 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
         return 2
     print(report.summary())
     if report.rows == 0:
-        print(f"relax: data prepare {spec.name}: no row could be converted (see the reasons above)", file=sys.stderr)
+        print(
+            f"relax: data prepare {spec.name}: no row could be converted (see the reasons above)",
+            file=sys.stderr,
+        )
         return 1
     users = [r for r in RECIPES.values() if r.dataset == spec.name]
-    print(f"report: {Path(report.path).parent / report_name(ns.split)}; used by "
-          + ", ".join(f"{r.name} ({r.example})" for r in users))
+    print(
+        f"report: {Path(report.path).parent / report_name(ns.split)}; used by "
+        + ", ".join(f"{r.name} ({r.example})" for r in users)
+    )
     return 0
 
 
@@ -90,10 +102,12 @@ def cmd_init(ns: argparse.Namespace) -> int:
     if ns.recipe:
         recipe = RECIPES[ns.recipe]
         spec = DATASETS[recipe.dataset]
-        print(f"next: download {recipe.model} into the config's model.path, then\n"
-              f"  relax data prepare {spec.name} --source {spec.hub_id}\n"
-              f"  relax validate {path}\n  relax run {path}\n"
-              f"or try it on CPU first: relax run {recipe.smoke} (from a clone of the repository)")
+        print(
+            f"next: download {recipe.model} into the config's model.path, then\n"
+            f"  relax data prepare {spec.name} --source {spec.hub_id}\n"
+            f"  relax validate {path}\n  relax run {path}\n"
+            f"or try it on CPU first: relax run {recipe.smoke} (from a clone of the repository)"
+        )
     else:
         print(f"next: relax run {path}   (edit model.path / data.path for your own model and data)")
     return 0
@@ -103,21 +117,34 @@ def add_recipe_commands(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="prepare datasets for the recipes")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     prepare = data_sub.add_parser(
-        "prepare", help="convert a published dataset into Relax JSONL + media files",
+        "prepare",
+        help="convert a published dataset into Relax JSONL + media files",
         description="Convert a published dataset (its own schema) into Relax rows; malformed rows are skipped "
-                    "and counted per reason. " + _names())
+        "and counted per reason. " + _names(),
+    )
     prepare.add_argument("recipe", help="dataset or recipe name")
     prepare.add_argument("--source", help="a local directory or file as published, or a Hub id (downloads)")
     prepare.add_argument("--out", help="output directory (default: data/<dataset>, where the recipes look)")
-    prepare.add_argument("--split", default="train",
-                         help="split to convert, written to <out>/<split>.jsonl (default: train; avqa-r1-6k's "
-                              "held-out split is valid)")
-    prepare.add_argument("--heldout", type=int, default=0, metavar="N",
-                         help="keep N rows out of <split>.jsonl, in <out>/heldout.jsonl (the recipes' eval set "
-                              "where the dataset publishes no held-out split; chosen by hash, the same every run)")
+    prepare.add_argument(
+        "--split",
+        default="train",
+        help="split to convert, written to <out>/<split>.jsonl (default: train; avqa-r1-6k's "
+        "held-out split is valid)",
+    )
+    prepare.add_argument(
+        "--heldout",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N rows out of <split>.jsonl, in <out>/heldout.jsonl (the recipes' eval set "
+        "where the dataset publishes no held-out split; chosen by hash, the same every run)",
+    )
     prepare.add_argument("--limit", type=int, help="stop after this many rows are written")
-    prepare.add_argument("--smoke", action="store_true",
-                         help="write fixture rows in the published schema (to <out>/source) and convert those")
+    prepare.add_argument(
+        "--smoke",
+        action="store_true",
+        help="write fixture rows in the published schema (to <out>/source) and convert those",
+    )
     prepare.add_argument("--rows", type=int, default=8, help="--smoke: good fixture rows (default: 8)")
     prepare.set_defaults(fn=cmd_prepare)
     init = sub.add_parser("init", help="write a commented starter config (a recipe's, or the quick-start's)")

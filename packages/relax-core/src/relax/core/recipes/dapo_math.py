@@ -27,10 +27,16 @@ def _messages(prompt: Any) -> list[dict[str, str]]:
     if isinstance(prompt, str) and prompt.strip():
         return [{"role": "user", "content": prompt}]
     if not isinstance(prompt, list) or not prompt:
-        raise RowError("prompt is not a chat message list", "empty list" if prompt == [] else f"got {prompt!r:.60}")
+        raise RowError(
+            "prompt is not a chat message list", "empty list" if prompt == [] else f"got {prompt!r:.60}"
+        )
     messages = []
     for m in prompt:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
             raise RowError("prompt is not a chat message list", f"message {m!r:.60}")
         messages.append({"role": m["role"], "content": m["content"]})
     if not any(m["role"] == "user" and m["content"].strip() for m in messages):
@@ -48,18 +54,32 @@ def convert(src: SourceRow, out: Output) -> tuple[dict[str, Any], str]:
         raise RowError("no answer (reward_model.ground_truth)")
     label = str(truth).strip()
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
-    converted = {"prompt": messages, "label": label, "data_source": row.get("data_source") or "math_dapo",
-                 "index": extra.get("index")}
+    converted = {
+        "prompt": messages,
+        "label": label,
+        "data_source": row.get("data_source") or "math_dapo",
+        "index": extra.get("index"),
+    }
     return converted, json.dumps([messages, label])
 
 
 # --------------------------------------------------------------------------- fixture rows
 
-_ASK = ("Solve the following math problem step by step. The last line of your response should be of the form "
-        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
-        "Remember to put your answer on its own line after \"Answer:\".")
-_PROBLEMS = [("What is 3+4?", "7"), ("What is 2*6?", "12"), ("What is 9-5?", "4"), ("What is 8+8?", "16"),
-             ("What is half of 10?", "5"), ("What is 7*3?", "21"), ("What is 1+1?", "2"), ("What is 6-6?", "0")]
+_ASK = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+_PROBLEMS = [
+    ("What is 3+4?", "7"),
+    ("What is 2*6?", "12"),
+    ("What is 9-5?", "4"),
+    ("What is 8+8?", "16"),
+    ("What is half of 10?", "5"),
+    ("What is 7*3?", "21"),
+    ("What is 1+1?", "2"),
+    ("What is 6-6?", "0"),
+]
 
 
 def fixture_rows(rows: int) -> list[dict[str, Any]]:
@@ -69,11 +89,20 @@ def fixture_rows(rows: int) -> list[dict[str, Any]]:
     for i in range(rows):
         problem, answer = _PROBLEMS[i % len(_PROBLEMS)]
         problem = problem if i < len(_PROBLEMS) else f"{problem} (variant {i})"
-        good.append({"data_source": "math_dapo", "prompt": [{"content": _ASK.format(problem), "role": "user"}],
-                     "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
-                     "extra_info": {"index": f"fixture-{i:04d}"}})
-    no_truth = {**good[0], "reward_model": {"ground_truth": "", "style": "rule-lighteval/MATH_v2"},
-                "extra_info": {"index": "fixture-bad-1"}}
+        good.append(
+            {
+                "data_source": "math_dapo",
+                "prompt": [{"content": _ASK.format(problem), "role": "user"}],
+                "ability": "MATH",
+                "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
+                "extra_info": {"index": f"fixture-{i:04d}"},
+            }
+        )
+    no_truth = {
+        **good[0],
+        "reward_model": {"ground_truth": "", "style": "rule-lighteval/MATH_v2"},
+        "extra_info": {"index": "fixture-bad-1"},
+    }
     no_prompt = {**good[0], "prompt": [], "extra_info": {"index": "fixture-bad-2"}}
     return [*good, good[0], no_truth, no_prompt]
 
@@ -83,13 +112,17 @@ def write_fixture(directory: Path, rows: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([
-        ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
-        ("ability", pa.string()),
-        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
-        ("extra_info", pa.struct([("index", pa.string())])),
-    ])  # fmt: skip
+    schema = pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+            ("extra_info", pa.struct([("index", pa.string())])),
+        ]
+    )
     (directory / "data").mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(fixture_rows(rows), schema=schema), directory / "data" / "dapo-math-17k.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(fixture_rows(rows), schema=schema), directory / "data" / "dapo-math-17k.parquet"
+    )
     return directory

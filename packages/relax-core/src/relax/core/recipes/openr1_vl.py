@@ -59,8 +59,11 @@ def convert(src: SourceRow, out: Output) -> tuple[dict[str, Any], str]:
         raise RowError("image is not a PNG/JPEG/GIF/WEBP/BMP file", f"first bytes {data[:8]!r}")
     image = out.media_bytes("image", data, ext)
     content = [{"type": "image", "image": image}, {"type": "text", "text": problem.strip()}]
-    converted = {"messages": [{"role": "user", "content": content}], "label": str(solution).strip(),
-                 "data_source": NAME}
+    converted = {
+        "messages": [{"role": "user", "content": content}],
+        "label": str(solution).strip(),
+        "data_source": NAME,
+    }
     return converted, f"{image}\0{problem.strip()}\0{solution}"
 
 
@@ -74,9 +77,15 @@ def fixture_rows(rows: int) -> list[dict[str, Any]]:
     for i in range(rows):
         count = i % 4 + 1
         answer = f"<answer>{count}</answer>" if i % 2 == 0 else str(count)
-        good.append({"image": {"bytes": squares_png(count), "path": f"{i}.png"},
-                     "problem": f"how many squares are in the image? ({i})", "solution": answer,
-                     "original_question": f"How many squares? ({i})", "original_answer": f"The answer is {count}."})
+        good.append(
+            {
+                "image": {"bytes": squares_png(count), "path": f"{i}.png"},
+                "problem": f"how many squares are in the image? ({i})",
+                "solution": answer,
+                "original_question": f"How many squares? ({i})",
+                "original_answer": f"The answer is {count}.",
+            }
+        )
     row = good[0]
     broken = {**row, "image": {"bytes": b"not an image at all", "path": "broken.png"}}
     return [*good, broken, {**row, "solution": ""}, {**row, "problem": None}]
@@ -87,11 +96,15 @@ def write_fixture(directory: Path, rows: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([
-        ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-        ("problem", pa.string()), ("solution", pa.string()),
-        ("original_question", pa.string()), ("original_answer", pa.string()),
-    ])  # fmt: skip
+    schema = pa.schema(
+        [
+            ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+            ("problem", pa.string()),
+            ("solution", pa.string()),
+            ("original_question", pa.string()),
+            ("original_answer", pa.string()),
+        ]
+    )
     (directory / "data").mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(fixture_rows(rows), schema=schema)
     pq.write_table(table, directory / "data" / "train-00000-of-00001.parquet")

@@ -24,10 +24,20 @@ from typing import Any
 EXAMPLES_PER_REASON = 3
 
 # leading bytes -> file extension (enough to name a file and refuse bytes that are no image / audio)
-_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"GIF87a", ".gif"),
-                (b"GIF89a", ".gif"), (b"BM", ".bmp"))
-_AUDIO_MAGIC = ((b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3", ".mp3"), (b"\xff\xfb", ".mp3"),
-                (b"\xff\xf3", ".mp3"))
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", ".png"),
+    (b"\xff\xd8\xff", ".jpg"),
+    (b"GIF87a", ".gif"),
+    (b"GIF89a", ".gif"),
+    (b"BM", ".bmp"),
+)
+_AUDIO_MAGIC = (
+    (b"fLaC", ".flac"),
+    (b"OggS", ".ogg"),
+    (b"ID3", ".mp3"),
+    (b"\xff\xfb", ".mp3"),
+    (b"\xff\xf3", ".mp3"),
+)
 
 
 class RowError(ValueError):
@@ -42,8 +52,10 @@ class RowError(ValueError):
 def media_extension(data: bytes, kind: str) -> str | None:
     """The file extension ``data`` is in (``.png``, ``.wav``, ...), or None when it is no ``kind`` file."""
     if data[:4] == b"RIFF" and len(data) >= 12:
-        return {b"WEBP": ".webp" if kind == "image" else None, b"WAVE": ".wav" if kind == "audio" else None}.get(
-            data[8:12])
+        return {
+            b"WEBP": ".webp" if kind == "image" else None,
+            b"WAVE": ".wav" if kind == "audio" else None,
+        }.get(data[8:12])
     for magic, ext in _IMAGE_MAGIC if kind == "image" else _AUDIO_MAGIC:
         if data.startswith(magic):
             return ext
@@ -66,10 +78,18 @@ class PrepareReport:
     media: dict[str, int] = field(default_factory=dict)  # kind -> files written
 
     def summary(self) -> str:
-        lines = [f"{self.dataset}: wrote {self.rows} rows to {self.path}"
-                 + (f" ({', '.join(f'{n} {k} files' for k, n in sorted(self.media.items()))})" if self.media else "")]
+        lines = [
+            f"{self.dataset}: wrote {self.rows} rows to {self.path}"
+            + (
+                f" ({', '.join(f'{n} {k} files' for k, n in sorted(self.media.items()))})"
+                if self.media
+                else ""
+            )
+        ]
         if self.heldout_path is not None:
-            lines.append(f"  held out {self.heldout} rows (never in {Path(self.path).name}) in {self.heldout_path}")
+            lines.append(
+                f"  held out {self.heldout} rows (never in {Path(self.path).name}) in {self.heldout_path}"
+            )
         if self.duplicates:
             lines.append(f"  dropped {self.duplicates} duplicate rows")
         for reason, count in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
@@ -80,7 +100,9 @@ class PrepareReport:
 class Output:
     """Collects converted rows and media for one output directory."""
 
-    def __init__(self, out_dir: str | Path, dataset: str, source: str, split: str = "train", heldout: int = 0) -> None:
+    def __init__(
+        self, out_dir: str | Path, dataset: str, source: str, split: str = "train", heldout: int = 0
+    ) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.split, self.heldout = split, heldout
@@ -146,7 +168,9 @@ class Output:
         self._fh.close()
         if self.heldout:
             tmp = self.dir / f".heldout.jsonl.{os.getpid()}.tmp"
-            tmp.write_text("".join(line for _, _, line in sorted(self._held, key=lambda h: h[1])), encoding="utf-8")
+            tmp.write_text(
+                "".join(line for _, _, line in sorted(self._held, key=lambda h: h[1])), encoding="utf-8"
+            )
             os.replace(tmp, self.dir / "heldout.jsonl")
             self.report.heldout, self.report.heldout_path = len(self._held), str(self.dir / "heldout.jsonl")
         os.replace(self._tmp, self.dir / f"{self.split}.jsonl")

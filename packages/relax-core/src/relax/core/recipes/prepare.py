@@ -19,8 +19,14 @@ def default_out(spec: DatasetSpec, smoke: bool = False) -> Path:
     return Path("data") / (f"{spec.name}-smoke" if smoke else spec.name)
 
 
-def prepare(name: str, source: str, out: str | Path | None = None, split: str = "train",
-            limit: int | None = None, heldout: int = 0) -> PrepareReport:
+def prepare(
+    name: str,
+    source: str,
+    out: str | Path | None = None,
+    split: str = "train",
+    limit: int | None = None,
+    heldout: int = 0,
+) -> PrepareReport:
     """Convert dataset (or recipe) ``name``'s ``split`` from ``source`` (a local path, or a Hub id) into
     ``out/<split>.jsonl``.
 
@@ -50,7 +56,9 @@ def prepare(name: str, source: str, out: str | Path | None = None, split: str = 
     return output.finish()
 
 
-def prepare_smoke(name: str, out: str | Path | None = None, rows: int = SMOKE_ROWS, heldout: int = 0) -> PrepareReport:
+def prepare_smoke(
+    name: str, out: str | Path | None = None, rows: int = SMOKE_ROWS, heldout: int = 0
+) -> PrepareReport:
     """Write ``rows`` fixture rows in the dataset's published layout (plus a few malformed ones) to
     ``<out>/source`` and convert them into ``out``: the converter's whole path, offline. ``heldout``: a
     held-out file as the recipe's eval set reads it -- the published held-out split where the dataset has one

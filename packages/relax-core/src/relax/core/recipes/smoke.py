@@ -14,7 +14,9 @@ from typing import Any
 from relax.core.recipes.catalog import DATASETS, DatasetSpec
 from relax.core.recipes.prepare import SMOKE_ROWS, build_smoke
 
-_FORMAT = 2  # bump when a converter or fixture changes: names the cache directory, so stale data is not reused
+_FORMAT = (
+    2  # bump when a converter or fixture changes: names the cache directory, so stale data is not reused
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,11 @@ def smoke_inputs(spec: DatasetSpec, params: SmokeInputsParams) -> dict[str, str]
         # an Omni recipe trains the whole checkpoint as released: so does its smoke variant (the thinker inside)
         tiny = tiny_whole_omni_dir if spec.smoke_model in WHOLE_OMNI else tiny_multimodal_dir
         model = tiny(root / "models", spec.smoke_model)
-    made = {"model.path": model, "data.path": str(data_dir / "train.jsonl"),
-            "eval.sets.heldout.path": str(data_dir / spec.heldout_file)}
+    made = {
+        "model.path": model,
+        "data.path": str(data_dir / "train.jsonl"),
+        "eval.sets.heldout.path": str(data_dir / spec.heldout_file),
+    }
     if spec.media:
         made["data.processor_params.media_root"] = str(data_dir)
     return made
@@ -61,6 +66,7 @@ def smoke_inputs(spec: DatasetSpec, params: SmokeInputsParams) -> dict[str, str]
 
 def register_smoke_inputs(register: Any) -> None:
     for spec in DATASETS.values():
+
         def build(params: SmokeInputsParams, ctx: Any, spec: DatasetSpec = spec) -> dict[str, str]:
             return smoke_inputs(spec, params)
 

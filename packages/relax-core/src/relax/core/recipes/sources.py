@@ -44,8 +44,13 @@ def data_files(root: Path, split: str, names: tuple[str, ...] = ()) -> list[Path
         return [root]
     if not root.is_dir():
         raise SourceError(f"{root}: no such file or directory")
-    found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES
-                   and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    found = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and p.suffix in DATA_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
     if names:
         return [p for p in found if p.name in names]
     by_split = [p for p in found if split in p.stem]
@@ -82,8 +87,11 @@ def iter_file(path: Path, base: Path) -> Iterator[SourceRow]:
         except json.JSONDecodeError as e:
             raise SourceError(f"{path}: invalid JSON array: {e.msg} (line {e.lineno})") from None
         for n, row in enumerate(rows, start=1):
-            yield SourceRow(f"{name}:{n}", row if isinstance(row, dict) else {"__error__": "not a JSON object"},
-                            path.parent)
+            yield SourceRow(
+                f"{name}:{n}",
+                row if isinstance(row, dict) else {"__error__": "not a JSON object"},
+                path.parent,
+            )
         return
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -92,8 +100,9 @@ def iter_file(path: Path, base: Path) -> Iterator[SourceRow]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             row = {"__error__": f"invalid JSON ({e.msg})"}
-        yield SourceRow(f"{name}:{n}", row if isinstance(row, dict) else {"__error__": "not a JSON object"},
-                        path.parent)
+        yield SourceRow(
+            f"{name}:{n}", row if isinstance(row, dict) else {"__error__": "not a JSON object"}, path.parent
+        )
 
 
 def _iter_parquet(path: Path, name: str) -> Iterator[SourceRow]:
@@ -115,8 +124,10 @@ def iter_hub(hub_id: str, split: str) -> Iterator[SourceRow]:
     try:
         import datasets
     except ImportError:
-        raise SourceError(f"reading {hub_id!r} from the Hub needs the `datasets` package (pip install datasets); "
-                          "or download it first and pass its directory to --source") from None
+        raise SourceError(
+            f"reading {hub_id!r} from the Hub needs the `datasets` package (pip install datasets); "
+            "or download it first and pass its directory to --source"
+        ) from None
     try:
         ds = datasets.load_dataset(hub_id, split=split)
     except Exception as e:  # offline, no such repository, no such split: say what was tried
@@ -130,7 +141,9 @@ def hub_snapshot(hub_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise SourceError(f"downloading {hub_id!r} needs huggingface_hub; or pass a local directory") from None
+        raise SourceError(
+            f"downloading {hub_id!r} needs huggingface_hub; or pass a local directory"
+        ) from None
     try:
         return Path(snapshot_download(repo_id=hub_id, repo_type="dataset"))
     except Exception as e:  # offline, no such repository: say what was tried

@@ -16,12 +16,17 @@ MODES = ("colocate", "async", "hybrid")
 STARTER = "starter.yaml"
 # what init writes for each mode: (mode line comment, max_staleness, its comment)
 MODE_LINES = {
-    "colocate": ("trainer and rollout take turns on the same devices", 0,
-                 "colocate is strictly on-policy"),
-    "async": ("rollout, training and the queue roles run at once on separate devices", 1,
-              "rollout may run one policy version ahead of training"),
-    "hybrid": ("rollout apart; reference, old logprobs and advantages inside the trainer", 1,
-               "rollout may run one policy version ahead of training"),
+    "colocate": ("trainer and rollout take turns on the same devices", 0, "colocate is strictly on-policy"),
+    "async": (
+        "rollout, training and the queue roles run at once on separate devices",
+        1,
+        "rollout may run one policy version ahead of training",
+    ),
+    "hybrid": (
+        "rollout apart; reference, old logprobs and advantages inside the trainer",
+        1,
+        "rollout may run one policy version ahead of training",
+    ),
 }
 
 
@@ -45,8 +50,10 @@ def starter_text(recipe: str | None = None, mode: str | None = None) -> str:
     if mode not in MODES:
         raise ConfigError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
     if spec is not None and mode not in spec.modes:
-        raise ConfigError(f"--mode: recipe {recipe!r} is written for mode {' or '.join(spec.modes)} "
-                          f"(its sizing does not carry over to {mode})")
+        raise ConfigError(
+            f"--mode: recipe {recipe!r} is written for mode {' or '.join(spec.modes)} "
+            f"(its sizing does not carry over to {mode})"
+        )
     note, staleness, staleness_note = MODE_LINES[mode]
     text = set_field(text, "mode", mode, note=note)
     text = set_field(text, "max_staleness", staleness, note=staleness_note)
@@ -65,7 +72,9 @@ def validate_text(text: str) -> Any:
         return load_config(path)
 
 
-def write_starter(out: str | Path, recipe: str | None = None, mode: str | None = None, force: bool = False) -> Path:
+def write_starter(
+    out: str | Path, recipe: str | None = None, mode: str | None = None, force: bool = False
+) -> Path:
     """Write the validated starter config to ``out``; refuses to overwrite an existing file unless ``force``."""
     path = Path(out)
     if path.exists() and not force:

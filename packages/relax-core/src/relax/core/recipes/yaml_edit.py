@@ -50,17 +50,25 @@ def set_field(text: str, dotted: str, value: Any, note: str | None = None) -> st
     start, end, indent = 0, len(lines), 0
     parts = dotted.split(".")
     for depth, key in enumerate(parts):
-        found = next((i for i in range(start, end) if _content(lines[i]) and _indent(lines[i]) == indent
-                      and lines[i].lstrip(" ").startswith(f"{key}:")), None)
+        found = next(
+            (
+                i
+                for i in range(start, end)
+                if _content(lines[i])
+                and _indent(lines[i]) == indent
+                and lines[i].lstrip(" ").startswith(f"{key}:")
+            ),
+            None,
+        )
         last = depth == len(parts) - 1
         if found is None:  # after the section's last line (the file's, at the top level)
             if lines and not lines[-1].endswith("\n"):
                 lines[-1] += "\n"
-            lines[end:end] = _new_lines(indent, key, value, parts[depth + 1:], note)
+            lines[end:end] = _new_lines(indent, key, value, parts[depth + 1 :], note)
             return "".join(lines)
         if last:
             comment = f"  # {note}" if note else _comment(lines[found])
-            lines[found:_block_end(lines, found)] = [f"{' ' * indent}{key}: {render(value)}{comment}\n"]
+            lines[found : _block_end(lines, found)] = [f"{' ' * indent}{key}: {render(value)}{comment}\n"]
             return "".join(lines)
         start, end = found + 1, _block_end(lines, found)
         children = [i for i in range(start, end) if _content(lines[i])]

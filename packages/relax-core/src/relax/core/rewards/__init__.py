@@ -5,4 +5,12 @@ from relax.core.rewards.exact_match import ExactMatchReward
 from relax.core.rewards.numeric import NumericReward
 from relax.core.rewards.runner import RewardError, ScoreStats, ScoringLoop, reward_metrics, score_samples
 
-__all__ = ["ExactMatchReward", "NumericReward", "RewardError", "ScoreStats", "ScoringLoop", "reward_metrics", "score_samples"]
+__all__ = [
+    "ExactMatchReward",
+    "NumericReward",
+    "RewardError",
+    "ScoreStats",
+    "ScoringLoop",
+    "reward_metrics",
+    "score_samples",
+]

@@ -23,8 +23,13 @@ from relax.core.rewards.bounded import in_daemon_thread
 Outcome = tuple[str, Any]
 
 
-async def score_in_lanes(fn: Callable[[Any], Any], samples: Sequence[Any], timeout_s: float, lanes: int,
-                         stop_on_failure: bool = False) -> list[Outcome | None]:
+async def score_in_lanes(
+    fn: Callable[[Any], Any],
+    samples: Sequence[Any],
+    timeout_s: float,
+    lanes: int,
+    stop_on_failure: bool = False,
+) -> list[Outcome | None]:
     """``fn(sample)`` for every sample, in order of start; with ``stop_on_failure`` no call starts after
     one failed or timed out (its sample's outcome is ``None``)."""
     lock = threading.Lock()
@@ -52,19 +57,33 @@ async def score_in_lanes(fn: Callable[[Any], Any], samples: Sequence[Any], timeo
                 outcomes.setdefault(index, outcome)  # a late result of an abandoned call is dropped
                 running.pop(lane_id, None)
 
-    lane.__name__ = getattr(fn, "__name__", "score")  # the thread's name: relax-reward-<fn> (a hung one shows it)
+    lane.__name__ = getattr(
+        fn, "__name__", "score"
+    )  # the thread's name: relax-reward-<fn> (a hung one shows it)
     live = {lane_id: in_daemon_thread(lane, lane_id) for lane_id in range(min(lanes, len(samples)))}
     next_id = len(live)
     while live:
         with lock:
-            calls = [(lane_id, started[i]) for lane_id, i in running.items() if lane_id in live and i not in outcomes]
-        wait_s = min((t + timeout_s for _, t in calls), default=time.perf_counter() + timeout_s) - time.perf_counter()
-        done, _ = await asyncio.wait(set(live.values()), timeout=max(wait_s, 0.0), return_when=asyncio.FIRST_COMPLETED)
+            calls = [
+                (lane_id, started[i])
+                for lane_id, i in running.items()
+                if lane_id in live and i not in outcomes
+            ]
+        wait_s = (
+            min((t + timeout_s for _, t in calls), default=time.perf_counter() + timeout_s)
+            - time.perf_counter()
+        )
+        done, _ = await asyncio.wait(
+            set(live.values()), timeout=max(wait_s, 0.0), return_when=asyncio.FIRST_COMPLETED
+        )
         live = {lane_id: f for lane_id, f in live.items() if f not in done}
         now = time.perf_counter()
         with lock:
-            overdue = [lane_id for lane_id, i in running.items()
-                       if lane_id in live and i not in outcomes and now - started[i] >= timeout_s]
+            overdue = [
+                lane_id
+                for lane_id, i in running.items()
+                if lane_id in live and i not in outcomes and now - started[i] >= timeout_s
+            ]
             for lane_id in overdue:  # abandon the call and its lane; a fresh lane takes the rest
                 outcomes[running[lane_id]] = ("timeout", None)
                 abandoned.add(lane_id)

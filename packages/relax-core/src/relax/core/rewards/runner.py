@@ -110,7 +110,9 @@ async def score_samples(
 
     def where(unit: list[Any]) -> str:
         head = unit[0]
-        return f"reward {name!r} on sample group {head.group_id}" + ("" if by_group else f" index {head.index_in_group}")
+        return f"reward {name!r} on sample group {head.group_id}" + (
+            "" if by_group else f" index {head.index_in_group}"
+        )
 
     def scored(unit: list[Any], results: list[tuple[float, dict[str, float]]]) -> None:
         for sample, (score, info) in zip(unit, results, strict=True):
@@ -130,11 +132,14 @@ async def score_samples(
             log.warning("%s (scored %g; further failures are only counted)", msg, fallback_score)
         counts[kind] += len(unit)
         flags = {FAILED: 1.0, **({TIMED_OUT: 1.0} if kind == "timeouts" else {})}
-        reason = f"reward {name!r} " + (f"timed out after {timeout_s:g}s" if cause is None
-                                         else f"raised {type(error).__name__}: {error}")
+        reason = f"reward {name!r} " + (
+            f"timed out after {timeout_s:g}s" if cause is None else f"raised {type(error).__name__}: {error}"
+        )
         for sample in unit:
             sample.reward, sample.reward_info = fallback_score, {"score": fallback_score, **flags}
-            add_failure(sample, "reward", f"{reason} (scored {fallback_score:g})", cause)  # the driver reports it
+            add_failure(
+                sample, "reward", f"{reason} (scored {fallback_score:g})", cause
+            )  # the driver reports it
 
     async def run(unit: list[Any]) -> None:
         async with sem:
@@ -146,9 +151,16 @@ async def score_samples(
                 scored(unit, results)
 
     units = _units(reward, samples)
-    if not by_group and not inspect.iscoroutinefunction(reward.score):  # a plain def: lanes, not a hand-off each
-        outcomes = await score_in_lanes(reward.score, [u[0] for u in units], timeout_s, max_concurrency,
-                                        stop_on_failure=on_error == "raise")
+    if not by_group and not inspect.iscoroutinefunction(
+        reward.score
+    ):  # a plain def: lanes, not a hand-off each
+        outcomes = await score_in_lanes(
+            reward.score,
+            [u[0] for u in units],
+            timeout_s,
+            max_concurrency,
+            stop_on_failure=on_error == "raise",
+        )
         for unit, outcome in zip(units, outcomes, strict=True):
             if outcome is None:  # not started: an earlier failure raises below
                 continue
@@ -197,8 +209,12 @@ class ScoringLoop:
     def score(self, reward: Any, samples: Sequence[Any], **kwargs: Any) -> ScoreStats:
         """``score_samples`` on this loop; blocks the caller until every sample has a result."""
         timeout_s = kwargs.get("timeout_s", _DEFAULTS.timeout_s)
-        waves = math.ceil(len(_units(reward, samples)) / kwargs.get("max_concurrency", _DEFAULTS.max_concurrency))
-        bound = timeout_s * max(1, waves) + self.margin_s  # every wave ends within timeout_s unless the loop is stuck
+        waves = math.ceil(
+            len(_units(reward, samples)) / kwargs.get("max_concurrency", _DEFAULTS.max_concurrency)
+        )
+        bound = (
+            timeout_s * max(1, waves) + self.margin_s
+        )  # every wave ends within timeout_s unless the loop is stuck
         future = asyncio.run_coroutine_threadsafe(score_samples(reward, samples, **kwargs), self._ensure())
         try:
             return future.result(timeout=bound)

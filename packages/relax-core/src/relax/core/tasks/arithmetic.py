@@ -34,8 +34,9 @@ def _problems(max_operand: int, ops: Sequence[str], max_answer: int) -> list[tup
     return out
 
 
-def heldout_problems(count: int, seed: int = 0, max_operand: int = 9, ops: Sequence[str] = ("+",),
-                     max_answer: int = 9) -> list[tuple[int, str, int, int]]:
+def heldout_problems(
+    count: int, seed: int = 0, max_operand: int = 9, ops: Sequence[str] = ("+",), max_answer: int = 9
+) -> list[tuple[int, str, int, int]]:
     """``count`` problems kept out of training (a held-out split), chosen by ``seed`` among the sums ``a+b``
     with ``a < b``: each one's mirror ``b+a`` stays in training, so a model that learnt the sums, not the
     prompts, can answer it. Sorted; empty for ``count`` 0."""
@@ -47,10 +48,14 @@ def heldout_problems(count: int, seed: int = 0, max_operand: int = 9, ops: Seque
     return sorted(random.Random(f"heldout/{seed}").sample(candidates, count))
 
 
-def heldout_rows(count: int, seed: int = 0, max_operand: int = 9, ops: Sequence[str] = ("+",),
-                 max_answer: int = 9) -> list[dict[str, str]]:
+def heldout_rows(
+    count: int, seed: int = 0, max_operand: int = 9, ops: Sequence[str] = ("+",), max_answer: int = 9
+) -> list[dict[str, str]]:
     """Each held-out problem once, as rows like :func:`arithmetic_rows`'."""
-    return [{"prompt": f"{a}{op}{b}=", "label": str(ans)} for a, op, b, ans in heldout_problems(count, seed, max_operand, ops, max_answer)]
+    return [
+        {"prompt": f"{a}{op}{b}=", "label": str(ans)}
+        for a, op, b, ans in heldout_problems(count, seed, max_operand, ops, max_answer)
+    ]
 
 
 def arithmetic_rows(

@@ -70,8 +70,15 @@ class LocalCluster:
         self.nodes: dict[str, Any] = {}
         head, *workers = nodes
         with _single_machine(), _quiet_address_file():
-            self.cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-                **self._node_args(head), "include_dashboard": False, "_system_config": HEALTH_CHECKS})
+            self.cluster = Cluster(
+                initialize_head=True,
+                shutdown_at_exit=True,
+                head_node_args={
+                    **self._node_args(head),
+                    "include_dashboard": False,
+                    "_system_config": HEALTH_CHECKS,
+                },
+            )
             self.nodes[head.name] = self.cluster.head_node
             for spec in workers:
                 self.add_node(spec)
@@ -79,8 +86,13 @@ class LocalCluster:
     def _node_args(self, spec: NodeSpec) -> dict[str, Any]:
         ip = f"127.0.0.{self._next_ip}"
         self._next_ip += 1
-        return {"num_cpus": spec.num_cpus, "node_ip_address": ip, "labels": {NODE_LABEL: spec.label or spec.name},
-                "resources": dict(spec.resources), "object_store_memory": self._store}
+        return {
+            "num_cpus": spec.num_cpus,
+            "node_ip_address": ip,
+            "labels": {NODE_LABEL: spec.label or spec.name},
+            "resources": dict(spec.resources),
+            "object_store_memory": self._store,
+        }
 
     @property
     def address(self) -> str:
@@ -114,8 +126,12 @@ class LocalCluster:
         from relax.core.controller.ray_start import _single_machine
 
         with _single_machine():  # else Ray "resolves" the 127.0.0.1 address to the machine's network address
-            ray.init(address=self.address, _node_ip_address=self.ip(next(iter(self.nodes))), include_dashboard=False,
-                     **{"log_to_driver": False, **init_kwargs})
+            ray.init(
+                address=self.address,
+                _node_ip_address=self.ip(next(iter(self.nodes))),
+                include_dashboard=False,
+                **{"log_to_driver": False, **init_kwargs},
+            )
 
     def shutdown(self) -> None:
         """Disconnect this process (if connected) and stop every node."""
@@ -154,7 +170,9 @@ class RayStartCluster:
 
     HEAD_IP = "127.0.0.2"
 
-    def __init__(self, root: str | os.PathLike[str], object_store_mb: int = 100, auth_token: str | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], object_store_mb: int = 100, auth_token: str | None = None
+    ) -> None:
         from pathlib import Path
 
         self.root = Path(root)  # keep it short: Ray's socket paths under it must fit in 107 bytes
@@ -180,21 +198,52 @@ class RayStartCluster:
         from pathlib import Path
 
         ray = str(Path(sys.executable).with_name("ray"))
-        where = ["--head", f"--port={self.port}", "--include-dashboard=false", f"--dashboard-port={free_port(ip)}",
-                 f"--ray-client-server-port={free_port(ip)}"] if head else [f"--address={self.address}"]
-        return [ray, "start", "--block", *where, f"--node-ip-address={ip}", f"--num-cpus={spec.num_cpus}",
-                f"--labels={NODE_LABEL}={spec.label or spec.name}", f"--temp-dir={self.root / ip}",
-                f"--object-store-memory={self._store}", "--min-worker-port=0", "--max-worker-port=0",
-                f"--dashboard-agent-listen-port={free_port(ip)}", "--disable-usage-stats",
-                *([f"--resources={json.dumps(spec.resources)}"] if spec.resources else [])]
+        where = (
+            [
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--dashboard-port={free_port(ip)}",
+                f"--ray-client-server-port={free_port(ip)}",
+            ]
+            if head
+            else [f"--address={self.address}"]
+        )
+        return [
+            ray,
+            "start",
+            "--block",
+            *where,
+            f"--node-ip-address={ip}",
+            f"--num-cpus={spec.num_cpus}",
+            f"--labels={NODE_LABEL}={spec.label or spec.name}",
+            f"--temp-dir={self.root / ip}",
+            f"--object-store-memory={self._store}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            f"--dashboard-agent-listen-port={free_port(ip)}",
+            "--disable-usage-stats",
+            *([f"--resources={json.dumps(spec.resources)}"] if spec.resources else []),
+        ]
 
     def private_command(self, spec: NodeSpec, ip: str, head: bool) -> list[str]:
         """``command`` run in a mount namespace of its own: an empty tmpfs over each of ``PRIVATE_MOUNTS``
         (its Ray temp dir lands in the private ``/tmp``), then ``exec ray start``; what the node's
         processes write there, no other node sees, and it is gone when the node stops."""
-        mounts = " && ".join(f"mount -t tmpfs -o mode=1777 relax-{spec.name} {path}" for path in PRIVATE_MOUNTS)
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                f'{mounts} && mkdir -p "{self.root / ip}" && exec "$@"', "sh", *self.command(spec, ip, head)]
+        mounts = " && ".join(
+            f"mount -t tmpfs -o mode=1777 relax-{spec.name} {path}" for path in PRIVATE_MOUNTS
+        )
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'{mounts} && mkdir -p "{self.root / ip}" && exec "$@"',
+            "sh",
+            *self.command(spec, ip, head),
+        ]
 
     def start(self, *specs: NodeSpec, timeout_s: float = 120.0, private_mounts: bool = False) -> list[str]:
         """Start nodes ``specs`` together (the cluster's first node is the head: start it alone) and
@@ -217,12 +266,18 @@ class RayStartCluster:
             retries = 0
             while "Ray runtime started" not in (log := self.root / f"{spec.name}.log").read_text():
                 proc = self.procs[spec.name]
-                if proc.poll() is not None and retries < RETRIES and "timed out during startup" in log.read_text():
+                if (
+                    proc.poll() is not None
+                    and retries < RETRIES
+                    and "timed out during startup" in log.read_text()
+                ):
                     retries += 1
                     self._launch(spec, self.ips[spec.name], head=spec.name == next(iter(self.procs)))
                 elif proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ray start of node {spec.name} ({self.ips[spec.name]}) failed:\n"
-                                       f"{log.read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"ray start of node {spec.name} ({self.ips[spec.name]}) failed:\n"
+                        f"{log.read_text()[-3000:]}"
+                    )
                 time.sleep(0.2)
         return [self.ips[spec.name] for spec in specs]
 
@@ -232,9 +287,14 @@ class RayStartCluster:
         if (failed := self.procs.get(spec.name)) is not None:
             _kill_group(failed)
         with (self.root / f"{spec.name}.log").open("w") as out:
-            cmd = self.private_command(spec, ip, head) if spec.name in self.private else self.command(spec, ip, head)
-            self.procs[spec.name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
-                                                     start_new_session=True)
+            cmd = (
+                self.private_command(spec, ip, head)
+                if spec.name in self.private
+                else self.command(spec, ip, head)
+            )
+            self.procs[spec.name] = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
+            )
         self.ips[spec.name] = ip
 
     def in_node(self, name: str, *cmd: str) -> Any:
@@ -242,8 +302,12 @@ class RayStartCluster:
         namespace (its ``ray start`` process leads the node and lives as long as it)."""
         import subprocess
 
-        return subprocess.run(["nsenter", f"--target={self.procs[name].pid}", "--mount", *cmd], capture_output=True,
-                              text=True, timeout=30)
+        return subprocess.run(
+            ["nsenter", f"--target={self.procs[name].pid}", "--mount", *cmd],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     def sees(self, name: str, path: str | os.PathLike[str]) -> bool:
         """Whether ``path`` exists for the processes of node ``name``."""
@@ -284,12 +348,28 @@ def mount_namespaces_unavailable() -> str | None:
     if missing := [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]:
         return f"{' and '.join(missing)} not found (util-linux)"
     try:
-        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "relax-probe",
-                                PRIVATE_MOUNTS[0]], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "mount",
+                "-t",
+                "tmpfs",
+                "relax-probe",
+                PRIVATE_MOUNTS[0],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare failed: {exc}"
     if probe.returncode != 0:
-        return f"cannot mount in a new mount namespace (root needed; uid {os.getuid()}): {probe.stderr.strip()}"
+        return (
+            f"cannot mount in a new mount namespace (root needed; uid {os.getuid()}): {probe.stderr.strip()}"
+        )
     return None
 
 

@@ -165,10 +165,14 @@ class RolloutEngineConformance(EngineFixtures):
         kw = dict(max_new_tokens=self.max_new_tokens, ignore_eos=True)
         many, seeds = [prompts[0]] * 3, [11, 12, 13]
         free = [r.response_ids for r in self.generate(engine, many, seeds=seeds, temperature=1.0, **kw)]
-        assert len({tuple(ids) for ids in free}) > 1, f"precondition: seeds {seeds} at temperature 1 gave {free}"
+        assert len({tuple(ids) for ids in free}) > 1, (
+            f"precondition: seeds {seeds} at temperature 1 gave {free}"
+        )
         got = [r.response_ids for r in self.generate(engine, many, seeds=seeds, **params, **kw)]
         for r in got:
-            assert r == got[0], f"{setting} must sample the greedy tokens whatever the seed: seeds {seeds} gave {got}"
+            assert r == got[0], (
+                f"{setting} must sample the greedy tokens whatever the seed: seeds {seeds} gave {got}"
+            )
         if "temperature" not in params or params["temperature"] > 0:
             (greedy,) = self.generate(engine, [prompts[0]], temperature=0.0, **kw)
             assert got[0] == greedy.response_ids, (
@@ -342,8 +346,10 @@ class RolloutEngineConformance(EngineFixtures):
         before = self.generate(engine, prompts, seeds=[1] * len(prompts), **kw)
         reseeded = self.generate(engine, prompts, seeds=[2] * len(prompts), **kw)
         if [r.response_ids for r in reseeded] != [r.response_ids for r in before]:
-            pytest.fail("precondition: temperature=0 is not greedy (two seeds gave different tokens), so this "
-                        "test cannot compare engines; see test_temperature_zero_is_greedy")
+            pytest.fail(
+                "precondition: temperature=0 is not greedy (two seeds gave different tokens), so this "
+                "test cannot compare engines; see test_temperature_zero_is_greedy"
+            )
         reference = self.make_engine(other_model_dir)
         try:
             expected = self.generate(reference, prompts, **kw)

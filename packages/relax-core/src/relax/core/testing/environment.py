@@ -44,12 +44,22 @@ def default_samples() -> list[Sample]:
     ]
 
 
-def make_turn(text: str, tool_calls: list[ToolCall] | None = None, finish_reason: str = "stop",
-              content: str | None = None) -> Turn:  # fmt: skip
+def make_turn(
+    text: str,
+    tool_calls: list[ToolCall] | None = None,
+    finish_reason: str = "stop",
+    content: str | None = None,
+) -> Turn:
     """A policy turn as core builds it (``index`` is set when it is played); token ids are stand-ins."""
     calls = list(tool_calls or [])
-    return Turn(index=0, text=text, token_ids=list(text.encode()[:64]) or [0], tool_calls=calls,
-                finish_reason=finish_reason, content=text if content is None and not calls else content or "")  # fmt: skip
+    return Turn(
+        index=0,
+        text=text,
+        token_ids=list(text.encode()[:64]) or [0],
+        tool_calls=calls,
+        finish_reason=finish_reason,
+        content=text if content is None and not calls else content or "",
+    )
 
 
 def malformed_turn() -> Turn:

@@ -28,13 +28,23 @@ _build_lock = threading.Lock()
 
 #: the shape of Qwen3-0.6B (config only: benchmarks on a device build it randomly initialised, nothing downloaded)
 QWEN3_06B: dict[str, Any] = {
-    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True,
-    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-}  # fmt: skip
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+}
 
 
-def build_qwen3_06b(directory: str | os.PathLike[str], tokenizer_dir: str, device: str = "cpu") -> tuple[str, int]:
+def build_qwen3_06b(
+    directory: str | os.PathLike[str], tokenizer_dir: str, device: str = "cpu"
+) -> tuple[str, int]:
     """A randomly initialised Qwen3-0.6B-shaped model saved (bf16) to ``directory`` with the tiny model's
     tokenizer (ids past its vocabulary decode to nothing): (path, parameter count, a tied embedding once)."""
     import torch

@@ -19,11 +19,23 @@ def tiny_moe_dir(directory: str | os.PathLike[str], seed: int = 0) -> str:
     if (target / "config.json").exists():
         return str(target)
     tokenizer = build_tokenizer()
-    config = Qwen3MoeConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, hidden_size=32, intermediate_size=64,
-        moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, initializer_range=0.3,
-    )  # fmt: skip
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        initializer_range=0.3,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         Qwen3MoeForCausalLM(config).save_pretrained(target)

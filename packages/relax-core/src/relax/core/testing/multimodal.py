@@ -36,7 +36,11 @@ def write_media(root: Path) -> dict[str, str]:
         w.setsampwidth(2)
         w.setframerate(16000)
         w.writeframes((tone * 32767).astype("<i2").tobytes())
-    return {"image": str(root / "circle.png"), "audio_npy": str(root / "tone.npy"), "audio": str(root / "tone.wav")}
+    return {
+        "image": str(root / "circle.png"),
+        "audio_npy": str(root / "tone.npy"),
+        "audio": str(root / "tone.wav"),
+    }
 
 
 class MultimodalProcessorConformance:
@@ -78,7 +82,7 @@ class MultimodalProcessorConformance:
         assert not {"input_ids", "attention_mask"} & set(out["inputs"])
         ids = torch.tensor(out["prompt_ids"])
         image_id = getattr(config, "image_token_id", None) or config.image_token_index
-        merge = config.vision_config.spatial_merge_size ** 2
+        merge = config.vision_config.spatial_merge_size**2
         assert int((ids == image_id).sum()) == int(out["inputs"]["image_grid_thw"].prod(-1).sum()) // merge
         assert out["counts"].get("image") == 1
         if self.family in OMNI_FAMILIES:

@@ -42,9 +42,17 @@ _CHARS = tuple("0123456789abcdefghijklmnopqrstuvwxyz") + tuple("+-*=?.,:<>!' \n"
 MODEL_SEED, OTHER_MODEL_SEED = 1, 2
 BUILD_FORMAT = 1  # bump when the recipe changes (names the directory, so stale builds are not reused)
 
-TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "initializer_range": 0.3}
+TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.3,
+}
 MROPE = [2, 3, 3]  # sums to head_dim / 2
 PIXELS = {"min_pixels": 56 * 56, "max_pixels": 112 * 112}
 
@@ -87,8 +95,9 @@ def build_tokenizer(family: str) -> Any:
         names[f"{kind}_token"] = pad
     if family in OMNI_FAMILIES:
         img, aud = PLACEHOLDERS[family]["image"], PLACEHOLDERS[family]["audio"]
-        names.update(vision_bos_token=img[0], vision_eos_token=img[2], audio_bos_token=aud[0],
-                     audio_eos_token=aud[2])
+        names.update(
+            vision_bos_token=img[0], vision_eos_token=img[2], audio_bos_token=aud[0], audio_eos_token=aud[2]
+        )
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -135,11 +144,18 @@ def build_processor(family: str, tokenizer: Any) -> Any:
 def _ids(tokenizer: Any, family: str) -> dict[str, int]:
     ph = PLACEHOLDERS[family]
     conv = tokenizer.convert_tokens_to_ids
-    out = {"image_token_id": conv(ph["image"][1]), "video_token_id": conv(ph["video"][1]),
-           "vision_start_token_id": conv(ph["image"][0]), "vision_end_token_id": conv(ph["image"][2])}
+    out = {
+        "image_token_id": conv(ph["image"][1]),
+        "video_token_id": conv(ph["video"][1]),
+        "vision_start_token_id": conv(ph["image"][0]),
+        "vision_end_token_id": conv(ph["image"][2]),
+    }
     if "audio" in ph:
-        out.update(audio_token_id=conv(ph["audio"][1]), audio_start_token_id=conv(ph["audio"][0]),
-                   audio_end_token_id=conv(ph["audio"][2]))
+        out.update(
+            audio_token_id=conv(ph["audio"][1]),
+            audio_start_token_id=conv(ph["audio"][0]),
+            audio_end_token_id=conv(ph["audio"][2]),
+        )
     return out
 
 
@@ -152,34 +168,85 @@ def build_config(family: str, tokenizer: Any) -> Any:
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": MROPE}
     if interleaved:
         rope["mrope_interleaved"] = True
-    text = {**TEXT, "vocab_size": len(tokenizer), "rope_parameters": rope, "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None, "tie_word_embeddings": False}
-    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
-              "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": TEXT["hidden_size"],
-              "initializer_range": 0.3}
+    text = {
+        **TEXT,
+        "vocab_size": len(tokenizer),
+        "rope_parameters": rope,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": None,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "in_channels": 3,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": TEXT["hidden_size"],
+        "initializer_range": 0.3,
+    }
     if family in ("qwen2_5_vl", "qwen2_5_omni"):
         vision.update(patch_size=14, window_size=56, fullatt_block_indexes=[1])
     else:
-        vision.update(patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0],
-                      hidden_act="gelu_pytorch_tanh")
-    audio = {"num_mel_bins": 128, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 64,
-             "d_model": 32, "output_dim": TEXT["hidden_size"], "max_source_positions": 1500,
-             "initializer_range": 0.3}
+        vision.update(
+            patch_size=16,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+            hidden_act="gelu_pytorch_tanh",
+        )
+    audio = {
+        "num_mel_bins": 128,
+        "encoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "d_model": 32,
+        "output_dim": TEXT["hidden_size"],
+        "max_source_positions": 1500,
+        "initializer_range": 0.3,
+    }
     if family == "qwen2_5_vl":
-        return tf.Qwen2_5_VLConfig(text_config=text, vision_config={**vision, "tokens_per_second": 2},
-                                   tie_word_embeddings=False, **ids)
+        return tf.Qwen2_5_VLConfig(
+            text_config=text,
+            vision_config={**vision, "tokens_per_second": 2},
+            tie_word_embeddings=False,
+            **ids,
+        )
     if family == "qwen3_vl":
         return tf.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
-    omni_ids = {k.replace("_token_id", "_token_index") if family == "qwen2_5_omni" and k in (
-        "image_token_id", "video_token_id", "audio_token_id") else k: v for k, v in ids.items()}
+    omni_ids = {
+        k.replace("_token_id", "_token_index")
+        if family == "qwen2_5_omni" and k in ("image_token_id", "video_token_id", "audio_token_id")
+        else k: v
+        for k, v in ids.items()
+    }
     if family == "qwen2_5_omni":
-        return tf.Qwen2_5OmniThinkerConfig(text_config=text, vision_config=vision, audio_config=audio,
-                                           tie_word_embeddings=False, **omni_ids)
-    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
-           "norm_topk_prob": True}
-    audio3 = {**audio, "downsample_hidden_size": 16, "n_window": 50, "n_window_infer": 800, "conv_chunksize": 500}
-    return tf.Qwen3OmniMoeThinkerConfig(text_config={**text, **moe}, vision_config=vision, audio_config=audio3,
-                                        tie_word_embeddings=False, **omni_ids)
+        return tf.Qwen2_5OmniThinkerConfig(
+            text_config=text, vision_config=vision, audio_config=audio, tie_word_embeddings=False, **omni_ids
+        )
+    moe = {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": True,
+    }
+    audio3 = {
+        **audio,
+        "downsample_hidden_size": 16,
+        "n_window": 50,
+        "n_window_infer": 800,
+        "conv_chunksize": 500,
+    }
+    return tf.Qwen3OmniMoeThinkerConfig(
+        text_config={**text, **moe},
+        vision_config=vision,
+        audio_config=audio3,
+        tie_word_embeddings=False,
+        **omni_ids,
+    )
 
 
 _lock = threading.Lock()
@@ -220,11 +287,15 @@ def tiny_multimodal_dir(root: str | os.PathLike[str], family: str, seed: int = M
 
 
 #: Omni family -> (model_type, architecture) of its whole checkpoint as released (thinker, talker, vocoder)
-WHOLE_OMNI = {"qwen2_5_omni": ("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration"),
-              "qwen3_omni": ("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration")}
+WHOLE_OMNI = {
+    "qwen2_5_omni": ("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration"),
+    "qwen3_omni": ("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration"),
+}
 
 
-def wrap_whole_omni(thinker_dir: str | os.PathLike[str], directory: str | os.PathLike[str], family: str) -> str:
+def wrap_whole_omni(
+    thinker_dir: str | os.PathLike[str], directory: str | os.PathLike[str], family: str
+) -> str:
     """Write ``thinker_dir`` (a tiny ``family`` thinker) as the whole Omni checkpoint it comes in: the config's
     ``thinker_config``, every weight under ``thinker.`` (no talker: ``enable_audio_output`` false), the same
     tokenizer and processor files."""
@@ -240,10 +311,17 @@ def wrap_whole_omni(thinker_dir: str | os.PathLike[str], directory: str | os.Pat
         if file.is_file() and file.suffix != ".safetensors" and file.name != "config.json":
             shutil.copy(file, out / file.name)
     thinker = json.loads((src / "config.json").read_text())
-    whole = {"architectures": [architecture], "model_type": model_type, "thinker_config": thinker,
-             "enable_audio_output": False}  # fmt: skip
+    whole = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "thinker_config": thinker,
+        "enable_audio_output": False,
+    }
     (out / "config.json").write_text(json.dumps(whole, indent=1))
-    save_file({f"thinker.{k}": v for k, v in load_file(src / "model.safetensors").items()}, out / "model.safetensors")
+    save_file(
+        {f"thinker.{k}": v for k, v in load_file(src / "model.safetensors").items()},
+        out / "model.safetensors",
+    )
     return str(out)
 
 

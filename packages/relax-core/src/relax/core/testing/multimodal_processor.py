@@ -25,7 +25,7 @@ CALL_KWARGS = {
 
 def _path(ref: Any) -> Path:
     text = str(ref)
-    return Path(text[len("file://"):] if text.startswith("file://") else text)
+    return Path(text[len("file://") :] if text.startswith("file://") else text)
 
 
 def load_media(kind: str, ref: Any) -> Any:
@@ -68,7 +68,9 @@ class TinyMediaProcessor:
         out = self.process(messages, [], "<direct call>")
         return {"prompt_text": out["prompt_text"], "prompt_ids": out["prompt_ids"]}
 
-    def process(self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str) -> ProcessedPrompt:
+    def process(
+        self, messages: list[dict[str, Any]], media: list[dict[str, Any]], where: str
+    ) -> ProcessedPrompt:
         self.calls += 1
         messages = [dict(m) for m in messages]
         if media:  # column media join the first user message
@@ -83,7 +85,9 @@ class TinyMediaProcessor:
         text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self._run(text, loaded)
 
-    def continue_with(self, messages: list[dict[str, Any]], ended_with: str | None, where: str) -> ProcessedPrompt:
+    def continue_with(
+        self, messages: list[dict[str, Any]], ended_with: str | None, where: str
+    ) -> ProcessedPrompt:
         """Observation messages with media (``SupportsObservationMedia``), rendered as a continuation."""
         from relax.core.agentic import ObservationRenderer
 
@@ -93,11 +97,18 @@ class TinyMediaProcessor:
     def _run(self, text: str, loaded: dict[str, list[Any]]) -> ProcessedPrompt:
         kwargs = {f"{k}s" if k != "audio" else "audio": v for k, v in loaded.items() if v}
         out = self.hf(text=[text], return_tensors="pt", **kwargs, **CALL_KWARGS)
-        inputs = {k: v[0] if k == "mm_token_type_ids" else v for k, v in out.items()
-                  if k not in ("input_ids", "attention_mask") and hasattr(v, "shape")}
+        inputs = {
+            k: v[0] if k == "mm_token_type_ids" else v
+            for k, v in out.items()
+            if k not in ("input_ids", "attention_mask") and hasattr(v, "shape")
+        }
         ids = out["input_ids"][0].tolist()
-        return ProcessedPrompt(prompt_text=text, prompt_ids=ids, inputs=inputs,
-                               counts={k: len(v) for k, v in loaded.items() if v})
+        return ProcessedPrompt(
+            prompt_text=text,
+            prompt_ids=ids,
+            inputs=inputs,
+            counts={k: len(v) for k, v in loaded.items() if v},
+        )
 
 
 def _load_all(messages: list[dict[str, Any]], where: str) -> dict[str, list[Any]]:
@@ -112,7 +123,9 @@ def _load_all(messages: list[dict[str, Any]], where: str) -> dict[str, list[Any]
                 try:
                     loaded[kind].append(load_media(kind, item.get(kind)))
                 except ValueError as e:
-                    raise MediaError(where, f"messages[{i}].content[{j}] {kind} {item.get(kind)!r}", str(e)) from e
+                    raise MediaError(
+                        where, f"messages[{i}].content[{j}] {kind} {item.get(kind)!r}", str(e)
+                    ) from e
             elif kind != "text":
                 raise MediaError(where, f"messages[{i}].content[{j}]", f"unknown content type {kind!r}")
     return loaded

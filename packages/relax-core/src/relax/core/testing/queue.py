@@ -40,7 +40,9 @@ class QueueConformance:
 
     def make_queue(self, capacity: int, consumers: Sequence[str] = ()) -> TransferQueueLike:
         """The queue as the pipeline makes it: your factory called as ``factory(capacity=..., consumers=...)``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement make_queue(self, capacity, consumers)")
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement make_queue(self, capacity, consumers)"
+        )
 
     def close_queue(self, queue: Any) -> None:
         """Release what ``make_queue`` started. Default: ``queue.close()``, as the pipeline does."""
@@ -150,7 +152,10 @@ class QueueConformance:
                 q.get("trainer", ["response"], batch_size=4, timeout=self.short_s)
             batch = q.get("trainer", ["response"], batch_size=5, timeout=self.wait_s)
             assert batch.group_ids == ["a", "a", "a", "b", "b"] and batch.data["response"] == [0, 1, 2, 3, 4]
-            assert q.get("trainer", ["response"], batch_size=2, timeout=self.wait_s).data["response"] == [5, 6]
+            assert q.get("trainer", ["response"], batch_size=2, timeout=self.wait_s).data["response"] == [
+                5,
+                6,
+            ]
 
     def test_partition_filter(self):
         with self.queue(8, ["trainer"]) as q:

@@ -71,8 +71,14 @@ def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> di
     if mode == "full":
         fsdp.empty_sharded = lambda model_path: (None, None)  # the whole-model load: every rank reads it all
     before = resident_bytes()
-    t = fsdp.FSDPTrainer(model_dir, params=FSDPParams(world_size=world), rank=rank, world_size=world,
-                         master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    t = fsdp.FSDPTrainer(
+        model_dir,
+        params=FSDPParams(world_size=world),
+        rank=rank,
+        world_size=world,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
     peak = resident_bytes("VmHWM") - before
     equal = compared = 0
     checkpoint = None
@@ -94,9 +100,16 @@ def run_world(
     """Every rank of one load in its own fresh process (``python -m module``: this one, or a backend's own, as
     ``relax.megatron.load_rss``); their reports, in rank order."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", module, model_dir, str(r), str(world), str(port), mode],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for r in range(world)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", module, model_dir, str(r), str(world), str(port), mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(world)
+    ]
     reports = []
     for r, p in enumerate(procs):
         out, err = p.communicate(timeout=timeout)
@@ -119,10 +132,18 @@ def write_model(
     tokenizer = AutoTokenizer.from_pretrained(
         build_tiny_model(Path(directory) / "tokenizer_source", seed=seed)
     )
-    config = Qwen3Config(vocab_size=max(vocab, len(tokenizer)), hidden_size=hidden, intermediate_size=3 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
-                         head_dim=hidden // 16, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=max(vocab, len(tokenizer)),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=hidden // 16,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     model.to_empty(device="cpu")

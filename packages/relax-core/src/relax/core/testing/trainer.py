@@ -249,7 +249,6 @@ class TrainerConformance(TrainerFixtures):
             torch.testing.assert_close(state[name].float(), tensor.float(), atol=self.export_atol, rtol=0)
         assert any(Path(tmp_path / "hf").glob("*.safetensors")), "save_hf should write safetensors"
 
-
     # ------------------------------------------------------------ the backend protocol (ModelStep)
     @staticmethod
     def _policy_gradient(trainer: Any, batch: dict[str, torch.Tensor], micro_rows: int) -> tuple[float, Any]:
@@ -260,7 +259,13 @@ class TrainerConformance(TrainerFixtures):
 
         def loss_fn(micro, logprobs, entropy):
             mask = micro["response_mask"]
-            seen.append((micro["responses"].shape[0], torch.where(mask > 0, logprobs.detach(), 0.0).cpu(), entropy.detach().cpu()))
+            seen.append(
+                (
+                    micro["responses"].shape[0],
+                    torch.where(mask > 0, logprobs.detach(), 0.0).cpu(),
+                    entropy.detach().cpu(),
+                )
+            )
             loss = -(logprobs * micro["advantages"] * mask).sum() / tokens
             return loss, {"index": float(len(seen) - 1)}
 
@@ -269,7 +274,9 @@ class TrainerConformance(TrainerFixtures):
         return trainer.finish_gradients(float("inf")), (records, seen)
 
     def test_is_a_backend_of_the_policy_update_loop(self, trainer):
-        assert isinstance(trainer, ModelStep), f"{type(trainer).__name__} lacks ModelStep methods or dp_rank/dp_size"
+        assert isinstance(trainer, ModelStep), (
+            f"{type(trainer).__name__} lacks ModelStep methods or dp_rank/dp_size"
+        )
         assert 0 <= trainer.dp_rank < trainer.dp_size
         assert trainer.all_reduce_sum([1.0, 2.5]) == [1.0 * trainer.dp_size, 2.5 * trainer.dp_size]
 
@@ -281,14 +288,20 @@ class TrainerConformance(TrainerFixtures):
             f"grad norm {split} over micro-batches of 3 rows != {whole} in one: gradients do not accumulate, "
             "or zero_grad does not drop them"
         )
-        assert [r["index"] for r in records] == [0.0, 1.0, 2.0], f"records {records}: not one per micro-batch, in order"
+        assert [r["index"] for r in records] == [0.0, 1.0, 2.0], (
+            f"records {records}: not one per micro-batch, in order"
+        )
         assert [n for n, _, _ in seen] == [3, 3, 2], "loss_fn must see each micro-batch's rows"
         logprobs, entropy = torch.cat([lp for _, lp, _ in seen]), torch.cat([e for _, _, e in seen])
-        torch.testing.assert_close(logprobs.float(), trainer.score(batch).cpu().float(), atol=self.forward_atol, rtol=0)
-        mask = batch["response_mask"] > 0
-        assert torch.isfinite(entropy[mask]).all() and (entropy[mask] >= -1e-5).all() and entropy[mask].max() > 0.1, (
-            "entropy must be finite, >= 0 and not all ~0"
+        torch.testing.assert_close(
+            logprobs.float(), trainer.score(batch).cpu().float(), atol=self.forward_atol, rtol=0
         )
+        mask = batch["response_mask"] > 0
+        assert (
+            torch.isfinite(entropy[mask]).all()
+            and (entropy[mask] >= -1e-5).all()
+            and entropy[mask].max() > 0.1
+        ), "entropy must be finite, >= 0 and not all ~0"
         trainer.zero_grad()
 
     def test_backend_step_follows_the_finished_gradient(self, trainer, batch):
@@ -297,7 +310,9 @@ class TrainerConformance(TrainerFixtures):
         self._policy_gradient(trainer, batch, 4)
         problem = trainer.apply_gradients(1e-2)
         assert problem is None, f"apply_gradients reported {problem!r} on a finite update"
-        assert any(not torch.equal(t, before[n]) for n, t in exported(trainer).items()), "apply_gradients moved no weight"
+        assert any(not torch.equal(t, before[n]) for n, t in exported(trainer).items()), (
+            "apply_gradients moved no weight"
+        )
         gain = ((trainer.score(batch).cpu() - old) * batch["advantages"]).sum()
         assert gain > 0, f"the step lowered sum(advantage * logprob) by {-float(gain):.3g}: wrong sign?"
 
@@ -310,7 +325,9 @@ class TrainerConformance(TrainerFixtures):
             m_given = separate.train_step(self.with_old_logprobs(separate, batch))
             for key in ("loss", "grad_norm"):
                 assert m_scored[key] == pytest.approx(m_given[key], rel=1e-4, abs=1e-6), key
-            _assert_same_weights(exported(trainer), exported(separate), 1e-5, "weights, old logprobs scored vs given")
+            _assert_same_weights(
+                exported(trainer), exported(separate), 1e-5, "weights, old logprobs scored vs given"
+            )
         finally:
             self.close_trainer(separate)
 

@@ -157,7 +157,10 @@ class WeightSyncConformance(TinyModelFixtures):
         """Where the transport may leave files: the fleet's temporary directory, plus the directory
         its params name (``params.directory``, e.g. disk or shared memory), if any."""
         configured = getattr(getattr(fleet["transport"], "params", None), "directory", None)
-        return [fleet["scratch"], *([configured] if isinstance(configured, str) and os.path.isdir(configured) else [])]
+        return [
+            fleet["scratch"],
+            *([configured] if isinstance(configured, str) and os.path.isdir(configured) else []),
+        ]
 
     # ------------------------------------------------------------------ fixtures
     @pytest.fixture(scope="class")
@@ -169,8 +172,13 @@ class WeightSyncConformance(TinyModelFixtures):
             trainer = suite.make_sender_trainer(other_model_dir)
             engines = [suite.make_receiver_engine(model_dir, i) for i in range(suite.num_engines)]
             transport = suite.make_transport(suite.timeout_s, suite.bucket_bytes)
-            yield {"transport": transport, "trainer": trainer, "engines": engines, "release": release,
-                   "scratch": scratch}
+            yield {
+                "transport": transport,
+                "trainer": trainer,
+                "engines": engines,
+                "release": release,
+                "scratch": scratch,
+            }
             release.set()
             for obj in [*engines, trainer]:
                 suite.close(obj)
@@ -250,7 +258,9 @@ class WeightSyncConformance(TinyModelFixtures):
             self.heal_engine(engines[0])
         elapsed, text = time.monotonic() - start, str(err.value)
         assert "engine[0]" in text, f"the error must name engine[0]: {text}"
-        assert expected is None or expected in text, f"the error must carry the engine's own error {expected!r}: {text}"
+        assert expected is None or expected in text, (
+            f"the error must carry the engine's own error {expected!r}: {text}"
+        )
         assert elapsed < self.timeout_s + 5.0, (
             f"the engine failed at once, the sync only after {elapsed:.1f}s (timeout_s={self.timeout_s:g})"
         )

@@ -54,7 +54,9 @@ class ValueModel(nn.Module):
             position_ids=batch["position_ids"],
             use_cache=False,
         ).last_hidden_state
-        with torch.autocast(hidden.device.type, enabled=False):  # the head in fp32 under a mixed-precision forward
+        with torch.autocast(
+            hidden.device.type, enabled=False
+        ):  # the head in fp32 under a mixed-precision forward
             return self.head(hidden[:, -resp_len - 1 : -1].float()).squeeze(-1)
 
 
@@ -91,7 +93,9 @@ class Critic:
         )
         self.grad_clip, self.value_clip = grad_clip, value_clip
         self.loss_agg_mode, self.micro_batch_size = loss_agg_mode, micro_batch_size
-        self.max_tokens = max_tokens  # trainer.max_tokens_per_micro_batch: token-budget micro-batches (padded)
+        self.max_tokens = (
+            max_tokens  # trainer.max_tokens_per_micro_batch: token-budget micro-batches (padded)
+        )
 
     def _micro_batches(self, batch: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         return micro_batches(batch, self.micro_batch_size, self.max_tokens)
@@ -119,7 +123,9 @@ class Critic:
         """
         mask = batch["response_mask"]
         tokens, seqs = float(mask.sum()), float((mask.sum(dim=-1) > 0).sum())
-        if self.dp is not None:  # this replica's rows: the loss is normalised by the whole mini-batch's counts
+        if (
+            self.dp is not None
+        ):  # this replica's rows: the loss is normalised by the whole mini-batch's counts
             tokens, seqs = self.dp.sum([tokens, seqs])
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, clip_sum, value_sum = 0.0, 0.0, 0.0
@@ -168,9 +174,9 @@ class Critic:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-
-def critic_from_context(ctx: Any, dtype: str, device: str | torch.device,
-                        data_parallel: ReplicaSums | None = None) -> Critic | None:  # fmt: skip
+def critic_from_context(
+    ctx: Any, dtype: str, device: str | torch.device, data_parallel: ReplicaSums | None = None
+) -> Critic | None:
     """The trainable policy's critic as ``algorithm.critic`` configures it (None without one, or on a frozen
     role); ``ctx``: the trainer's plugin context."""
     spec, t = ctx.train, ctx.train.optim
@@ -178,8 +184,18 @@ def critic_from_context(ctx: Any, dtype: str, device: str | torch.device,
     if not (c.enable and spec.trainable):
         return None
     return Critic(
-        c.model_path or ctx.model_path, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(t.betas), eps=t.eps,
-        grad_clip=c.grad_clip, value_clip=c.value_clip, loss_agg_mode=c.loss_agg_mode,
-        micro_batch_size=t.micro_batch_size, max_tokens=t.max_tokens_per_micro_batch, dtype=dtype, device=device,
-        data_parallel=data_parallel, recompute=t.recompute,
-    )  # fmt: skip
+        c.model_path or ctx.model_path,
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        betas=tuple(t.betas),
+        eps=t.eps,
+        grad_clip=c.grad_clip,
+        value_clip=c.value_clip,
+        loss_agg_mode=c.loss_agg_mode,
+        micro_batch_size=t.micro_batch_size,
+        max_tokens=t.max_tokens_per_micro_batch,
+        dtype=dtype,
+        device=device,
+        data_parallel=data_parallel,
+        recompute=t.recompute,
+    )

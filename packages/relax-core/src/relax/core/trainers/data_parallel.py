@@ -40,7 +40,12 @@ class DataParallel:
     """
 
     def __init__(
-        self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str = "gloo",
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        backend: str = "gloo",
         timeout_s: float = 300.0,
     ) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
@@ -53,7 +58,11 @@ class DataParallel:
             self._listener.listen(128)
             listen_fd = self._listener.detach()  # the store owns the socket from here on
         self.store = dist.TCPStore(
-            master_addr, master_port, world_size, is_master=rank == 0, timeout=self.timeout,
+            master_addr,
+            master_port,
+            world_size,
+            is_master=rank == 0,
+            timeout=self.timeout,
             **({"master_listen_fd": listen_fd} if rank == 0 else {}),
         )
         store = dist.PrefixStore("relax-trainer-dp", self.store)
@@ -91,7 +100,9 @@ class DataParallel:
 
     def gather_rows(self, local: torch.Tensor, total_rows: int) -> torch.Tensor | None:
         """Concatenate every rank's rows (shards from ``shard_bounds``) on rank 0; None elsewhere."""
-        size = max(e - s for s, e in (shard_bounds(total_rows, r, self.world_size) for r in range(self.world_size)))
+        size = max(
+            e - s for s, e in (shard_bounds(total_rows, r, self.world_size) for r in range(self.world_size))
+        )
         padded = torch.zeros((size, *local.shape[1:]), dtype=local.dtype, device=self.device)
         padded[: local.shape[0]] = local.to(self.device)
         outs = [torch.empty_like(padded) for _ in range(self.world_size)]

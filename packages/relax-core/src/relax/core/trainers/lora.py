@@ -94,7 +94,9 @@ def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
 
 
 def _fp32_inputs(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    return _cast_floating(args, torch.float32), {k: _cast_floating(v, torch.float32) for k, v in kwargs.items()}
+    return _cast_floating(args, torch.float32), {
+        k: _cast_floating(v, torch.float32) for k, v in kwargs.items()
+    }
 
 
 def hf_name(peft_name: str) -> str:
@@ -116,7 +118,10 @@ def adapter_tensors(
     for name, module in model.named_modules():
         if hasattr(module, "lora_A") and _ADAPTER in getattr(module, "lora_A", {}):
             a = weight(f"{name}.lora_A.{_ADAPTER}.weight", module.lora_A[_ADAPTER].weight)
-            b = weight(f"{name}.lora_B.{_ADAPTER}.weight", module.lora_B[_ADAPTER].weight) * module.scaling[_ADAPTER]
+            b = (
+                weight(f"{name}.lora_B.{_ADAPTER}.weight", module.lora_B[_ADAPTER].weight)
+                * module.scaling[_ADAPTER]
+            )
             yield f"{hf_name(name)}.lora_A.weight", a
             yield f"{hf_name(name)}.lora_B.weight", b
         elif isinstance(module, ModulesToSaveWrapper):
@@ -193,7 +198,11 @@ def merged_state_dict(
 
 
 def save_final(
-    model: torch.nn.Module, tokenizer: Any, directory: str, dtype: torch.dtype, merged: bool,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    directory: str,
+    dtype: torch.dtype,
+    merged: bool,
     state: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """``directory``: the adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``;
@@ -206,5 +215,7 @@ def save_final(
     if merged:
         target = Path(directory) / "merged"
         base = model.get_base_model()
-        base.save_pretrained(target, state_dict=merged_state_dict(model, dtype, state), safe_serialization=True)
+        base.save_pretrained(
+            target, state_dict=merged_state_dict(model, dtype, state), safe_serialization=True
+        )
         tokenizer.save_pretrained(target)

@@ -26,7 +26,12 @@ _registered = False
 
 
 def _attention(
-    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -38,9 +43,13 @@ def _attention(
     if sp is not None:  # a ``ulysses.SequenceParallel``: all tokens, this rank's heads
         query, key, value = (sp.heads_to_sequence(t) for t in (query, key, value))
     edges = bounds.tolist()
-    causal = getattr(module, "is_causal", True)  # a decoder's attention; an encoder (vision tower) is not causal
+    causal = getattr(
+        module, "is_causal", True
+    )  # a decoder's attention; an encoder (vision tower) is not causal
     rows = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=causal, **kwargs)[0]
+        sdpa_attention_forward(
+            module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=causal, **kwargs
+        )[0]
         for s, e in zip(edges[:-1], edges[1:], strict=True)
     ]
     out = torch.cat(rows, dim=1)  # (1, T, heads, head_dim), as sdpa_attention_forward returns
@@ -104,7 +113,9 @@ def pack_rows(batch: dict[str, Any]) -> PackedRows:
     resp = batch["responses"].shape[1]
     lengths = mask.sum(dim=-1)
     slot = mask.flatten().cumsum(0).sub(1).view_as(mask)  # each real token's packed position
-    columns = torch.arange(mask.shape[1] - resp - 1, mask.shape[1] - 1, device=mask.device)  # predict tokens 0..R-1
+    columns = torch.arange(
+        mask.shape[1] - resp - 1, mask.shape[1] - 1, device=mask.device
+    )  # predict tokens 0..R-1
     targets = torch.where(mask[:, columns], slot[:, columns], torch.full_like(slot[:, columns], -1))
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=mask.device)
     cu[1:] = lengths.cumsum(0)
@@ -134,7 +145,9 @@ def packed_media_kwargs(model: torch.nn.Module, batch: dict[str, Any]) -> dict[s
         return None
     ids, mask = batch["input_ids"], batch["attention_mask"]
     width = ids.shape[1] - batch["responses"].shape[1]
-    kwargs = media_forward_kwargs(model, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask"))
+    kwargs = media_forward_kwargs(
+        model, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask")
+    )
     positions = rope_positions(model, kwargs)
     if positions is None:
         return None

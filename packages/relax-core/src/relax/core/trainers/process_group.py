@@ -10,8 +10,14 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 
-def join_default_group(rank: int, world_size: int, master_addr: str | None, master_port: int | None,
-                       backend: str, timeout_s: float) -> bool:  # fmt: skip
+def join_default_group(
+    rank: int,
+    world_size: int,
+    master_addr: str | None,
+    master_port: int | None,
+    backend: str,
+    timeout_s: float,
+) -> bool:
     """Join (or reuse) torch's default process group; every collective on it waits at most
     ``timeout_s``. The trainer's rank actors own their processes, so the default group is theirs;
     weight-sync transports build private groups beside it. A world of one needs no rendezvous (a
@@ -19,8 +25,10 @@ def join_default_group(rank: int, world_size: int, master_addr: str | None, mast
     group (its owner destroys it)."""
     if dist.is_initialized():
         if dist.get_world_size() != world_size:
-            raise RuntimeError(f"torch.distributed is already initialised with world size {dist.get_world_size()}, "
-                               f"not the trainer's {world_size}")  # fmt: skip
+            raise RuntimeError(
+                f"torch.distributed is already initialised with world size {dist.get_world_size()}, "
+                f"not the trainer's {world_size}"
+            )
         return False
     if master_addr is None or master_port is None:
         if world_size != 1:
@@ -28,8 +36,13 @@ def join_default_group(rank: int, world_size: int, master_addr: str | None, mast
         init = f"file://{tempfile.mkdtemp(prefix='relax-trainer-')}/store"
     else:
         init = f"tcp://{master_addr}:{master_port}"
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+    dist.init_process_group(
+        backend,
+        init_method=init,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     return True
 
 

@@ -65,7 +65,9 @@ class ResponseLogits:
         self.pack = pack
         if pack:
             enable_packing(model)
-        self.sp: SequenceParallel | None = None  # Ulysses context parallelism (set by the fsdp trainer; packed rows)
+        self.sp: SequenceParallel | None = (
+            None  # Ulysses context parallelism (set by the fsdp trainer; packed rows)
+        )
 
     def __call__(self, batch: Batch, replay: bool | None = None) -> torch.Tensor:
         """``replay``: override the routing-replay setting for this forward (a batch with ``routed_experts``)."""
@@ -80,13 +82,20 @@ class ResponseLogits:
         with self._routing(batch, replay):
             if self.heads is None:  # logits transformed after the head: from the full logits
                 return _full_stats(self._scaled(self._outputs(batch)), tokens, entropy, sum_pi_squared)
-            kw = dict(temperature=self.temperature, chunk_tokens=self.chunk_tokens, entropy=entropy, sum_pi_squared=sum_pi_squared)
+            kw = dict(
+                temperature=self.temperature,
+                chunk_tokens=self.chunk_tokens,
+                entropy=entropy,
+                sum_pi_squared=sum_pi_squared,
+            )
             media = self._packed_media(batch)
             if media is not None:
                 return self._packed_stats(batch, kw, media)
             if self.sp is not None:
-                raise ValueError("trainer.backend_params.context_parallel: media rows and MoE routing replay run "
-                                 "the padded forward, which cannot be split over ranks; use context_parallel: 1")  # fmt: skip
+                raise ValueError(
+                    "trainer.backend_params.context_parallel: media rows and MoE routing replay run "
+                    "the padded forward, which cannot be split over ranks; use context_parallel: 1"
+                )
             with self.heads.hidden_out():
                 hidden = self._outputs(batch)
             flat = chunked_token_stats(self.heads.head, hidden.flatten(0, 1), tokens.flatten(), **kw)
@@ -115,7 +124,9 @@ class ResponseLogits:
         out[:, valid] = stats
         if self.sp is None:
             return out
-        if hidden.requires_grad:  # a slice without response tokens still runs backward: its all-to-alls are collectives
+        if (
+            hidden.requires_grad
+        ):  # a slice without response tokens still runs backward: its all-to-alls are collectives
             out = out + 0.0 * hidden.sum()
         return sum_over_ranks(out, self.sp)
 
@@ -139,9 +150,14 @@ class ResponseLogits:
         if out is None:
             kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
             if media:
-                ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1] - resp_len
-                kwargs = media_forward_kwargs(self.model, ids, mask, unpack_media(batch), width,
-                                              observed=batch.get("observation_mask"))
+                ids, mask, width = (
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    batch["input_ids"].shape[1] - resp_len,
+                )
+                kwargs = media_forward_kwargs(
+                    self.model, ids, mask, unpack_media(batch), width, observed=batch.get("observation_mask")
+                )
             out = self.model(use_cache=False, logits_to_keep=resp_len + 1, **kwargs).logits
             out = out[:, -(resp_len + 1) : -1]  # some models (Omni thinkers) ignore logits_to_keep
         return out
@@ -156,7 +172,9 @@ class ResponseLogits:
             return None
 
 
-def _full_stats(logits: torch.Tensor, tokens: torch.Tensor, entropy: bool, sum_pi_squared: bool) -> torch.Tensor:
+def _full_stats(
+    logits: torch.Tensor, tokens: torch.Tensor, entropy: bool, sum_pi_squared: bool
+) -> torch.Tensor:
     if sum_pi_squared:
         logprobs, sum_sq = logprobs_and_sum_pi_squared(logits, tokens)
     else:
@@ -185,13 +203,17 @@ def score_rows(
             pieces.append((sub, torch.where(sub["response_mask"] > 0, stats, torch.zeros_like(stats))))
     if max_tokens:  # token-budget micro-batches: rows back in the batch's order, each stat on its own
         shape = batch["responses"].shape
-        out = torch.stack([scatter_rows([(m, p[i]) for m, p in pieces], *shape) for i in range(pieces[0][1].shape[0])])
+        out = torch.stack(
+            [scatter_rows([(m, p[i]) for m, p in pieces], *shape) for i in range(pieces[0][1].shape[0])]
+        )
     else:
         out = torch.cat([p for _, p in pieces], dim=1)
     return (out.transpose(0, 1) if sum_pi_squared else out[0]).cpu()
 
 
-def forward_backward(stats_fn: StatsFn, micro_batches: Sequence[Batch], loss_fn: LossFn) -> list[dict[str, float]]:
+def forward_backward(
+    stats_fn: StatsFn, micro_batches: Sequence[Batch], loss_fn: LossFn
+) -> list[dict[str, float]]:
     """``ModelStep.forward_backward`` for an HF model: fp32 logprobs and entropy of each micro-batch
     (with grad), ``loss_fn``, backward (gradients accumulate); the records in order."""
     records = []

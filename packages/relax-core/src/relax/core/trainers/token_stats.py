@@ -71,7 +71,12 @@ class HeadPassthrough:
 
 
 def _chunk_stats(
-    head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: bool, sum_pi_squared: bool
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    entropy: bool,
+    sum_pi_squared: bool,
 ) -> torch.Tensor:
     logits = head(hidden).float()
     if temperature != 1.0:
@@ -99,9 +104,24 @@ def chunked_token_stats(
     row 0 logprobs, then entropy and/or ``sum_v pi(v)^2`` as asked. ``chunk_tokens`` 0: one chunk."""
     n = hidden.shape[0]
     size = chunk_tokens if chunk_tokens > 0 else max(n, 1)
-    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    recompute = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
     parts = []
-    for start in range(0, max(n, 1), size):  # no tokens: one empty chunk, so the head is in the graph all the same
-        args = (head, hidden[start : start + size], tokens[start : start + size], temperature, entropy, sum_pi_squared)
-        parts.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if recompute and n > size else _chunk_stats(*args))
+    for start in range(
+        0, max(n, 1), size
+    ):  # no tokens: one empty chunk, so the head is in the graph all the same
+        args = (
+            head,
+            hidden[start : start + size],
+            tokens[start : start + size],
+            temperature,
+            entropy,
+            sum_pi_squared,
+        )
+        parts.append(
+            checkpoint(_chunk_stats, *args, use_reentrant=False)
+            if recompute and n > size
+            else _chunk_stats(*args)
+        )
     return torch.cat(parts, dim=1)

@@ -95,12 +95,18 @@ class TorchTrainer(Offloadable):
         self.compute_dtype = getattr(torch, dtype)
         # a VL / Omni checkpoint loads as image-text-to-text; a trainable one in fp32 (the masters)
         self.lora = lora if trainable else None
-        self._adapters_held = threading.RLock()  # a hosting actor runs old- and reference-logprob forwards at once
+        self._adapters_held = (
+            threading.RLock()
+        )  # a hosting actor runs old- and reference-logprob forwards at once
         self.model = load_model(model_path, "float32" if trainable and self.lora is None else dtype)
         self.model.requires_grad_(trainable)
         # VL / Omni: the towers (and their mergers) of these kinds stay as loaded and are left out of weight syncs
-        self.frozen_towers = freeze_towers_by_switch(self.model, freeze_media_towers=freeze_media_towers,
-                                                     freeze_vision=freeze_vision, freeze_audio=freeze_audio)  # fmt: skip
+        self.frozen_towers = freeze_towers_by_switch(
+            self.model,
+            freeze_media_towers=freeze_media_towers,
+            freeze_vision=freeze_vision,
+            freeze_audio=freeze_audio,
+        )
         if self.lora is not None:  # the base frozen in dtype, the adapters trainable in fp32
             self.model = lora_adapters.add_adapters(self.model, self.lora)
         self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
@@ -112,15 +118,28 @@ class TorchTrainer(Offloadable):
         )
         self.critic = critic  # data-parallel: built with the same DataParallel (each rank a replica)
         self.dp = data_parallel
-        self.recomputed = recompute_blocks(self.model, s.recompute if trainable else "off")  # the blocks it wraps
+        self.recomputed = recompute_blocks(
+            self.model, s.recompute if trainable else "off"
+        )  # the blocks it wraps
         # a recomputed block re-runs with the KV cache the shared-prompt forward has since extended: not both
         share_prompts = share_prompts and not self.recomputed
         self.response_logits = ResponseLogits(
-            self.model, s.temperature, share_prompts, chunk_tokens=s.logits_chunk_tokens, pack=s.pack_sequences
+            self.model,
+            s.temperature,
+            share_prompts,
+            chunk_tokens=s.logits_chunk_tokens,
+            pack=s.pack_sequences,
         )
-        self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
-        self.update = PolicyUpdate(self, s, objective if trainable else None, critic=critic,
-                                   fuse_old_logprobs=self.fuses_old_logprobs())  # fmt: skip
+        self.response_logits.routing = RoutingReplay.for_model(
+            self.model, s.routing_replay
+        )  # MoE routing replay
+        self.update = PolicyUpdate(
+            self,
+            s,
+            objective if trainable else None,
+            critic=critic,
+            fuse_old_logprobs=self.fuses_old_logprobs(),
+        )
 
     @property
     def step(self) -> int:
@@ -187,7 +206,9 @@ class TorchTrainer(Offloadable):
         return None if both is None else (both[:, 0], both[:, 1])
 
     def _score_all_ranks(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
-        with self._adapters_held:  # LoRA: never while a concurrent reference forward has the adapters disabled
+        with (
+            self._adapters_held
+        ):  # LoRA: never while a concurrent reference forward has the adapters disabled
             return self._score_each_rank(batch, sum_pi_squared)
 
     def _score_each_rank(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
@@ -208,14 +229,26 @@ class TorchTrainer(Offloadable):
         s = self.settings
         batch = self._on_device(batch)
         budget = s.max_tokens_per_micro_batch
-        return score_rows(self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=budget, packed=self.packs_sequences)
+        return score_rows(
+            self._stats,
+            batch,
+            s.micro_batch_size,
+            sum_pi_squared,
+            max_tokens=budget,
+            packed=self.packs_sequences,
+        )
 
     def forward_reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward_logprobs`` of the reference policy: with LoRA the base with the adapters disabled
         (no second copy of the weights); without, there is no reference in this trainer."""
         if self.lora is None:
-            raise RuntimeError("forward_reference_logprobs needs trainer.lora (the reference is the base model)")
-        with self._adapters_held, lora_adapters.base_only(self.model):  # the toggle is the module's, not the call's
+            raise RuntimeError(
+                "forward_reference_logprobs needs trainer.lora (the reference is the base model)"
+            )
+        with (
+            self._adapters_held,
+            lora_adapters.base_only(self.model),
+        ):  # the toggle is the module's, not the call's
             return self.forward_logprobs(batch)
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -253,8 +286,12 @@ class TorchTrainer(Offloadable):
     def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return replica_rows(batch, self.dp_rank, self.dp_size)
 
-    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
-        if self.lora is not None and self.lora.dropout > 0:  # the training forwards only (see fuses_old_logprobs)
+    def forward_backward(
+        self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn
+    ) -> list[dict[str, float]]:
+        if (
+            self.lora is not None and self.lora.dropout > 0
+        ):  # the training forwards only (see fuses_old_logprobs)
             with lora_adapters.dropout_active(self.model):
                 return forward_backward(self._stats, micro_batches, loss_fn)
         return forward_backward(self._stats, micro_batches, loss_fn)
@@ -295,12 +332,19 @@ class TorchTrainer(Offloadable):
         only for one big tensor. Views, not copies: a transport copies each bucket once on its way
         (pack, object-store put, file write), so the export adds no memory; consume a bucket before
         the next ``train_step``."""
-        dtype = self.compute_dtype  # fp32 masters go out in what the engines run (a copy then, bucket by bucket)
-        if self.lora is not None:  # the adapter only (relax.core.trainers.lora): bytes in proportion to the rank
+        dtype = (
+            self.compute_dtype
+        )  # fp32 masters go out in what the engines run (a copy then, bucket by bucket)
+        if (
+            self.lora is not None
+        ):  # the adapter only (relax.core.trainers.lora): bytes in proportion to the rank
             named = lora_adapters.adapter_tensors(self.model)
             yield from buckets(((name, in_dtype(tensor, dtype)) for name, tensor in named), bucket_bytes)
             return
-        yield from buckets(((name, in_dtype(tensor.detach(), dtype)) for name, tensor in self._unique_tensors()), bucket_bytes)
+        yield from buckets(
+            ((name, in_dtype(tensor.detach(), dtype)) for name, tensor in self._unique_tensors()),
+            bucket_bytes,
+        )
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """All weights as live views (no copy): consume before the next ``train_step``. With LoRA: what
@@ -320,7 +364,9 @@ class TorchTrainer(Offloadable):
         np_state = np.random.get_state()
         state = {
             # LoRA: the adapter only (the base is the model path's, frozen)
-            "model": self.model.state_dict() if self.lora is None else lora_adapters.trainable_state(self.model),
+            "model": self.model.state_dict()
+            if self.lora is None
+            else lora_adapters.trainable_state(self.model),
             "lora": self.lora is not None,
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "step": self.step,
@@ -337,8 +383,10 @@ class TorchTrainer(Offloadable):
     def load(self, directory: str) -> None:
         state = torch.load(Path(directory) / _STATE_FILE, map_location=self.device, weights_only=True)
         if state.get("lora", False) != (self.lora is not None):
-            raise ValueError(f"{directory}: checkpoint {'has' if state.get('lora') else 'has no'} LoRA adapter, "
-                             f"but trainer.lora is {'set' if self.lora is not None else 'null'}")
+            raise ValueError(
+                f"{directory}: checkpoint {'has' if state.get('lora') else 'has no'} LoRA adapter, "
+                f"but trainer.lora is {'set' if self.lora is not None else 'null'}"
+            )
         if self.lora is not None:
             lora_adapters.load_trainable_state(self.model, state["model"])
         else:
@@ -348,7 +396,9 @@ class TorchTrainer(Offloadable):
         self.step = state["step"]
         if self.critic is not None:
             if state.get("critic") is None:
-                raise ValueError(f"{directory}: checkpoint has no critic state, but this trainer has a critic")
+                raise ValueError(
+                    f"{directory}: checkpoint has no critic state, but this trainer has a critic"
+                )
             self.critic.load_state_dict(state["critic"])
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
@@ -362,8 +412,12 @@ class TorchTrainer(Offloadable):
         """A plain HF model + tokenizer directory (``from_pretrained``-loadable, safetensors)."""
         if self.dp is not None and self.dp.rank != 0:
             return
-        if self.lora is not None:  # the adapter in PEFT format (and merged weights when trainer.lora.export_merged)
-            lora_adapters.save_final(self.model, self.tokenizer, directory, self.compute_dtype, self.lora.export_merged)
+        if (
+            self.lora is not None
+        ):  # the adapter in PEFT format (and merged weights when trainer.lora.export_merged)
+            lora_adapters.save_final(
+                self.model, self.tokenizer, directory, self.compute_dtype, self.lora.export_merged
+            )
             return
         self.model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
@@ -383,12 +437,22 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     objective = build_policy_objective(spec.algorithm) if trainable else None
     if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
         kwargs["data_parallel"] = DataParallel(
-            ctx.index, ctx.world_size, ctx.master_addr, ctx.master_port,
-            backend="nccl" if str(params.device).startswith("cuda") else "gloo", timeout_s=max(60.0, ctx.timeout_s),
+            ctx.index,
+            ctx.world_size,
+            ctx.master_addr,
+            ctx.master_port,
+            backend="nccl" if str(params.device).startswith("cuda") else "gloo",
+            timeout_s=max(60.0, ctx.timeout_s),
         )
     kwargs["critic"] = critic_from_context(ctx, dtype, params.device, kwargs.get("data_parallel"))
-    return TorchTrainer(ctx.model_path, UpdateSettings.from_context(ctx), objective=objective, trainable=trainable,
-                        lora=getattr(t, "lora", None), **kwargs)  # fmt: skip
+    return TorchTrainer(
+        ctx.model_path,
+        UpdateSettings.from_context(ctx),
+        objective=objective,
+        trainable=trainable,
+        lora=getattr(t, "lora", None),
+        **kwargs,
+    )
 
 
 def trainer_from_config(cfg: Any, model_path: str, reference: bool = False) -> TorchTrainer:

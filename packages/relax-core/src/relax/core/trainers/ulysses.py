@@ -46,14 +46,20 @@ class SequenceParallel:
             pos = torch.cat([pos, torch.arange(pad, device=pos.device, dtype=pos.dtype)[None]], dim=1)
             cu = torch.cat([cu, cu.new_tensor([total + pad])])
         start = self.rank * width
-        local = replace(packed, input_ids=ids[:, start : start + width], position_ids=pos[:, start : start + width],
-                        cu_seqlens=cu)  # fmt: skip
+        local = replace(
+            packed,
+            input_ids=ids[:, start : start + width],
+            position_ids=pos[:, start : start + width],
+            cu_seqlens=cu,
+        )
         return local, start
 
     def heads_to_sequence(self, x: torch.Tensor) -> torch.Tensor:
         """(1, H, L, d) of this rank's tokens -> (1, H / size, size * L, d) of all tokens, this rank's heads."""
         _, heads, length, dim = x.shape
-        chunks = x.reshape(self.size, heads // self.size, length, dim)  # head chunk j -> rank j (q/k/v come transposed)
+        chunks = x.reshape(
+            self.size, heads // self.size, length, dim
+        )  # head chunk j -> rank j (q/k/v come transposed)
         got = _exchange(chunks, self.group)  # (size: source rank = sequence slice, H / size, L, d)
         return got.permute(1, 0, 2, 3).reshape(1, heads // self.size, self.size * length, dim)
 
@@ -95,7 +101,12 @@ def sum_over_ranks(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
 def check_heads(model: torch.nn.Module, size: int) -> None:
     """Ulysses splits attention heads over the ranks: query and key/value heads must divide by ``size``."""
     config = getattr(model.config, "text_config", None) or model.config
-    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    heads, kv = (
+        config.num_attention_heads,
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+    )
     if heads % size or kv % size:
-        raise ValueError(f"trainer.backend_params.context_parallel: {size} must divide the model's attention heads "
-                         f"({heads} query, {kv} key/value)")  # fmt: skip
+        raise ValueError(
+            f"trainer.backend_params.context_parallel: {size} must divide the model's attention heads "
+            f"({heads} query, {kv} key/value)"
+        )

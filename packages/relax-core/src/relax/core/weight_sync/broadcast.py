@@ -45,7 +45,9 @@ class BroadcastParams:
     master_addr: str | None = None  # the store's address; None: 127.0.0.1 on one machine, else the node IP
 
     def validate_run(self, cfg: Any) -> list[str]:
-        return nccl_colocate_errors(cfg, self.backend, "use backend gloo, or mode async / hybrid (own GPUs per role)")
+        return nccl_colocate_errors(
+            cfg, self.backend, "use backend gloo, or mode async / hybrid (own GPUs per role)"
+        )
 
 
 def nccl_colocate_errors(cfg: Any, backend: str, instead: str) -> list[str]:
@@ -54,8 +56,10 @@ def nccl_colocate_errors(cfg: Any, backend: str, instead: str) -> list[str]:
     first sync, not at start-up). ``instead``: what the transport offers in its place."""
     if backend != "nccl" or cfg.mode != "colocate":
         return []
-    return [f"weight_sync.params.backend: nccl in mode 'colocate' puts the trainer's rank 0 and engine 0 on one GPU "
-            f"(they share a bundle), and NCCL cannot have two ranks of a group on one device; {instead}"]  # fmt: skip
+    return [
+        f"weight_sync.params.backend: nccl in mode 'colocate' puts the trainer's rank 0 and engine 0 on one GPU "
+        f"(they share a bundle), and NCCL cannot have two ranks of a group on one device; {instead}"
+    ]
 
 
 def default_master_addr() -> str:
@@ -135,15 +139,21 @@ class BroadcastReceiver(Receiver):
         self.close()
         timeout = datetime.timedelta(seconds=self.transport.timeout_s)
         store = dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
-        host = addr if addr in ("127.0.0.1", "localhost", "::1") else ray.util.get_node_ip_address()  # its own node's
-        self.group = new_group(self.transport.params.backend, store, rank, world, self.transport.timeout_s, host)
+        host = (
+            addr if addr in ("127.0.0.1", "localhost", "::1") else ray.util.get_node_ip_address()
+        )  # its own node's
+        self.group = new_group(
+            self.transport.params.backend, store, rank, world, self.transport.timeout_s, host
+        )
         self.store, self.group_name = store, name
         return rank
 
     def receive(self, group_name: str, version: int) -> int:
         """Receive and apply buckets until the sender's empty header; returns the number of buckets."""
         if self.group is None or group_name != self.group_name:  # another sender rebuilt the group
-            raise WeightSyncError(f"receive for group {group_name!r}, but this engine joined {self.group_name!r}")
+            raise WeightSyncError(
+                f"receive for group {group_name!r}, but this engine joined {self.group_name!r}"
+            )
         device = device_of(self.transport.params.backend)
         timeout = datetime.timedelta(seconds=self.transport.timeout_s)
         buckets = 0
@@ -152,7 +162,9 @@ class BroadcastReceiver(Receiver):
                 self.buffer = None  # free the old one first
                 self.buffer = torch.empty(meta["total"], dtype=torch.uint8, device=device)
             segs = [Segment(*s) for s in meta["segments"]]
-            works = [broadcast(self.group, self.buffer[s.start : s.end]) if s.end > s.start else None for s in segs]
+            works = [
+                broadcast(self.group, self.buffer[s.start : s.end]) if s.end > s.start else None for s in segs
+            ]
             for seg, work in zip(segs, works, strict=True):  # apply each segment while later ones arrive
                 if work is not None:
                     work.wait(timeout)
@@ -205,7 +217,9 @@ class BroadcastSync(Transport):
                 self._blame(pending, f"receive(end, version {version})", exc)
             received = peers.wait(pending, f"receive(version {version})")
             if set(received.values()) != {buckets}:
-                raise WeightSyncError(f"engines received {received} buckets of version {version}, sent {buckets}")
+                raise WeightSyncError(
+                    f"engines received {received} buckets of version {version}, sent {buckets}"
+                )
         except BaseException:
             self.close()  # a failed collective leaves the group unusable
             raise
@@ -247,7 +261,9 @@ class BroadcastSync(Transport):
         world = len(peers.engines) + 1
         fd, port = listen(addr)
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
+        store = dist.TCPStore(
+            addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd
+        )
         name = f"relax-weights-{uuid.uuid4().hex[:12]}"
         pending = peers.start_each("join", [(addr, port, rank, world, name) for rank in range(1, world)])
         try:
@@ -263,9 +279,15 @@ class BroadcastSync(Transport):
         import ray.exceptions
 
         cf.wait(pending.values(), timeout=min(self.timeout_s, BLAME_GRACE_S))
-        died = [n for n, f in pending.items() if f.done() and isinstance(f.exception(), ray.exceptions.RayActorError)]
+        died = [
+            n
+            for n, f in pending.items()
+            if f.done() and isinstance(f.exception(), ray.exceptions.RayActorError)
+        ]
         stuck = [n for n, f in pending.items() if not f.done()]
-        failed = [f"{n} ({describe_error(f.exception())})" for n, f in pending.items() if f.done() and f.exception()]
+        failed = [
+            f"{n} ({describe_error(f.exception())})" for n, f in pending.items() if f.done() and f.exception()
+        ]
         if died:
             culprit = f"{', '.join(died)} died during {what}"
         elif stuck:

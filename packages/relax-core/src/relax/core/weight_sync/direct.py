@@ -58,7 +58,9 @@ class ObjectStoreSync(Transport):
             ref = ray.put(ZeroCopyBucket(bucket))
             local = None if all(is_actor(e) for e in peers.engines) else ray.get(ref, timeout=self.timeout_s)
             args = [(ref if is_actor(e) else local, version) for e in peers.engines]
-            inflight.append((peers.start_each("update", args), f"update_weights(bucket {i}, version {version})"))
+            inflight.append(
+                (peers.start_each("update", args), f"update_weights(bucket {i}, version {version})")
+            )
             del ref, local, args  # the object is freed once every engine has read it
             while len(inflight) >= self.params.max_inflight:
                 peers.wait(*inflight.popleft())

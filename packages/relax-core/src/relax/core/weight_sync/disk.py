@@ -50,7 +50,9 @@ def write_weights(buckets: Iterable[NamedTensors], path: Path, version: int) -> 
         for name, t in bucket:
             t = t.detach().cpu().contiguous()
             ptr = t.untyped_storage().data_ptr()
-            tensors[name] = t.clone() if ptr in seen and t.numel() else t  # safetensors refuses shared storage
+            tensors[name] = (
+                t.clone() if ptr in seen and t.numel() else t
+            )  # safetensors refuses shared storage
             seen.add(ptr)
             weight_map[name] = fname
         save_file(tensors, tmp / fname, metadata={"relax_version": str(version)})

@@ -131,7 +131,9 @@ class ZeroCopyBucket:
 
 def _rebuild(items: list) -> NamedTensors:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "non-writable NumPy array": intended, see ZeroCopyBucket
+        warnings.simplefilter(
+            "ignore", UserWarning
+        )  # "non-writable NumPy array": intended, see ZeroCopyBucket
         return [
             (name, torch.from_numpy(a).view(getattr(torch, dtype)).reshape(shape))
             for name, a, dtype, shape in items

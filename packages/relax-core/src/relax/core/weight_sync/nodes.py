@@ -73,8 +73,11 @@ def check_same_host(name: str, trainer: Any, engines: list[Any]) -> None:
     trainer_node = actor_node(trainer) if is_actor(trainer) else this_node()
     if trainer_node is None:
         return
-    elsewhere = [label for label, engine in zip(engine_names(engines), engines, strict=True)
-                 if (actor_node(engine) if is_actor(engine) else this_node()) not in (None, trainer_node)]
+    elsewhere = [
+        label
+        for label, engine in zip(engine_names(engines), engines, strict=True)
+        if (actor_node(engine) if is_actor(engine) else this_node()) not in (None, trainer_node)
+    ]
     if elsewhere:
         raise WeightSyncError(
             f"weight_sync.transport {name!r} works on one machine only, but {', '.join(elsewhere)} run(s) on another "

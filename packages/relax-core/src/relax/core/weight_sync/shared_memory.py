@@ -38,7 +38,11 @@ class SharedMemoryParams:
     directory: str = "/dev/shm"  # a RAM-backed filesystem that the trainer and every engine see
 
     def validate(self) -> list[str]:
-        return [] if self.directory else ["directory: must name a directory (a RAM-backed filesystem such as /dev/shm)"]
+        return (
+            []
+            if self.directory
+            else ["directory: must name a directory (a RAM-backed filesystem such as /dev/shm)"]
+        )
 
 
 def _map(path: str, size: int) -> torch.Tensor:
@@ -69,8 +73,10 @@ class SharedMemoryReceiver(Receiver):
             self.flat, self.path = _map(path, size), path
         stamp = int(_stamp(self.flat)[0])
         if stamp != version:
-            raise WeightSyncError(f"shared-memory segment {path} holds version {stamp}, not {version}: the trainer's "
-                                  "copy did not happen; refusing to apply stale weights")
+            raise WeightSyncError(
+                f"shared-memory segment {path} holds version {stamp}, not {version}: the trainer's "
+                "copy did not happen; refusing to apply stale weights"
+            )
         self.begin(version)
         for base, layout in placed:
             self.update(unpack(self.flat[base:], layout), version)
@@ -126,7 +132,9 @@ class SharedMemorySync(Transport):
         for (base, layout), bucket in zip(placed, buckets, strict=True):
             pack_into(flat[base:], bucket, layout)
         _stamp(flat)[0] = version
-        served = peers.call("apply", path, self._segment[1], placed, version, what=f"apply_weights(version {version})")
+        served = peers.call(
+            "apply", path, self._segment[1], placed, version, what=f"apply_weights(version {version})"
+        )
         check_versions(served, version)
         yield {"bytes": sum(bucket_nbytes(b) for b in buckets), "buckets": len(buckets)}
 

@@ -169,7 +169,9 @@ class Transport:
         local = [n for n, e in zip(engine_names(engines), engines, strict=True) if not is_actor(e)]
         if local and (self.actors_only or is_actor(trainer)):
             why = f"the {self.name} transport" if self.actors_only else "a trainer actor"
-            raise WeightSyncError(f"{why} needs engines that are Ray actors; local objects: {', '.join(local)}")
+            raise WeightSyncError(
+                f"{why} needs engines that are Ray actors; local objects: {', '.join(local)}"
+            )
         if self.reach == "host":
             from relax.core.weight_sync.nodes import check_same_host
 
@@ -184,8 +186,12 @@ class Transport:
         import ray
 
         label = f"trainer ({actor_label(trainer)})"
-        wait_s = 3 * self.timeout_s + PROGRESS_GRACE_S  # between reports: a few steps, each timed by the transport
-        stream = trainer.weight_sender.options(num_returns="streaming").remote(self.spec, "push", engines, version)
+        wait_s = (
+            3 * self.timeout_s + PROGRESS_GRACE_S
+        )  # between reports: a few steps, each timed by the transport
+        stream = trainer.weight_sender.options(num_returns="streaming").remote(
+            self.spec, "push", engines, version
+        )
         last: dict[str, float] | None = None
         while True:
             try:
@@ -193,7 +199,9 @@ class Transport:
             except StopIteration:
                 break
             if ref.is_nil():
-                raise WeightSyncError(f"{label} reported no weight-sync progress within {wait_s:g}s (version {version})")
+                raise WeightSyncError(
+                    f"{label} reported no weight-sync progress within {wait_s:g}s (version {version})"
+                )
             try:
                 last = ray.get(ref)
             except ray.exceptions.RayActorError as exc:

@@ -56,8 +56,8 @@ def per_audio_items(items: list) -> list:
     for item in items:
         for row, length in enumerate(item.feature_attention_mask.sum(-1).tolist()):
             one = copy.copy(item)  # the cached item keeps its own tensors
-            one.feature = item.feature[row:row + 1, ..., : int(length)]
-            one.feature_attention_mask = item.feature_attention_mask[row:row + 1, : int(length)]
+            one.feature = item.feature[row : row + 1, ..., : int(length)]
+            one.feature_attention_mask = item.feature_attention_mask[row : row + 1, : int(length)]
             out.append(one)
     return out
 
@@ -69,7 +69,9 @@ def encode_audio_per_item(omni) -> None:
     original = cls.get_audio_feature
 
     def get_audio_feature(self, items):
-        return torch.cat([original(self, [one]) for one in per_audio_items(items)], dim=-2)  # (.., tokens, hidden)
+        return torch.cat(
+            [original(self, [one]) for one in per_audio_items(items)], dim=-2
+        )  # (.., tokens, hidden)
 
     get_audio_feature.relax_patched = True
     cls.get_audio_feature = get_audio_feature
@@ -112,7 +114,9 @@ def relax_videos_as_sent(qwen_vl) -> None:
         video, metadata = await original(vr, *args, **{**kwargs, "image_factor": 1})
         if not tags.get(TIMESTAMPS_TAG):
             return video, metadata
-        return video, metadata_with_timestamps(metadata, len(video), [float(t) for t in tags[TIMESTAMPS_TAG].split(",")])
+        return video, metadata_with_timestamps(
+            metadata, len(video), [float(t) for t in tags[TIMESTAMPS_TAG].split(",")]
+        )
 
     preprocess_video.relax_patched = True
     qwen_vl.preprocess_video = preprocess_video
@@ -192,4 +196,6 @@ def install() -> None:
         after_import("sglang.srt.models.qwen3_omni_moe", encode_audio_per_item)
         after_import("sglang.srt.multimodal.processors.qwen_vl", relax_videos_as_sent)
         after_import("sglang.srt.mem_cache.pool_host.common", unpinned_cpu_host_buffers)
-        after_import("sglang.srt.managers.scheduler_components.weight_updater", clear_media_embeddings_on_update)
+        after_import(
+            "sglang.srt.managers.scheduler_components.weight_updater", clear_media_embeddings_on_update
+        )

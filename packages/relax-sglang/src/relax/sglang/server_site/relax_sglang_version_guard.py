@@ -35,16 +35,20 @@ def patches_problem(found: str | None, written_for: str = PATCHED_FOR) -> str | 
     without SGLang, where they never fire). Post releases of the same version are accepted."""
     if found is None or release(found)[:3] == release(written_for)[:3]:
         return None
-    return (f"Relax's SGLang server patches were written for sglang {written_for}, but this server's environment "
-            f"has sglang {found}; install sglang=={written_for} there, or set {SKIP_ENV}=1 to try it anyway")
+    return (
+        f"Relax's SGLang server patches were written for sglang {written_for}, but this server's environment "
+        f"has sglang {found}; install sglang=={written_for} there, or set {SKIP_ENV}=1 to try it anyway"
+    )
 
 
 def endpoints_problem(found: str | None, since: str = ENDPOINTS_SINCE) -> str | None:
     """Why a server reporting SGLang ``found`` cannot serve the Relax engine (None: it can)."""
     if found is not None and release(found) and release(found) >= release(since):
         return None
-    return (f"the Relax sglang engine needs sglang >= {since} (/begin_weight_update, /end_weight_update and "
-            f"per-token weight versions), but the server reports sglang {found or 'unknown'}")
+    return (
+        f"the Relax sglang engine needs sglang >= {since} (/begin_weight_update, /end_weight_update and "
+        f"per-token weight versions), but the server reports sglang {found or 'unknown'}"
+    )
 
 
 def installed_sglang() -> str | None:

@@ -46,35 +46,53 @@ class FSDPParams:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             errors.append(f"device: expected 'cpu' or 'cuda', got {self.device!r}")
         if self.cpu_offload and self.device == "cpu":
-            errors.append("cpu_offload: the shards already live in host memory on device 'cpu'; use it with device 'cuda'")
-        if self.context_parallel not in (1, self.world_size) or (self.context_parallel > 1 and self.replicate > 1):
-            errors.append(f"context_parallel: 1 or world_size ({self.world_size}) without replicate (every rank holds a "
-                          f"slice of the same rows; data and context parallelism together are not built), got "
-                          f"{self.context_parallel}")  # fmt: skip
+            errors.append(
+                "cpu_offload: the shards already live in host memory on device 'cpu'; use it with device 'cuda'"
+            )
+        if self.context_parallel not in (1, self.world_size) or (
+            self.context_parallel > 1 and self.replicate > 1
+        ):
+            errors.append(
+                f"context_parallel: 1 or world_size ({self.world_size}) without replicate (every rank holds a "
+                f"slice of the same rows; data and context parallelism together are not built), got "
+                f"{self.context_parallel}"
+            )
         return errors
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Against the run: the dtype inherited from ``model.dtype``, and host memory for offload."""
         if self.cpu_offload and cfg.trainer.offload:
-            return ["trainer.offload with trainer.backend_params.cpu_offload: the shards and optimizer state already "
-                    "live in host memory; set one of them to false"]  # fmt: skip
+            return [
+                "trainer.offload with trainer.backend_params.cpu_offload: the shards and optimizer state already "
+                "live in host memory; set one of them to false"
+            ]
         if cfg.trainer.recompute not in ("off", "full"):  # what the trainer refuses at start-up
-            return [f"trainer.recompute: {cfg.trainer.recompute!r} is megatron's; the fsdp backend offers off | full"]
+            return [
+                f"trainer.recompute: {cfg.trainer.recompute!r} is megatron's; the fsdp backend offers off | full"
+            ]
         if self.activation_checkpointing and cfg.algorithm.routing_replay != "off":
-            return ["trainer.backend_params.activation_checkpointing with algorithm.routing_replay: the forward "
-                    "recomputed in backward would route with the model's own experts; set it to false"]  # fmt: skip
+            return [
+                "trainer.backend_params.activation_checkpointing with algorithm.routing_replay: the forward "
+                "recomputed in backward would route with the model's own experts; set it to false"
+            ]
         if self.context_parallel > 1 and not cfg.trainer.pack_sequences:
-            return ["trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"]
+            return [
+                "trainer.backend_params.context_parallel: splits packed rows over the ranks; set trainer.pack_sequences: true"
+            ]
         dtype = self.dtype or cfg.model.dtype
         if problem := dtype_problem(dtype, self.device):
             field = "trainer.backend_params" if self.dtype else "model"
             return [f"{field}.{problem}" + ("" if self.dtype else " (or set trainer.backend_params.dtype)")]
         if self.cpu_offload and cfg.model.path:
-            need = 16 * model_parameters(cfg.model.path) * self.world_size  # fp32 weights, grads, AdamW: all ranks of this host
+            need = (
+                16 * model_parameters(cfg.model.path) * self.world_size
+            )  # fp32 weights, grads, AdamW: all ranks of this host
             have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
             if need > have:
-                return [f"trainer.backend_params.cpu_offload: the offloaded training state needs ~{need / 2**30:.1f} GiB "
-                        f"of host memory ({self.world_size} ranks on one host), this machine has {have / 2**30:.1f} GiB"]
+                return [
+                    f"trainer.backend_params.cpu_offload: the offloaded training state needs ~{need / 2**30:.1f} GiB "
+                    f"of host memory ({self.world_size} ranks on one host), this machine has {have / 2**30:.1f} GiB"
+                ]
         return []
 
 
@@ -99,8 +117,10 @@ def model_parameters(model_path: str) -> int:
 def dtype_problem(dtype: str, device: str) -> str | None:
     """Why ``dtype`` cannot be the compute dtype on ``device`` (None when it can)."""
     if dtype == "float16":
-        return ("dtype: float16 needs loss scaling, which the fsdp trainer does not do; use bfloat16 "
-                "(fp32 master weights and gradient reduction either way)")  # fmt: skip
+        return (
+            "dtype: float16 needs loss scaling, which the fsdp trainer does not do; use bfloat16 "
+            "(fp32 master weights and gradient reduction either way)"
+        )
     if dtype not in ("float32", "bfloat16"):
         return f"dtype: expected float32 or bfloat16, got {dtype!r}"
     return None

@@ -21,7 +21,9 @@ def device_mesh(device_type: str, world_size: int, replicate: int) -> Any:
 
     if replicate == 1:
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
-    return init_device_mesh(device_type, (replicate, world_size // replicate), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(
+        device_type, (replicate, world_size // replicate), mesh_dim_names=("replicate", "shard")
+    )
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -32,7 +34,11 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     for module in model.modules():
         if id(module) in inside:
             continue
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+        if (
+            isinstance(module, torch.nn.ModuleList)
+            and len(module) > 1
+            and len({type(m) for m in module}) == 1
+        ):
             blocks.extend(module)
             inside.update(id(m) for block in module for m in block.modules())
     return blocks
@@ -49,9 +55,16 @@ def checkpoint_forward(block: torch.nn.Module) -> None:
     block.forward = recomputed
 
 
-def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype | None, *, replicated: set[torch.nn.Parameter],
-                reshard_after_forward: bool = True, activation_checkpointing: bool = False,
-                cpu_offload: bool = False) -> list[Any]:  # fmt: skip
+def shard_model(
+    model: torch.nn.Module,
+    mesh: Any,
+    compute_dtype: torch.dtype | None,
+    *,
+    replicated: set[torch.nn.Parameter],
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+) -> list[Any]:
     """``fully_shard`` each repeated block, then the root. The parameters stay fp32 (the master
     copy); FSDP2 casts the gathered copy to ``compute_dtype`` for forward/backward and reduces
     gradients in fp32. Gradients are summed over ranks, not averaged: core's loop already divides
@@ -67,8 +80,12 @@ def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype | 
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    options = {"mesh": mesh, "mp_policy": policy, "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
-               "ignored_params": replicated}  # fmt: skip
+    options = {
+        "mesh": mesh,
+        "mp_policy": policy,
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+        "ignored_params": replicated,
+    }
     units = []
     for block in repeated_blocks(model):
         if all(p in replicated for p in block.parameters()):

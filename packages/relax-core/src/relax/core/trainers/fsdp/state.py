@@ -32,8 +32,13 @@ def gathered(value: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
         return value
     local = value.to_local()
     if local.device != comm_device:
-        value = DTensor.from_local(local.to(comm_device), value.device_mesh, value.placements,
-                                   shape=value.shape, stride=value.stride())  # fmt: skip
+        value = DTensor.from_local(
+            local.to(comm_device),
+            value.device_mesh,
+            value.placements,
+            shape=value.shape,
+            stride=value.stride(),
+        )
     return value.full_tensor()
 
 
@@ -62,8 +67,15 @@ def _hf_model(model: torch.nn.Module, lora: bool) -> torch.nn.Module:
     return model.get_base_model() if lora else model  # a peft model's HF model
 
 
-def save(directory: str, model: torch.nn.Module, optimizer: Any, meta: dict[str, Any], rank: int, tokenizer: Any,
-         lora: bool = False) -> None:  # fmt: skip
+def save(
+    directory: str,
+    model: torch.nn.Module,
+    optimizer: Any,
+    meta: dict[str, Any],
+    rank: int,
+    tokenizer: Any,
+    lora: bool = False,
+) -> None:
     """``lora``: ``model`` is a peft model; the adapter and its optimizer state are saved."""
     import torch.distributed.checkpoint as dcp
 
@@ -93,13 +105,20 @@ def to_hf(checkpoint: str, hf_dir: str) -> int:
 
     path = Path(checkpoint)
     if torch.load(path / META_FILE, weights_only=False).get("lora", False):
-        raise ValueError(f"{checkpoint}: a LoRA checkpoint holds the adapter only (the base is model.path's); "
-                         "its final export (checkpoint.save_hf_final) writes the PEFT adapter and, with "
-                         "trainer.lora.export_merged, merged HF weights")  # fmt: skip
+        raise ValueError(
+            f"{checkpoint}: a LoRA checkpoint holds the adapter only (the base is model.path's); "
+            "its final export (checkpoint.save_hf_final) writes the PEFT adapter and, with "
+            "trainer.lora.export_merged, merged HF weights"
+        )
     config = transformers.AutoConfig.from_pretrained(path / HF_DIR)
     model = getattr(transformers, (path / HF_DIR / CLASS_FILE).read_text().strip())._from_config(config)
     wanted = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
-    dcp.load(wanted, checkpoint_id=str(path / SHARDS_DIR), planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+    dcp.load(
+        wanted,
+        checkpoint_id=str(path / SHARDS_DIR),
+        planner=DefaultLoadPlanner(allow_partial_load=True),
+        no_dist=True,
+    )
     model.tie_weights()
     model.save_pretrained(hf_dir, safe_serialization=True)
     transformers.AutoTokenizer.from_pretrained(path / HF_DIR).save_pretrained(hf_dir)
@@ -113,23 +132,39 @@ def load(directory: str, model: torch.nn.Module, optimizer: Any, lora: bool = Fa
 
     path = Path(directory)
     if not (path / SHARDS_DIR).is_dir() or not (path / META_FILE).is_file():
-        raise FileNotFoundError(f"{directory}: not an fsdp trainer checkpoint (no {SHARDS_DIR}/ or {META_FILE})")
+        raise FileNotFoundError(
+            f"{directory}: not an fsdp trainer checkpoint (no {SHARDS_DIR}/ or {META_FILE})"
+        )
     meta = torch.load(path / META_FILE, weights_only=False)
     if meta.get("lora", False) != lora:
-        raise ValueError(f"{directory}: checkpoint {'has' if meta.get('lora') else 'has no'} LoRA adapter, "
-                         f"but trainer.lora is {'set' if lora else 'null'}")  # fmt: skip
+        raise ValueError(
+            f"{directory}: checkpoint {'has' if meta.get('lora') else 'has no'} LoRA adapter, "
+            f"but trainer.lora is {'set' if lora else 'null'}"
+        )
     loaded = _states(model, optimizer, lora)
-    dcp.load(loaded, checkpoint_id=str(path / SHARDS_DIR))  # a trained tensor the checkpoint lacks is an error
+    dcp.load(
+        loaded, checkpoint_id=str(path / SHARDS_DIR)
+    )  # a trained tensor the checkpoint lacks is an error
     if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"], options=_options(lora))
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=loaded["model"],
+            optim_state_dict=loaded["optim"],
+            options=_options(lora),
+        )
     else:
         model.load_state_dict(loaded["model"])
     return meta
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}  # fmt: skip
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(rng: dict[str, Any]) -> None:
@@ -216,8 +251,15 @@ def original_format(plain: Any, name: str, tensor: torch.Tensor) -> dict[str, to
     }
 
 
-def save_adapter(directory: str, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype, rank: int, merged: bool,
-                 comm_device: torch.device) -> None:  # fmt: skip
+def save_adapter(
+    directory: str,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    dtype: torch.dtype,
+    rank: int,
+    merged: bool,
+    comm_device: torch.device,
+) -> None:
     """LoRA's final export (``relax.core.trainers.lora.save_final``) from full tensors gathered to rank 0
     (a collective): the trained ones, or with ``merged`` the whole model (rank 0's host memory)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -227,12 +269,16 @@ def save_adapter(directory: str, model: torch.nn.Module, tokenizer: Any, dtype: 
     if merged:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         first: dict[int, str] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):  # tied weights were gathered apart: tie them
+        for name, p in model.named_parameters(
+            remove_duplicate=False
+        ):  # tied weights were gathered apart: tie them
             tied = first.setdefault(id(p), name)
             if tied != name and tied in full and name in full:
                 full[name] = full[tied]  # so save_pretrained writes the weight once, as without FSDP
     else:  # the adapter and modules_to_save, one tensor at a time
-        full = {name: gathered(p, comm_device).cpu() for name, p in model.named_parameters() if p.requires_grad}
+        full = {
+            name: gathered(p, comm_device).cpu() for name, p in model.named_parameters() if p.requires_grad
+        }
     if rank == 0:
         lora_adapters.save_final(model, tokenizer, directory, dtype, merged, state=full)
     dist.barrier()

@@ -86,7 +86,9 @@ class FSDPTrainer(Offloadable):
         if cuda:
             torch.cuda.set_device(torch.cuda.current_device())  # Ray gives each rank actor one GPU
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        self._owns_group = join_default_group(rank, world_size, master_addr, master_port, "nccl" if cuda else "gloo", timeout_s)
+        self._owns_group = join_default_group(
+            rank, world_size, master_addr, master_port, "nccl" if cuda else "gloo", timeout_s
+        )
         self.rank, self.world_size, self.compute_dtype = rank, world_size, getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.lora = lora if trainable else None
@@ -96,7 +98,9 @@ class FSDPTrainer(Offloadable):
         if hf is None:
             hf = load_model(model_path, "float32" if self.lora is None else dtype)
         hf.requires_grad_(trainable and self.lora is None)
-        self.frozen_towers = freeze_towers_by_switch(hf, **freeze_switches(p))  # kinds kept as loaded, unsynced
+        self.frozen_towers = freeze_towers_by_switch(
+            hf, **freeze_switches(p)
+        )  # kinds kept as loaded, unsynced
         # LoRA: the adapters join the HF modules in place (peft), so the blocks below shard with theirs
         self.model = hf if self.lora is None else lora_adapters.add_adapters(hf, self.lora)
         self.model.eval()  # no dropout: training and scoring forwards agree
@@ -107,40 +111,70 @@ class FSDPTrainer(Offloadable):
         self.mesh = device_mesh(self.device.type, world_size, p.replicate)
         param_dtype = self.compute_dtype if self.lora is None else None  # LoRA: each weight in its own dtype
         if s.recompute not in ("off", "full"):
-            raise ValueError(f"trainer.recompute: {s.recompute!r} is megatron's; the fsdp backend offers off | full")
+            raise ValueError(
+                f"trainer.recompute: {s.recompute!r} is megatron's; the fsdp backend offers off | full"
+            )
         recompute = trainable and (p.activation_checkpointing or s.recompute == "full")
-        self.units = shard_model(self.model, self.mesh, param_dtype, replicated=set(self.replicated),
-                                 reshard_after_forward=p.reshard_after_forward,
-                                 activation_checkpointing=recompute, cpu_offload=p.cpu_offload)  # fmt: skip
+        self.units = shard_model(
+            self.model,
+            self.mesh,
+            param_dtype,
+            replicated=set(self.replicated),
+            reshard_after_forward=p.reshard_after_forward,
+            activation_checkpointing=recompute,
+            cpu_offload=p.cpu_offload,
+        )
         if self._checkpoint is not None:  # each rank reads its shards' rows (and the towers whole)
             # cpu_offload: the shards' storage on the host from the start (FSDP pins it); the towers then move
             sharded_load.materialize(self.model, torch.device("cpu") if p.cpu_offload else self.device)
             sharded_load.fill(self.model, *self._checkpoint)
-            self.replicated = [q for n, q in hf.named_parameters() if is_tower(n, hf)]  # to_empty made them anew
+            self.replicated = [
+                q for n, q in hf.named_parameters() if is_tower(n, hf)
+            ]  # to_empty made them anew
             for q in self.replicated:
                 q.data = q.data.to(self.device)
             self._checkpoint = None
         trained = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = (
-            torch.optim.AdamW(trained, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay) if trainable else None
+            torch.optim.AdamW(trained, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
+            if trainable
+            else None
         )
-        self.response_logits = ResponseLogits(  # recompute re-runs blocks with a since-extended KV cache: no sharing
-            self.model, s.temperature, p.share_prompts and not recompute, chunk_tokens=s.logits_chunk_tokens,
-            pack=s.pack_sequences,
+        self.response_logits = (
+            ResponseLogits(  # recompute re-runs blocks with a since-extended KV cache: no sharing
+                self.model,
+                s.temperature,
+                p.share_prompts and not recompute,
+                chunk_tokens=s.logits_chunk_tokens,
+                pack=s.pack_sequences,
+            )
         )
-        self.response_logits.routing = RoutingReplay.for_model(self.model, s.routing_replay)  # MoE routing replay
-        self.context_parallel = p.context_parallel  # Ulysses: every rank runs the same rows, a slice of their tokens
+        self.response_logits.routing = RoutingReplay.for_model(
+            self.model, s.routing_replay
+        )  # MoE routing replay
+        self.context_parallel = (
+            p.context_parallel
+        )  # Ulysses: every rank runs the same rows, a slice of their tokens
         if p.context_parallel > 1:
             if not s.pack_sequences:
-                raise ValueError("trainer.backend_params.context_parallel: splits packed rows; set trainer.pack_sequences: true")
+                raise ValueError(
+                    "trainer.backend_params.context_parallel: splits packed rows; set trainer.pack_sequences: true"
+                )
             check_heads(self.model, p.context_parallel)
             # the all-to-alls get a group of their own (as DeepSpeed-Ulysses): never queued behind FSDP's prefetches
-            self.response_logits.sp = SequenceParallel(rank, world_size, dist.new_group(list(range(world_size))))
+            self.response_logits.sp = SequenceParallel(
+                rank, world_size, dist.new_group(list(range(world_size)))
+            )
         # PPO: a replicated (unsharded) critic on this rank's device, its gradients summed over the replicas
         sums = DefaultGroupSums(self._comm_device()) if self.dp_size > 1 else None
         self.critic = critic(self.device, sums) if critic is not None and trainable else None
-        self.update = PolicyUpdate(self, s, objective if trainable else None, critic=self.critic,
-                                   fuse_old_logprobs=self.fuses_old_logprobs())  # fmt: skip
+        self.update = PolicyUpdate(
+            self,
+            s,
+            objective if trainable else None,
+            critic=self.critic,
+            fuse_old_logprobs=self.fuses_old_logprobs(),
+        )
 
     # --------------------------------------------------------------- loop's counters
     @property
@@ -188,7 +222,9 @@ class FSDPTrainer(Offloadable):
         rank scores its share, rank 0 gathers them."""
         return self._score_all_ranks(batch, sum_pi_squared=False)
 
-    def forward_logprobs_and_sum_pi_squared(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def forward_logprobs_and_sum_pi_squared(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         both = self._score_all_ranks(batch, sum_pi_squared=True)
         return None if both is None else (both[:, 0], both[:, 1])
 
@@ -196,16 +232,24 @@ class FSDPTrainer(Offloadable):
         if self.dp_size == 1:  # one rank, or context parallelism: every rank scored every row
             scored = self._score(batch, sum_pi_squared)
             return scored if self.rank == 0 else None
-        return self._gather_rows(self._score(self.local_rows(batch), sum_pi_squared), batch["responses"].shape[0])
+        return self._gather_rows(
+            self._score(self.local_rows(batch), sum_pi_squared), batch["responses"].shape[0]
+        )
 
     def _gather_rows(self, local: torch.Tensor, rows: int) -> torch.Tensor | None:
         """Every rank's ``local_rows`` results (padded shares) as the batch's rows, on rank 0; None elsewhere."""
         local = local.to(self._comm_device())
-        shares = [torch.empty_like(local) for _ in range(self.world_size)]  # on the comm device: NCCL gathers into CUDA
+        shares = [
+            torch.empty_like(local) for _ in range(self.world_size)
+        ]  # on the comm device: NCCL gathers into CUDA
         dist.all_gather(shares, local)
         if self.rank != 0:
             return None
-        parts = [share[: e - s] for r, share in enumerate(shares) for s, e in [shard_bounds(rows, r, self.world_size)]]
+        parts = [
+            share[: e - s]
+            for r, share in enumerate(shares)
+            for s, e in [shard_bounds(rows, r, self.world_size)]
+        ]
         return torch.cat(parts).cpu()
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
@@ -215,13 +259,20 @@ class FSDPTrainer(Offloadable):
         if self.dp_size == 1:
             values = self.critic.forward_values(batch)
             return values if self.rank == 0 else None
-        return self._gather_rows(self.critic.forward_values(self.local_rows(batch)), batch["responses"].shape[0])
+        return self._gather_rows(
+            self.critic.forward_values(self.local_rows(batch)), batch["responses"].shape[0]
+        )
 
     def _score(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor:
         s, batch = self.settings, self._on_device(batch)
         budget = s.max_tokens_per_micro_batch
         return score_rows(
-            self._stats, batch, s.micro_batch_size, sum_pi_squared, max_tokens=budget, equalize=self._most_micro_batches,
+            self._stats,
+            batch,
+            s.micro_batch_size,
+            sum_pi_squared,
+            max_tokens=budget,
+            equalize=self._most_micro_batches,
             packed=self.packs_sequences,
         )
 
@@ -229,7 +280,9 @@ class FSDPTrainer(Offloadable):
         """``forward_logprobs`` of the reference policy: with LoRA the base with the adapters disabled
         (no second copy of the weights); without, there is no reference in this trainer."""
         if self.lora is None:
-            raise RuntimeError("forward_reference_logprobs needs trainer.lora (the reference is the base model)")
+            raise RuntimeError(
+                "forward_reference_logprobs needs trainer.lora (the reference is the base model)"
+            )
         with lora_adapters.base_only(self.model):
             return self.forward_logprobs(batch)
 
@@ -249,9 +302,13 @@ class FSDPTrainer(Offloadable):
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._score(batch, sum_pi_squared=False)
 
-    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn) -> list[dict[str, float]]:
+    def forward_backward(
+        self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn
+    ) -> list[dict[str, float]]:
         micro_batches = [self._on_device(m) for m in micro_batches]
-        if self.lora is not None and self.lora.dropout > 0:  # the training forwards only (see fuses_old_logprobs)
+        if (
+            self.lora is not None and self.lora.dropout > 0
+        ):  # the training forwards only (see fuses_old_logprobs)
             with lora_adapters.dropout_active(self.model):
                 return forward_backward(self._stats, micro_batches, loss_fn)
         return forward_backward(self._stats, micro_batches, loss_fn)
@@ -271,9 +328,16 @@ class FSDPTrainer(Offloadable):
         if whole and self.world_size > 1:
             flat = torch.cat([g.reshape(-1) for g in whole])
             dist.all_reduce(flat)
-            torch._foreach_copy_(whole, [c.view_as(g) for c, g in zip(flat.split([g.numel() for g in whole]), whole, strict=True)])
+            torch._foreach_copy_(
+                whole,
+                [c.view_as(g) for c, g in zip(flat.split([g.numel() for g in whole]), whole, strict=True)],
+            )
         norms = [torch.nn.utils.get_total_norm(grads) for grads in (sharded, whole) if grads]
-        norm = float(torch.stack([(n.full_tensor() if hasattr(n, "full_tensor") else n).double().cpu() for n in norms]).norm())
+        norm = float(
+            torch.stack(
+                [(n.full_tensor() if hasattr(n, "full_tensor") else n).double().cpu() for n in norms]
+            ).norm()
+        )
         coef = max_norm / (norm + 1e-6)  # as torch's clip_grad_norm_
         if coef < 1.0:  # a NaN norm is not clipped: the loop skips or stops
             for grads in (sharded, whole):  # foreach ops take DTensors or tensors, not both
@@ -285,9 +349,15 @@ class FSDPTrainer(Offloadable):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        shards = [q.to_local() if hasattr(q, "to_local") else q for q in self.model.parameters() if q.requires_grad]
+        shards = [
+            q.to_local() if hasattr(q, "to_local") else q for q in self.model.parameters() if q.requires_grad
+        ]
         shards = [t for t in shards if t.numel()]
-        bad = float(0 if not shards else (~torch.isfinite(torch.stack(torch._foreach_norm(shards, 2, dtype=torch.float64)))).sum())
+        bad = float(
+            0
+            if not shards
+            else (~torch.isfinite(torch.stack(torch._foreach_norm(shards, 2, dtype=torch.float64)))).sum()
+        )
         if self.all_reduce_sum([bad])[0]:
             return f"the update (lr {lr:g}) made the weights non-finite"
         return None
@@ -318,7 +388,10 @@ class FSDPTrainer(Offloadable):
         rank iterates it in step (it yields nothing elsewhere). One tensor is gathered at a time, so
         no rank ever holds the whole model. LoRA: the adapter only (``lora.adapter_tensors``' names)."""
         named = self._named_weights() if self.lora is None else lora_adapters.adapter_tensors(self.model)
-        full = ((name, in_dtype(state.gathered(value, self._comm_device()), self.compute_dtype)) for name, value in named)
+        full = (
+            (name, in_dtype(state.gathered(value, self._comm_device()), self.compute_dtype))
+            for name, value in named
+        )
         if self.rank != 0:
             for _ in full:
                 pass
@@ -332,13 +405,17 @@ class FSDPTrainer(Offloadable):
         meta = {"step": self.step, "rng": state.rng_state()}
         if self.critic is not None:  # replicated: rank 0's copy (the file rank 0 writes) is every rank's
             meta["critic"] = self.critic.state_dict()
-        state.save(directory, self.model, self.optimizer, meta, self.rank, self.tokenizer, lora=self.lora is not None)
+        state.save(
+            directory, self.model, self.optimizer, meta, self.rank, self.tokenizer, lora=self.lora is not None
+        )
 
     def load(self, directory: str) -> None:
         meta = state.load(directory, self.model, self.optimizer, lora=self.lora is not None)
         if self.critic is not None:
             if meta.get("critic") is None:
-                raise ValueError(f"{directory}: checkpoint has no critic state, but this trainer has a critic")
+                raise ValueError(
+                    f"{directory}: checkpoint has no critic state, but this trainer has a critic"
+                )
             self.critic.load_state_dict(meta["critic"])
         self.step = meta["step"]
         state.set_rng_state(meta["rng"])
@@ -347,10 +424,19 @@ class FSDPTrainer(Offloadable):
         """A plain HF model + tokenizer directory in the compute dtype (rank 0 writes; a collective).
         LoRA: the PEFT adapter (and merged weights with ``trainer.lora.export_merged``)."""
         if self.lora is not None:
-            state.save_adapter(directory, self.model, self.tokenizer, self.compute_dtype, self.rank, self.lora.export_merged,
-                               self._comm_device())  # fmt: skip
+            state.save_adapter(
+                directory,
+                self.model,
+                self.tokenizer,
+                self.compute_dtype,
+                self.rank,
+                self.lora.export_merged,
+                self._comm_device(),
+            )
             return
-        state.save_hf(directory, self.model, self.tokenizer, self.compute_dtype, self.rank, self._comm_device())
+        state.save_hf(
+            directory, self.model, self.tokenizer, self.compute_dtype, self.rank, self._comm_device()
+        )
 
     def close(self) -> None:
         if self._owns_group and dist.is_initialized():
@@ -387,9 +473,17 @@ def trainer_from_context(params: FSDPParams, ctx: Any) -> FSDPTrainer:
     spec = ctx.train
     dtype = params.dtype or ctx.dtype
     return FSDPTrainer(
-        ctx.model_path, UpdateSettings.from_context(ctx), params=params, dtype=dtype,
-        objective=build_policy_objective(spec.algorithm) if spec.trainable else None, trainable=spec.trainable,
-        rank=ctx.index, world_size=ctx.world_size, master_addr=ctx.master_addr, master_port=ctx.master_port,
-        timeout_s=max(60.0, ctx.timeout_s), lora=getattr(spec.optim, "lora", None),
+        ctx.model_path,
+        UpdateSettings.from_context(ctx),
+        params=params,
+        dtype=dtype,
+        objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
+        trainable=spec.trainable,
+        rank=ctx.index,
+        world_size=ctx.world_size,
+        master_addr=ctx.master_addr,
+        master_port=ctx.master_port,
+        timeout_s=max(60.0, ctx.timeout_s),
+        lora=getattr(spec.optim, "lora", None),
         critic=lambda device, sums: critic_from_context(ctx, dtype, device, sums),
-    )  # fmt: skip
+    )
