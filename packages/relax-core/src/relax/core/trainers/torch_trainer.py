@@ -28,7 +28,8 @@ from relax.core.trainers.critic import Critic, critic_from_context
 from relax.core.trainers.data_parallel import DataParallel
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.offload import Offloadable
-from relax.core.trainers.optim import adamw, clip_gradients, step_checked
+from relax.core.trainers.optim import clip_gradients, step_checked
+from relax.core.trainers.policy_trainer import PolicyTrainer, adamw_from, loop_inputs, seeded
 from relax.core.trainers.recompute import recompute_blocks
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 from relax.core.trainers.routing import routing_metrics
@@ -39,7 +40,7 @@ _STATE_FILE = "trainer_state.pt"
 token_logprobs = logprobs_from_logits
 
 
-class TorchTrainer(Offloadable):
+class TorchTrainer(PolicyTrainer, Offloadable):
     """``Trainer`` over ``AutoModelForCausalLM`` on one device.
 
     ``settings`` (core's :class:`UpdateSettings`; keyword ``overrides`` replace some of its fields, for
@@ -86,10 +87,7 @@ class TorchTrainer(Offloadable):
 
         from relax.core.multimodal_model import load_model
 
-        self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
-        random.seed(s.seed)
-        np.random.seed(s.seed)
-        torch.manual_seed(s.seed)
+        self.settings = s = seeded(settings, overrides)
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.compute_dtype = getattr(torch, dtype)
@@ -111,11 +109,7 @@ class TorchTrainer(Offloadable):
             self.model = lora_adapters.add_adapters(self.model, self.lora)
         self.model.to(self.device).eval()  # eval: no dropout, so training and scoring forwards agree
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = (
-            adamw(params, self.device, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
-            if trainable
-            else None
-        )
+        self.optimizer = adamw_from(params, s, self.device) if trainable else None
         self.critic = critic  # data-parallel: built with the same DataParallel (each rank a replica)
         self.dp = data_parallel
         self.recomputed = recompute_blocks(
@@ -140,15 +134,6 @@ class TorchTrainer(Offloadable):
             critic=critic,
             fuse_old_logprobs=self.fuses_old_logprobs(),
         )
-
-    @property
-    def step(self) -> int:
-        """``train_step`` calls so far (the loop's counter; checkpointed)."""
-        return self.update.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.update.step = value
 
     @property
     def dp_rank(self) -> int:
@@ -184,9 +169,6 @@ class TorchTrainer(Offloadable):
     @share_prompts.setter
     def share_prompts(self, value: bool) -> None:
         self.response_logits.share_prompts = value
-
-    def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def forward_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, R) fp32 log-probs of the response tokens, 0 where ``response_mask`` is 0; CPU tensor.
@@ -263,16 +245,9 @@ class TorchTrainer(Offloadable):
         return self.dp.gather_rows(values, rows)
 
     # ----------------------------------------------------------------- training
-    def current_lr(self) -> float:
-        return self.update.current_lr()
-
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One update of core's loop (:meth:`PolicyUpdate.train_step`: metrics, old logprobs)."""
-        if self.optimizer is None or self.update.objective is None:
-            raise RuntimeError("train_step needs a trainable TorchTrainer with an objective")
-        batch = self._on_device(batch)
-        routing = routing_metrics(self.response_logits, batch, self.settings.micro_batch_size, self._autocast)
-        return {**self.update.train_step(batch), **routing}
+    def step_metrics(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``train_step`` (``PolicyTrainer``'s, core's loop): MoE routing metrics before the update."""
+        return routing_metrics(self.response_logits, batch, self.settings.micro_batch_size, self._autocast)
 
     def fuses_old_logprobs(self) -> bool:
         """``train_step`` accepts a batch without ``old_logprobs`` and takes the first mini-batch's
@@ -428,13 +403,11 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     core's optimisation settings and the algorithm. A trainable policy gets
     ``build_policy_objective(algorithm)`` and, with ``algorithm.critic.enable``, a ``Critic``; a
     frozen model (reference / teacher, ``ctx.train.trainable`` False) gets neither."""
-    from relax.core.algorithms import build_policy_objective
-
     spec, t = ctx.train, ctx.train.optim
     dtype = params.dtype or ctx.dtype
     trainable = spec.trainable
     kwargs: dict[str, Any] = dict(dtype=dtype, device=params.device, **freeze_switches(params))
-    objective = build_policy_objective(spec.algorithm) if trainable else None
+    settings, objective = loop_inputs(ctx)
     if ctx.world_size > 1:  # one rank of a worker group: the runtime set rank and rendezvous in ctx
         kwargs["data_parallel"] = DataParallel(
             ctx.index,
@@ -447,7 +420,7 @@ def trainer_from_context(params: Any, ctx: Any) -> TorchTrainer:
     kwargs["critic"] = critic_from_context(ctx, dtype, params.device, kwargs.get("data_parallel"))
     return TorchTrainer(
         ctx.model_path,
-        UpdateSettings.from_context(ctx),
+        settings,
         objective=objective,
         trainable=trainable,
         lora=getattr(t, "lora", None),
