@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from relax.core.controller import local
-from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, alive, describe
+from relax.core.controller.faults import FaultCounters, NoEnginesLeft, RoleError, describe
+from relax.core.controller.replacements import Replacements
 from relax.core.controller.router import EngineRouter
 from relax.core.controller.shortfall import Lost, Shortfall
 from relax.core.plugins import attach_param
@@ -55,7 +56,6 @@ log = logging.getLogger("relax")
 
 READY_POLL_S = 0.5
 DRAIN_POLL_S = 0.1
-REMIND_S = 60.0  # how often the console repeats what a missing engine waits for
 
 #: ``on_phase(phase, indices)``: engines being added reached ``phase`` -- "creating", "health-checking",
 #: "weight-syncing", then "active" once they serve
@@ -112,12 +112,10 @@ class EngineFleet:
         self._slots: dict[int, int | None] = {i: i for i in range(len(engines))}  # index -> reservation slot
         self._free_slots: list[int] = []  # reservations of removed engines, for engines added later
         self._params: dict[int, dict[str, Any]] = {}  # index -> its own engine_params overrides (attached)
-        self._restarts = 0  # replacement engines started so far
-        self._replacing = 0  # replacements in progress
-        self._failed_starts = 0  # consecutive replacements that failed to start (backoff exponent)
         self._stop = threading.Event()
         self._places = places
         self.shortfall = Shortfall(len(engines))  # engines wanted, missing, waiting, not coming back
+        self.replacements = Replacements(self)
         self.router.explain = self.explain
 
     # ------------------------------------------------------------------ views
@@ -164,163 +162,15 @@ class EngineFleet:
         kill(handle)
         self.counters.add("engine_evictions")
         if not (
-            self._schedule_replacement(lost, reason)
+            self.replacements.schedule(lost, reason)
             if replace
-            else self._give_up(lost, reason, "not asked for")
+            else self.replacements.give_up(lost, reason, "not asked for")
         ):
-            self._close_if_empty(reason)
+            self.close_if_empty(reason)
 
-    def _trainer_gone(self) -> bool:
-        """A replacement is synced from the trainer: with the trainer dead it could only fail (and the
-        trainer's death, not the engine's, is what the run reports: ``recovery.blame_trainer``)."""
-        return self.trainer is not None and not alive(self.trainer, self.rollout.control_timeout_s)
-
-    def _schedule_replacement(self, lost: Lost, reason: str) -> bool:
-        """Replace ``lost`` in a thread if restarts remain (True); else say why none comes (False)."""
-        cap = self.rollout.max_restarts
-        if self._stop.is_set():
-            return self._give_up(lost, reason, "the run is stopping")
-        if cap and self._trainer_gone():
-            return self._give_up(lost, reason, "the trainer is gone")
+    def close_if_empty(self, reason: str) -> None:
         with self._lock:
-            if self._stop.is_set() or self._restarts >= cap:
-                spent = (
-                    "the run is stopping"
-                    if self._stop.is_set()
-                    else f"rollout.max_restarts={cap} "
-                    + (f"spent ({self._restarts} replacements)" if cap else "allows none")
-                )
-                index = None
-            else:
-                self._restarts += 1
-                self._replacing += 1
-                index, attempt = self._take_index(), self._restarts
-                self._slots[index] = lost.slot  # the replacement runs where the lost engine ran
-                if lost.index in self._params:  # ... and serves from the same server
-                    self._params[index] = self._params[lost.index]
-        if index is None:
-            return self._give_up(lost, reason, spent)
-        self.shortfall.replacing(index, lost)
-        log.warning(
-            "relax: %s; evicted it, starting rollout engine[%d] as replacement %d of at most %d",
-            reason,
-            index,
-            attempt,
-            cap,
-        )
-        threading.Thread(
-            target=self._replace, args=(lost, index, reason), name=f"relax-replace-{index}", daemon=True
-        ).start()
-        return True
-
-    def _give_up(self, lost: Lost, reason: str, why: str) -> bool:
-        """``lost`` will not be replaced: said, shown by ``shortfall``, and its reservation freed for an
-        engine added later (``relax scale-out`` fills the gap). Returns False."""
-        self.shortfall.gave_up(lost, why)
-        with self._lock:
-            if lost.slot is not None and lost.slot not in self._free_slots:
-                self._free_slots.append(lost.slot)
-        log.error(
-            "relax: %s; evicted it; rollout engine[%d] will not be replaced: %s", reason, lost.index, why
-        )
-        return False
-
-    def _replace(self, lost: Lost, index: int, reason: str) -> None:
-        error: BaseException | None = None
-        trainer_gone = died_with_node = False
-        try:
-            stopped = self._stop.wait(self.rollout.restart_backoff_s * 2**self._failed_starts)
-            stopped = stopped or self._await_place(lost, index)
-            trainer_gone = not stopped and self._trainer_gone()
-            if not (stopped or trainer_gone):
-                try:
-                    self._start([index])
-                except Exception as exc:
-                    error = exc
-                    died_with_node = self._died_with_node(exc)
-        finally:
-            self.shortfall.settled(index)
-            with self._lock:
-                self._replacing -= 1
-                if died_with_node:  # its node died under it: no fault of the engine, no restart spent
-                    self._restarts -= 1
-                self._failed_starts = 0 if error is None or died_with_node else self._failed_starts + 1
-                if error is not None:
-                    self._slots.pop(index, None)
-        if stopped or self._stop.is_set():
-            return
-        if trainer_gone or (error is not None and self._trainer_gone()):
-            why = f"{reason}; rollout engine[{index}] not started: the trainer is gone"
-            log.error("relax: %s", why)
-            self.shortfall.gave_up(lost, "the trainer is gone")
-            self._close_if_empty(why)
-            return
-        if error is not None:
-            if not died_with_node:
-                self.counters.add("engine_start_failures")
-            what = "died with its node" if died_with_node else f"failed to start ({describe(error)})"
-            why = f"{reason}; its replacement rollout engine[{index}] {what}"
-            log.error("relax: %s", why)
-            node = getattr(error, "relax_node", None) if died_with_node else lost.node
-            if not self._schedule_replacement(replace(lost, node=node), why):
-                self._close_if_empty(why)
-            return
-        seconds = time.monotonic() - lost.at  # from the loss, not from the last attempt
-        self.counters.add("engine_restarts")
-        self.counters.set("last_recovery_s", seconds)
-        log.warning(
-            "relax: rollout engine[%d] serves in place of engine[%d], %.1fs after it was lost",
-            index,
-            lost.index,
-            seconds,
-        )
-
-    def _await_place(self, lost: Lost, index: int) -> bool:
-        """Before replacing ``lost``: Ray's verdict on its node, then its reservation on an alive node
-        (other than a dead one's), however long that takes (a node must join). True: the run stopped."""
-        places = self._places
-        if places is None:
-            return False
-        exclude = None
-        if lost.node is not None:
-            self.shortfall.waiting(index, f"Ray's verdict on the node engine[{lost.index}] ran on")
-            verdict = places.verdict(lost.node, self._stop)
-            if verdict == "stopped":
-                return True
-            exclude = lost.node if verdict == "dead" else None
-            if exclude:
-                log.warning(
-                    "relax: Ray declared the node of rollout engine[%d] dead; its replacement engine[%d] "
-                    "goes to another node",
-                    lost.index,
-                    index,
-                )
-        with self._lock:
-            slot = self._slots.get(index)
-
-        said = [0.0]
-
-        def waiting() -> None:  # said when the wait starts, and again every REMIND_S while it lasts
-            if self.shortfall.waiting(index, places.wants()) or time.monotonic() - said[0] > REMIND_S:
-                said[0] = time.monotonic()
-                log.warning(
-                    "relax: rollout engine[%d] (replacing engine[%d]) waits for %s (its reservation is on "
-                    "no alive node); start one: %s",
-                    index,
-                    lost.index,
-                    places.wants(),
-                    places.fix(),
-                )
-
-        return not places.await_slot(slot, exclude, self._stop, waiting)
-
-    def _died_with_node(self, error: BaseException) -> bool:
-        node = getattr(error, "relax_node", None)
-        return bool(self._places and node and self._places.verdict(node, self._stop) == "dead")
-
-    def _close_if_empty(self, reason: str) -> None:
-        with self._lock:
-            replacing, used = self._replacing, self._restarts
+            replacing, used = self.replacements.in_progress, self.replacements.started
         if not self.router.live() and not replacing:
             self.router.close(
                 NoEnginesLeft(
