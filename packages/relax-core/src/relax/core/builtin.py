@@ -210,10 +210,6 @@ def relax_register_queues(register):
 
 @hookimpl
 def relax_register_inputs(register):
-    from relax.core.recipes.smoke import register_smoke_inputs  # the recipes' CPU smoke variants
-
-    register_smoke_inputs(register)
-
     from relax.core.smollm2 import (
         register_smollm2_inputs,
     )  # a real pretrained model (examples/smollm2_eval.yaml)

@@ -81,6 +81,45 @@ class RegisterCommand(Protocol):
     ) -> None: ...
 
 
+class RegisterDataset(Protocol):
+    """``register`` of ``relax_register_datasets`` (``relax.core.recipes.DatasetSpec`` holds the same fields)."""
+
+    def __call__(
+        self,
+        name: str,
+        convert: Callable[..., Any],
+        /,
+        *,
+        hub_id: str,
+        summary: str,
+        reward: str,
+        write_fixture: Callable[..., Any],
+        read: Callable[..., Any] = ...,
+        heldout_split: str | None = None,
+        heldout_rows: int = 0,
+    ) -> None: ...
+
+
+class RegisterRecipe(Protocol):
+    """``register`` of ``relax_register_recipes`` (``relax.core.recipes.Recipe`` holds the same fields)."""
+
+    def __call__(
+        self,
+        name: str,
+        template: Callable[[], str],
+        /,
+        *,
+        dataset: str,
+        model: str,
+        hardware: str,
+        example: str,
+        smoke: str,
+        modes: tuple[str, ...] = ...,
+        mode_fields: dict[str, dict[str, Any]] = ...,
+        model_config: Callable[[], str] | None = None,
+    ) -> None: ...
+
+
 @hookspec
 def relax_register_queues(register: RegisterPlugin) -> None:
     """Register transfer-queue implementations (``queue.name`` selects one).
@@ -247,6 +286,46 @@ def relax_register_inputs(register: RegisterPlugin) -> None:
     Returns: nothing.
 
     .. versionadded:: 0.4
+    """
+
+
+@hookspec
+def relax_register_datasets(register: RegisterDataset) -> None:
+    """Register published datasets that ``relax data prepare <name>`` converts into Relax rows.
+
+    When: plugin-manager construction; read by ``relax data prepare``, ``relax init`` and a recipe's smoke
+    inputs, in the CLI or driver process.
+    Parameters: ``register(name, convert, hub_id=..., summary=..., reward=..., write_fixture=fn, read=fn,
+    heldout_split=None, heldout_rows=0)`` where ``convert(source_row, output) -> (row, dedup_key)`` turns one
+    published row (``relax.core.recipes.SourceRow``) into a Relax row, raising ``relax.core.recipes.RowError``
+    for one it must skip (counted per reason); ``write_fixture(directory, rows)`` writes fixture rows in the
+    published layout (``--smoke``, the tests); ``read(source, split, out_dir)`` yields the rows (default:
+    Parquet / JSONL files or a Hub id); ``reward`` names the reward the rows are labelled for;
+    ``heldout_split`` is the published split the recipes evaluate on, else ``heldout_rows`` are carved out.
+    A dataset's CPU smoke inputs (``<name>-smoke``) are registered from ``relax_register_inputs`` with
+    ``relax.core.recipes.register_smoke_inputs``.
+    Returns: nothing.
+
+    .. versionadded:: 0.5
+    """
+
+
+@hookspec
+def relax_register_recipes(register: RegisterRecipe) -> None:
+    """Register training recipes: a config that ``relax init --recipe <name>`` writes (``relax init --list``
+    lists them with the package that provides them).
+
+    When: plugin-manager construction; read by ``relax init``, ``relax data prepare`` and the memory plan.
+    Parameters: ``register(name, template, dataset=..., model=..., hardware=..., example=..., smoke=...,
+    modes=(...), mode_fields={mode: {dotted: value}}, model_config=fn)`` where ``template() -> str`` returns the
+    commented YAML (``relax.core.recipes.packaged(package, path)`` reads a shipped file); ``dataset`` is a
+    registered dataset's name; ``model`` the Hub id the config is sized for, on ``hardware`` (words such as
+    ``"1 node x 8 GPUs (80 GB)"``); ``example`` / ``smoke`` its copy and its CPU variant in the repository;
+    ``modes`` what ``relax init --mode`` may write, ``mode_fields`` what else changes with the mode;
+    ``model_config() -> str`` the model's ``config.json``, so its memory plan works before the download.
+    Returns: nothing.
+
+    .. versionadded:: 0.5
     """
 
 

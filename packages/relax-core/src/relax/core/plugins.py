@@ -42,6 +42,8 @@ REGISTRATION_HOOKS = {
     "environment": "relax_register_environments",
     "tool_parser": "relax_register_tool_parsers",
     "inputs": "relax_register_inputs",
+    "dataset": "relax_register_datasets",
+    "recipe": "relax_register_recipes",
 }
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
 

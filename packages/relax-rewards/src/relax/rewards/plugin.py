@@ -91,3 +91,25 @@ def relax_register_rewards(register):
         register(name, _local(fn), config=config, in_driver=True)
     register("remote", _remote, config=RemoteParams)
     register("genrm", _isolated("genrm"), config=GenRMParams, component=_genrm)
+
+
+# the text math recipes (DAPO-Math GRPO / PPO), with the reward they train on (relax.rewards.recipes)
+@hookimpl
+def relax_register_datasets(register):
+    from relax.rewards.recipes import register_datasets
+
+    register_datasets(register)
+
+
+@hookimpl
+def relax_register_recipes(register):
+    from relax.rewards.recipes import register_recipes
+
+    register_recipes(register)
+
+
+@hookimpl
+def relax_register_inputs(register):
+    from relax.rewards.recipes import register_inputs
+
+    register_inputs(register)

@@ -1,5 +1,5 @@
-"""The per-recipe table of docs/gpu.md, generated from the plan so it cannot drift from the code: each seed
-recipe as ``relax init`` writes it (its default mode, and colocate where offered), its GPUs, parallel layout
+"""The per-recipe table of docs/gpu.md, generated from the plan so it cannot drift from the code: each installed
+recipe (``relax_register_recipes``) as ``relax init`` writes it (its default mode, and colocate where offered), its GPUs, parallel layout
 and the plan's peak per GPU kind. ``python -m relax.core.memory_plan.recipe_table`` prints it; a test checks
 that docs/gpu.md holds exactly this text between its markers."""
 
@@ -36,11 +36,11 @@ def _terms(plan: MemoryPlan, prefix: str, keys: tuple[str, ...]) -> float:
 
 
 def rows() -> list[list[str]]:
-    from relax.core.recipes import RECIPES
+    from relax.core.recipes import recipes
     from relax.core.recipes.starter import starter_text, validate_text
 
     out = []
-    for name, recipe in RECIPES.items():
+    for name, recipe in recipes().items():
         for mode in (None, "colocate") if "colocate" in recipe.modes else (None,):
             cfg = validate_text(starter_text(name, mode))
             plan = plan_for(cfg, cfg.cluster.gpu_memory_gb)

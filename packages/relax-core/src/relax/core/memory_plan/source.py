@@ -1,10 +1,9 @@
-"""Where the plan's inputs come from: each role's model shape (its ``config.json``, else the shape the recipes
-ship for a model of that name, so a recipe plans before its download) and the GPU size."""
+"""Where the plan's inputs come from: each role's model shape (its ``config.json``, else the shape a registered
+recipe ships for a model of that name, so a recipe plans before its download) and the GPU size."""
 
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,14 @@ from relax.core.memory_plan.shape import ModelShape, ShapeError, shape_from_conf
 
 
 def bundled_config(name: str) -> dict[str, Any] | None:
-    """The config.json shape shipped for a recipe's model, by the model directory's name (``Qwen3-4B``)."""
-    entry = resources.files("relax.core.recipes").joinpath("model_configs", f"{name}.json")
-    return json.loads(entry.read_text()) if entry.is_file() else None
+    """The config.json shape a registered recipe ships for its model, by the model directory's name (the last
+    part of the recipe's Hub id)."""
+    from relax.core.recipes import recipes
+
+    for recipe in recipes().values():
+        if recipe.model_config is not None and recipe.model.rsplit("/", 1)[-1] == name:
+            return recipe.shape()
+    return None
 
 
 def model_config(path: str | None) -> tuple[dict[str, Any], str]:

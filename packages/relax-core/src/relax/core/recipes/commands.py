@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from relax.core.recipes.catalog import DATASETS, RECIPES
 from relax.core.recipes.starter import MODES
 
 _MISSING = re.compile(
@@ -19,7 +18,9 @@ _MISSING = re.compile(
 
 
 def _hint(m: re.Match[str]) -> str:
-    spec = DATASETS.get(m.group(3))
+    from relax.core.recipes.catalog import datasets
+
+    spec = datasets().get(m.group(3))
     if spec is None or m.group(4) not in ("train", "heldout", spec.heldout_split):
         return m.group(0)
     out, split = m.group(2) + m.group(3), m.group(4)
@@ -46,12 +47,8 @@ def with_prepare_hint() -> Iterator[None]:
         raise ConfigError(text) from None
 
 
-def _names() -> str:
-    return f"datasets: {', '.join(DATASETS)}; or a recipe's name: {', '.join(RECIPES)}"
-
-
 def cmd_prepare(ns: argparse.Namespace) -> int:
-    from relax.core.recipes.catalog import dataset_of
+    from relax.core.recipes.catalog import dataset_of, recipes
     from relax.core.recipes.output import report_name
     from relax.core.recipes.prepare import prepare, prepare_smoke
     from relax.core.recipes.sources import SourceError
@@ -86,25 +83,33 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    users = [r for r in RECIPES.values() if r.dataset == spec.name]
+    users = [r for r in recipes().values() if r.dataset == spec.name]
     print(
         f"report: {Path(report.path).parent / report_name(ns.split)}; used by "
-        + ", ".join(f"{r.name} ({r.example})" for r in users)
+        + (", ".join(f"{r.name} ({r.example})" for r in users) or "no installed recipe")
     )
     return 0
 
 
 def cmd_init(ns: argparse.Namespace) -> int:
+    from relax.core.recipes.catalog import dataset_of, listing, recipe_of
     from relax.core.recipes.starter import default_file, write_starter
 
+    if ns.list:
+        print(listing())
+        return 0
     path = write_starter(ns.out or default_file(ns.recipe), ns.recipe, ns.mode, ns.force)
     print(f"wrote {path}")
     if ns.recipe:
-        recipe = RECIPES[ns.recipe]
-        spec = DATASETS[recipe.dataset]
+        recipe = recipe_of(ns.recipe)
+        try:
+            spec = dataset_of(recipe.name)
+            prepare = f"relax data prepare {spec.name} --source {spec.hub_id}"
+        except KeyError as exc:  # its dataset's plugin is not installed: say so, the config is written
+            prepare = f"(cannot prepare its data yet: {exc.args[0]})"
         print(
             f"next: download {recipe.model} into the config's model.path, then\n"
-            f"  relax data prepare {spec.name} --source {spec.hub_id}\n"
+            f"  {prepare}\n"
             f"  relax validate {path}\n  relax run {path}\n"
             f"or try it on CPU first: relax run {recipe.smoke} (from a clone of the repository)"
         )
@@ -120,7 +125,7 @@ def add_recipe_commands(sub: argparse._SubParsersAction) -> None:
         "prepare",
         help="convert a published dataset into Relax JSONL + media files",
         description="Convert a published dataset (its own schema) into Relax rows; malformed rows are skipped "
-        "and counted per reason. " + _names(),
+        "and counted per reason. The datasets are those the installed plugins register: relax init --list.",
     )
     prepare.add_argument("recipe", help="dataset or recipe name")
     prepare.add_argument("--source", help="a local directory or file as published, or a Hub id (downloads)")
@@ -128,8 +133,8 @@ def add_recipe_commands(sub: argparse._SubParsersAction) -> None:
     prepare.add_argument(
         "--split",
         default="train",
-        help="split to convert, written to <out>/<split>.jsonl (default: train; avqa-r1-6k's "
-        "held-out split is valid)",
+        help="split to convert, written to <out>/<split>.jsonl (default: train; a dataset's published "
+        "held-out split, e.g. valid, for its recipes' eval set)",
     )
     prepare.add_argument(
         "--heldout",
@@ -148,8 +153,11 @@ def add_recipe_commands(sub: argparse._SubParsersAction) -> None:
     prepare.add_argument("--rows", type=int, default=8, help="--smoke: good fixture rows (default: 8)")
     prepare.set_defaults(fn=cmd_prepare)
     init = sub.add_parser("init", help="write a commented starter config (a recipe's, or the quick-start's)")
-    init.add_argument("--recipe", choices=sorted(RECIPES), help="start from a recipe's config")
+    init.add_argument("--recipe", help="start from a recipe's config (the installed ones: relax init --list)")
     init.add_argument("--mode", choices=MODES, help="execution mode (default: the template's own)")
     init.add_argument("--out", help="file to write (default: relax.yaml, or <recipe>.yaml)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.add_argument(
+        "--list", action="store_true", help="list the installed recipes and datasets, with their packages"
+    )
     init.set_defaults(fn=cmd_init)

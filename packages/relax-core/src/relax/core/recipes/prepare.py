@@ -32,7 +32,8 @@ def prepare(
 
     Rows that cannot be converted are skipped and counted per reason (``PrepareReport.skipped``, with the
     first few places); ``limit`` stops after that many rows are converted; ``heldout`` of them go to
-    ``out/heldout.jsonl`` instead (chosen by hash, see ``relax.core.recipes.output``)."""
+    ``out/heldout.jsonl`` instead (chosen by hash, see ``relax.core.recipes.output``). An unknown ``name`` is a
+    ``KeyError`` naming the installed datasets and the packages that ship the seed ones."""
     spec = dataset_of(name)
     if heldout < 0:
         raise ValueError(f"heldout: must be >= 0, got {heldout}")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.core.errors import ConfigError
-from relax.core.recipes.catalog import RECIPES
+from relax.core.recipes.catalog import Recipe, recipe_of
 from relax.core.recipes.yaml_edit import set_field
 
 MODES = ("colocate", "async", "hybrid")
@@ -30,9 +30,18 @@ MODE_LINES = {
 }
 
 
-def template(name: str) -> str:
-    """A config shipped in ``relax/core/recipes/configs``."""
-    return resources.files("relax.core.recipes").joinpath("configs", name).read_text()
+def template(recipe: str | None = None) -> str:
+    """The config a recipe registered (its plugin ships it), or core's starter (``relax/core/recipes/configs``)."""
+    if recipe is not None:
+        return _recipe(recipe).template()
+    return resources.files("relax.core.recipes").joinpath("configs", STARTER).read_text()
+
+
+def _recipe(recipe: str) -> Recipe:
+    try:
+        return recipe_of(recipe)
+    except KeyError as exc:
+        raise ConfigError(f"--recipe: {exc.args[0]}") from None
 
 
 def default_file(recipe: str | None) -> str:
@@ -41,10 +50,8 @@ def default_file(recipe: str | None) -> str:
 
 def starter_text(recipe: str | None = None, mode: str | None = None) -> str:
     """The config ``relax init`` writes: a recipe's (``--recipe``) or the starter, switched to ``mode``."""
-    if recipe is not None and recipe not in RECIPES:
-        raise ConfigError(f"--recipe: unknown recipe {recipe!r}; recipes: {', '.join(RECIPES)}")
-    spec = RECIPES.get(recipe) if recipe else None
-    text = template(spec.template if spec else STARTER)
+    spec = _recipe(recipe) if recipe else None
+    text = spec.template() if spec else template()
     if mode is None:
         return text
     if mode not in MODES:

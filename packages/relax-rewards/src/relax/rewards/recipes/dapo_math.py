@@ -16,8 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from relax.core.recipes.output import Output, RowError
-from relax.core.recipes.sources import SourceRow
+from relax.core.recipes import Output, RowError, SourceRow
 
 NAME = "dapo-math-17k"
 HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
