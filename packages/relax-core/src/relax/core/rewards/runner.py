@@ -26,14 +26,14 @@ import math
 import numbers
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from relax.core.config import RewardConfig
 from relax.core.failures import add_failure
 from relax.core.rewards.bounded import ScorerTimeout, as_result, bounded, call_scorer
-from relax.core.rewards.lanes import score_in_lanes
+from relax.core.rewards.lanes import Outcome, score_in_lanes
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,119 @@ def _units(reward: Any, samples: Sequence[Any]) -> list[list[Any]]:
     return list(groups.values())
 
 
+async def score_in_tasks(
+    call: Callable[[Any], Awaitable[Any]], args: Sequence[Any], concurrency: int, stop_on_failure: bool
+) -> list[Outcome | None]:
+    """``await call(arg)`` for every arg as asyncio tasks, at most ``concurrency`` at once: the executor
+    for ``async def`` scorers and ``score_group``, giving the outcomes of :func:`score_in_lanes`. With
+    ``stop_on_failure`` the first failure cancels the rest (their outcome is ``None``)."""
+    sem = asyncio.Semaphore(concurrency)
+    outcomes: list[Outcome | None] = [None] * len(args)
+
+    async def one(i: int) -> bool:
+        async with sem:
+            try:
+                outcomes[i] = ("ok", await call(args[i]))
+            except Exception as e:  # noqa: BLE001  # any reward bug is this call's outcome
+                outcomes[i] = ("error", e)
+            return outcomes[i][0] == "ok"
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(len(args))]
+    try:
+        for finished in asyncio.as_completed(tasks):
+            if not await finished and stop_on_failure:
+                break
+    finally:
+        for t in tasks:
+            t.cancel()  # after a failure under on_error="raise", stop scoring the rest
+    return outcomes
+
+
+async def _results(value: Any, size: int, by_group: bool, timeout_s: float) -> list[tuple[float, dict]]:
+    """One call's return value as ``(score, reward_info)`` per sample; raises if it is invalid."""
+    if inspect.isawaitable(value):  # a plain method that returned a coroutine
+        value = await bounded(value, timeout_s)
+    if not by_group:
+        return [as_result(value)]
+    if not isinstance(value, list | tuple) or len(value) != size:
+        got = f"{len(value)} results" if isinstance(value, list | tuple) else type(value).__name__
+        raise ValueError(f"score_group returned {got} for {size} samples")
+    return [as_result(v) for v in value]
+
+
+async def _outcomes(
+    reward: Any, units: list[list[Any]], by_group: bool, timeout_s: float, concurrency: int, stop: bool
+) -> list[Outcome | None]:
+    """Each unit's outcome, its ``"ok"`` value checked into ``(score, reward_info)`` per sample: plain
+    ``def score`` calls in lanes (checked after), the rest as tasks (checked in the task, so an invalid
+    return stops the others at once under ``on_error="raise"``)."""
+    if by_group or inspect.iscoroutinefunction(reward.score):
+        fn = reward.score_group if by_group else reward.score
+
+        async def call(unit: list[Any]) -> list[tuple[float, dict]]:
+            value = await bounded(call_scorer(fn, unit if by_group else unit[0]), timeout_s)
+            return await _results(value, len(unit), by_group, timeout_s)
+
+        return await score_in_tasks(call, units, concurrency, stop)
+    outcomes = await score_in_lanes(reward.score, [u[0] for u in units], timeout_s, concurrency, stop)
+    for i, outcome in enumerate(outcomes):
+        if outcome is not None and outcome[0] == "ok":
+            try:
+                outcomes[i] = ("ok", await _results(outcome[1], 1, False, timeout_s))
+            except Exception as e:  # noqa: BLE001  # an invalid return value fails the sample
+                outcomes[i] = ("error", e)
+    return outcomes
+
+
+@dataclass
+class _Fold:
+    """The one path from a call's outcome to its samples' rewards: the scores, or (raise, hang,
+    invalid return alike) a ``RewardError`` or the fallback score with a counted, reported failure."""
+
+    name: str
+    by_group: bool
+    timeout_s: float
+    on_error: str
+    fallback_score: float
+    counts: dict[str, int] = field(default_factory=lambda: {"scored": 0, "errors": 0, "timeouts": 0})
+    first_error: str | None = None
+
+    def settle(self, unit: list[Any], outcome: Outcome) -> None:
+        kind, value = outcome
+        if kind == "timeout":
+            return self.fail(unit, ScorerTimeout(f"did not finish within {self.timeout_s:g}s"))
+        if kind == "error":
+            return self.fail(unit, value)
+        for sample, (score, info) in zip(unit, value, strict=True):
+            sample.reward, sample.reward_info = score, info
+        self.counts["scored"] += len(unit)
+
+    def fail(self, unit: list[Any], error: BaseException) -> None:
+        if not isinstance(error, Exception):
+            raise error  # KeyboardInterrupt, SystemExit: not a reward failure
+        timed_out = isinstance(error, ScorerTimeout)
+        where = f"reward {self.name!r} on sample group {unit[0].group_id}" + (
+            "" if self.by_group else f" index {unit[0].index_in_group}"
+        )
+        what = f"timed out after {self.timeout_s:g}s" if timed_out else f"{type(error).__name__}: {error}"
+        cause = None if timed_out else error
+        if self.on_error == "raise":
+            raise RewardError(f"{where}: {what}") from cause
+        if self.first_error is None:
+            self.first_error = f"{where}: {what}"
+            log.warning(
+                "%s (scored %g; further failures are only counted)", self.first_error, self.fallback_score
+            )
+        self.counts["timeouts" if timed_out else "errors"] += len(unit)
+        flags = {FAILED: 1.0, **({TIMED_OUT: 1.0} if timed_out else {})}
+        reason = (
+            f"reward {self.name!r} {what if timed_out else 'raised ' + what} (scored {self.fallback_score:g})"
+        )
+        for sample in unit:
+            sample.reward, sample.reward_info = self.fallback_score, {"score": self.fallback_score, **flags}
+            add_failure(sample, "reward", reason, cause)  # the driver reports it
+
+
 async def score_samples(
     reward: Any,
     samples: Sequence[Any],
@@ -84,6 +197,9 @@ async def score_samples(
     with ``reward_info={"score": fallback_score, "reward_failed": 1.0}`` (plus ``"reward_timeout":
     1.0`` for a timeout) and is counted in the returned stats. Counts are per sample, also when a
     ``score_group`` call fails for its whole group.
+
+    Two executors run the calls (lanes for a plain ``def score``, tasks otherwise); both give one
+    ``Outcome`` per call, and one fold turns each into scores or a failure.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"reward.on_error must be 'raise' or 'zero', got {on_error!r}")
@@ -92,103 +208,15 @@ async def score_samples(
             f"need timeout_s > 0, max_concurrency >= 1 and a finite fallback_score, got "
             f"{timeout_s}, {max_concurrency}, {fallback_score}"
         )
-    name = reward_name or type(reward).__name__
-    sem = asyncio.Semaphore(max_concurrency)
-    counts = {"scored": 0, "errors": 0, "timeouts": 0}
-    first_error: list[str] = []
     start = time.perf_counter()
     by_group = callable(getattr(reward, "score_group", None))
-
-    async def call(unit: list[Any]) -> list[tuple[float, dict[str, float]]]:
-        if not by_group:
-            return [as_result(await bounded(call_scorer(reward.score, unit[0]), timeout_s))]
-        values = await bounded(call_scorer(reward.score_group, unit), timeout_s)
-        if not isinstance(values, list | tuple) or len(values) != len(unit):
-            got = f"{len(values)} results" if isinstance(values, list | tuple) else type(values).__name__
-            raise ValueError(f"score_group returned {got} for {len(unit)} samples")
-        return [as_result(v) for v in values]
-
-    def where(unit: list[Any]) -> str:
-        head = unit[0]
-        return f"reward {name!r} on sample group {head.group_id}" + (
-            "" if by_group else f" index {head.index_in_group}"
-        )
-
-    def scored(unit: list[Any], results: list[tuple[float, dict[str, float]]]) -> None:
-        for sample, (score, info) in zip(unit, results, strict=True):
-            sample.reward, sample.reward_info = score, info
-        counts["scored"] += len(unit)
-
-    def failed(unit: list[Any], error: BaseException) -> None:
-        """Raise (``on_error="raise"``) or score the fallback and count it."""
-        if isinstance(error, ScorerTimeout):
-            kind, msg, cause = "timeouts", f"{where(unit)}: timed out after {timeout_s:g}s", None
-        else:
-            kind, msg, cause = "errors", f"{where(unit)}: {type(error).__name__}: {error}", error
-        if on_error == "raise":
-            raise RewardError(msg) from cause
-        if not first_error:
-            first_error.append(msg)
-            log.warning("%s (scored %g; further failures are only counted)", msg, fallback_score)
-        counts[kind] += len(unit)
-        flags = {FAILED: 1.0, **({TIMED_OUT: 1.0} if kind == "timeouts" else {})}
-        reason = f"reward {name!r} " + (
-            f"timed out after {timeout_s:g}s" if cause is None else f"raised {type(error).__name__}: {error}"
-        )
-        for sample in unit:
-            sample.reward, sample.reward_info = fallback_score, {"score": fallback_score, **flags}
-            add_failure(
-                sample, "reward", f"{reason} (scored {fallback_score:g})", cause
-            )  # the driver reports it
-
-    async def run(unit: list[Any]) -> None:
-        async with sem:
-            try:
-                results = await call(unit)
-            except Exception as e:  # noqa: BLE001  # any reward bug becomes a RewardError
-                failed(unit, e)
-            else:
-                scored(unit, results)
-
     units = _units(reward, samples)
-    if not by_group and not inspect.iscoroutinefunction(
-        reward.score
-    ):  # a plain def: lanes, not a hand-off each
-        outcomes = await score_in_lanes(
-            reward.score,
-            [u[0] for u in units],
-            timeout_s,
-            max_concurrency,
-            stop_on_failure=on_error == "raise",
-        )
-        for unit, outcome in zip(units, outcomes, strict=True):
-            if outcome is None:  # not started: an earlier failure raises below
-                continue
-            kind, value = outcome
-            try:
-                if kind == "timeout":
-                    raise ScorerTimeout(f"did not finish within {timeout_s:g}s")
-                if kind == "error":
-                    raise value
-                if inspect.isawaitable(value):  # a plain method that returned a coroutine
-                    value = await bounded(value, timeout_s)
-                result = as_result(value)
-            except Exception as e:  # noqa: BLE001
-                failed(unit, e)
-            else:
-                scored(unit, [result])
-        return ScoreStats(
-            **counts, seconds=time.perf_counter() - start, first_error=first_error[0] if first_error else None
-        )
-    tasks = [asyncio.ensure_future(run(u)) for u in units]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()  # after a RewardError, stop scoring the rest
-    return ScoreStats(
-        **counts, seconds=time.perf_counter() - start, first_error=first_error[0] if first_error else None
-    )
+    outcomes = await _outcomes(reward, units, by_group, timeout_s, max_concurrency, on_error == "raise")
+    fold = _Fold(reward_name or type(reward).__name__, by_group, timeout_s, on_error, fallback_score)
+    for unit, outcome in zip(units, outcomes, strict=True):
+        if outcome is not None:  # None: not started, as an earlier failure raises
+            fold.settle(unit, outcome)
+    return ScoreStats(**fold.counts, seconds=time.perf_counter() - start, first_error=fold.first_error)
 
 
 class ScoringLoop:
