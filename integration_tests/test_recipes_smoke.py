@@ -15,12 +15,15 @@ import pytest
 from relax.core.config import load_config
 from relax.core.controller.hosting import in_driver
 from relax.core.controller.run import run
-from relax.core.recipes import DATASETS, RECIPES, prepare_smoke
-from relax.core.testing.multimodal_models import WHOLE_OMNI
+from relax.core.plugins import get_plugin_manager
+from relax.core.recipes import datasets, prepare_smoke, recipes
+
+RECIPES, DATASETS = recipes(), datasets()  # relax-rewards' text math ones, relax-omni's media ones
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logging.progress=false", "logging.console=false"]
+MEDIA_ROOT = "data.processor_params.media_root"
 
 
 def converted(name: str, tmp_path: Path) -> list[dict]:
@@ -52,20 +55,18 @@ def test_converted_rows_score_with_their_reward(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_recipe_passes_relax_validate(tmp_path_factory, tmp_path, recipe, capsys):
+def test_recipe_passes_relax_validate(tmp_path, recipe, capsys):
     """The GPU-sized config as ``relax validate`` checks it (paths, plugins' typed sections, placement), its
-    model and data pointed at local stand-ins: the tiny model of its family and its converted fixture rows."""
+    model and data pointed at local stand-ins: the tiny model its smoke inputs build and its converted fixture
+    rows."""
     from relax.core.cli import main
-    from relax.core.quickstart_model import ensure_quickstart_model
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
 
     spec = DATASETS[RECIPES[recipe].dataset]
     data = Path(prepare_smoke(spec.name, tmp_path / "data", rows=2, heldout=2).path)
-    family = {"qwen3_vl": "qwen3_vl", "qwen3_omni": "qwen3_omni"}.get(spec.smoke_model)
-    model = (
-        tiny_multimodal_dir(tmp_path_factory.getbasetemp(), family) if family else ensure_quickstart_model()
-    )
-    media = [f"data.processor_params.media_root={data.parent}"] if spec.media else []
+    smoke = get_plugin_manager().registration("inputs", f"{spec.name}-smoke")
+    model = smoke.factory(smoke.config(rows=2), None)["model.path"]  # the plugin's tiny model (cached)
+    fills = smoke.options["fills"]
+    media = [f"data.processor_params.media_root={data.parent}"] if MEDIA_ROOT in fills else []
     argv = [
         "validate",
         str(REPO / RECIPES[recipe].example),
@@ -96,11 +97,11 @@ def test_smoke_variant_runs(tmp_path, recipe):
         cfg
     )  # colocate with a reward declared in_driver (relax-rewards'): every role here, no Ray
     assert Path(cfg.data.path).parent.name.startswith(f"{spec.dataset}-smoke")  # inputs built it
-    whole = WHOLE_OMNI.get(DATASETS[spec.dataset].smoke_model)
+    model_type = json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"]
     if (
-        whole
-    ):  # an Omni recipe's model comes whole (thinker, talker): so does the smoke's, its thinker trained
-        assert json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"] == whole[0]
+        recipe == "avqa-omni-grpo"
+    ):  # an Omni recipe's model comes whole (thinker, talker): so does the smoke's
+        assert model_type == "qwen3_omni_moe", model_type
     report = json.loads((Path(cfg.data.path).parent / "prepare_report.json").read_text())
     assert (
         report["rows"] == 8 and sum(report["skipped"].values()) >= 2

@@ -14,10 +14,11 @@ from relax.core.cli import main
 from relax.core.config import load_config
 from relax.core.memory_plan import plan_for, shape_from_config
 from relax.core.memory_plan.source import bundled_config
-from relax.core.recipes import RECIPES
+from relax.core.recipes import recipes
 from relax.core.recipes.starter import starter_text, validate_text
 
 REPO = Path(__file__).resolve().parents[4]
+RECIPES = recipes()  # the installed plugins' (relax-rewards' and relax-omni's in this workspace)
 CASES = [(name, mode) for name, recipe in RECIPES.items() for mode in (None, *recipe.modes)]
 
 
