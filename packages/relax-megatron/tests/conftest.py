@@ -355,9 +355,9 @@ def _logprobs_match_transformers(model_dir: str, config, hf: dict) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from relax.megatron import convert
+    from relax.megatron import convert, gpt_model
 
-    model = convert.build_gpt_model(config)
+    model = gpt_model.build_gpt_model(config)
     convert.load_hf_into(model, hf, config)
     model.eval()
     tokens = torch.randint(0, config.vocab_size, (3, 33), generator=torch.Generator().manual_seed(0))
@@ -377,3 +377,120 @@ def _logprobs_match_transformers(model_dir: str, config, hf: dict) -> None:
 def logprobs_match_transformers():
     """``check(model_dir, config, hf)``: megatron's TP=1 logprobs equal transformers' (needs ``megatron_world``)."""
     return _logprobs_match_transformers
+
+
+# ---------------------------------------------- checks against core's torch trainer (multi-process tests)
+#: a media model's logprobs at TP=2 / PP=2 against the torch trainer's (transformers'): float32's default
+#: (1e-5 + 1.3e-6 x |logprob|), as test_tp2_logprobs_entropy_and_export_match_hf. The ranks sum in another order
+#: (row-parallel partial sums, sharded towers) and the order a kernel takes depends on the CPU: on an AVX-512
+#: machine Qwen2.5-VL at TP=2 came out 1.097e-5 apart on a ~3 nat logprob (1e-5 alone passed elsewhere).
+MATCH = {"atol": 1e-5, "rtol": 1.3e-6}
+
+
+def _odd_width(batch: dict, pad_id: int = 0) -> dict:
+    """``batch`` with one more left-padding column (an odd sequence length: sequence parallelism at TP=2 pads
+    it to a multiple of 2), without ``old_logprobs`` (each model scores its own)."""
+    import torch
+
+    out = {k: v for k, v in batch.items() if k != "old_logprobs"}
+    for key, value in (("input_ids", pad_id), ("attention_mask", 0), ("position_ids", 0)):
+        out[key] = torch.cat([torch.full_like(batch[key][:, :1], value), batch[key]], 1)
+    assert out["input_ids"].shape[1] % 2 == 1
+    return out
+
+
+def _stepped_reference(got: dict, ref, batch: dict) -> dict:
+    """Step core's torch trainer ``ref`` on ``batch``: ``got``'s step metrics must be its; returns its exported
+    weights after the step."""
+    from relax.core.testing.trainer import exported
+
+    metrics = ref.train_step(batch)
+    for key in ("loss", "entropy", "grad_norm"):
+        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
+    return exported(ref)
+
+
+def _media_step_reference(got: dict, model_dir: str, batch: dict) -> dict:
+    """The torch trainer on ``batch``: ``got``'s logprobs and step metrics must be its; returns its
+    exported weights after the step."""
+    import torch
+
+    from relax.core.testing import torch_trainer
+
+    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=3)
+    torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), **MATCH)
+    return _stepped_reference(got, ref, batch)
+
+
+def _assert_same_weights(mine: dict, want: dict) -> None:
+    import torch
+
+    assert sorted(mine) == sorted(want)
+    for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
+        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _assert_same_step(got: dict, ref, batch: dict) -> None:
+    """``got`` (a multi-process trainer's step) has the loss, entropy, grad norm and gathered updated
+    weights of core's torch trainer ``ref`` stepping on ``batch``."""
+    import torch
+
+    want = _stepped_reference(got, ref, batch)
+    assert sorted(got["weights"]) == sorted(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(
+            got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+def _fused(weights: dict) -> dict:
+    """An export's per-expert weights fused as transformers holds them in memory (what the torch trainer exports)."""
+    import torch
+
+    mine = dict(weights)
+    for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:
+        layer = down[: -len("0.down_proj.weight")]
+        experts = range(sum(1 for n in mine if n.startswith(layer) and n.endswith(".down_proj.weight")))
+        mine[layer + "gate_up_proj"] = torch.stack(
+            [
+                torch.cat([mine.pop(f"{layer}{j}.gate_proj.weight"), mine.pop(f"{layer}{j}.up_proj.weight")])
+                for j in experts
+            ]
+        )
+        mine[layer + "down_proj"] = torch.stack([mine.pop(f"{layer}{j}.down_proj.weight") for j in experts])
+    return mine
+
+
+@pytest.fixture(scope="session")
+def torch_step():
+    """The multi-process tests' checks against core's torch trainer: ``match`` (a media model's logprob
+    tolerance), ``odd_width``, ``stepped_reference`` / ``media_step_reference`` (step the torch trainer, check
+    ``got``'s metrics, return its weights), ``assert_same_step``, ``assert_same_weights`` and ``fused``."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        match=MATCH,
+        odd_width=_odd_width,
+        stepped_reference=_stepped_reference,
+        media_step_reference=_media_step_reference,
+        assert_same_step=_assert_same_step,
+        assert_same_weights=_assert_same_weights,
+        fused=_fused,
+    )
+
+
+@pytest.fixture(scope="module")
+def moe_tp_batch(tiny_qwen3):
+    """The TP=2 MoE checks' batch: the tiny Qwen3's eight sample rows at an odd width."""
+    from transformers import AutoTokenizer
+
+    from relax.core.testing import make_batch, make_samples
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3[0])
+    return _odd_width(make_batch(make_samples(tokenizer, rows=8, seed=3), tokenizer.pad_token_id))
+
+
+@pytest.fixture(scope="module")
+def omni_moe_tp(omni_moe):
+    """(model_dir, media batch of odd width) of the tiny Qwen3-Omni (MoE) thinker, for TP=2."""
+    return omni_moe[0], _odd_width(omni_moe[1])

@@ -77,12 +77,12 @@ def test_relax_convert_reads_a_transformer_engine_checkpoint(megatron_world, tin
     from megatron.core.dist_checkpointing.dict_utils import nested_values
 
     from relax.core.testing.models import load_hf_weights
-    from relax.megatron import convert
+    from relax.megatron import convert, gpt_model
     from relax.megatron.checkpoint import HF_DIR, to_hf, write_hf
     from relax.megatron.layer_specs import te_name
 
     model_dir, config, hf = tiny_qwen3
-    model = convert.build_gpt_model(config)
+    model = gpt_model.build_gpt_model(config)
     convert.load_hf_into(model, hf, config)
     sharded = model.sharded_state_dict()
     for item in nested_values(sharded):

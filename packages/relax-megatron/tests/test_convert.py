@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.megatron import convert
+from relax.megatron import convert, gpt_model
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -78,7 +78,7 @@ def test_megatron_logprobs_match_transformers_tp1(megatron_world, tiny_qwen3):
     from transformers import AutoModelForCausalLM
 
     model_dir, config, hf = tiny_qwen3
-    model = convert.build_gpt_model(config)
+    model = gpt_model.build_gpt_model(config)
     convert.load_hf_into(model, hf, config)
     model.eval()
     gen = torch.Generator().manual_seed(0)
@@ -105,7 +105,7 @@ def test_megatron_logprobs_match_transformers_tp1(megatron_world, tiny_qwen3):
 
 def test_load_hf_into_rejects_a_missing_weight(megatron_world, tiny_qwen3):
     _, config, hf = tiny_qwen3
-    model = convert.build_gpt_model(config)
+    model = gpt_model.build_gpt_model(config)
     partial = {n: t for n, t in hf.items() if n != "model.layers.1.mlp.up_proj.weight"}
     with pytest.raises(KeyError, match="model.layers.1.mlp.up_proj.weight"):
         convert.load_hf_into(model, partial, config)

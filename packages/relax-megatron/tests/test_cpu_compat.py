@@ -56,7 +56,7 @@ def probe_schedules_cuda_tensors():
     from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
     from transformers import Qwen3Config
 
-    from relax.megatron.convert import build_gpt_model
+    from relax.megatron.gpt_model import build_gpt_model
 
     config = Qwen3Config(
         vocab_size=16,

@@ -13,7 +13,7 @@ import torch
 
 from relax.core.testing import make_batch, make_samples, torch_trainer
 from relax.core.testing.trainer import exported
-from relax.megatron import convert
+from relax.megatron import convert, gpt_model
 
 MOE = dict(
     hidden_size=32,
@@ -181,7 +181,7 @@ def test_sparse_attention_is_refused_by_name(megatron_world):
     config = AutoConfig.for_model("glm_moe_dsa", vocab_size=64, **MOE, **CONFIGS["deepseek_v3"])
     assert convert.Dims.from_hf(config).attention == "sparse"
     with pytest.raises(ValueError, match="sparse-attention indexer.*use trainer.backend: torch or fsdp"):
-        convert.build_gpt_model(config)
+        gpt_model.build_gpt_model(config)
 
 
 #: two processes at TP=2 x EP=2: sequence parallelism, each rank two whole experts (DP x EP is Qwen3-MoE's
@@ -270,7 +270,7 @@ def test_routing_replay_columns_skip_the_dense_layers(megatron_world, family):
 
     _, config, _ = family
     assert moe_layer_pattern([0, 1, 1], 3) == [0, 1, 1] and moe_layer_pattern(2, 4) == [1, 0, 1, 0]
-    routing = MegatronRouting.for_model(convert.build_gpt_model(config), True, config.num_hidden_layers)
+    routing = MegatronRouting.for_model(gpt_model.build_gpt_model(config), True, config.num_hidden_layers)
     assert routing.layers == [0, 1] and routing.num_layers == 2
     batch = {
         "input_ids": torch.zeros(1, 4, dtype=torch.long),

@@ -11,7 +11,7 @@ from relax.megatron.parallel import model_overrides, timeout_minutes
 
 
 def test_pipeline_and_distributed_optimizer_give_one_config(tiny_qwen3):
-    from relax.megatron.convert import transformer_config
+    from relax.megatron.gpt_model import transformer_config
 
     both = model_overrides(2, 1, torch.bfloat16, per_token_loss=True)
     assert both == {

@@ -15,13 +15,6 @@ import torch
 TOKENS = torch.randint(0, 24, (2, 25), generator=torch.Generator().manual_seed(5))
 
 
-#: a media model's logprobs at TP=2 / PP=2 against the torch trainer's (transformers'): float32's default
-#: (1e-5 + 1.3e-6 x |logprob|), as test_tp2_logprobs_entropy_and_export_match_hf. The ranks sum in another order
-#: (row-parallel partial sums, sharded towers) and the order a kernel takes depends on the CPU: on an AVX-512
-#: machine Qwen2.5-VL at TP=2 came out 1.097e-5 apart on a ~3 nat logprob (1e-5 alone passed elsewhere).
-MATCH = {"atol": 1e-5, "rtol": 1.3e-6}
-
-
 @pytest.fixture(scope="module")
 def torch_reference(tiny_qwen3):
     """Core's torch trainer on the same model and a batch with its old logprobs (eps: see test_trainer.py)."""
@@ -55,27 +48,6 @@ def dp_batch(batch: dict) -> dict:
 @pytest.fixture(scope="module")
 def pp2_checkpoint(tmp_path_factory):
     return tmp_path_factory.mktemp("pp2") / "checkpoint"
-
-
-def odd_width(batch: dict, pad_id: int = 0) -> dict:
-    """``batch`` with one more left-padding column (an odd sequence length: sequence parallelism at TP=2 pads
-    it to a multiple of 2), without ``old_logprobs`` (each model scores its own)."""
-    out = {k: v for k, v in batch.items() if k != "old_logprobs"}
-    for key, value in (("input_ids", pad_id), ("attention_mask", 0), ("position_ids", 0)):
-        out[key] = torch.cat([torch.full_like(batch[key][:, :1], value), batch[key]], 1)
-    assert out["input_ids"].shape[1] % 2 == 1
-    return out
-
-
-@pytest.fixture(scope="module")
-def moe_tp_batch(torch_reference):
-    return odd_width(torch_reference[1])
-
-
-@pytest.fixture(scope="module")
-def omni_moe_tp(omni_moe):
-    """(model_dir, media batch of odd width) of the tiny Qwen3-Omni (MoE) thinker, for TP=2."""
-    return omni_moe[0], odd_width(omni_moe[1])
 
 
 @pytest.fixture(scope="module")
@@ -147,18 +119,7 @@ def test_tp2_logprobs_entropy_and_export_match_hf(tiny_qwen3, tp2):
         assert torch.equal(got["hf"][name], tensor), name
 
 
-def _assert_same_step(got: dict, ref, batch: dict) -> None:
-    """``got`` (a multi-process trainer's step) has the loss, entropy, grad norm and gathered updated
-    weights of core's torch trainer ``ref`` stepping on ``batch``."""
-    want = _stepped_reference(got, ref, batch)
-    assert sorted(got["weights"]) == sorted(want)
-    for name, tensor in want.items():
-        torch.testing.assert_close(
-            got["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
-        )
-
-
-def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
+def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference, torch_step):
     """Same weights, batch and objective as core's torch trainer at TP=1: the same logprobs, loss, grad
     norm (TP shards and replicated norms each counted once) and gathered updated weights."""
     ref, batch = torch_reference
@@ -166,7 +127,7 @@ def test_tp2_train_step_matches_the_torch_trainer(tp2, torch_reference):
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
     for mine, want in zip(got["sum_pi_squared"], ref.forward_logprobs_and_sum_pi_squared(batch), strict=True):
         torch.testing.assert_close(mine, want, atol=1e-5, rtol=0)  # vocab-parallel sum of pi^2 too
-    _assert_same_step(got, ref, batch)
+    torch_step.assert_same_step(got, ref, batch)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +154,7 @@ def test_pp2_logprobs_match_hf(tiny_qwen3, pp2):
     torch.testing.assert_close(got["logprobs"], ref, rtol=1.3e-6, atol=1e-5)
 
 
-def test_pp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference):
+def test_pp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference, torch_step):
     """The trainer at PP=2 (1F1B over 2 micro-batches, tied embedding gradients summed across the
     stages): rank 0 (first stage) gets the last stage's logprobs and metrics; the same loss, grad norm
     and PP-gathered updated weights as core's torch trainer; its checkpoint save leaves the weights as they were."""
@@ -205,7 +166,7 @@ def test_pp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_referen
     )  # fresh: the TP=2 test stepped the shared one
     got = pp2[1]["train"]
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
-    _assert_same_step(got, ref, batch)
+    torch_step.assert_same_step(got, ref, batch)
     torch.testing.assert_close(got["logprobs_after"], ref.forward_logprobs(batch), atol=1e-5, rtol=1e-5)
 
 
@@ -270,7 +231,7 @@ def test_pp2_with_the_distributed_optimizer_builds(pp2):
         assert "calculate_per_token_loss" not in got["optimizer_error"]
 
 
-def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference):
+def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_reference, torch_step):
     """DP=2 (the same two processes as data-parallel replicas, 3 and 4 of 7 rows, padded to 2 micro-batches
     of 2 each; token counts, metric sums and gradients summed over the replicas): every rank gets all rows'
     logprobs, and the step has the loss, grad norm and updated weights of core's torch trainer on the whole
@@ -281,7 +242,7 @@ def test_dp2_train_step_matches_the_torch_trainer(tiny_qwen3, pp2, torch_referen
     ref = torch_trainer(tiny_qwen3[0], lr=1e-2, eps=1e-4, micro_batch_size=4)
     got = pp2[1]["dp"]
     torch.testing.assert_close(got["logprobs"], batch["old_logprobs"], atol=1e-5, rtol=0)
-    _assert_same_step(got, ref, batch)
+    torch_step.assert_same_step(got, ref, batch)
 
 
 @pytest.mark.parametrize("saved_by", ["train", "dp"])
@@ -315,7 +276,9 @@ def test_pp2_and_dp2_checkpoints_resume_in_one_process(
         )
 
 
-def test_dp2_ep2_moe_step_matches_the_torch_trainer(tiny_qwen3_moe, tp2, torch_reference, fuse_experts):
+def test_dp2_ep2_moe_step_matches_the_torch_trainer(
+    tiny_qwen3_moe, tp2, torch_reference, fuse_experts, torch_step
+):
     """Qwen3-MoE at DP=2 x EP=2 (each replica its 4 rows and 2 of the 4 experts; the dispatcher brings both
     replicas' tokens to an expert, so only the non-expert gradients are summed over DP; the grad norm adds
     the EP ranks' expert norms): the old logprobs, loss, grad norm and EP-gathered updated weights of core's
@@ -327,7 +290,9 @@ def test_dp2_ep2_moe_step_matches_the_torch_trainer(tiny_qwen3_moe, tp2, torch_r
     ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=4)
     got = tp2["moe_train"]
     torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), atol=1e-5, rtol=0)
-    _assert_same_weights(fuse_experts(got["weights"], config), _stepped_reference(got, ref, batch))
+    torch_step.assert_same_weights(
+        fuse_experts(got["weights"], config), torch_step.stepped_reference(got, ref, batch)
+    )
 
 
 @pytest.mark.parametrize("layout", ["ep", "pp", "tp"])
@@ -346,45 +311,18 @@ def test_routing_replay_at_dp2_ep2_pp2_and_tp2_matches_the_torch_trainer(
 
 @pytest.mark.parametrize("layout", ["omni", "omni_pp"])
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_tp2_and_pp2_media_models_match_the_torch_trainer(tp2, vl_models, family, layout):
+def test_tp2_and_pp2_media_models_match_the_torch_trainer(tp2, vl_models, family, layout, torch_step):
     """Qwen2.5-VL (q/k/v biases sharded with their rows) and Qwen3-VL (DeepStack) at TP=2 ("omni") and PP=2
     ("omni_pp": the towers on the first stage, the rope index on both) on image, video and text rows: the
     torch trainer's logprobs, then its step (loss, grad norm, gathered weights, towers included)."""
     got = tp2[layout][family]
-    want = _media_step_reference(got, *vl_models[family])
+    want = torch_step.media_step_reference(got, *vl_models[family])
     assert any(".visual." in n for n in want)
-    _assert_same_weights(got["weights"], want)
-
-
-def _media_step_reference(got: dict, model_dir: str, batch: dict) -> dict:
-    """The torch trainer on ``batch``: ``got``'s logprobs and step metrics must be its; returns its
-    exported weights after the step."""
-    from relax.core.testing import torch_trainer
-
-    ref = torch_trainer(model_dir, lr=1e-2, eps=1e-4, micro_batch_size=3)
-    torch.testing.assert_close(got["logprobs"], ref.forward_logprobs(batch), **MATCH)
-    return _stepped_reference(got, ref, batch)
-
-
-def _stepped_reference(got: dict, ref, batch: dict) -> dict:
-    """Step core's torch trainer ``ref`` on ``batch``: ``got``'s step metrics must be its; returns its exported
-    weights after the step."""
-    from relax.core.testing.trainer import exported
-
-    metrics = ref.train_step(batch)
-    for key in ("loss", "entropy", "grad_norm"):
-        assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5), key
-    return exported(ref)
-
-
-def _assert_same_weights(mine: dict, want: dict) -> None:
-    assert sorted(mine) == sorted(want)
-    for name, tensor in want.items():  # AdamW's first step: 2e-4, as test_trainer.py
-        torch.testing.assert_close(mine[name], tensor, atol=2e-4, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    torch_step.assert_same_weights(got["weights"], want)
 
 
 def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(
-    megatron_world, tp2, vl_models, tp2_checkpoint, tmp_path
+    megatron_world, tp2, vl_models, tp2_checkpoint, tmp_path, torch_step
 ):
     """``relax convert`` of the Qwen2.5-VL dist checkpoint the TP=2 ranks saved after their step (vocabulary 71
     padded to 72 rows), in one process: an HF directory (towers and processor included) that transformers
@@ -407,7 +345,7 @@ def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(
         "Qwen2_5_VL"
     )
     got = torch_trainer(str(tmp_path / "hf"), micro_batch_size=3).forward_logprobs(batch)
-    torch.testing.assert_close(got, tp2["omni"]["qwen2_5_vl"]["logprobs_after"], **MATCH)
+    torch.testing.assert_close(got, tp2["omni"]["qwen2_5_vl"]["logprobs_after"], **torch_step.match)
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +357,7 @@ def omni_dense(tmp_path_factory, vl_batch):
     return model_dir, vl_batch(model_dir, audio=True)
 
 
-def test_tp2_dense_omni_thinker_matches_the_torch_trainer(tp2, omni_dense):
+def test_tp2_dense_omni_thinker_matches_the_torch_trainer(tp2, omni_dense, torch_step):
     """The Qwen2.5-Omni thinker at TP=2 (audio tower and rope index replicated, q/k/v biases sharded) on
     image, video, audio and text rows: the torch trainer's logprobs. (Qwen3-Omni at TP=2: below.)"""
     from relax.core.data_multimodal import has_media
@@ -429,11 +367,11 @@ def test_tp2_dense_omni_thinker_matches_the_torch_trainer(tp2, omni_dense):
     assert has_media(batch) and "mm.input_features" in batch  # audio rows
     want = torch_trainer(model_dir, micro_batch_size=3).forward_logprobs(batch)
     assert float(want.abs().sum()) > 1.0
-    torch.testing.assert_close(tp2["omni_tp"]["qwen2_5_omni"], want, **MATCH)
+    torch.testing.assert_close(tp2["omni_tp"]["qwen2_5_omni"], want, **torch_step.match)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
-def test_pp2_omni_thinkers_match_the_torch_trainer(tp2, omni_dense, omni_moe, family):
+def test_pp2_omni_thinkers_match_the_torch_trainer(tp2, omni_dense, omni_moe, family, torch_step):
     """The Omni thinkers at PP=2: the towers on the first stage; the second computes the M-RoPE positions with
     HF's rope index from the batch's own grids and audio feature lengths (no tower runs there). Logprobs on
     image, video, audio and text rows equal the torch trainer's."""
@@ -441,59 +379,24 @@ def test_pp2_omni_thinkers_match_the_torch_trainer(tp2, omni_dense, omni_moe, fa
 
     model_dir, batch = {"qwen2_5_omni": omni_dense, "qwen3_omni": omni_moe}[family]
     want = torch_trainer(model_dir, micro_batch_size=3).forward_logprobs(batch)
-    torch.testing.assert_close(tp2["omni_thinkers_pp"][family], want, **MATCH)
+    torch.testing.assert_close(tp2["omni_thinkers_pp"][family], want, **torch_step.match)
 
 
 @pytest.mark.parametrize("layout", ["omni_moe", "omni_moe_tp"])
-def test_dp2_ep2_and_tp2_moe_omni_thinker_match_the_torch_trainer(tp2, omni_moe, omni_moe_tp, layout):
+def test_dp2_ep2_and_tp2_moe_omni_thinker_match_the_torch_trainer(
+    tp2, omni_moe, omni_moe_tp, layout, torch_step
+):
     """The Qwen3-Omni (MoE) thinker at DP=2 x EP=2, and at TP=2 (sequence parallelism: an odd sequence padded,
     HF's merged embeddings scattered over the TP ranks, DeepStack's visual embeddings sliced per rank, the
     experts whole on each rank), on image, video, audio and text rows: the torch trainer's logprobs and step
     (loss, grad norm, weights with the experts gathered and the towers)."""
     got = tp2[layout]
-    want = _media_step_reference(got, *(omni_moe if layout == "omni_moe" else omni_moe_tp))
+    want = torch_step.media_step_reference(got, *(omni_moe if layout == "omni_moe" else omni_moe_tp))
     assert any(".audio_tower." in n for n in want)
-    _assert_same_weights(_fused(got["weights"]), want)
+    torch_step.assert_same_weights(torch_step.fused(got["weights"]), want)
 
 
-def _fused(weights: dict) -> dict:
-    """An export's per-expert weights fused as transformers holds them in memory (what the torch trainer exports)."""
-    mine = dict(weights)
-    for down in [n for n in mine if n.endswith(".mlp.experts.0.down_proj.weight")]:
-        layer = down[: -len("0.down_proj.weight")]
-        experts = range(sum(1 for n in mine if n.startswith(layer) and n.endswith(".down_proj.weight")))
-        mine[layer + "gate_up_proj"] = torch.stack(
-            [
-                torch.cat([mine.pop(f"{layer}{j}.gate_proj.weight"), mine.pop(f"{layer}{j}.up_proj.weight")])
-                for j in experts
-            ]
-        )
-        mine[layer + "down_proj"] = torch.stack([mine.pop(f"{layer}{j}.down_proj.weight") for j in experts])
-    return mine
-
-
-@pytest.fixture(scope="module")
-def sp_pp(run_ranks, tiny_qwen3, tiny_qwen3_moe, moe_tp_batch, omni_moe_tp):
-    """One four-process launch: Qwen3-MoE and the Qwen3-Omni thinker at TP=2 x PP=2, sequence parallelism across
-    the stages (each stage sends the next its TP rank's slice of the sequence, padded to a multiple of TP)."""
-    return run_ranks(
-        "sp_pp", tiny_qwen3[0], {"moe": (tiny_qwen3_moe[0], moe_tp_batch), "omni_moe": omni_moe_tp}, world=4
-    )
-
-
-@pytest.mark.parametrize("name", ["moe", "omni_moe"])
-def test_tp2_pp2_moe_with_sequence_parallelism_matches_the_torch_trainer(
-    sp_pp, name, tiny_qwen3_moe, moe_tp_batch, omni_moe_tp
-):
-    """MoE at TP > 1 needs sequence parallelism; with PP=2 too (an odd sequence; the Omni thinker on image, video,
-    audio and text rows, later stages computing their M-RoPE positions): the torch trainer's logprobs and step
-    (loss, entropy, grad norm; weights within AdamW's first-step 2e-4, experts gathered over both stages)."""
-    got = sp_pp[name]
-    model_dir, batch = (tiny_qwen3_moe[0], moe_tp_batch) if name == "moe" else omni_moe_tp
-    _assert_same_weights(_fused(got["weights"]), _media_step_reference(got, model_dir, batch))
-
-
-def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batch, fuse_experts):
+def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batch, fuse_experts, torch_step):
     """Qwen3-MoE at TP=2: sequence parallelism (on by itself: megatron's MoE layer needs it; an odd sequence
     padded to a multiple of 2), experts whole on each TP rank. Frozen at EP=1 and at EP=2 (the same two ranks
     also expert-parallel): transformers' logprobs within 1e-5 and an HF-exact export. Trained at EP=1 (norm,
@@ -513,7 +416,9 @@ def test_tp2_moe_logprobs_step_and_export_match(tiny_qwen3_moe, tp2, moe_tp_batc
         for name, tensor in hf.items():
             assert torch.equal(frozen["hf"][name], tensor), (ep, name)
     torch.testing.assert_close(got["logprobs"], want_logprobs, atol=1e-5, rtol=0)
-    _assert_same_weights(fuse_experts(got["weights"], config), _stepped_reference(got, ref, moe_tp_batch))
+    torch_step.assert_same_weights(
+        fuse_experts(got["weights"], config), torch_step.stepped_reference(got, ref, moe_tp_batch)
+    )
 
 
 def test_tp2_moe_checkpoint_loads_at_tp1_and_converts_to_hf(

@@ -305,13 +305,13 @@ def distopt_pipeline_check(args: argparse.Namespace) -> dict:
     from megatron.core import parallel_state
     from transformers import AutoConfig
 
-    from relax.megatron import convert, distopt
+    from relax.megatron import distopt, gpt_model
     from relax.megatron.parallel import initialize_model_parallel, model_overrides
 
     initialize_model_parallel(1, args.world, seed=0)
     config = AutoConfig.from_pretrained(args.model_dir)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    model = convert.build_gpt_model(
+    model = gpt_model.build_gpt_model(
         config,
         pre_process=pp_rank == 0,
         post_process=pp_rank == args.world - 1,
@@ -340,14 +340,14 @@ def moe_check(args: argparse.Namespace, model_dir: str, tokens) -> dict:
     from megatron.core import parallel_state
     from transformers import AutoConfig
 
-    from relax.megatron import convert
+    from relax.megatron import convert, gpt_model
     from relax.megatron.parallel import gather_tp_shards, initialize_model_parallel
 
     parallel_state.destroy_model_parallel()
     initialize_model_parallel(1, 1, seed=0, expert_parallel=args.world)
     config = AutoConfig.from_pretrained(model_dir)
     ep_rank = parallel_state.get_expert_model_parallel_rank()
-    model = convert.build_gpt_model(config, expert_model_parallel_size=args.world)
+    model = gpt_model.build_gpt_model(config, expert_model_parallel_size=args.world)
     convert.load_hf_into(model, convert.read_hf_checkpoint(model_dir), config, ep=args.world, ep_rank=ep_rank)
     model.eval()
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -369,7 +369,7 @@ def pipeline_check(args: argparse.Namespace, tokens) -> dict:
     from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
     from transformers import AutoConfig
 
-    from relax.megatron import convert
+    from relax.megatron import convert, gpt_model
     from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
 
     ensure_process_group(args.rank, args.world, "127.0.0.1", args.port, timeout_s=60)
@@ -380,7 +380,7 @@ def pipeline_check(args: argparse.Namespace, tokens) -> dict:
         cpu_compat.remove([args.without])
     config = AutoConfig.from_pretrained(args.model_dir)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    model = convert.build_gpt_model(
+    model = gpt_model.build_gpt_model(
         config,
         pre_process=pp_rank == 0,
         post_process=pp_rank == args.world - 1,
@@ -422,7 +422,7 @@ def convert_check(args: argparse.Namespace, tokens) -> dict:
     from megatron.core import parallel_state
     from transformers import AutoConfig
 
-    from relax.megatron import convert
+    from relax.megatron import convert, gpt_model
     from relax.megatron.logprobs import logprobs_and_entropy
     from relax.megatron.parallel import ensure_process_group, gather_tp_shards, initialize_model_parallel
 
@@ -433,7 +433,7 @@ def convert_check(args: argparse.Namespace, tokens) -> dict:
         parallel_state.get_tensor_model_parallel_rank(),
         parallel_state.get_tensor_model_parallel_group(),
     )
-    model = convert.build_gpt_model(config, tensor_model_parallel_size=args.world)
+    model = gpt_model.build_gpt_model(config, tensor_model_parallel_size=args.world)
     convert.load_hf_into(model, convert.read_hf_checkpoint(args.model_dir), config, args.world, tp_rank)
     model.eval()
     inputs, targets = tokens[:, :-1], tokens[:, 1:]

@@ -206,7 +206,7 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
 
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
-    from relax.megatron import convert, media_front
+    from relax.megatron import convert, gpt_model, media_front
     from relax.megatron.parallel import ensure_process_group, initialize_model_parallel
 
     src = Path(checkpoint)
@@ -223,7 +223,7 @@ def to_hf(checkpoint: str, hf_dir: str) -> list[str]:
     # the vocabulary rows as saved: padded to a multiple of the saving run's TP (the padding is dropped below)
     embedding = saved.get("embedding.word_embeddings.weight")
     rows = embedding.global_shape[0] if embedding is not None else None
-    model = convert.build_gpt_model(
+    model = gpt_model.build_gpt_model(
         lm, vocab_rows=rows
     )  # the local spec: a TE run's checkpoint converts on CPU too
     state = {"model": local_keys_of(model, src, lm)}

@@ -70,7 +70,7 @@ def to_hf(
 
 def mla_config(d: Any, kwargs: dict[str, Any], overrides: dict[str, Any]) -> Any:
     """``MLATransformerConfig`` of a multi-latent-attention model from the common ``kwargs`` of
-    :func:`relax.megatron.convert.transformer_config`."""
+    :func:`relax.megatron.gpt_model.transformer_config`."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     if d.attention != "mla":
