@@ -1,5 +1,5 @@
-"""The world-2 fsdp trainer the rank tests share: two Ray actor processes (gloo), started once per session
-(their imports are most of a world's cost); each test builds the trainer it needs on them."""
+"""The world-2 (and world-4) fsdp trainers the rank tests share: Ray actor processes (gloo), started once per
+session (their imports are most of a world's cost); each test builds the trainer it needs on them."""
 
 from __future__ import annotations
 
@@ -20,16 +20,16 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @ray.remote(num_cpus=0)
 class Rank:
-    """One rank of a world-2 fsdp trainer; every method is called on both ranks together."""
+    """One rank of a world-N fsdp trainer; every method is called on all ranks together."""
 
     def __init__(self) -> None:
         torch.set_num_threads(1)
         self.trainer = None
 
-    def build(self, make: Callable[..., Any], model_dir: str, rank: int, port: int) -> None:
+    def build(self, make: Callable[..., Any], model_dir: str, rank: int, world: int, port: int) -> None:
         """``make(model_dir, rank, world_size, port)``: this rank's trainer (the previous one closed)."""
         self.close()
-        self.trainer = make(model_dir, rank, 2, port)
+        self.trainer = make(model_dir, rank, world, port)
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.trainer, method)(*args)
@@ -57,29 +57,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class World2:
-    """``world2.build(make, model_dir)``, then ``world2.<Rank method>(...)`` on both ranks: rank 0's answer."""
+class World:
+    """``world.build(make, model_dir)``, then ``world.<Rank method>(...)`` on every rank: rank 0's answer."""
 
-    def __init__(self) -> None:
-        self.ranks = [Rank.remote() for _ in range(2)]
+    def __init__(self, size: int = 2) -> None:
+        self.ranks = [Rank.remote() for _ in range(size)]
 
     def build(self, make: Callable[..., Any], model_dir: str) -> None:
-        port = free_port()
-        ray.get([r.build.remote(make, model_dir, i, port) for i, r in enumerate(self.ranks)], timeout=300)
+        port, size = free_port(), len(self.ranks)
+        ray.get(
+            [r.build.remote(make, model_dir, i, size, port) for i, r in enumerate(self.ranks)], timeout=300
+        )
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
-        def on_both(*args: Any) -> Any:
+        def on_all(*args: Any) -> Any:
             return ray.get([getattr(r, method).remote(*args) for r in self.ranks], timeout=300)[0]
 
-        return on_both
+        return on_all
 
 
-@pytest.fixture(scope="session")
-def world2(ray_local):
-    world = World2()
-    yield world
+def _close(world: World) -> None:
     for r in world.ranks:  # at the session's end: Ray may have been restarted since, taking the actors along
         with contextlib.suppress(Exception):
             ray.get(r.close.remote(), timeout=60)
         with contextlib.suppress(Exception):
             ray.kill(r)
+
+
+@pytest.fixture(scope="session")
+def world2(ray_local):
+    world = World(2)
+    yield world
+    _close(world)
+
+
+@pytest.fixture(scope="session")
+def world4(ray_local):
+    """Four ranks (data x context parallelism); only the tests that need them start them."""
+    world = World(4)
+    yield world
+    _close(world)

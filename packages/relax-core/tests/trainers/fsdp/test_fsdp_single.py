@@ -191,8 +191,11 @@ def test_backend_params_name_the_field_of_a_bad_combination():
     assert FSDPParams(cpu_offload=True).validate()[0].startswith("cpu_offload:")
     assert FSDPParams(device="tpu").validate() == ["device: expected 'cpu' or 'cuda', got 'tpu'"]
     assert FSDPParams(world_size=2, context_parallel=2).validate() == []  # Ulysses over every rank
-    (cp,) = FSDPParams(world_size=4, context_parallel=2).validate()
-    assert cp.startswith("context_parallel: 1 or world_size (4) without replicate")
+    assert FSDPParams(world_size=4, context_parallel=2).validate() == []  # 2 replicas x 2 CP ranks
+    (cp,) = FSDPParams(world_size=4, context_parallel=3).validate()
+    assert cp.startswith("context_parallel: must be >= 1 and divide world_size (4)") and cp.endswith("got 3")
+    (hsdp,) = FSDPParams(world_size=4, replicate=2, context_parallel=2).validate()
+    assert hsdp.startswith("context_parallel: 2 with replicate: 2 (HSDP) is not built")
     assert dtype_problem("float16", "cpu").startswith("dtype: float16 needs loss scaling")
     assert dtype_problem("bfloat16", "cpu") is None
 

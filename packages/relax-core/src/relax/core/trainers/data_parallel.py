@@ -140,15 +140,16 @@ def sum_grads(params: list[torch.nn.Parameter], all_reduce_: Callable[[torch.Ten
 
 
 class DefaultGroupSums:
-    """Sums over torch's default process group (the fsdp trainer's ranks) on ``device`` (the group's: CUDA for
-    NCCL, host for gloo): what a replicated module, such as the critic, needs to train data-parallel there."""
+    """Sums over torch's default process group (the fsdp trainer's ranks), or over ``group`` (its data-parallel
+    ranks under context parallelism), on ``device`` (the group's: CUDA for NCCL, host for gloo): what a
+    replicated module, such as the critic, needs to train data-parallel there."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, group: Any = None) -> None:
+        self.device, self.group = device, group
 
     def _all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         buf = tensor if tensor.device == self.device else tensor.to(self.device)
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=self.group)
         if buf is not tensor:
             tensor.copy_(buf)
         return tensor

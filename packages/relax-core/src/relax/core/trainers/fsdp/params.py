@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from relax.core.trainers.fsdp.layout import layout_problem
+
 
 @dataclass(frozen=True)
 class FSDPParams:
@@ -33,8 +35,9 @@ class FSDPParams:
     freeze_vision: bool = False  # ... the vision tower only (a model without one is an error)
     freeze_audio: bool = False  # ... the audio tower only (a model without one is an error)
     share_prompts: bool = False
-    # Ulysses context parallelism: every rank runs the same rows, each a 1/N slice of their packed tokens
-    # (attention heads all-to-all; docs/long-sequences.md); needs trainer.pack_sequences, N = world_size
+    # Ulysses context parallelism: groups of N consecutive ranks run the same rows, each a 1/N slice of
+    # their packed tokens (attention heads all-to-all); world_size / N data-parallel replicas
+    # (fsdp/layout.py, docs/long-sequences.md); needs trainer.pack_sequences, N divides world_size
     context_parallel: int = 1
 
     def validate(self) -> list[str]:
@@ -49,13 +52,13 @@ class FSDPParams:
             errors.append(
                 "cpu_offload: the shards already live in host memory on device 'cpu'; use it with device 'cuda'"
             )
-        if self.context_parallel not in (1, self.world_size) or (
-            self.context_parallel > 1 and self.replicate > 1
-        ):
+        if problem := layout_problem(self.world_size, self.context_parallel):
+            errors.append(problem)
+        elif self.context_parallel > 1 and self.replicate > 1:
             errors.append(
-                f"context_parallel: 1 or world_size ({self.world_size}) without replicate (every rank holds a "
-                f"slice of the same rows; data and context parallelism together are not built), got "
-                f"{self.context_parallel}"
+                f"context_parallel: {self.context_parallel} with replicate: {self.replicate} (HSDP) is not built; "
+                "context parallelism shards over all ranks (world_size / context_parallel data-parallel "
+                "replicas): set replicate: 1"
             )
         return errors
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from relax.core.multimodal_model import freeze_switches, freeze_towers_by_switch, is_tower
 from relax.core.policy_update import LossFn, Objective, PolicyUpdate, UpdateSettings
-from relax.core.policy_update.batching import even_replica_rows, shard_bounds
+from relax.core.policy_update.batching import even_replica_rows
 from relax.core.policy_update.token_budget import most_over_replicas
 from relax.core.routing_replay import RoutingReplay
 from relax.core.trainers import lora as lora_adapters
@@ -37,6 +37,7 @@ from relax.core.trainers.critic import Critic, ReplicaSums, critic_from_context
 from relax.core.trainers.data_parallel import DefaultGroupSums
 from relax.core.trainers.export import buckets, in_dtype
 from relax.core.trainers.fsdp import state
+from relax.core.trainers.fsdp.layout import Layout, gather_rows, process_groups, world_sum
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 from relax.core.trainers.fsdp.sharding import device_mesh, shard_model
 from relax.core.trainers.offload import Offloadable
@@ -152,21 +153,21 @@ class FSDPTrainer(Offloadable):
         self.response_logits.routing = RoutingReplay.for_model(
             self.model, s.routing_replay
         )  # MoE routing replay
-        self.context_parallel = (
-            p.context_parallel
-        )  # Ulysses: every rank runs the same rows, a slice of their tokens
+        # Ulysses: the ranks of a CP group run the same rows, each a slice of their tokens (fsdp/layout.py)
+        self.layout = Layout(rank, world_size, p.context_parallel)
+        self.context_parallel = p.context_parallel
         if p.context_parallel > 1:
             if not s.pack_sequences:
                 raise ValueError(
                     "trainer.backend_params.context_parallel: splits packed rows; set trainer.pack_sequences: true"
                 )
             check_heads(self.model, p.context_parallel)
-            # the all-to-alls get a group of their own (as DeepSpeed-Ulysses): never queued behind FSDP's prefetches
-            self.response_logits.sp = SequenceParallel(
-                rank, world_size, dist.new_group(list(range(world_size)))
-            )
+        self.cp_group, self.dp_group = process_groups(self.layout)  # None: the default group (or unused)
+        if p.context_parallel > 1:
+            self.response_logits.sp = SequenceParallel(self.layout.cp_rank, p.context_parallel, self.cp_group)
         # PPO: a replicated (unsharded) critic on this rank's device, its gradients summed over the replicas
-        sums = DefaultGroupSums(self._comm_device()) if self.dp_size > 1 else None
+        # (whole rows on every rank of a CP group: summed over the DP group, once per replica)
+        sums = DefaultGroupSums(self._comm_device(), self.dp_group) if self.dp_size > 1 else None
         self.critic = critic(self.device, sums) if critic is not None and trainable else None
         self.update = PolicyUpdate(
             self,
@@ -187,12 +188,12 @@ class FSDPTrainer(Offloadable):
 
     @property
     def dp_rank(self) -> int:
-        return self.rank if self.context_parallel == 1 else 0
+        return self.layout.dp_rank
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel replicas: the ranks, or 1 under context parallelism (every rank has every row)."""
-        return self.world_size if self.context_parallel == 1 else 1
+        """Data-parallel replicas: the ranks / ``context_parallel`` (a CP group's ranks share their rows)."""
+        return self.layout.dp_size
 
     def fuses_old_logprobs(self) -> bool:
         """As the torch trainer: the first mini-batch's old logprobs come from its training forward
@@ -229,7 +230,7 @@ class FSDPTrainer(Offloadable):
         return None if both is None else (both[:, 0], both[:, 1])
 
     def _score_all_ranks(self, batch: dict[str, torch.Tensor], sum_pi_squared: bool) -> torch.Tensor | None:
-        if self.dp_size == 1:  # one rank, or context parallelism: every rank scored every row
+        if self.dp_size == 1:  # one rank, or context parallelism alone: every rank scored every row
             scored = self._score(batch, sum_pi_squared)
             return scored if self.rank == 0 else None
         return self._gather_rows(
@@ -237,20 +238,8 @@ class FSDPTrainer(Offloadable):
         )
 
     def _gather_rows(self, local: torch.Tensor, rows: int) -> torch.Tensor | None:
-        """Every rank's ``local_rows`` results (padded shares) as the batch's rows, on rank 0; None elsewhere."""
-        local = local.to(self._comm_device())
-        shares = [
-            torch.empty_like(local) for _ in range(self.world_size)
-        ]  # on the comm device: NCCL gathers into CUDA
-        dist.all_gather(shares, local)
-        if self.rank != 0:
-            return None
-        parts = [
-            share[: e - s]
-            for r, share in enumerate(shares)
-            for s, e in [shard_bounds(rows, r, self.world_size)]
-        ]
-        return torch.cat(parts).cpu()
+        """Every replica's ``local_rows`` results as the batch's rows, on rank 0 (``layout.gather_rows``)."""
+        return gather_rows(local.to(self._comm_device()), rows, self.layout, self.dp_group)
 
     def forward_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """(B, R) critic values of the response states, 0 where masked, on rank 0 (each rank scores its share)."""
@@ -297,7 +286,8 @@ class FSDPTrainer(Offloadable):
 
     # ------------------------------------------------------- ModelStep (the loop's calls)
     def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return even_replica_rows(batch, self.rank, self.world_size)
+        """This replica's rows (the same on every rank of a CP group)."""
+        return even_replica_rows(batch, self.dp_rank, self.dp_size)
 
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._score(batch, sum_pi_squared=False)
@@ -358,7 +348,7 @@ class FSDPTrainer(Offloadable):
             if not shards
             else (~torch.isfinite(torch.stack(torch._foreach_norm(shards, 2, dtype=torch.float64)))).sum()
         )
-        if self.all_reduce_sum([bad])[0]:
+        if world_sum(bad, self._comm_device()):  # each rank's own shards: over all ranks, not replicas
             return f"the update (lr {lr:g}) made the weights non-finite"
         return None
 
@@ -366,10 +356,11 @@ class FSDPTrainer(Offloadable):
         self.optimizer.zero_grad(set_to_none=True)
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
-        if self.dp_size == 1:  # context parallelism: every rank holds the same (whole-row) sums
+        """Summed over the replicas: the DP group (a CP group's ranks hold the same whole-row sums)."""
+        if self.dp_size == 1:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=self.dp_group)
         return t.tolist()
 
     # ------------------------------------------------------------------ weights
