@@ -315,3 +315,11 @@ def test_no_package_imports_a_private_name_of_another_package():
         pytest.fail(
             "underscore names imported across distribution packages:\n" + "\n".join(found), pytrace=False
         )
+
+
+def test_the_contract_is_on_the_ground_floor():
+    """The contract files import no relax module at all, so a plugin that reads them loads nothing of
+    core's machinery (``docs/architecture.md``'s ground floor). A re-export from an upper room (the
+    ``ModelStep`` protocol once came from ``policy_update``, pulling in ``algorithms/``) fails here."""
+    for name in ("relax.core.protocols", "relax.core.hookspecs", "relax.core.context"):
+        assert MODULES[name].imports == set(), f"{name} imports {sorted(MODULES[name].imports)}"

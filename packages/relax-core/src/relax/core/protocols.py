@@ -1,6 +1,6 @@
 """The plugin contract: every method core calls on every plugin kind, and nothing more.
 
-One section per kind (rollout engine, trainer and its backend, weight sync, reward, processor,
+One section per kind (rollout engine, trainer, weight sync, reward, processor,
 transfer queue, model adapter), each a ``typing.Protocol``: implement the methods, inherit nothing
 (where a section says a base class *is* the contract, it says so). Optional capabilities are the
 ``Supports*`` protocols, detected by method presence and checked at start-up
@@ -114,12 +114,9 @@ class Trainer(Protocol):
 
 # ---------------------------------------------------------------- trainer backend
 # A trainer backend supplies the model step only; core's loop supplies ``train_step``:
-# ``PolicyUpdate(backend, UpdateSettings, objective).train_step`` (``relax.core.policy_update``). The
-# backend protocol lives next to the loop that calls it and is re-exported here with the rest of the
-# contract; ``relax.core.testing.TrainerConformance`` checks both it and ``Trainer``.
-from relax.core.policy_update.backend import ModelStep  # noqa: E402
-
-TrainerBackend = ModelStep
+# ``PolicyUpdate(backend, UpdateSettings, objective).train_step``. The backend protocol,
+# ``relax.core.policy_update.ModelStep``, lives next to the loop that calls it (not imported here: the
+# contract stays on the ground floor); ``relax.core.testing.TrainerConformance`` checks it and ``Trainer``.
 
 
 # ---------------------------------------------------------------- optional capabilities
