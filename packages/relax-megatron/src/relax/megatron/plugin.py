@@ -167,8 +167,7 @@ def world_size(params: MegatronParams) -> int:
 
 def megatron_trainer(params: MegatronParams, ctx: PluginContext):
     """The factory: core's optimisation settings (``ctx.train``) and the algorithm's policy objective."""
-    from relax.core.algorithms import build_policy_objective
-    from relax.core.policy_update import UpdateSettings
+    from relax.core.trainers.policy_trainer import loop_inputs
     from relax.megatron.trainer import MegatronTrainer
 
     errors = params.validate()
@@ -183,10 +182,11 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
             f"dtype={dtype!r}: the megatron trainer runs float32 on CPU, and float32 or bfloat16 "
             "with trainer.backend_params.device: cuda"
         )
+    settings, objective = loop_inputs(ctx)
     return MegatronTrainer(
         ctx.model_path,
-        UpdateSettings.from_context(ctx),
-        objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
+        settings,
+        objective=objective,
         trainable=spec.trainable,
         # frozen roles (reference, teacher) are one process: the whole model at TP=1
         tensor_parallel=params.tensor_parallel if spec.trainable else 1,
