@@ -7,10 +7,11 @@ the whole sequence: an all-to-all turns "my tokens, all heads" into "all tokens,
 runs row by row over the whole sequence for ``heads / size`` heads, and a second all-to-all turns it
 back. Activations per rank shrink by ``size``; both all-to-alls are differentiable.
 
-Every rank sees the same rows: each computes the logprobs of the response tokens in its slice, and
-:func:`sum_over_ranks` assembles the whole ``(k, B, R)`` stats on every rank. Every rank then computes
-the same loss, so the backward of that sum is the identity (each rank back-propagates into its own
-tokens only) and the gradients summed over ranks (FSDP's reduce-scatter) are the full-sequence ones.
+Every rank of the group sees the same rows: each computes the logprobs of the response tokens in its
+slice, and :func:`sum_over_ranks` assembles the whole ``(k, B, R)`` stats on every rank. Every rank then
+computes the same loss, so the backward of that sum is the identity (each rank back-propagates into its
+own tokens only) and the gradients summed over ranks (FSDP's reduce-scatter) are the full-sequence ones.
+With data parallelism alongside, the fsdp trainer runs one such group per replica (``fsdp/layout.py``).
 """
 
 from __future__ import annotations
