@@ -33,7 +33,11 @@ def trainer_layout(cfg: Any) -> TrainLayout | str | None:
         if not _on_gpu(params):
             return None
         cp = params.context_parallel
-        note = f"fsdp {params.world_size} shards" + (f", Ulysses CP {cp}" if cp > 1 else "") + f", {dtype}"
+        note = (
+            f"fsdp {params.world_size} shards"
+            + (f", Ulysses CP {cp} x DP {params.world_size // cp}" if cp > 1 else "")
+            + f", {dtype}"
+        )
         return sharded(params.world_size, dtype, context_parallel=cp, offload=params.cpu_offload, note=note)
     return layout_of(params, cfg)
 
