@@ -18,11 +18,9 @@ sharded) and trains it on its own rows; gradients and counts are summed over the
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -41,12 +39,13 @@ from relax.core.trainers.fsdp.layout import Layout, gather_rows, process_groups,
 from relax.core.trainers.fsdp.params import FSDPParams, dtype_problem
 from relax.core.trainers.fsdp.sharding import device_mesh, shard_model
 from relax.core.trainers.offload import Offloadable
+from relax.core.trainers.policy_trainer import PolicyTrainer, adamw_from, loop_inputs, seeded
 from relax.core.trainers.process_group import join_default_group, releases_group_on_error
 from relax.core.trainers.response_forward import ResponseLogits, forward_backward, score_rows
 from relax.core.trainers.ulysses import SequenceParallel, check_heads
 
 
-class FSDPTrainer(Offloadable):
+class FSDPTrainer(PolicyTrainer, Offloadable):
     """Rank ``rank`` of ``world_size`` (``trainer.backend: fsdp``). ``dtype`` is the compute dtype;
     the weights are loaded and kept in fp32 (with ``lora``: the frozen base in ``dtype``, the
     adapters in fp32). ``settings`` / ``overrides`` as the torch trainer's."""
@@ -79,10 +78,7 @@ class FSDPTrainer(Offloadable):
         p = params or FSDPParams(world_size=world_size)
         if problem := dtype_problem(dtype, p.device):
             raise ValueError(f"trainer.backend_params.{problem}")
-        self.settings = s = (settings or UpdateSettings()).with_overrides(**overrides)
-        random.seed(s.seed)
-        np.random.seed(s.seed)
-        torch.manual_seed(s.seed)
+        self.settings = s = seeded(settings, overrides)
         cuda = p.device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(torch.cuda.current_device())  # Ray gives each rank actor one GPU
@@ -136,11 +132,7 @@ class FSDPTrainer(Offloadable):
                 q.data = q.data.to(self.device)
             self._checkpoint = None
         trained = [q for q in self.model.parameters() if q.requires_grad]
-        self.optimizer = (
-            torch.optim.AdamW(trained, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
-            if trainable
-            else None
-        )
+        self.optimizer = adamw_from(trained, s) if trainable else None
         self.response_logits = (
             ResponseLogits(  # recompute re-runs blocks with a since-extended KV cache: no sharing
                 self.model,
@@ -179,14 +171,6 @@ class FSDPTrainer(Offloadable):
 
     # --------------------------------------------------------------- loop's counters
     @property
-    def step(self) -> int:
-        return self.update.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.update.step = value
-
-    @property
     def dp_rank(self) -> int:
         return self.layout.dp_rank
 
@@ -200,13 +184,7 @@ class FSDPTrainer(Offloadable):
         (not with LoRA dropout, which the training forwards apply and scoring forwards do not)."""
         return getattr(self, "lora", None) is None or self.lora.dropout == 0
 
-    def current_lr(self) -> float:
-        return self.update.current_lr()
-
     # ------------------------------------------------------------------ scoring
-    def _on_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
     def _stats(self, batch: dict[str, Any], **kw: Any) -> torch.Tensor:
         return self.response_logits.stats(batch, **kw)
 
@@ -277,12 +255,6 @@ class FSDPTrainer(Offloadable):
 
     def _comm_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
-
-    # ------------------------------------------------------------------ training
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        if self.optimizer is None or self.update.objective is None:
-            raise RuntimeError("train_step needs a trainable FSDPTrainer with an objective")
-        return self.update.train_step(self._on_device(batch))
 
     # ------------------------------------------------------- ModelStep (the loop's calls)
     def local_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -459,16 +431,15 @@ def empty_sharded(model_path: str) -> tuple[Any, Any]:
 
 def trainer_from_context(params: FSDPParams, ctx: Any) -> FSDPTrainer:
     """The ``fsdp`` backend's factory: one rank (``ctx.index`` of ``ctx.world_size``)."""
-    from relax.core.algorithms import build_policy_objective
-
     spec = ctx.train
     dtype = params.dtype or ctx.dtype
+    settings, objective = loop_inputs(ctx)
     return FSDPTrainer(
         ctx.model_path,
-        UpdateSettings.from_context(ctx),
+        settings,
         params=params,
         dtype=dtype,
-        objective=build_policy_objective(spec.algorithm) if spec.trainable else None,
+        objective=objective,
         trainable=spec.trainable,
         rank=ctx.index,
         world_size=ctx.world_size,
