@@ -16,7 +16,7 @@ Without a device MFU is skipped (printed); the headline stays the CPU ratio.
     python bench/megatron.py [steps]
     python bench/megatron.py --omni [steps]
 
-``--omni``: the same comparison on the tiny Qwen2.5-VL (relax.core.testing.multimodal_models; at TP=2
+``--omni``: the same comparison on the tiny Qwen2.5-VL (relax.omni.tiny_models; at TP=2
 megatron pads its 71-row vocabulary to 72) with a batch of image and video prompts (``OMNI_ROWS`` rows, the
 towers trained too): core's torch trainer vs the megatron trainer at TP=2 (two processes; towers replicated,
 the LM sharded); headline ``megatron-omni: <x>x tokens/s vs torch trainer``.
@@ -223,8 +223,8 @@ def omni_inputs(root: Path) -> tuple[str, dict]:
     from PIL import Image
 
     from relax.core.data import Sample, collate
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.core.testing.multimodal_processor import TinyMediaProcessor
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     model_dir = tiny_multimodal_dir(root, "qwen2_5_vl")
     rng = np.random.default_rng(0)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 def setup(root: Path, rows: int):
     from relax.core.context import PluginContext
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.omni.processors import OmniProcessorParams, make_factory
     from relax.omni.synthetic import make_dataset
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     data = make_dataset(root / "data", ("image", "image", "video"), rows)
     params = OmniProcessorParams(

@@ -16,9 +16,9 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def test_vl_eval_scores_image_prompts(tmp_path):
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.omni.quickstart import QUICKSTARTS
     from relax.omni.synthetic import make_dataset
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     tasks = QUICKSTARTS["omni_vl_quickstart"].tasks
     data = make_dataset(tmp_path / "task", tasks, rows=8)

@@ -14,7 +14,7 @@ import pytest
 
 from relax.core.config import load_config
 from relax.core.controller.run import run
-from relax.core.testing.multimodal_models import tiny_multimodal_dir
+from relax.omni.tiny_models import tiny_multimodal_dir
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 from relax.core.config import load_config
 from relax.core.controller.run import run
-from relax.core.testing.multimodal_models import tiny_multimodal_dir
 from relax.omni.quickstart import BUDGETS, QUICKSTARTS, OmniQuickstartParams
 from relax.omni.synthetic import QUESTIONS, make_dataset
+from relax.omni.tiny_models import tiny_multimodal_dir
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RECIPES = {  # file -> the family its processor needs

@@ -33,7 +33,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def omni_setup(tmp_path_factory):
     from PIL import Image, ImageDraw
 
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     root = tmp_path_factory.mktemp("omni_path")
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")  # the session's build
@@ -213,8 +213,8 @@ def test_audio_quickstart_runs_colocate(ray_session, tmp_path_factory, tmp_path,
     """``examples/quickstart_omni_audio.yaml`` (tiny Qwen2.5-Omni thinker, generated tones + circles task) for
     two GRPO steps in colocate: the trainer hosts the engine, both in the driver (``rollout.host`` auto), so both
     towers train and are served."""
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.omni.synthetic import make_dataset
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
     data = make_dataset(tmp_path_factory.mktemp("omni_audio_task") / "audio", ("audio", "image"), rows=8)

@@ -334,7 +334,7 @@ def vl_batch(media_files):
 def vl_models(tmp_path_factory, vl_batch):
     """family -> (model_dir, media batch) of the tiny Qwen2.5-VL and Qwen3-VL (vocabulary 71: at TP=2 megatron
     pads it to 72, convert.Dims.padded_vocab)."""
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     dirs = {f: tiny_multimodal_dir(tmp_path_factory.getbasetemp(), f) for f in ("qwen2_5_vl", "qwen3_vl")}
     return {f: (d, vl_batch(d)) for f, d in dirs.items()}
@@ -343,7 +343,7 @@ def vl_models(tmp_path_factory, vl_batch):
 @pytest.fixture(scope="session")
 def omni_moe(tmp_path_factory, vl_batch):
     """(model_dir, media batch with audio rows) of the tiny Qwen3-Omni (MoE) thinker."""
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen3_omni")
     return model_dir, vl_batch(model_dir, audio=True)

@@ -54,7 +54,7 @@ def megatron_trainer(model_dir: str, **kw):
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen2_5_omni", "qwen3_omni"])
 def family(request, tmp_path_factory, vl_batch):
     """(model_dir, media batch) of one tiny VL / Omni family (Omni: audio rows too)."""
-    from relax.core.testing.multimodal_models import OMNI_FAMILIES, tiny_multimodal_dir
+    from relax.omni.tiny_models import OMNI_FAMILIES, tiny_multimodal_dir
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), request.param)
     return model_dir, vl_batch(model_dir, audio=request.param in OMNI_FAMILIES)
@@ -206,7 +206,7 @@ def test_a_checkpoint_keeps_each_parameters_adam_step(megatron_world, omni_moe, 
     """AdamW skips a parameter without a gradient (the audio tower on a mini-batch without audio), so parameters
     stand at different steps: the checkpoint keeps each one's (it refused to save before), and a resumed trainer
     takes the same next step. Loaded with the whole Qwen3-Omni checkpoint it comes in (the thinker inside)."""
-    from relax.core.testing.multimodal_models import wrap_whole_omni
+    from relax.omni.tiny_models import wrap_whole_omni
 
     model_dir, with_audio = omni_moe
     whole = wrap_whole_omni(model_dir, tmp_path / "whole", "qwen3_omni")
@@ -241,8 +241,8 @@ def test_lm_round_trip_is_bit_exact_with_a_padded_vocabulary(tmp_path_factory, t
     of TP) -> HF is the identity."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.megatron import convert, media_front
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
     config = media_front.lm_config(AutoConfig.from_pretrained(model_dir))
@@ -265,10 +265,10 @@ def test_audio_in_video_matches_transformers(megatron_world, tmp_path_factory, o
     the flag to HF's rope index on both sides; relax-omni's test_audio_in_video shows the flag matters)."""
     from relax.core.context import PluginContext
     from relax.core.data import Sample, collate
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.omni import synthetic
     from relax.omni.adapters import AUDIO_IN_VIDEO
     from relax.omni.processors import OmniProcessorParams, make_factory
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     root = tmp_path_factory.mktemp("aiv")
     synthetic.moving_dot_video(root / "dot_sound.mp4", right=False, tone_hz=330.0)
@@ -338,7 +338,7 @@ def test_one_kind_of_tower_frozen_is_neither_trained_nor_exported(
     the export leaves it out and ``save_hf`` still writes it; the other tower trains and is exported."""
     from safetensors.torch import load_file
 
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
     meg = megatron_trainer(model_dir, **{f"freeze_{kind}": True})
@@ -366,7 +366,7 @@ def test_a_freeze_switch_for_a_tower_the_model_lacks_names_the_field(
 ):
     """``freeze_audio`` on a VL model, ``freeze_vision`` on a text model: the wrong model for the run, refused
     naming the field; ``freeze_media_towers`` on a text model freezes nothing, as before."""
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     vl_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_vl")
     with pytest.raises(

@@ -351,7 +351,7 @@ def test_relax_convert_of_a_tp2_media_checkpoint_loads_in_transformers(
 @pytest.fixture(scope="module")
 def omni_dense(tmp_path_factory, vl_batch):
     """(model_dir, media batch with audio rows) of the tiny Qwen2.5-Omni (dense) thinker."""
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")
     return model_dir, vl_batch(model_dir, audio=True)

@@ -19,8 +19,8 @@ from relax.core.multimodal_model import (
     media_token_ids,
 )
 from relax.core.quickstart_model import ensure_quickstart_model
-from relax.core.testing.multimodal_models import FAMILIES, tiny_multimodal_dir
 from relax.omni.adapters import AUDIO_IN_VIDEO, LM_TYPES, MODEL_TYPES, QwenMediaAdapter, QwenMediaLMAdapter
+from relax.omni.tiny_models import FAMILIES, tiny_multimodal_dir
 
 MODEL_TYPE = {
     "qwen2_5_vl": "qwen2_5_vl",

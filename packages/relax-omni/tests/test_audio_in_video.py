@@ -17,10 +17,10 @@ from relax.core.engines.hf import HFRolloutEngine
 from relax.core.multimodal_model import media_forward_kwargs, media_token_ids
 from relax.core.protocols import GenerationRequest, SamplingParams
 from relax.core.testing.models import run_async
-from relax.core.testing.multimodal_models import OMNI_FAMILIES, PLACEHOLDERS, tiny_multimodal_dir
 from relax.core.testing.trainer import torch_trainer
 from relax.omni.adapters import AUDIO_IN_VIDEO
 from relax.omni.processors import OmniProcessorParams, make_factory
+from relax.omni.tiny_models import OMNI_FAMILIES, PLACEHOLDERS, tiny_multimodal_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="use_audio_in_video needs ffmpeg")
 PARAMS = OmniProcessorParams(

@@ -12,10 +12,10 @@ from relax.core.context import PluginContext
 from relax.core.data import Sample, collate
 from relax.core.data_multimodal import unpack_media
 from relax.core.multimodal_model import load_model, media_forward_kwargs
-from relax.core.testing.multimodal_models import OMNI_FAMILIES, tiny_multimodal_dir
 from relax.core.testing.trainer import torch_trainer
 from relax.omni import synthetic
 from relax.omni.processors import OmniProcessorParams, make_factory
+from relax.omni.tiny_models import OMNI_FAMILIES, tiny_multimodal_dir
 
 RESPONSE = [5, 6, 7, 8]
 

@@ -10,8 +10,8 @@ import torch
 from relax.core.context import PluginContext
 from relax.core.processors import MediaError, MultimodalProcessor
 from relax.core.testing import ProcessorConformance
-from relax.core.testing.multimodal_models import FAMILIES, PLACEHOLDERS, tiny_multimodal_dir
 from relax.omni.processors import OmniProcessorParams, make_factory
+from relax.omni.tiny_models import FAMILIES, PLACEHOLDERS, tiny_multimodal_dir
 
 PARAMS = OmniProcessorParams(
     min_pixels=56 * 56, max_pixels=112 * 112, video_min_pixels=28 * 28, video_max_pixels=56 * 56, max_frames=4

@@ -34,7 +34,7 @@ def test_shim_works_in_a_fresh_ray_worker(ray_session, tmp_path_factory):
     (its video processor needs torchvision) and a Qwen3 model load there."""
     ray = ray_session
     from relax.core.testing.models import tiny_model_dir
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     root = tmp_path_factory.getbasetemp()
     vl_dir, lm_dir = tiny_multimodal_dir(root, "qwen2_5_vl"), tiny_model_dir(root)

@@ -13,8 +13,8 @@ def test_a_whole_omni_checkpoint_loads_as_its_thinker(family, tmp_path):
     from transformers import AutoConfig
 
     from relax.core.multimodal_model import load_model, media_token_ids, model_config
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir, wrap_whole_omni
     from relax.core.trainers.fsdp.params import model_parameters
+    from relax.omni.tiny_models import tiny_multimodal_dir, wrap_whole_omni
 
     thinker_dir = tiny_multimodal_dir(tmp_path, family)
     whole_dir = wrap_whole_omni(thinker_dir, tmp_path / "whole", family)
@@ -49,7 +49,7 @@ def test_a_thinker_trained_from_a_whole_checkpoint_is_saved_back_whole(family, p
     from safetensors.torch import load_file, save_file
 
     from relax.core.multimodal_model import load_model, restore_layout
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir, wrap_whole_omni
+    from relax.omni.tiny_models import tiny_multimodal_dir, wrap_whole_omni
 
     whole_dir = wrap_whole_omni(tiny_multimodal_dir(tmp_path, family), tmp_path / "whole", family)
     talker = {

@@ -75,7 +75,7 @@ def test_greedy_equals_hf_generate(sglang_engine, tiny_dirs):
 def vl_engine(sglang_python, tmp_path_factory):
     """(engine, model dir): the one extra SGLang launch of the suite, on the tiny Qwen2.5-VL (same flags as
     the shared server), closed when the module is done."""
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
     from relax.sglang.engine import SGLangEngine
     from relax.sglang.testing import engine_params
 

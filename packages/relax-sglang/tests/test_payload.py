@@ -103,8 +103,8 @@ def test_stop_ids_cut_the_response_even_with_ignore_eos():
 def vl_prompt(tmp_path_factory):
     """(relax-omni processed prompt for one image, image spec) on the tiny Qwen2.5-VL processor (no weights)."""
     from relax.core.testing.multimodal import write_media
-    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.omni.tiny_models import build_processor, build_tokenizer
 
     hf = build_processor("qwen2_5_vl", build_tokenizer("qwen2_5_vl"))
     proc = QwenOmniProcessor(hf, FAMILIES["qwen2_5_vl"], OmniProcessorParams())
@@ -284,9 +284,9 @@ def test_qwen3_vl_video_blocks_collapse_and_their_times_go_in_the_container(tmp_
     import av
     import numpy as np
 
-    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
     from relax.omni import synthetic
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.omni.tiny_models import build_processor, build_tokenizer
     from relax.sglang.media import TIMESTAMPS_TAG, frames_from_patches, media_request
 
     hf = build_processor("qwen3_vl", build_tokenizer("qwen3_vl"))
@@ -361,8 +361,8 @@ def test_audio_goes_as_the_lossless_waveform(tmp_path):
 
     from relax.core.data_multimodal import model_inputs
     from relax.core.testing.multimodal import write_media
-    from relax.core.testing.multimodal_models import build_processor, build_tokenizer
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.omni.tiny_models import build_processor, build_tokenizer
     from relax.sglang.engine import _media_requests
     from relax.sglang.media import audio_data_url, media_request
 

@@ -28,8 +28,8 @@ def qwen3_vl(sglang_python, tmp_path_factory):
     """(engine, model dir, relax-omni processor for it)."""
     from transformers import AutoProcessor
 
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.omni.processors import FAMILIES, OmniProcessorParams, QwenOmniProcessor
+    from relax.omni.tiny_models import tiny_multimodal_dir
     from relax.sglang.engine import SGLangEngine
     from relax.sglang.testing import engine_params
 

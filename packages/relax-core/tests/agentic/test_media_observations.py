@@ -17,9 +17,9 @@ from relax.core.engines.hf import HFRolloutEngine
 from relax.core.engines.stop_tokens import stop_token_ids
 from relax.core.multimodal_model import media_token_ids
 from relax.core.protocols import SamplingParams, StepResult
-from relax.core.testing.multimodal_models import tiny_multimodal_dir
 from relax.core.testing.multimodal_processor import TinyMediaProcessor
 from relax.core.testing.trainer import torch_trainer
+from relax.omni.tiny_models import tiny_multimodal_dir
 
 
 @pytest.fixture(scope="module")

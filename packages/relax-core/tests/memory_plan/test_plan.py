@@ -120,7 +120,7 @@ def test_media_model_parameters_from_config_within_10_percent(family, tmp_path):
     """Towers are estimated (encoder blocks, patch / position embeddings, mergers): against a real checkpoint."""
     from safetensors import safe_open
 
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     model = Path(tiny_multimodal_dir(tmp_path, family))
     real = 0

@@ -20,9 +20,9 @@ from relax.core.data_multimodal import row_media
 from relax.core.engines.hf import HFRolloutEngine
 from relax.core.protocols import GenerationRequest, SamplingParams
 from relax.core.testing.models import run_async
-from relax.core.testing.multimodal_models import FAMILIES, OMNI_FAMILIES, tiny_multimodal_dir
 from relax.core.testing.multimodal_processor import TinyMediaProcessor
 from relax.core.testing.trainer import torch_trainer
+from relax.omni.tiny_models import FAMILIES, OMNI_FAMILIES, tiny_multimodal_dir
 
 G, MAX_NEW = 2, 5
 

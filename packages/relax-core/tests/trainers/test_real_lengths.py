@@ -183,7 +183,7 @@ def test_media_rows_run_packed_with_their_own_m_rope_positions(tmp_path, family)
     """Image, video and text rows packed into one sequence: each row's M-RoPE positions are the ones the
     model's rope index gives its padded row (``ModelAdapter.rope_positions``), the vision tower's attention
     (the packed implementation's too) stays bidirectional: logprobs and a training step equal the padded ones."""
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     from .fsdp.test_fsdp_ranks import media_batch
 

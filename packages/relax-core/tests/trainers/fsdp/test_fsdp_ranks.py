@@ -17,8 +17,8 @@ import torch
 from relax.core.data import Sample, collate
 from relax.core.quickstart_model import build_tiny_model
 from relax.core.testing import make_batch, make_samples
-from relax.core.testing.multimodal_models import tiny_multimodal_dir
 from relax.core.testing.trainer import exported, learning_metrics
+from relax.omni.tiny_models import tiny_multimodal_dir
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # build runs in the rank actors
 

@@ -123,8 +123,8 @@ def test_freeze_audio_keeps_the_audio_tower_as_loaded_and_out_of_the_export(tmp_
     from PIL import Image
 
     from relax.core.data import Sample, collate
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir
     from relax.core.testing.multimodal_processor import TinyMediaProcessor
+    from relax.omni.tiny_models import tiny_multimodal_dir
 
     root = tmp_path_factory.mktemp("freeze")
     model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), "qwen2_5_omni")

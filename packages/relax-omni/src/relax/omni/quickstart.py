@@ -37,7 +37,7 @@ BUILT = ("model/config.json", "model/model.safetensors", "model/tokenizer.json",
 
 @dataclass(frozen=True)
 class Quickstart:
-    family: str  # tiny model family (relax.core.testing.multimodal_models)
+    family: str  # tiny model family (relax.omni.tiny_models)
     tasks: tuple[str, ...]  # relax.omni.synthetic tasks, cycled row by row
 
 
@@ -78,7 +78,7 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def fingerprint(quickstart: Quickstart, rows: int, seed: int) -> str:
     """Short hash of everything that determines the built files."""
-    from relax.core.testing import multimodal_models as mm
+    from relax.omni import tiny_models as mm
 
     recipe = {
         "format": _FORMAT,
@@ -146,11 +146,11 @@ def warm_up_format(
 
 
 def build_model(directory: str | os.PathLike[str], family: str) -> str:
-    """The seeded tiny ``family`` model, tokenizer and processor (``multimodal_models``' recipe, one init scale)."""
+    """The seeded tiny ``family`` model, tokenizer and processor (``tiny_models``' recipe, one init scale)."""
     import torch
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
-    from relax.core.testing import multimodal_models as mm
+    from relax.omni import tiny_models as mm
 
     out = Path(directory)
     tokenizer = mm.build_tokenizer(family)
@@ -159,7 +159,7 @@ def build_model(directory: str | os.PathLike[str], family: str) -> str:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(mm.MODEL_SEED)
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-        for p in model.parameters():  # as multimodal_models does: fresh norms are all ones
+        for p in model.parameters():  # as tiny_models does: fresh norms are all ones
             p.data.add_(0.02 * torch.randn_like(p))
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id

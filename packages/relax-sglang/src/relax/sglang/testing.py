@@ -71,7 +71,7 @@ def tiny_omni_dirs(root: str | Path, seed: int = 1) -> tuple[str, str]:
     import torch
     import transformers
 
-    from relax.core.testing.multimodal_models import tiny_multimodal_dir, wrap_whole_omni
+    from relax.omni.tiny_models import tiny_multimodal_dir, wrap_whole_omni
 
     target = Path(root) / f"relax-tiny-sglang-qwen3_omni-seed{seed}"
     thinker = target / "thinker"

@@ -20,8 +20,9 @@ EnvironmentConformance          ``make_environment()`` [``samples``, ``policy_tu
                                 ``make_tokenizer``, ``close_environment``]
 QueueConformance                ``make_queue(capacity, consumers)`` [``close_queue``]
 ProcessorConformance            ``make_processor(model_dir)`` [``conversations``, ``expected_prompt``]
-MultimodalProcessorConformance  ``family`` and ``make_processor(model_dir)`` [``audio_ref``]; tiny VL / Omni
-                                models from ``multimodal_models.tiny_multimodal_dir(root, family)``
+MultimodalProcessorConformance  ``media_model(root)`` and ``make_processor(model_dir)`` [``audio``,
+                                ``audio_ref``]; a tiny checkpoint of your family (relax-omni's Qwen ones:
+                                ``relax.omni.tiny_models.tiny_multimodal_dir(root, family)``)
 ==============================  ==========================================================
 
 Example (a third-party engine package's ``tests/test_conformance.py``)::
@@ -64,7 +65,6 @@ from relax.core.testing.engine import EngineFixtures, RolloutEngineConformance, 
 from relax.core.testing.environment import EnvironmentConformance, default_samples, make_turn, malformed_turn
 from relax.core.testing.models import TinyModelFixtures, eos_token_ids, load_hf_weights, tiny_model_dir
 from relax.core.testing.multimodal import MultimodalProcessorConformance
-from relax.core.testing.multimodal_models import tiny_multimodal_dir
 from relax.core.testing.processor import ProcessorConformance
 from relax.core.testing.queue import QueueConformance
 from relax.core.testing.reward import RewardConformance
@@ -100,6 +100,5 @@ __all__ = [
     "make_turn",
     "malformed_turn",
     "tiny_model_dir",
-    "tiny_multimodal_dir",
     "torch_trainer",
 ]

@@ -3,7 +3,7 @@
 ``process(messages, media, where)`` returns a ``ProcessedPrompt`` whose ids hold one placeholder token per
 media embedding the model will insert, whose inputs are the model's media kwargs for this one prompt (no
 ``input_ids`` / ``attention_mask``), deterministically; bad media raise ``MediaError`` naming ``where`` and
-the item. Runs on the tiny families of ``relax.core.testing.multimodal_models`` (built locally, no hub).
+the item. Runs on the tiny families of ``relax.omni.tiny_models`` (built locally, no hub).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from relax.core.processors import MediaError, MultimodalProcessor
-from relax.core.testing.multimodal_models import OMNI_FAMILIES, tiny_multimodal_dir
 
 
 def write_media(root: Path) -> dict[str, str]:
@@ -44,10 +43,15 @@ def write_media(root: Path) -> dict[str, str]:
 
 
 class MultimodalProcessorConformance:
-    """Subclass as ``class TestMine(MultimodalProcessorConformance)``; set ``family`` and implement
-    ``make_processor(model_dir)``. Override ``audio_ref`` if your processor reads another audio format."""
+    """Subclass as ``class TestMine(MultimodalProcessorConformance)``; implement ``media_model(root)`` (the
+    directory of a tiny checkpoint of your family with its processor files, built under ``root``) and
+    ``make_processor(model_dir)``. Set ``audio = True`` for a processor that takes audio; override
+    ``audio_ref`` if it reads another audio format."""
 
-    family = "qwen2_5_vl"
+    audio = False  # the messages also carry an audio item, and its features are checked
+
+    def media_model(self, root: Path) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must implement media_model(self, root)")
 
     def make_processor(self, model_dir: str) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement make_processor(self, model_dir)")
@@ -61,13 +65,13 @@ class MultimodalProcessorConformance:
         """(processor, model config, media paths), once per class."""
         from transformers import AutoConfig
 
-        model_dir = tiny_multimodal_dir(tmp_path_factory.getbasetemp(), cls.family)
+        model_dir = cls().media_model(tmp_path_factory.getbasetemp())
         media = write_media(tmp_path_factory.mktemp("conformance_media"))
         return cls().make_processor(model_dir), AutoConfig.from_pretrained(model_dir), media
 
     def messages(self, media: dict[str, str]) -> list[dict[str, Any]]:
         content = [{"type": "image", "image": media["image"]}]
-        if self.family in OMNI_FAMILIES:
+        if self.audio:
             content.append({"type": "audio", "audio": self.audio_ref(media)})
         return [{"role": "user", "content": [*content, {"type": "text", "text": "how many circles?"}]}]
 
@@ -85,7 +89,7 @@ class MultimodalProcessorConformance:
         merge = config.vision_config.spatial_merge_size**2
         assert int((ids == image_id).sum()) == int(out["inputs"]["image_grid_thw"].prod(-1).sum()) // merge
         assert out["counts"].get("image") == 1
-        if self.family in OMNI_FAMILIES:
+        if self.audio:
             assert out["counts"].get("audio") == 1 and "input_features" in out["inputs"]
 
     def test_deterministic(self, mm_setup):

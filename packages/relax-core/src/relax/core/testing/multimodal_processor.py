@@ -54,7 +54,7 @@ def load_media(kind: str, ref: Any) -> Any:
 
 
 class TinyMediaProcessor:
-    """``MultimodalProcessor`` for the tiny families of ``relax.core.testing.multimodal_models``."""
+    """``MultimodalProcessor`` for the tiny families of ``relax.omni.tiny_models``."""
 
     multimodal = True
 

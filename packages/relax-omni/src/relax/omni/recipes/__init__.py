@@ -17,7 +17,7 @@ HERE = __name__
 
 def tiny_vl(models: Path) -> str:
     """The smoke model of the VL recipe: a tiny Qwen3-VL built locally from a config."""
-    from relax.core.testing import multimodal_models as mm
+    from relax.omni import tiny_models as mm
 
     return mm.tiny_multimodal_dir(models, "qwen3_vl")
 
@@ -25,7 +25,7 @@ def tiny_vl(models: Path) -> str:
 def tiny_whole_omni(models: Path) -> str:
     """The smoke model of the Omni recipe: a tiny Qwen3-Omni thinker wrapped as the whole checkpoint (the
     recipe trains the thinker of the whole model as released; so does its smoke variant)."""
-    from relax.core.testing import multimodal_models as mm
+    from relax.omni import tiny_models as mm
 
     return mm.tiny_whole_omni_dir(models, "qwen3_omni")
 

@@ -1,6 +1,7 @@
 """Draw-time processing: a multimodal dataset keeps messages + media refs; each drawn prompt is processed
 once and its inputs shared by the whole group; bad media raise naming row + item, or are skipped and counted
-(another prompt is drawn, the rest of the batch is kept)."""
+(another prompt is drawn, the rest of the batch is kept). Core's machinery (``relax.core.data_multimodal``,
+core's ``TinyMediaProcessor``) on relax-omni's tiny Qwen2.5-VL, the family that gives it media tokens."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from relax.core.data import collate
 from relax.core.data_multimodal import draw_multimodal, resolve
 from relax.core.dataset import DatasetConfig, PromptDataset
 from relax.core.processors import MediaError
-from relax.core.testing.multimodal_models import tiny_multimodal_dir
 from relax.core.testing.multimodal_processor import TinyMediaProcessor
+from relax.omni.tiny_models import tiny_multimodal_dir
 
 G = 4
 

@@ -1,4 +1,5 @@
-"""Tiny VL / Omni models and their HF processors, built locally from configs (no hub).
+"""Tiny VL / Omni models and their HF processors, built locally from configs (no hub): the quick-start's
+models and every package's media tests (relax-omni owns the families; core's test kit names none).
 
 Four families: Qwen2.5-VL, Qwen3-VL, Qwen2.5-Omni thinker and Qwen3-Omni(-MoE) thinker. Each directory
 holds seeded safetensors weights (``AutoModelForImageTextToText`` reloads them), a character-level
@@ -6,7 +7,7 @@ tokenizer with the family's media placeholder tokens, and a saved processor (ima
 Whisper features for Omni) with a chat template that renders OpenAI-style content lists. Images are
 tiny (pixel budget 56x56..112x112) so one forward takes milliseconds on CPU.
 
-    from relax.core.testing.multimodal_models import FAMILIES, tiny_multimodal_dir
+    from relax.omni.tiny_models import FAMILIES, tiny_multimodal_dir
     model_dir = tiny_multimodal_dir(tmp_path, "qwen2_5_vl")
 """
 
