@@ -8,8 +8,9 @@ of a backend is called with the same arguments, in the same order, so a collecti
 them meets its peers.
 
 A backend then wraps the loop into the outer ``Trainer`` protocol the controller calls
-(``relax.core.protocols.Trainer``): ``train_step = PolicyUpdate(backend, ...).train_step`` plus its
-own ``forward_logprobs``, ``export_weights``, ``save`` / ``load`` and optional ``save_hf``.
+(``relax.core.protocols.Trainer``): core's ``relax.core.trainers.policy_trainer.PolicyTrainer`` is that
+glue (``step``, ``current_lr``, ``train_step = PolicyUpdate(backend, ...).train_step``); the backend adds
+its own ``forward_logprobs``, ``export_weights``, ``save`` / ``load`` and optional ``save_hf``.
 """
 
 from __future__ import annotations
