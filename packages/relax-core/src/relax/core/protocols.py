@@ -403,6 +403,12 @@ class ModelAdapter(Protocol):
         served checkpoint's names (relax-sglang). Optional."""
         ...
 
+    def moe_routing(self, hf_config: Any) -> Any:
+        """``model_family.MoeRouting``: which decoder layers route and how the router weights its experts (the
+        engines' recorded routing, the torch trainers' replay); None or absent: a softmax router in every MoE
+        layer, as the config's Qwen-style fields say. Optional."""
+        ...
+
 
 # ---------------------------------------------------------------- environments (multi-turn rollouts)
 # ``environment.name`` selects one (``relax_register_environments``); without one every rollout is a
