@@ -39,7 +39,8 @@ import torch
 from relax.core.engines import kv_batch, weight_names
 from relax.core.engines.batcher import DecodeBatch, Row, row_sampling_params
 from relax.core.engines.lora_merge import AdapterMerger
-from relax.core.engines.prefix_cache import PrefixCache, PrefixHit
+from relax.core.engines.prefill import Prefilled, forward_prefixes, forward_suffixes
+from relax.core.engines.prefix_cache import PrefixCache
 from relax.core.engines.routing import EngineRouting
 from relax.core.engines.sampling import sample_tokens, sampling_logprobs
 from relax.core.protocols import GenerationRequest, GenerationResult
@@ -439,67 +440,22 @@ class HFRolloutEngine:
                 self._prefixes[k] = fresh[k]
         return kv_batch.stack_rows([fresh[k][0] for k in keys]), torch.stack([fresh[k][1] for k in keys])
 
-    def _forward_contexts(
-        self, contexts: list[tuple[int, ...]]
-    ) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
+    def _forward_contexts(self, contexts: list[tuple[int, ...]]) -> Prefilled:
         """Prefill ``contexts``: those starting with a sequence in the prefix cache only from there."""
         cache = self._prefix_cache
         hits = {c: cache.longest_prefix(c, self._version) for c in contexts} if cache.enabled else {}
         cold = [c for c in contexts if hits.get(c) is None]
         warm = [(c, hit) for c, hit in hits.items() if hit is not None]
-        out = self._forward_prefixes(cold) if cold else {}
+        out: Prefilled = {}
+        if cold:
+            out, input_ids = forward_prefixes(self.model, self.device, self.pad_token_id, cold)
+            if self._routing is not None:
+                self._routing.prefilled(cold, input_ids)
         if warm:
-            out.update(self._forward_suffixes(warm))
+            out.update(forward_suffixes(self.model, self.device, self.pad_token_id, warm))
+        self.stats["prefill_rows"] += len(contexts)
+        self.stats["prefill_tokens"] += sum(len(c) for c in cold) + sum(len(c) - h.length for c, h in warm)
         return out
-
-    def _forward_suffixes(
-        self, warm: list[tuple[tuple[int, ...], PrefixHit]]
-    ) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
-        """One forward over the contexts' new suffixes on top of their cached prefixes' KV."""
-        suffixes = [c[hit.length :] for c, hit in warm]
-        past = kv_batch.stack_rows([hit.layers for _, hit in warm])
-        cache_width = kv_batch.width(past)
-        input_ids, attention, positions = kv_batch.suffix_inputs(
-            [hit.length for _, hit in warm], suffixes, self.pad_token_id
-        )
-        with torch.no_grad():
-            out = self.model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention.to(self.device),
-                position_ids=positions.to(self.device),
-                cache=past,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        kv_batch.check_layers(out.cache)
-        self.stats["prefill_rows"] += len(warm)
-        self.stats["prefill_tokens"] += sum(len(s) for s in suffixes)
-        last = out.logits[:, -1]
-        return {
-            c: (kv_batch.row_layers_after_gap(out.cache, i, cache_width, hit.length, len(s)), last[i])
-            for i, ((c, hit), s) in enumerate(zip(warm, suffixes, strict=True))
-        }
-
-    def _forward_prefixes(
-        self, prefixes: list[tuple[int, ...]]
-    ) -> dict[tuple[int, ...], tuple[kv_batch.Layers, torch.Tensor]]:
-        """One left-padded forward over ``prefixes``; each one's cache rows and last logits."""
-        input_ids, attention, positions = kv_batch.left_padded(prefixes, self.pad_token_id)
-        with torch.no_grad():
-            out = self.model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention.to(self.device),
-                position_ids=positions.to(self.device),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        kv_batch.check_layers(out.cache)
-        if self._routing is not None:
-            self._routing.prefilled(prefixes, input_ids)
-        self.stats["prefill_rows"] += len(prefixes)
-        self.stats["prefill_tokens"] += sum(len(p) for p in prefixes)
-        last = out.logits[:, -1]
-        return {p: (kv_batch.row_layers(out.cache, i, len(p)), last[i]) for i, p in enumerate(prefixes)}
 
     def _finish_reason(self, row: Row, tok: int) -> str:
         if tok in row.stop_ids:
