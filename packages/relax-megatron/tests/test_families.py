@@ -279,3 +279,77 @@ def test_routing_replay_columns_skip_the_dense_layers(megatron_world, family):
     with pytest.raises(ValueError, match=r"should be \(rows, tokens, 2 MoE layers, k\)"):
         with routing.applied({**batch, "routed_experts": torch.zeros(1, 4, 3, 2, dtype=torch.long)}):
             pass
+
+
+@pytest.fixture(scope="module")
+def rollout(family, tmp_path_factory):
+    """Core's HF engine rolling out the family's model with routing recorded (what ``algorithm.routing_replay``
+    turns on), the results as a batch; and a copy of the model whose routers' selection biases differ: it picks
+    other experts but weights a given choice alike (a sigmoid router weights experts by their unbiased scores),
+    so replaying the rollout's routing must give the rollout's logprobs."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relax.core.data import Sample
+    from relax.core.engines.hf import HFRolloutEngine
+    from relax.core.protocols import GenerationRequest, SamplingParams
+
+    model_dir = family[0]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [s.prompt_ids for s in make_samples(tokenizer, rows=6, seed=5)]
+    engine = HFRolloutEngine(model_dir, record_routing=True, max_batch_size=3)
+    requests = [
+        GenerationRequest(str(i), p, SamplingParams(max_new_tokens=5, seed=i, ignore_eos=True))
+        for i, p in enumerate(prompts)
+    ]
+    results = asyncio.run(engine.generate(requests))
+    samples = [
+        Sample(
+            prompt_ids=p,
+            group_id=i,
+            response_ids=r.response_ids,
+            rollout_logprobs=r.logprobs,
+            routed_experts=r.routed_experts,
+        )
+        for i, (p, r) in enumerate(zip(prompts, results, strict=True))
+    ]
+    shifted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    for name, buffer in shifted.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.randn(buffer.shape, generator=gen))
+    shifted_dir = tmp_path_factory.mktemp("shifted") / "model"
+    shifted.save_pretrained(shifted_dir)
+    tokenizer.save_pretrained(shifted_dir)
+    return samples, make_batch(samples, tokenizer.pad_token_id), str(shifted_dir)
+
+
+def test_rollout_routing_replays_on_megatron(megatron_world, family, rollout):
+    """End to end: the HF engine records each token's experts for the MoE layers only (layer 0 is dense), the
+    last sampled token unrecorded; megatron (and core's torch trainer) replaying them on a model that would
+    route otherwise give the rollout's logprobs (1e-5, fp32), its own routing does not."""
+    from relax.core.algorithms import build_policy_objective
+    from relax.core.algorithms.config import AlgorithmConfig
+    from relax.megatron.trainer import MegatronTrainer
+
+    samples, batch, shifted_dir = rollout
+    for s in samples:
+        routed = s.routed_experts
+        assert routed.shape == (len(s.prompt_ids) + len(s.response_ids), 2, 2)  # (tokens, MoE layers, k)
+        assert (routed[-1] == -1).all() and ((routed[:-1] >= 0) & (routed[:-1] < 4)).all()
+    assert batch["routed_experts"].shape[2:] == (2, 2)
+    mask = batch["response_mask"] > 0
+    want = batch["rollout_logprobs"][mask]
+    meg = MegatronTrainer(
+        shifted_dir,
+        objective=build_policy_objective(AlgorithmConfig()),
+        routing_replay=True,
+        **TRAINER_KW,
+    )
+    replayed = meg.forward_logprobs(batch)[mask]
+    free = meg.forward_logprobs({k: v for k, v in batch.items() if k != "routed_experts"})[mask]
+    torch.testing.assert_close(replayed, want, atol=1e-5, rtol=0)
+    assert float((free - want).abs().max()) > 1e-3  # the shifted biases moved tokens: not vacuous
+    ref = torch_trainer(shifted_dir, routing_replay=True, **TRAINER_KW)
+    torch.testing.assert_close(ref.forward_logprobs(batch)[mask], want, atol=1e-5, rtol=0)

@@ -51,6 +51,20 @@ def test_routed_experts_decode_to_moe_layers_compactly_with_the_last_token_unrec
         layout.decode({"id": "x"}, tokens)
 
 
+def test_a_family_declaring_its_routing_keeps_its_moe_layers_only():
+    """GLM-4-MoE (relax-models' adapter declares ``moe_routing``): its dense first layer has no column."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "glm4_moe", num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2
+    )
+    layout = RoutingLayout.from_config(config)
+    assert (layout.num_layers, layout.moe_layers, layout.top_k, layout.num_experts) == (3, (1, 2), 2, 4)
+    sent = np.arange(3 * 3 * 2, dtype=np.int32).reshape(3, 3, 2) % 4
+    got = layout.decode({"routed_experts": base64.b64encode(sent.tobytes()).decode()}, 4)
+    assert got.shape == (4, 2, 2) and (got[:3] == sent[:, 1:]).all() and (got[3] == -1).all()
+
+
 def test_a_dense_model_is_refused_naming_the_setting():
     from transformers import Qwen3Config
 

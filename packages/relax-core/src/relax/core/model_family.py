@@ -1,5 +1,6 @@
 """What a model family declares for the backends beyond core's HF path: the megatron layout of its language
-model, the hooks of its media towers on megatron, and its conventions with a serving engine.
+model, the hooks of its media towers on megatron, its conventions with a serving engine and how its MoE
+routers route.
 
 A family lives in one ``ModelAdapter`` (``relax.core.protocols``), registered per ``config.model_type``
 through ``relax_register_model_adapters``. Core's HF trainer and engine use an adapter only when it takes
@@ -110,6 +111,31 @@ class ServingConventions:
     video_layout: str = ""
     served_prefix: str = ""  # the served checkpoint's names are under this prefix (a model served whole)
     served_renames: tuple[tuple[str, str], ...] = ()  # exported name prefix -> served name prefix (under it)
+
+
+@dataclass(frozen=True)
+class MoeRouting:
+    """How a family's MoE routers pick and weight experts (``ModelAdapter.moe_routing``), for the parts that read
+    routing from an HF model rather than megatron's layout: a serving engine's recorded routing keeps the
+    ``moe_layers`` columns (dense first layers have none), and the torch trainers' replay weights the recorded
+    experts as the router would (``relax.core.routing_replay``)."""
+
+    moe_layers: tuple[int, ...]  # decoder layers with routed experts, in order
+    experts: int
+    topk: int
+    score: str = "softmax"  # ``ROUTER_KINDS``; sigmoid: the experts' weights are their own sigmoid scores
+    norm_topk: bool = False  # renormalise the chosen experts' weights
+    scaling: float = 1.0  # the routed experts' output scale (HF ``routed_scaling_factor``)
+
+    def __post_init__(self) -> None:
+        if self.score not in ROUTER_KINDS:
+            raise ValueError(f"MoeRouting.score={self.score!r}: expected one of {list(ROUTER_KINDS)}")
+
+
+def moe_routing(hf_config: Any) -> MoeRouting | None:
+    """The routing the family's adapter declares for an HF config (None: none declared, a Qwen-style router)."""
+    declared = getattr(family_adapter(getattr(hf_config, "model_type", None)), "moe_routing", None)
+    return None if declared is None else declared(hf_config)
 
 
 def family_adapter(model_type: str | None) -> Any:

@@ -6,7 +6,8 @@ across a top-k boundary). Rollout Routing Replay (R3, Ma et al. 2025, "Stabilizi
 Learning by Aligning Training and Inference Routers") records the engine's top-k expert ids and makes the
 trainer's forward use them; the router's probabilities are still computed, so the chosen experts' weights
 (softmax over all experts, gathered at the recorded ids, renormalised when the model's ``norm_topk_prob``
-says so) keep their gradient.
+says so; for a sigmoid router its family's adapter declares -- ``model_family.MoeRouting`` -- the experts' own
+sigmoid scores, renormalised and scaled as declared) keep their gradient.
 
 Both sides work on any HF model whose sparse MoE block has a ``gate`` router module returning
 ``(router_logits, top_k_weights, top_k_index)`` next to an ``experts`` module, the router carrying ``top_k``
@@ -134,8 +135,11 @@ class RoutingReplay:
     (as device tensors: no synchronisation per layer)."""
 
     def __init__(self, model: torch.nn.Module, replay: bool) -> None:
+        from relax.core.model_family import moe_routing
+
         self.routers = moe_routers(model)
         self.replay = replay
+        self.declared = moe_routing(getattr(model, "config", None))  # None: a softmax router
         self._counts: list[torch.Tensor] = []  # per hooked router call: (differing, recorded) token counts
 
     @classmethod
@@ -178,13 +182,22 @@ class RoutingReplay:
             if not replay:
                 return None
             chosen = torch.where(recorded[:, None], wanted, own)
-            probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-            chosen_weights = probs.gather(-1, chosen)
-            if getattr(module, "norm_topk_prob", False):
-                chosen_weights = chosen_weights / chosen_weights.sum(dim=-1, keepdim=True)
-            return logits, chosen_weights.to(weights.dtype), chosen
+            return logits, self.weights(module, logits, chosen).to(weights.dtype), chosen
 
         return route
+
+    def weights(self, module: torch.nn.Module, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The ``chosen`` experts' weights as the router computes its own: softmax over all experts (renormalised
+        when the router's ``norm_topk_prob``), or a declared sigmoid router's scores (renormalised, scaled)."""
+        d = self.declared
+        if d is None or d.score == "softmax":
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, chosen)
+            norm = getattr(module, "norm_topk_prob", False) if d is None else d.norm_topk
+            out = probs / probs.sum(dim=-1, keepdim=True) if norm else probs
+        else:
+            out = torch.sigmoid(logits.float()).gather(-1, chosen)
+            out = out / (out.sum(dim=-1, keepdim=True) + 1e-20) if d.norm_topk else out
+        return out if d is None or d.scaling == 1.0 else out * d.scaling
 
     def mismatch(self) -> float | None:
         """Recorded (token, MoE layer) pairs whose own top-k set differs from the rollout's, over the forwards

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from relax.core.model_family import MegatronLayout, common_layout
+from relax.core.model_family import MegatronLayout, MoeRouting, common_layout
 from relax.models import qwen
 
 
@@ -39,6 +39,19 @@ def _sigmoid_moe(hf_config: Any) -> dict[str, Any]:
         dense_layers=int(hf_config.first_k_dense_replace),
         router_groups=int(hf_config.n_group or 0),
         router_topk_groups=int(hf_config.topk_group or 0),
+    )
+
+
+def sigmoid_routing(hf_config: Any) -> MoeRouting:
+    """What routes outside megatron (a serving engine's recorded columns, the torch trainers' replay): the layers
+    after the dense first ones; each expert weighted by its own sigmoid score, renormalised and scaled."""
+    return MoeRouting(
+        moe_layers=tuple(range(int(hf_config.first_k_dense_replace), hf_config.num_hidden_layers)),
+        experts=hf_config.n_routed_experts,
+        topk=hf_config.num_experts_per_tok,
+        score="sigmoid",
+        norm_topk=bool(hf_config.norm_topk_prob),
+        scaling=float(hf_config.routed_scaling_factor),
     )
 
 
@@ -75,13 +88,18 @@ def mla_layout(hf_config: Any, attention: str = "mla") -> MegatronLayout:
 
 @dataclass(frozen=True)
 class TextFamily:
-    """A text-only family: core's HF path loads it as a plain causal LM; relax-megatron builds ``layout``."""
+    """A text-only family: core's HF path loads it as a plain causal LM; relax-megatron builds ``layout``;
+    ``routing`` (None: a Qwen-style softmax router, or none) says how its MoE routers route."""
 
     takes_media: ClassVar[bool] = False
     layout: Callable[[Any], MegatronLayout]
+    routing: Callable[[Any], MoeRouting] | None = None
 
     def megatron_layout(self, hf_config: Any) -> MegatronLayout:
         return self.layout(hf_config)
+
+    def moe_routing(self, hf_config: Any) -> MoeRouting | None:
+        return None if self.routing is None else self.routing(hf_config)
 
 
 #: HF ``config.model_type`` -> the layout of its megatron model
@@ -91,17 +109,25 @@ LAYOUTS: dict[str, Callable[[Any], MegatronLayout]] = {
     "deepseek_v3": mla_layout,
     "glm_moe_dsa": lambda config: mla_layout(config, attention="sparse"),
 }
+#: HF ``config.model_type`` -> its declared MoE routing (``TextFamily.routing``)
+ROUTINGS: dict[str, Callable[[Any], MoeRouting]] = {
+    model_type: sigmoid_routing for model_type in ("glm4_moe", "deepseek_v3", "glm_moe_dsa")
+}
 
 
-def _factory(layout: Callable[[Any], MegatronLayout]) -> Callable[[], TextFamily]:
+def _factory(
+    layout: Callable[[Any], MegatronLayout], routing: Callable[[Any], MoeRouting] | None
+) -> Callable[[], TextFamily]:
     def make() -> TextFamily:
-        return TextFamily(layout)
+        return TextFamily(layout, routing)
 
     make.__qualname__ = f"TextFamily[{getattr(layout, '__name__', 'layout')}]"
     return make
 
 
 def register_adapters(register: Callable[..., None]) -> None:
-    factories = {id(layout): _factory(layout) for layout in LAYOUTS.values()}
+    factories: dict[tuple[int, int], Callable[[], TextFamily]] = {}
     for model_type, layout in LAYOUTS.items():
-        register(model_type, factories[id(layout)])
+        routing = ROUTINGS.get(model_type)
+        key = (id(layout), id(routing))
+        register(model_type, factories.setdefault(key, _factory(layout, routing)))

@@ -4,7 +4,8 @@ SGLang (0.5.23, since its R3 support) records each token's top-k expert ids when
 ``--enable-return-routed-experts`` and a ``/generate`` request asks ``return_routed_experts``: ``meta_info``
 then holds them base64-encoded, int32, ``(prompt + output tokens - 1, num_hidden_layers, top_k)`` -- every
 token a forward fed. Relax keeps only the MoE layers (a model's ``mlp_only_layers`` / ``decoder_sparse_step``
-leave some dense), in the compact dtype, and marks the last sampled token unrecorded, as the HF engine does
+leave some dense; a family whose adapter declares its routing, ``model_family.MoeRouting``, says which layers
+route: e.g. dense first layers), in the compact dtype, and marks the last sampled token unrecorded, as the HF engine does
 (``relax.core.routing_replay``).
 """
 
@@ -32,8 +33,14 @@ class RoutingLayout:
 
     @classmethod
     def from_config(cls, config: Any) -> RoutingLayout:
-        """From an HF text config (``num_experts`` / ``num_experts_per_tok``); refuses a dense model."""
+        """From the family's declared routing, else an HF text config's Qwen-style fields (``num_experts`` /
+        ``num_experts_per_tok``); refuses a dense model."""
+        from relax.core.model_family import moe_routing
+
         text = getattr(config, "get_text_config", lambda: config)()
+        declared = moe_routing(text)
+        if declared is not None:
+            return cls(text.num_hidden_layers, declared.moe_layers, declared.topk, declared.experts)
         experts, top_k = getattr(text, "num_experts", 0) or 0, getattr(text, "num_experts_per_tok", 0) or 0
         if not experts or not top_k:
             raise ValueError(
