@@ -14,41 +14,8 @@ import torch
 from relax.core.testing import make_batch, make_samples, torch_trainer
 from relax.core.testing.trainer import exported
 from relax.megatron import convert, gpt_model
+from relax.models.tiny import CONFIGS, MOE, tiny_family_dir
 
-MOE = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    n_shared_experts=1,
-    first_k_dense_replace=1,
-    n_group=1,
-    topk_group=1,
-    norm_topk_prob=True,
-    initializer_range=0.3,
-    max_position_embeddings=128,
-)
-CONFIGS = {
-    "glm4_moe": dict(
-        num_key_value_heads=2,
-        head_dim=8,
-        attention_bias=True,
-        routed_scaling_factor=1.5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-    ),
-    "deepseek_v3": dict(
-        num_key_value_heads=4,
-        q_lora_rank=16,
-        kv_lora_rank=8,
-        qk_nope_head_dim=8,
-        qk_rope_head_dim=4,
-        v_head_dim=8,
-        routed_scaling_factor=2.5,
-    ),
-}
 TRAINER_KW = {"lr": 1e-2, "micro_batch_size": 4, "eps": 1e-4}
 
 
@@ -57,28 +24,14 @@ def family(request, tmp_path_factory, tiny_qwen3):
     """(model_dir, HF config, HF state dict) of a seeded tiny model of the family, with the tiny Qwen3's
     tokenizer, saved as transformers writes it (one tensor per expert); the routers' selection biases random
     so that they change which experts are picked."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from relax.core.testing.models import load_hf_weights
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3[0])
-    config = AutoConfig.for_model(
-        request.param,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        **MOE,
-        **CONFIGS[request.param],
+    model_dir = tiny_family_dir(
+        tmp_path_factory.mktemp(request.param) / request.param, request.param, tokenizer
     )
-    model_dir = tmp_path_factory.mktemp(request.param) / request.param
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(torch.randn_like(buffer) * 0.2)
-        model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
     return str(model_dir), AutoConfig.from_pretrained(model_dir), load_hf_weights(str(model_dir))
 
 
