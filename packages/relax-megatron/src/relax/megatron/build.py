@@ -1,4 +1,4 @@
-"""One rank of a megatron trainer, built: its place in the TP x PP x DP x EP world (:func:`join_world`), the
+"""One rank of a megatron trainer, built: its place in the TP x CP x PP x DP (x EP) world (:func:`join_world`), the
 model loaded from the HF checkpoint with its media front (:func:`build_model`), and the optimizer over it
 (:func:`build_optimizer`). ``MegatronTrainer``'s constructor is these three calls; each is a seam a test
 or another trainer can use alone.
@@ -24,8 +24,9 @@ TOWER = "front."  # grad_params name prefix of a media tower weight (media_front
 @dataclass(frozen=True)
 class Ranks:
     """This rank's sizes, ranks and process groups in megatron's world. DP is megatron's (world / (TP x
-    PP)): each replica takes its share of every batch's rows. EP: each rank holds experts / EP experts;
-    their gradients are summed over the expert-DP ranks only."""
+    CP x PP)): each replica takes its share of every batch's rows. EP: each rank holds experts / EP experts;
+    their gradients are summed over the expert-DP ranks only. CP (context_parallel.py): the CP ranks of a
+    replica hold its rows, each two chunks of every sequence; gradients are summed over ``dp_cp_group``."""
 
     tp: int
     tp_rank: int
@@ -38,6 +39,10 @@ class Ranks:
     ep: int
     ep_rank: int
     ep_group: Any
+    cp: int = 1
+    cp_rank: int = 0
+    cp_group: Any = None
+    dp_cp_group: Any = None  # DP x CP: what gradients are summed over (the DP group itself at CP 1)
 
     @property
     def first_stage(self) -> bool:
@@ -81,15 +86,17 @@ def join_world(
     seed: int,
     device: torch.device,
     timeout_s: float,
+    context_parallel: int = 1,
 ) -> Ranks:
     """Join the default process group (gloo on CPU, NCCL on CUDA) and megatron's parallel state of
-    ``layout`` (TP, PP, DP, EP)."""
+    ``layout`` (TP, PP, DP, EP) and ``context_parallel`` (world = TP x CP x PP x DP)."""
     from megatron.core import parallel_state as ps
 
     tp, pp, dp, ep = layout
+    cp = context_parallel
     backend = "nccl" if device.type == "cuda" else "gloo"
     ensure_process_group(rank, world_size, master_addr, master_port, timeout_s=timeout_s, backend=backend)
-    initialize_model_parallel(tp, pp, seed=seed, expert_parallel=ep, timeout_s=timeout_s)
+    initialize_model_parallel(tp, pp, seed=seed, expert_parallel=ep, timeout_s=timeout_s, context_parallel=cp)
     return Ranks(
         tp=tp,
         tp_rank=ps.get_tensor_model_parallel_rank(),
@@ -102,6 +109,10 @@ def join_world(
         ep=ep,
         ep_rank=ps.get_expert_model_parallel_rank(),
         ep_group=ps.get_expert_model_parallel_group(),
+        cp=cp,
+        cp_rank=ps.get_context_parallel_rank(),
+        cp_group=ps.get_context_parallel_group(),
+        dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True),
     )
 
 
@@ -132,6 +143,7 @@ def build_model(
         per_token_loss=per_token_loss,  # megatron's DDP (distributed optimizer) then sums gradients over DP
         sequence_parallel=sequence_parallel,
         recompute=recompute,
+        context_parallel=ranks.cp,
     )
     model = gpt_model.build_gpt_model(
         hf_config,

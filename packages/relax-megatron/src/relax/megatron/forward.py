@@ -3,7 +3,7 @@ scores of the response tokens, and the whole batch scored micro-batch by micro-b
 schedule, the last stage's results sent to every stage; under DP each replica its rows, gathered).
 
 :class:`MegatronForward` is the part of ``MegatronTrainer`` that reads the model and never changes it; it uses
-the trainer's model, parallel layout (``tp``, ``pp``, ``dp`` and their ranks and groups), ``head``,
+the trainer's model, parallel layout (``tp``, ``pp``, ``dp``, ``cp`` and their ranks and groups), ``head``,
 ``front``, ``routing`` and ``settings``.
 """
 
@@ -16,6 +16,7 @@ import torch
 
 from relax.core.policy_update.token_budget import in_row_order, micro_batches
 from relax.megatron.chunked import chunked_scores
+from relax.megatron.context_parallel import cp_response_scores, local_part
 from relax.megatron.logprobs import logprobs_and_entropy
 from relax.megatron.padding import pad_to_multiple, response_logits, right_padded
 from relax.megatron.parallel import gather_rows, rank_rows
@@ -46,21 +47,27 @@ class MegatronForward:
             return self.front.lm_forward(model, batch)
         input_ids, position_ids = right_padded(batch)
         width = input_ids.shape[1]
-        if self.sequence_parallel:  # the sequence splits over the TP ranks, padded; the logits cut again
+        # the sequence splits over the TP (sequence parallel) / CP ranks, padded; the logits cut again
+        if self.seq_multiple > 1:
             input_ids, position_ids = (
-                pad_to_multiple(input_ids, 1, self.tp),
-                pad_to_multiple(position_ids, 1, self.tp),
+                pad_to_multiple(input_ids, 1, self.seq_multiple),
+                pad_to_multiple(position_ids, 1, self.seq_multiple),
+            )
+        if self.cp > 1:  # this CP rank's two chunks (context_parallel.py); its scores are gathered in _scores
+            input_ids, position_ids = (
+                local_part(input_ids, self.cp, self.cp_rank),
+                local_part(position_ids, self.cp, self.cp_rank),
             )
         with self.routing.applied(batch) if self.routing is not None else contextlib.nullcontext():
             out = model(input_ids, position_ids, attention_mask=None)
-        return out[:, :width] if self.sequence_parallel and self.last_stage else out
+        return out[:, :width] if self.sequence_parallel and self.last_stage and self.cp == 1 else out
 
     def _scores(
         self, batch: dict[str, torch.Tensor], out: torch.Tensor, score: Callable = logprobs_and_entropy
     ):
         """``score`` (vocab-parallel) of the response tokens, (B, R) each: positions P-1 .. P+R-2 predict
-        them; logits temperature-scaled, each rank's its vocabulary slice; ``out``: the last stage's forward."""
-        out = response_logits(out, batch)
+        them; logits temperature-scaled, each rank's its vocabulary slice; ``out``: the last stage's forward
+        (under CP this rank's chunks: each scores its own positions, gathered over the CP group)."""
         local_vocab = out.shape[-1] if self.head is None else self.head.weight.shape[0]
         vocab_start = self.tp_rank * local_vocab
         real = self.hf_config.vocab_size - vocab_start  # this slice's columns that are real tokens
@@ -73,11 +80,14 @@ class MegatronForward:
                 logits = logits.masked_fill(padding, -1e30)  # finite: entropy's p * log p stays 0, not nan
             return score(logits, targets, vocab_start, self.tp_group if self.tp > 1 else None)
 
-        if self.head is None:
-            return scored(out, batch["responses"])
-        return chunked_scores(
-            out, batch["responses"], self.head.weight, scored, self.settings.logits_chunk_tokens
-        )
+        def token_scores(x: torch.Tensor, targets: torch.Tensor) -> tuple:
+            if self.head is None:
+                return scored(x, targets)
+            return chunked_scores(x, targets, self.head.weight, scored, self.settings.logits_chunk_tokens)
+
+        if self.cp > 1:
+            return cp_response_scores(batch, out, token_scores, self.cp, self.cp_rank, self.cp_group)
+        return token_scores(response_logits(out, batch), batch["responses"])
 
     def _masked_scores(
         self, batch: dict[str, torch.Tensor], score: Callable, count: int

@@ -42,8 +42,9 @@ def initialize_model_parallel(
     seed: int = 0,
     expert_parallel: int = 1,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    context_parallel: int = 1,
 ) -> None:
-    """Initialise megatron's parallel state (its TP / PP / DP / EP groups wait at most ``timeout_s``,
+    """Initialise megatron's parallel state (its TP / CP / PP / DP / EP groups, rank order tp-cp-ep-dp-pp wait at most ``timeout_s``,
     rounded up to whole minutes as megatron takes it) and its RNG tracker over an already initialised
     ``torch.distributed`` default group; applies the CPU patches megatron needs here (every one without a
     GPU; on a GPU host without Transformer Engine, the MoE router's: see :mod:`relax.megatron.cpu_compat`).
@@ -64,14 +65,16 @@ def initialize_model_parallel(
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
             parallel_state.get_expert_model_parallel_world_size(),
+            parallel_state.get_context_parallel_world_size(),
         )
-        if have != (tensor_parallel, pipeline_parallel, expert_parallel):
-            raise RuntimeError(f"megatron parallel state is already initialised with (TP, PP, EP)={have}")
+        if have != (tensor_parallel, pipeline_parallel, expert_parallel, context_parallel):
+            raise RuntimeError(f"megatron parallel state is already initialised with (TP, PP, EP, CP)={have}")
     else:
         # expert tensor parallelism 1: an MoE layer's experts whole on each TP rank (moe.py)
         parallel_state.initialize_model_parallel(
             tensor_parallel,
             pipeline_parallel,
+            context_parallel_size=context_parallel,
             expert_model_parallel_size=expert_parallel,
             expert_tensor_parallel_size=1,
             distributed_timeout_minutes=timeout_minutes(timeout_s),
@@ -98,15 +101,18 @@ def world_of_one(store_path: str, backend: str = "gloo") -> Iterator[None]:
         cpu_compat.remove()  # on a GPU machine: at most the MoE router's (without Transformer Engine)
 
 
-def check_layout(world_size: int, tp: int, pp: int, dp: int, ep: int) -> None:
+def check_layout(world_size: int, tp: int, pp: int, dp: int, ep: int, cp: int = 1) -> None:
     """The rank layout's arithmetic, each error naming the fields."""
-    if world_size != tp * pp * dp:
+    if world_size != tp * cp * pp * dp:
         raise ValueError(
-            f"world_size={world_size} != tensor_parallel={tp} x pipeline_parallel={pp} x data_parallel={dp}"
+            f"world_size={world_size} != tensor_parallel={tp} x "
+            + (f"context_parallel={cp} x " if cp > 1 else "")
+            + f"pipeline_parallel={pp} x data_parallel={dp}"
         )
-    if (tp * dp) % ep:
+    if (tp * cp * dp) % ep:
+        names = "tensor_parallel x " + ("context_parallel x " if cp > 1 else "") + "data_parallel"
         raise ValueError(
-            f"expert_parallel={ep} must divide tensor_parallel x data_parallel={tp * dp}: expert-"
+            f"expert_parallel={ep} must divide {names}={tp * cp * dp}: expert-"
             "parallel ranks are carved from those, as in megatron (expert tensor parallelism 1)"
         )
 
@@ -133,6 +139,7 @@ def model_overrides(
     per_token_loss: bool,
     sequence_parallel: bool = False,
     recompute: str = "off",
+    context_parallel: int = 1,
 ) -> dict[str, Any]:
     """The layout and precision fields of the model's ``TransformerConfig``, one dict (each key once).
 
@@ -150,6 +157,8 @@ def model_overrides(
         out["expert_model_parallel_size"] = expert_parallel
     if sequence_parallel:  # TP > 1: activations outside attention / MLP split along the sequence (padding.py)
         out["sequence_parallel"] = True
+    if context_parallel > 1:  # Transformer Engine's attention: KV chunks passed around the CP ring
+        out.update(context_parallel_size=context_parallel, cp_comm_type="p2p")
     out.update(RECOMPUTE[recompute])
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,11 +17,13 @@ class MegatronParams:
 
     tensor_parallel: int = 1  # TP ranks: one rank actor each (a worker group), gloo on CPU
     pipeline_parallel: int = 1  # PP stages (1F1B): one rank actor each
-    # data-parallel replicas (megatron's world = TP x PP x DP rank actors); each takes its share of the rows
+    # data-parallel replicas (megatron's world = TP x CP x PP x DP rank actors); each takes its share of the rows
     data_parallel: int = 1
-    # MoE expert-parallel ranks, carved from the TP x DP ones (must divide tensor_parallel x data_parallel)
+    # MoE expert-parallel ranks, carved from the TP x CP x DP ones (must divide their product)
     expert_parallel: int = 1
-    context_parallel: int = 1  # needs Transformer Engine (not on CPU)
+    # ranks per sequence: each holds 2 of its 2 x CP chunks (context_parallel.py); needs device cuda and
+    # layer_spec te (Transformer Engine's attention); not yet run on a GPU in this repo (docs/long-sequences.md)
+    context_parallel: int = 1
     # split the activations outside attention / MLP along the sequence over the TP ranks (needs
     # tensor_parallel > 1 and pipeline_parallel 1); always on for an MoE model at tensor_parallel > 1
     sequence_parallel: bool = False
@@ -61,11 +64,10 @@ class MegatronParams:
             errors.append(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype == "bfloat16" and not self.device.startswith("cuda"):
             errors.append("dtype: bfloat16 needs device: cuda; on CPU the megatron trainer runs float32 only")
-        if self.context_parallel > 1:
-            errors.append(
-                "context_parallel: needs Transformer Engine, which relax-megatron does not wire for it "
-                "yet; set context_parallel: 1"
-            )
+        if self.context_parallel > 1 and (self.layer_spec != "te" or not self.device.startswith("cuda")):
+            from relax.megatron.context_parallel import TE_REASON
+
+            errors.append(f"context_parallel: {TE_REASON}")
         if self.sequence_parallel and self.tensor_parallel == 1:
             errors.append(
                 "sequence_parallel: needs tensor_parallel > 1 (it splits the sequence over the TP ranks)"
@@ -78,10 +80,12 @@ class MegatronParams:
             from relax.megatron.distopt import CPU_REASON
 
             errors.append(CPU_REASON)
-        if (self.tensor_parallel * self.data_parallel) % self.expert_parallel:
+        carved = self.tensor_parallel * self.context_parallel * self.data_parallel
+        if carved % self.expert_parallel:
+            cp = "context_parallel x " if self.context_parallel > 1 else ""
             errors.append(
-                f"expert_parallel={self.expert_parallel}: must divide tensor_parallel x data_parallel="
-                f"{self.tensor_parallel * self.data_parallel} (expert-parallel ranks are carved from those, "
+                f"expert_parallel={self.expert_parallel}: must divide tensor_parallel x {cp}data_parallel="
+                f"{carved} (expert-parallel ranks are carved from those, "
                 "as in megatron with expert tensor parallelism 1)"
             )
         return errors
@@ -101,15 +105,17 @@ class MegatronParams:
             self.data_parallel,
             self.expert_parallel,
         )
-        note = f"megatron TP {tp} x PP {pp} x DP {dp}" + (f" x EP {ep}" if ep > 1 else "") + f", {dtype}"
+        cp = self.context_parallel
+        note = f"megatron TP {tp}" + (f" x CP {cp}" if cp > 1 else "") + f" x PP {pp} x DP {dp}"
+        note += (f" x EP {ep}" if ep > 1 else "") + f", {dtype}"
         note += ", distributed optimizer" if self.distributed_optimizer else ""
         note += (
             "" if self.layer_spec == "te" else f", layer_spec {self.layer_spec}: unfused attention counted"
         )
-        return model_parallel(
+        layout = model_parallel(
             tp,
             pp,
-            dp,
+            dp * cp,  # the world's data x context ranks: the distributed optimizer shards over both
             ep,
             dtype,
             distributed_optimizer=self.distributed_optimizer,
@@ -118,6 +124,7 @@ class MegatronParams:
             chunked_logits=True,
             note=note,
         )
+        return dataclasses.replace(layout, context_parallel=cp) if cp > 1 else layout
 
     def validate_run(self, cfg: Any) -> list[str]:
         """Checks against the whole run (core's ``validate_run``): what this trainer cannot do yet."""
@@ -137,6 +144,9 @@ class MegatronParams:
         from relax.megatron.family_check import family_problems
 
         errors += family_problems(cfg.model.path)
+        from relax.megatron.context_parallel import cp_run_problems
+
+        errors += cp_run_problems(self.context_parallel, cfg)
         if cfg.trainer.max_tokens_per_micro_batch and self.pipeline_parallel > 1:
             errors.append(
                 "trainer.max_tokens_per_micro_batch: megatron's pipeline schedule needs micro-batches "
@@ -161,8 +171,8 @@ CRITIC_MISSING = (
 
 
 def world_size(params: MegatronParams) -> int:
-    """Rank actors of the trainer's worker group: TP x PP x DP (megatron's world size)."""
-    return params.tensor_parallel * params.pipeline_parallel * params.data_parallel
+    """Rank actors of the trainer's worker group: TP x CP x PP x DP (megatron's world size)."""
+    return params.tensor_parallel * params.context_parallel * params.pipeline_parallel * params.data_parallel
 
 
 def megatron_trainer(params: MegatronParams, ctx: PluginContext):
@@ -193,6 +203,7 @@ def megatron_trainer(params: MegatronParams, ctx: PluginContext):
         pipeline_parallel=params.pipeline_parallel if spec.trainable else 1,
         data_parallel=params.data_parallel if spec.trainable else 1,
         expert_parallel=params.expert_parallel if spec.trainable else 1,
+        context_parallel=params.context_parallel if spec.trainable else 1,
         rank=ctx.index,
         world_size=ctx.world_size,
         master_addr=ctx.master_addr,

@@ -39,6 +39,7 @@ from relax.core.trainers.policy_trainer import PolicyTrainer, seeded
 from relax.megatron import convert, grads, media_front
 from relax.megatron.build import build_model, build_optimizer, check_precision, join_world, split_media_config
 from relax.megatron.chunked import OutputPassthrough
+from relax.megatron.context_parallel import TE_REASON, sequence_multiple
 from relax.megatron.forward import MegatronForward
 from relax.megatron.grads import is_expert
 from relax.megatron.logprobs import logprobs_and_entropy
@@ -73,6 +74,7 @@ class MegatronTrainer(MegatronForward, PolicyTrainer, Offloadable):
         pipeline_parallel: int = 1,
         data_parallel: int = 1,
         expert_parallel: int = 1,
+        context_parallel: int = 1,
         rank: int = 0,
         world_size: int = 1,
         master_addr: str | None = None,
@@ -91,22 +93,39 @@ class MegatronTrainer(MegatronForward, PolicyTrainer, Offloadable):
         from relax.megatron.layer_specs import resolve_layer_spec
 
         self.settings = s = seeded(settings, overrides)
-        check_layout(world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
+        check_layout(
+            world_size, tensor_parallel, pipeline_parallel, data_parallel, expert_parallel, context_parallel
+        )
         self.model_path, self.timeout_s = model_path, timeout_s
         # a media model (media_front.py): ``media_config`` its whole HF config, ``hf_config`` its LM's
         self.media_config, self.hf_config = split_media_config(model_config(model_path))
         moe = bool(convert.Dims.from_hf(self.hf_config).experts)
         self.sequence_parallel = sequence_parallel_on(sequence_parallel, tensor_parallel, moe)
-        self.seq_multiple = tensor_parallel if self.sequence_parallel else 1  # what the stages pad to
+        # what the stages pad to: TP under sequence parallelism, 2 x CP chunks (context_parallel.py)
+        self.seq_multiple = sequence_multiple(tensor_parallel, self.sequence_parallel, context_parallel)
         self.device = rank_device(device, rank)
         check_precision(dtype, distributed_optimizer and trainable, self.device)
         self.layer_spec = resolve_layer_spec(layer_spec, self.device.type)
+        if context_parallel > 1 and (self.layer_spec != "te" or self.media_config is not None):
+            raise ValueError(
+                TE_REASON if self.layer_spec != "te" else "context_parallel > 1: text models only"
+            )
         if self.device.type == "cuda":  # before megatron builds anything: it allocates on the current device
             torch.cuda.set_device(self.device)
         self.dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         self.distributed_optimizer = distributed_optimizer and trainable
         layout = (tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
-        ranks = join_world(rank, world_size, master_addr, master_port, layout, s.seed, self.device, timeout_s)
+        ranks = join_world(
+            rank,
+            world_size,
+            master_addr,
+            master_port,
+            layout,
+            s.seed,
+            self.device,
+            timeout_s,
+            context_parallel,
+        )
         vars(self).update(ranks.attributes())  # self.tp, tp_rank, tp_group, ..., first_stage, last_stage
         if self.media_config is not None:
             media_front.check_supported(self.media_config, self.distributed_optimizer)
@@ -136,6 +155,10 @@ class MegatronTrainer(MegatronForward, PolicyTrainer, Offloadable):
         self.routing = MegatronRouting.for_model(
             self.model, s.routing_replay, self.hf_config.num_hidden_layers
         )
+        if self.routing is not None and self.cp > 1:
+            raise ValueError(
+                "algorithm.routing_replay with context_parallel > 1: routes are not split over CP"
+            )
         if self.routing is not None and self.sequence_parallel:  # each TP rank routes its sequence slice
             self.routing.sequence_split = (self.tp, self.tp_rank)
         # core's loop; its ``step`` (train_step calls) is what a checkpoint stores
@@ -223,7 +246,8 @@ class MegatronTrainer(MegatronForward, PolicyTrainer, Offloadable):
         grads.sum_tensor_parallel_replica_grads(self.grad_params, self.tp, self.tp_group)
         if self.pp > 1 and self.hf_config.tie_word_embeddings:
             grads.sum_tied_embedding_grads(self.model, self.masters)
-        grads.sum_data_parallel_grads(self.grad_params, self.dp, self.dp_group)
+        # DP x CP: each CP rank back-propagated its own tokens' share of the replica's loss
+        grads.sum_data_parallel_grads(self.grad_params, self.dp * self.cp, self.dp_cp_group)
         simple = self.tp == self.pp == self.ep == 1
         return grads.clip_grad_norm(self.grad_params, max_norm, self.device, simple=simple)
 
