@@ -40,6 +40,7 @@ def test_dry_run_lists_every_row_and_checks_the_locks(tmp_path):
         "packages/relax-sglang/server-cuda/uv.lock",
         "packages/relax-sglang/tests/test_gpu.py (240s)",
         "integration_tests/test_gpu.py (180s)",
+        "packages/relax-megatron/tests/test_gpu_cp.py (120s, 2 GPUs only)",
         "weight-sync latency",
         "scripts/gpu_check/colocate_megatron_sglang.yaml",
     ):
@@ -120,6 +121,7 @@ def test_on_a_fake_gpu_each_file_gets_its_rows_and_the_budget_holds(tmp_path):
     assert (
         got["relax-sglang/test_gpu_nccl.py"]
         == got["relax-core/trainers/fsdp/test_fsdp_gpu_world2.py"]
+        == got["relax-megatron/test_gpu_cp.py"]
         == ("skipped: needs 2 GPUs")
     )  # 2-GPU files: a row saying why, not a run
     first = names.index("relax-sglang/test_gpu.py")

@@ -13,7 +13,7 @@
 # own limit with a row per test (also when the limit cuts it off), SGLang files first; the weight-sync latency
 # of each transport; 20 colocated GRPO steps (megatron bf16 + SGLang); the MFU and SGLang throughput benches.
 # With 2 GPUs the files' NCCL tests run too (megatron TP/DP/PP, fsdp world 2, megatron/torch -> SGLang over
-# NCCL, the NCCL broadcast). Rows past the 15-minute budget are listed as not run. Output: $OUT or
+# NCCL, the NCCL broadcast, megatron CP 2 with Transformer Engine). Rows past the 15-minute budget are listed as not run. Output: $OUT or
 # runs/gpu-check: a log per row and table.txt.
 set -uo pipefail
 
@@ -56,6 +56,7 @@ gpu_files=(
 two_gpu_files=(
   "packages/relax-sglang/tests/test_gpu_nccl.py 150"
   "packages/relax-core/tests/trainers/fsdp/test_fsdp_gpu_world2.py 120"
+  "packages/relax-megatron/tests/test_gpu_cp.py 120"
 )
 per_test_limit=150  # pytest-timeout: one hung test fails alone and its file goes on
 

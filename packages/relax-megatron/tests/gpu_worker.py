@@ -1,7 +1,9 @@
 """One rank of a multi-GPU megatron check (NCCL, ``cuda:<rank>``), run as a script by ``test_gpu.py``.
 
 ``--mode tp``: a ``MegatronTrainer`` at TP = world size; ``--mode dp`` / ``dp_distopt`` (``pp`` /
-``pp_distopt``): at DP (PP) = world size, with the trainer's AdamW or megatron's DistributedOptimizer. Each scores ``batch`` (fp32 or ``--dtype``),
+``pp_distopt``): at DP (PP) = world size, with the trainer's AdamW or megatron's DistributedOptimizer; ``--mode cp``
+(``test_gpu_cp.py``): at context_parallel = world size (1 for the reference) on Transformer Engine's layer spec.
+Each scores ``batch`` (fp32 or ``--dtype``),
 takes one train step and exports its weights; rank 0 saves {"logprobs", "metrics", "weights"} to ``--out``.
 """
 
@@ -16,7 +18,7 @@ def main() -> None:
         ap.add_argument(name, type=int, required=True)
     for name in ("--model-dir", "--input", "--out"):
         ap.add_argument(name, required=True)
-    ap.add_argument("--mode", choices=["tp", "dp", "dp_distopt", "pp", "pp_distopt"], required=True)
+    ap.add_argument("--mode", choices=["tp", "dp", "dp_distopt", "pp", "pp_distopt", "cp"], required=True)
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
 
@@ -26,7 +28,9 @@ def main() -> None:
     from relax.core.algorithms.config import AlgorithmConfig
     from relax.megatron.trainer import MegatronTrainer
 
-    kind = {"tp": "tensor", "pp": "pipeline", "pp_distopt": "pipeline"}.get(args.mode, "data")
+    kind = {"tp": "tensor", "pp": "pipeline", "pp_distopt": "pipeline", "cp": "context"}.get(
+        args.mode, "data"
+    )
     layout = {f"{kind}_parallel": args.world}
     trainer = MegatronTrainer(
         args.model_dir,
@@ -41,6 +45,7 @@ def main() -> None:
         device="cuda",
         dtype=args.dtype,
         distributed_optimizer=args.mode.endswith("_distopt"),
+        layer_spec="te" if args.mode == "cp" else "auto",  # CP runs in TE's attention only
         **layout,
     )
     batch = torch.load(args.input)["batch"]
