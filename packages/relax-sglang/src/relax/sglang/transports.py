@@ -15,7 +15,10 @@ outside it), and after ``end`` each server must report the new ``weight_version`
   (``/update_weights_from_distributed``) and the trainer broadcasts each tensor.
 
 Each asks the engines what their servers run first and sends the export in that model's loader layout
-(``relax.sglang.served_layout``: a model served whole takes its checkpoint's names).
+(``relax.sglang.served_layout``: a model served whole takes its checkpoint's names). They extend only core's
+contract classes (``Transport``, ``Receiver``) and compose core's public pieces: the disk and tensor ones
+hand the served export to core's ``disk`` / ``in_process`` transports, the distributed one builds its
+group side with core's ``new_group`` on the store prefixes SGLang's servers use.
 """
 
 from __future__ import annotations
@@ -28,10 +31,18 @@ from typing import Any, Literal
 
 import torch
 
-from relax.core.weight_sync import DiskSync, InProcessSync, Receiver, WeightSyncError
+from relax.core.weight_sync import (
+    DiskParams,
+    DiskSync,
+    InProcessParams,
+    InProcessSync,
+    Receiver,
+    Transport,
+    WeightSyncError,
+)
 from relax.core.weight_sync.base import bucket_nbytes
-from relax.core.weight_sync.broadcast import broadcast, listen, nccl_colocate_errors
-from relax.core.weight_sync.disk import DiskReceiver
+from relax.core.weight_sync.broadcast import broadcast, listen, nccl_colocate_errors, new_group
+from relax.core.weight_sync.disk import sees_directory
 from relax.core.weight_sync.transport import Peers
 from relax.sglang.served_layout import ServedExport, layout_for
 
@@ -63,33 +74,53 @@ class SGLangReceiver(ServedArchitecture, Receiver):
     pass
 
 
-class SGLangDiskReceiver(ServedArchitecture, DiskReceiver):
-    """Core's disk receiver (its checks, e.g. that this node sees the directory), loading through the server."""
+class SGLangDiskReceiver(ServedArchitecture, Receiver):
+    """Checks, as core's disk receiver does, that this node sees the directory; loads through the server."""
+
+    def sees(self, probe: str, token: str) -> bool:
+        return sees_directory(probe, token)
 
     def load(self, path: str, version: int) -> None:
         self.engine.update_weights_from_disk(path, version)
 
 
-class SGLangDiskSync(DiskSync):
-    """Trainer writes ``<directory>/v<version>``; each server loads it from disk."""
+class SGLangDiskSync(Transport):
+    """Trainer writes ``<directory>/v<version>`` (core's disk transport: probe, write, prune); each server
+    loads it from disk."""
 
     name = "sglang_disk"
+    config = DiskParams
     receiver_cls = SGLangDiskReceiver
     engines = ENGINES
+    reach = DiskSync.reach
+
+    def __init__(self, params: Any = None, ctx: Any = None, **overrides: Any):
+        super().__init__(params, ctx, **overrides)
+        self.disk = DiskSync(self.params, self.ctx)  # its calls reach this transport's receivers
 
     def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
-        return super().send(served_export(trainer, peers), peers, version)
+        return self.disk.send(served_export(trainer, peers), peers, version)
+
+    def close(self) -> None:
+        super().close()
+        self.disk.close()  # its temporary directory
 
 
-class SGLangTensorSync(InProcessSync):
-    """Each bucket to each engine's process, then into its server as shared-memory tensors."""
+class SGLangTensorSync(Transport):
+    """Each bucket to each engine's process (core's in-process transport), then into its server as
+    shared-memory tensors."""
 
     name = "sglang_tensor"
+    config = InProcessParams
     receiver_cls = SGLangReceiver
     engines = ENGINES
 
+    def __init__(self, params: Any = None, ctx: Any = None, **overrides: Any):
+        super().__init__(params, ctx, **overrides)
+        self.direct = InProcessSync(self.params, self.ctx)
+
     def send(self, trainer: Any, peers: Peers, version: int) -> Iterator[int]:
-        return super().send(served_export(trainer, peers), peers, version)
+        return self.direct.send(served_export(trainer, peers), peers, version)
 
 
 @dataclass(frozen=True)
@@ -137,23 +168,17 @@ def open_store(addr: str, world: int, timeout_s: float) -> tuple[Any, int]:
     ), port
 
 
-def trainer_group(store: Any, world: int, name: str, backend: str, timeout_s: float) -> Any:
-    """Rank 0's side of SGLang's ``init_custom_process_group`` (the same store prefixes, so the servers'
-    ranks meet ours). Blocks until every rank joined; the servers join over HTTP meanwhile."""
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+def trainer_group(store: Any, world: int, name: str, backend: str, addr: str, timeout_s: float) -> Any:
+    """Rank 0's side of SGLang's ``init_custom_process_group``: core's ``new_group`` on the store prefixes
+    torch gives that group's one backend (``<name>`` by SGLang, ``<name>/`` and the device by torch), so the
+    servers' ranks meet ours. Blocks until every rank joined; the servers join over HTTP meanwhile."""
+    import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=timeout_s)
-    group, _ = _new_process_group_helper(
-        world,
-        0,
-        [],
-        Backend(backend),
-        PrefixStore(name, store),
-        group_name=name,
-        backend_options=None,
-        timeout=timeout,
-    )
-    _world.pg_group_ranks[group] = {i: i for i in range(world)}
+    device = "cuda" if backend == "nccl" else "cpu"
+    prefixed = dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store)))
+    group = new_group(backend, prefixed, 0, world, timeout_s, addr)
+    if backend == "gloo":  # gloo ranks > 0 wait for rank 0's sequence number (no public call sets it)
+        group._set_sequence_number_for_group()
     return group
 
 
@@ -173,7 +198,7 @@ class SGLangDistributedReceiver(ServedArchitecture, Receiver):
         self.engine.destroy_weights_update_group(group)
 
 
-class SGLangDistributedSync(InProcessSync):
+class SGLangDistributedSync(Transport):
     """Trainer rank 0 broadcasts each bucket to every server over a torch.distributed group."""
 
     name = "sglang_distributed"
@@ -226,7 +251,7 @@ class SGLangDistributedSync(InProcessSync):
             "join", [(addr, port, off, world, name, self.params.backend) for off in offsets]
         )
         try:
-            group = trainer_group(store, world, name, self.params.backend, self.timeout_s)
+            group = trainer_group(store, world, name, self.params.backend, addr, self.timeout_s)
         except Exception as exc:
             peers.wait(pending, "init_weights_update_group")  # names the engine that failed to join
             raise WeightSyncError(f"the weight-update group {name} did not form: {exc}") from exc
@@ -234,16 +259,9 @@ class SGLangDistributedSync(InProcessSync):
         self._group, self._store, self._name, self._members, self._peers = group, store, name, members, peers
 
     def close(self) -> None:
-        group, peers, name = self._group, self._peers, self._name
-        self._group = self._store = self._peers = None
+        peers, name = self._peers, self._name
+        self._group = self._store = self._peers = None  # the group is outside torch's registry: dropped
         self._members, self._name = (), ""
-        if group is not None:
-            import torch.distributed as dist
-
-            try:
-                dist.destroy_process_group(group)
-            except Exception:  # noqa: BLE001 - best effort: the group object is dropped either way
-                pass
         if peers is not None and name:
             try:
                 peers.call("leave", name, what="destroy_weights_update_group")

@@ -76,6 +76,21 @@ def read_weights(path: str | os.PathLike) -> Iterator[NamedTensors]:
 PROBE = ".relax-visible"
 
 
+def sees_directory(probe: str, token: str) -> bool:
+    """Whether this process's node sees the sender's directory: the probe file holds ``token``; else a
+    ``WeightSyncError`` saying the directory must be shared (any receiver of a disk-based transport)."""
+    try:
+        if Path(probe).read_text() == token:
+            return True
+    except OSError:
+        pass
+    raise WeightSyncError(
+        f"weight_sync.params.directory {Path(probe).parent} is not visible from this engine's node "
+        f"({_node_ip()}): the disk transport needs a directory that the trainer's and every engine's node "
+        "see (a shared filesystem); set weight_sync.params.directory, or use object_store or broadcast"
+    )
+
+
 class DiskReceiver(Receiver):
     def load(self, path: str, version: int) -> None:
         for named in read_weights(path):
@@ -83,16 +98,7 @@ class DiskReceiver(Receiver):
 
     def sees(self, probe: str, token: str) -> bool:
         """Whether this engine's node sees the sender's directory (the probe file with its token)."""
-        try:
-            if Path(probe).read_text() == token:
-                return True
-        except OSError:
-            pass
-        raise WeightSyncError(
-            f"weight_sync.params.directory {Path(probe).parent} is not visible from this engine's node "
-            f"({_node_ip()}): the disk transport needs a directory that the trainer's and every engine's node "
-            "see (a shared filesystem); set weight_sync.params.directory, or use object_store or broadcast"
-        )
+        return sees_directory(probe, token)
 
 
 def _node_ip() -> str:
