@@ -64,3 +64,18 @@ def test_qwen_layouts(model_type):
 def test_a_bad_layout_names_the_field():
     with pytest.raises(ValueError, match="MegatronLayout.router='topk': expected one of"):
         MegatronLayout(1, 8, 2, 2, 4, 16, 32, False, router="topk")
+
+
+def test_the_sigmoid_router_families_declare_their_routing():
+    """GLM-4-MoE / DeepSeek-V3 declare which layers route and how (``moe_routing``); Qwen-style routers do not."""
+    from transformers import AutoConfig
+
+    from relax.core.model_family import moe_routing
+
+    moe = dict(TINY, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2)
+    for model_type in ("glm4_moe", "deepseek_v3"):
+        routing = moe_routing(AutoConfig.for_model(model_type, **moe, routed_scaling_factor=2.0))
+        assert (routing.moe_layers, routing.experts, routing.topk) == ((1, 2), 4, 2)
+        assert (routing.score, routing.norm_topk, routing.scaling) == ("sigmoid", True, 2.0)
+    qwen = AutoConfig.for_model("qwen3_moe", **TINY, num_experts=4, num_experts_per_tok=2)
+    assert moe_routing(qwen) is None
