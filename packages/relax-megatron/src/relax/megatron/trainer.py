@@ -21,7 +21,9 @@ dense mask (:mod:`relax.megatron.padding`); the layer spec is Transformer Engine
 of every forward when the settings say so (:mod:`relax.megatron.routing`). Sequence parallelism (asked for,
 or by itself for an MoE model at TP > 1, which megatron's MoE layer needs): the sequence is padded to a
 multiple of TP and split over the TP ranks outside attention and the MLPs; the norms' and routers' gradients
-are summed over TP, the experts' (whole on each TP rank) over the expert-data-parallel group.
+are summed over TP, the experts' (whole on each TP rank) over the expert-data-parallel group. Context
+parallelism (:mod:`relax.megatron.context_parallel`; Transformer Engine only, not yet run on a GPU): each CP rank
+runs two of every row's 2 x CP chunks, the scores are gathered over CP and gradients summed over DP x CP.
 """
 
 from __future__ import annotations
