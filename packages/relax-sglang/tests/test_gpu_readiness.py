@@ -159,7 +159,7 @@ def test_sglang_tensor_stages_each_server_rank_on_its_own_gpu():
     """Launched server j's TP rank k runs on the engine's GPU j * tp_size + k (--base-gpu-id): its copy of a bucket is
     staged there, not every server's on GPU 0; a CPU server reads one host copy; attached servers the current GPU."""
     from relax.sglang.device_defaults import staging_devices
-    from relax.sglang.engine import staged_payloads
+    from relax.sglang.weight_updates import staged_payloads
 
     cuda = torch.device
     assert staging_devices("cuda", 1, 1) == [[cuda("cuda", 0)]]
@@ -209,7 +209,7 @@ def test_every_server_rank_gets_its_own_pickle_of_a_host_bucket():
     server died with 'unable to open shared memory object'). Two real receiver processes take the two servers'
     payloads, then one of them a later bucket's on the same storage."""
     from relax.sglang.device_defaults import staging_devices
-    from relax.sglang.engine import staged_payloads
+    from relax.sglang.weight_updates import staged_payloads
 
     servers = [
         subprocess.Popen(
