@@ -7,6 +7,7 @@ or another trainer can use alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from relax.core.policy_update import UpdateSettings
 from relax.core.trainers.policy_trainer import adamw_from
 from relax.megatron import convert, gpt_model, media_front
+from relax.megatron.host_memory import built_unfilled
 from relax.megatron.parallel import ensure_process_group, initialize_model_parallel, model_overrides
 from relax.megatron.rank_load import load_rank, no_init
 
@@ -145,7 +147,8 @@ def build_model(
         recompute=recompute,
         context_parallel=ranks.cp,
     )
-    model = gpt_model.build_gpt_model(
+    build = functools.partial(  # on CPU built unfilled (host_memory.py): the load fills it
+        gpt_model.build_gpt_model,
         hf_config,
         pre_process=ranks.first_stage,
         post_process=ranks.last_stage,
@@ -156,6 +159,9 @@ def build_model(
         output_layer_init_method=no_init,
         **layout,
     )
+    # not at PP > 1 with a tied embedding: megatron's build all-reduces it between the first and last stage
+    unfilled = device.type == "cpu" and not (ranks.pp > 1 and hf_config.tie_word_embeddings)
+    model = built_unfilled(build) if unfilled else build()
     front = None
     if media_config is not None:
         front = media_front.MediaFront(model_path, model, media_config, first_stage=ranks.first_stage)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from relax.core.safetensors_files import Checkpoint
+from relax.megatron.host_memory import large_blocks_returned
 
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 EXPERT = re.compile(r"(?:^|\.)experts\.(\d+)\.")
@@ -66,6 +67,7 @@ def units(names: list[str]) -> dict[Any, list[str]]:
     return out
 
 
+@large_blocks_returned()  # each unit's temporaries leave the resident set when freed
 def load_rank(
     model: Any,
     model_dir: str | Checkpoint,
