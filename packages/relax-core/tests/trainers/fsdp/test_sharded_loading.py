@@ -22,9 +22,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # build runs in
 @pytest.fixture(scope="session")
 def big_model(tmp_path_factory) -> str:
     """~220 M parameters (Qwen3-shaped, untied head, 870 MB in fp32), written once per session."""
-    from relax.core.testing.sharded_rss import write_model
+    from relax.core.testing.sharded_rss import session_model
 
-    return write_model(str(tmp_path_factory.mktemp("sharded-loading")))
+    return session_model(tmp_path_factory.getbasetemp())  # relax-megatron's test_rank_load.py shares it
 
 
 def test_each_rank_peaks_under_0_6_of_a_full_copy_and_holds_the_checkpoint_weights(big_model):

@@ -2,7 +2,8 @@
 ``bench/sharded_loading.py``, measured as core's ``relax.core.testing.sharded_rss`` measures an fsdp rank.
 
 ``python -m relax.megatron.load_rss MODEL RANK WORLD PORT MODE``, ``MODE`` ``megatron_tp`` or ``megatron_pp``
-(TP or PP = WORLD); prints one JSON line with the load's peak bytes.
+(TP or PP = WORLD); prints one JSON line: the load's peak bytes and how many of the rank's weights equal
+its shard of the checkpoint.
 """
 
 from __future__ import annotations
@@ -35,10 +36,26 @@ def rank_main(model_dir: str, rank: int, world: int, port: int, mode: str) -> di
     warm_megatron_imports()
     layout = {"tensor_parallel" if mode == "megatron_tp" else "pipeline_parallel": world}
     before = resident_bytes()
-    MegatronTrainer(
+    t = MegatronTrainer(
         model_dir, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, **layout
     )
-    return {"rank": rank, "peak_bytes": resident_bytes("VmHWM") - before}
+    peak = resident_bytes("VmHWM") - before
+    equal, compared = equal_to_checkpoint(t, model_dir)
+    return {"rank": rank, "peak_bytes": peak, "equal": equal, "compared": compared}
+
+
+def equal_to_checkpoint(t: Any, model_dir: str) -> tuple[int, int]:
+    """(weights equal to, weights compared with) this rank's shard of the whole-checkpoint conversion
+    (``convert``, the mapping's reference), every one of the rank's; after the peak is taken."""
+    import torch
+
+    from relax.megatron import convert
+
+    hf = convert.read_hf_checkpoint(model_dir)
+    want = convert.hf_to_megatron(hf, t.hf_config, t.tp, t.ep)[t.tp_rank * t.ep + t.ep_rank]
+    want = convert.to_stage(want, t.hf_config, t.pp, t.pp_rank)
+    have = convert.weights_only(t.model.state_dict())
+    return sum(n in want and torch.equal(w, want[n]) for n, w in have.items()), len(have)
 
 
 if __name__ == "__main__":

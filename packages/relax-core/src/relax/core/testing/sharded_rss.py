@@ -157,6 +157,15 @@ def write_model(
     return str(out)
 
 
+def session_model(base: Path) -> str:
+    """:func:`write_model`'s default model under ``base`` (a pytest session's base temp), written by the
+    first caller only: core's fsdp and relax-megatron's loading tests share it."""
+    out = Path(base) / "sharded-loading"
+    if not (out / "model" / "tokenizer_config.json").exists():  # written last
+        write_model(str(out))
+    return str(out / "model")
+
+
 if __name__ == "__main__":
     model, rank, world, port, mode = sys.argv[1:6]
     print(json.dumps(rank_main(model, int(rank), int(world), int(port), mode)), flush=True)
