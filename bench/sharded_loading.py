@@ -7,7 +7,8 @@ process (``relax.core.testing.sharded_rss``), build the trainer both ways. Each 
 while building it (``VmHWM`` minus what it held before: interpreter, libraries, tokenizer) is compared
 with a full fp32 copy of the weights (what every rank held before) and between the two ways; rank 0 also
 checks that every weight it gathers equals the checkpoint's. The megatron trainer at TP and at PP = ``--world``
-is measured the same way (its rows only; its weights are checked by the test suite).
+is measured the same way (its rows only: ``relax.megatron.load_rss``, megatron's imports warmed too); each rank
+checks every weight it holds against its shard of the whole-checkpoint conversion.
 
     python bench/sharded_loading.py [--hidden 1024] [--layers 12] [--world 2]
 """
@@ -50,8 +51,13 @@ def main() -> None:
             "megatron_pp",
         ):  # relax-megatron's trainer at TP or PP = world (rank_load.py)
             reports = run_world(model, args.world, mode, free_port(), module="relax.megatron.load_rss")
+            if differ := sum(r["compared"] - r["equal"] for r in reports):
+                raise SystemExit(f"{mode}: {differ} weights differ from the rank's shard of the checkpoint")
             per_rank = ", ".join(f"{r['peak_bytes'] / full:.2f}" for r in reports)
-            print(f"{mode:>11}: peak per rank [{per_rank}]x a full copy")
+            equal = sum(r["equal"] for r in reports)
+            print(
+                f"{mode:>11}: peak per rank [{per_rank}]x a full copy ({equal} rank weights equal their shard)"
+            )
     print(
         f"sharded_loading: {peaks['sharded'] / peaks['full']:.2f}x peak host RSS per rank, sharded vs "
         f"whole-model load ({peaks['sharded'] / full:.2f}x vs {peaks['full'] / full:.2f}x a full fp32 copy, "
