@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -60,6 +62,10 @@ def test_qkv_fusion_groups_query_heads_with_their_kv_head(tiny_qwen3):
     blocks = convert.fuse_qkv(q, k, v, d)[::hd, 0].tolist()
     expected = [x for g in range(d.groups) for x in [*range(g * per, (g + 1) * per), 100 + g, 200 + g]]
     assert blocks == expected
+    # a TP rank fuses its rows of q, k and v (its run of KV groups): its rows of the whole fused weight
+    for rank in range(2):
+        mine = convert.fuse_qkv(*(torch.chunk(t, 2)[rank] for t in (q, k, v)), d)
+        assert torch.equal(mine, torch.chunk(convert.fuse_qkv(q, k, v, d), 2)[rank])
 
 
 def test_bad_inputs_name_what_is_wrong(tiny_qwen3):
@@ -146,6 +152,10 @@ def test_moe_at_tp2_shards_attention_and_keeps_experts_whole(tiny_qwen3_moe):
     back = convert.megatron_to_hf([shards[0], shards[2]], config, expert_shards=shards[:2])
     assert sorted(back) == sorted(convert.hf_weight_names(config))
     _assert_same(back, hf)
+    for t, e in itertools.product(range(2), range(2)):  # what a loading rank makes: its own shard only
+        _assert_same(convert.hf_to_megatron_rank(hf, config, 2, t, 2, e), shards[t * 2 + e])
+    with pytest.raises(ValueError, match="outside tensor_parallel=2 x expert_parallel=2"):
+        convert.hf_to_megatron_rank(hf, config, 2, 2, 2, 0)
 
 
 def test_moe_bad_layouts_name_what_is_wrong(tiny_qwen3, tiny_qwen3_moe):

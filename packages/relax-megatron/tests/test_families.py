@@ -70,6 +70,8 @@ def test_round_trip_is_bit_exact(family, tp, ep):
     back = convert.megatron_to_hf([shards[t * ep] for t in range(tp)], config, expert_shards=shards[:ep])
     assert sorted(back) == sorted(convert.hf_weight_names(config))
     _assert_same(back, hf)
+    for rank, shard in enumerate(shards):  # one rank's conversion (what a loading rank makes) is its shard
+        _assert_same(convert.hf_to_megatron_rank(hf, config, tp, rank // ep, ep, rank % ep), shard)
 
 
 def test_logprobs_match_transformers_tp1(megatron_world, family, logprobs_match_transformers):

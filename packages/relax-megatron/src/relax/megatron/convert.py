@@ -49,14 +49,18 @@ class Dims(MegatronLayout):
                 raise ValueError(f"tensor_parallel={tp} must divide {what}={n}")
 
 
-def _split(t: Tensor, tp: int, dim: int) -> list[Tensor]:
-    return [c.clone() for c in torch.chunk(t, tp, dim=dim)]
+def _part(t: Tensor, tp: int, rank: int, dim: int) -> Tensor:
+    """TP rank ``rank``'s part of ``t`` split along ``dim``, as a copy: ``t`` (read for this one use) is
+    freed as soon as the caller drops it, and no other rank's part is ever allocated."""
+    return torch.chunk(t, tp, dim=dim)[rank].clone()
 
 
-def _vocab_split(t: Tensor, d: Dims, tp: int) -> list[Tensor]:
-    """An embedding / LM head's rows, zero-padded to :meth:`Dims.padded_vocab`, one shard per TP rank."""
-    pad = d.padded_vocab(tp) - t.shape[0]
-    return _split(torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t, tp, 0)
+def _vocab_part(t: Tensor, d: Dims, tp: int, rank: int) -> Tensor:
+    """TP rank ``rank``'s rows of an embedding / LM head zero-padded to :meth:`Dims.padded_vocab`."""
+    rows = d.padded_vocab(tp) // tp
+    own = t[rank * rows : (rank + 1) * rows]
+    pad = rows - own.shape[0]
+    return torch.cat([own, own.new_zeros(pad, *t.shape[1:])]) if pad else own.clone()
 
 
 def _layer_names(i: int) -> tuple[str, str]:
@@ -64,12 +68,13 @@ def _layer_names(i: int) -> tuple[str, str]:
 
 
 def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, d: Dims) -> Tensor:
-    """HF q/k/v projections -> megatron ``linear_qkv`` rows, grouped per KV group."""
-    per = d.heads // d.groups
-    q = q.reshape(d.groups, per * d.head_dim, -1)
-    k = k.reshape(d.groups, d.head_dim, -1)
-    v = v.reshape(d.groups, d.head_dim, -1)
-    return torch.cat([q, k, v], dim=1).reshape(-1, q.shape[-1])
+    """HF q/k/v projections -> megatron ``linear_qkv`` rows, grouped per KV group; of every group, or of a
+    contiguous run of groups (a TP rank's: its rows of each of q, k and v)."""
+    per, cols = d.heads // d.groups, q.shape[-1]
+    q = q.reshape(-1, per * d.head_dim, cols)
+    k = k.reshape(-1, d.head_dim, cols)
+    v = v.reshape(-1, d.head_dim, cols)
+    return torch.cat([q, k, v], dim=1).reshape(-1, cols)
 
 
 def split_qkv(qkv: Tensor, d: Dims) -> tuple[Tensor, Tensor, Tensor]:
@@ -105,16 +110,13 @@ def hf_weight_names(hf_config: Any) -> list[str]:
     return names
 
 
-def _mlp_to_megatron(hf: Mapping[str, Tensor], hp: str, mp: str, tp: int) -> dict[str, list[Tensor]]:
-    """A gated MLP (HF prefix ``hp``: ``gate_proj`` / ``up_proj`` / ``down_proj``) -> megatron's ``mp``
-    ``linear_fc1`` (each TP shard ``[gate_shard; up_shard]``) / ``linear_fc2``, per TP rank."""
-    gates, ups = (
-        torch.chunk(hf[hp + "gate_proj.weight"], tp, 0),
-        torch.chunk(hf[hp + "up_proj.weight"], tp, 0),
-    )
+def _mlp_to_megatron(hf: Mapping[str, Tensor], hp: str, mp: str, tp: int, rank: int) -> dict[str, Tensor]:
+    """A gated MLP (HF prefix ``hp``: ``gate_proj`` / ``up_proj`` / ``down_proj``) -> TP rank ``rank``'s
+    megatron ``mp`` ``linear_fc1`` (``[gate_shard; up_shard]``) / ``linear_fc2``."""
+    gate, up = (_part(hf[hp + f"{w}_proj.weight"], tp, rank, 0) for w in ("gate", "up"))
     return {
-        mp + "linear_fc1.weight": [torch.cat([g, u], 0) for g, u in zip(gates, ups, strict=True)],
-        mp + "linear_fc2.weight": _split(hf[hp + "down_proj.weight"], tp, 1),
+        mp + "linear_fc1.weight": torch.cat([gate, up], 0),
+        mp + "linear_fc2.weight": _part(hf[hp + "down_proj.weight"], tp, rank, 1),
     }
 
 
@@ -127,6 +129,21 @@ def _mlp_to_hf(shards: Sequence[Mapping[str, Tensor]], hp: str, mp: str) -> dict
     }
 
 
+def _checked(hf: Mapping[str, Tensor], hf_config: Any, tp: int, ep: int) -> Dims:
+    from relax.megatron import moe
+
+    d = Dims.from_hf(hf_config)
+    d.check_tp(tp)
+    if ep > 1 or d.experts:
+        moe.check_ep(d, ep)
+    missing = sorted(set(hf_weight_names(hf_config)) - set(hf))
+    if missing:
+        raise KeyError(
+            f"the HF state dict lacks {len(missing)} {hf_config.model_type} weight(s): {missing[:8]}"
+        )
+    return d
+
+
 def hf_to_megatron(
     hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, ep: int = 1
 ) -> list[dict[str, Tensor]]:
@@ -134,77 +151,77 @@ def hf_to_megatron(
     MoE model one per (TP rank ``t``, expert-parallel rank ``e``) at ``result[t * ep + e]``: the TP
     shard of the attention and embeddings with EP rank ``e``'s ``experts / ep`` whole local experts (expert
     tensor parallelism 1: :mod:`relax.megatron.moe`)."""
-    from relax.megatron import moe
+    d = _checked(hf, hf_config, tp, ep)
+    shards = [_tp_shard(hf, d, tp, t) for t in range(tp)]
+    if not d.experts:
+        return shards
+    experts = [_ep_shard(hf, d, ep, e) for e in range(ep)]
+    return [{**shard, **part} for shard in shards for part in experts]  # each TP shard with each EP rank's
 
-    d = Dims.from_hf(hf_config)
-    d.check_tp(tp)
-    if ep > 1 or d.experts:
-        from relax.megatron.moe import check_ep, experts_to_megatron
 
-        check_ep(d, ep)
-    expert_parts: list[dict[str, Tensor]] = [{} for _ in range(ep)]  # MoE: each EP rank's local experts
-    missing = sorted(set(hf_weight_names(hf_config)) - set(hf))
-    if missing:
-        raise KeyError(
-            f"the HF state dict lacks {len(missing)} {hf_config.model_type} weight(s): {missing[:8]}"
+def hf_to_megatron_rank(
+    hf: Mapping[str, Tensor], hf_config: Any, tp: int = 1, tp_rank: int = 0, ep: int = 1, ep_rank: int = 0
+) -> dict[str, Tensor]:
+    """``hf_to_megatron(hf, hf_config, tp, ep)[tp_rank * ep + ep_rank]`` with only that rank's tensors ever
+    made: each HF tensor is cut to the rank's rows (or columns) before q/k/v or gate/up are fused, so a
+    loading rank holds what it reads plus its own part of it (``rank_load``), never every rank's."""
+    d = _checked(hf, hf_config, tp, ep)
+    if not (0 <= tp_rank < tp and 0 <= ep_rank < ep):
+        raise ValueError(
+            f"rank (tp {tp_rank}, ep {ep_rank}) outside tensor_parallel={tp} x expert_parallel={ep}"
         )
-    shards: list[dict[str, Tensor]] = [{} for _ in range(tp)]
+    return {**_tp_shard(hf, d, tp, tp_rank), **(_ep_shard(hf, d, ep, ep_rank) if d.experts else {})}
 
-    def put(name: str, parts: Sequence[Tensor]) -> None:
-        for rank, part in enumerate(parts):
-            shards[rank][name] = part
 
-    def replicate(name: str, t: Tensor) -> None:
-        put(name, [t.clone() for _ in range(tp)])
+def _tp_shard(hf: Mapping[str, Tensor], d: Dims, tp: int, rank: int) -> dict[str, Tensor]:
+    """TP rank ``rank``'s weights but for the routed experts, in model order."""
+    from relax.megatron import mla, moe
 
-    put("embedding.word_embeddings.weight", _vocab_split(hf["model.embed_tokens.weight"], d, tp))
+    out = {"embedding.word_embeddings.weight": _vocab_part(hf["model.embed_tokens.weight"], d, tp, rank)}
     for i in range(d.num_layers):
         h, m = _layer_names(i)
-        if d.attention != "gqa":
-            from relax.megatron import mla
-
-            for name, parts in mla.to_megatron(hf, h, m, d, tp).items():
-                put(name, parts)
-        else:
-            _gqa_to_megatron(hf, h, m, d, tp, put, replicate)
-        replicate(m + "input_layernorm.weight", hf[h + "input_layernorm.weight"])
-        replicate(m + "pre_mlp_layernorm.weight", hf[h + "post_attention_layernorm.weight"])
-        if moe.is_moe_layer(d, i):
-            for rank, part in enumerate(experts_to_megatron(hf, h, m, d, ep)):
-                expert_parts[rank].update(part)
-            if d.shared_ffn:
-                for name, parts in _mlp_to_megatron(
-                    hf, h + "mlp.shared_experts.", m + "mlp.shared_experts.", tp
-                ).items():
-                    put(name, parts)
-            continue
-        for name, parts in _mlp_to_megatron(hf, h + "mlp.", m + "mlp.", tp).items():
-            put(name, parts)
-    replicate("decoder.final_layernorm.weight", hf["model.norm.weight"])
+        attention = _gqa_to_megatron if d.attention == "gqa" else mla.to_megatron
+        out.update(attention(hf, h, m, d, tp, rank))
+        out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"].clone()
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
+        if not moe.is_moe_layer(d, i):
+            out.update(_mlp_to_megatron(hf, h + "mlp.", m + "mlp.", tp, rank))
+        elif d.shared_ffn:
+            out.update(_mlp_to_megatron(hf, h + "mlp.shared_experts.", m + "mlp.shared_experts.", tp, rank))
+    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
     if not d.tied:
-        put("output_layer.weight", _vocab_split(hf["lm_head.weight"], d, tp))
-    if d.experts:  # each TP shard with each EP rank's experts
-        return [{**shard, **part} for shard in shards for part in expert_parts]
-    return shards
+        out["output_layer.weight"] = _vocab_part(hf["lm_head.weight"], d, tp, rank)
+    return out
+
+
+def _ep_shard(hf: Mapping[str, Tensor], d: Dims, ep: int, rank: int) -> dict[str, Tensor]:
+    """EP rank ``rank``'s routers and local experts of every MoE layer (the same on every TP rank)."""
+    from relax.megatron import moe
+
+    out: dict[str, Tensor] = {}
+    for i in range(d.num_layers):
+        if moe.is_moe_layer(d, i):
+            out.update(moe.experts_to_megatron(hf, *_layer_names(i), d, ep, rank))
+    return out
 
 
 def _gqa_to_megatron(
-    hf: Mapping[str, Tensor], h: str, m: str, d: Dims, tp: int, put: Any, replicate: Any
-) -> None:
-    qkv = fuse_qkv(
-        hf[h + "self_attn.q_proj.weight"],
-        hf[h + "self_attn.k_proj.weight"],
-        hf[h + "self_attn.v_proj.weight"],
-        d,
-    )
-    put(m + "self_attention.linear_qkv.weight", _split(qkv, tp, 0))
+    hf: Mapping[str, Tensor], h: str, m: str, d: Dims, tp: int, rank: int
+) -> dict[str, Tensor]:
+    """One layer's attention (HF prefix ``h``, megatron prefix ``m``), TP rank ``rank``'s: its KV groups' rows
+    of q, k and v (a contiguous run of groups) fused, its columns of the output projection."""
+    a, s = h + "self_attn.", m + "self_attention."
+    out = {
+        s + "linear_qkv.weight": fuse_qkv(*(_part(hf[a + f"{x}_proj.weight"], tp, rank, 0) for x in "qkv"), d)
+    }
     if d.qkv_bias:  # the bias rows follow the weight rows' grouping
-        bias = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"][:, None] for x in "qkv"), d)[:, 0]
-        put(m + "self_attention.linear_qkv.bias", _split(bias, tp, 0))
-    put(m + "self_attention.linear_proj.weight", _split(hf[h + "self_attn.o_proj.weight"], tp, 1))
+        biases = (_part(hf[a + f"{x}_proj.bias"], tp, rank, 0)[:, None] for x in "qkv")
+        out[s + "linear_qkv.bias"] = fuse_qkv(*biases, d)[:, 0]
+    out[s + "linear_proj.weight"] = _part(hf[a + "o_proj.weight"], tp, rank, 1)
     if d.qk_norm:
-        replicate(m + "self_attention.q_layernorm.weight", hf[h + "self_attn.q_norm.weight"])
-        replicate(m + "self_attention.k_layernorm.weight", hf[h + "self_attn.k_norm.weight"])
+        out[s + "q_layernorm.weight"] = hf[a + "q_norm.weight"].clone()
+        out[s + "k_layernorm.weight"] = hf[a + "k_norm.weight"].clone()
+    return out
 
 
 def _gqa_to_hf(cat: Any, one: Any, h: str, m: str, d: Dims) -> dict[str, Tensor]:
@@ -387,7 +404,7 @@ def load_hf_into(
     weight must be covered."""
     from relax.megatron.layer_specs import to_te_names, uses_te_names
 
-    shard = to_stage(hf_to_megatron(hf, hf_config, tp, ep)[tp_rank * ep + ep_rank], hf_config, pp, pp_rank)
+    shard = to_stage(hf_to_megatron_rank(hf, hf_config, tp, tp_rank, ep, ep_rank), hf_config, pp, pp_rank)
     expected = set(weights_only(model.state_dict()))
     if uses_te_names(expected):  # the Transformer Engine spec: norms fused into the next linear layer
         shard = to_te_names(shard, moe=bool(Dims.from_hf(hf_config).experts))

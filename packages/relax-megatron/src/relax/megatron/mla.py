@@ -47,14 +47,13 @@ def hf_names(d: Any) -> list[str]:
     return ["self_attn." + hf for hf, _, _ in weights(d)]
 
 
-def to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, tp: int) -> dict[str, list[Tensor]]:
-    """One layer's MLA weights (HF prefix ``h``, megatron prefix ``m``): megatron name -> one tensor per TP rank."""
-    out: dict[str, list[Tensor]] = {}
+def to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, tp: int, rank: int) -> dict[str, Tensor]:
+    """One layer's MLA weights (HF prefix ``h``, megatron prefix ``m``), TP rank ``rank``'s: megatron name ->
+    the whole tensor (down projections, norms) or the rank's part (``torch.chunk``), only that one made."""
+    out: dict[str, Tensor] = {}
     for name, meg, dim in weights(d):
         t = hf[h + "self_attn." + name]
-        out[m + ATTN + meg] = (
-            [t.clone() for _ in range(tp)] if dim is None else [c.clone() for c in torch.chunk(t, tp, dim)]
-        )
+        out[m + ATTN + meg] = t.clone() if dim is None else torch.chunk(t, tp, dim)[rank].clone()
     return out
 
 

@@ -60,23 +60,23 @@ def hf_names(d: Any) -> list[str]:
     )
 
 
-def experts_to_megatron(hf: Mapping[str, Tensor], h: str, m: str, d: Any, ep: int) -> list[dict[str, Tensor]]:
-    """One layer's router and experts (HF prefix ``h``, megatron prefix ``m``) per EP rank."""
+def experts_to_megatron(
+    hf: Mapping[str, Tensor], h: str, m: str, d: Any, ep: int, rank: int
+) -> dict[str, Tensor]:
+    """One layer's router and EP rank ``rank``'s local experts (HF prefix ``h``, megatron prefix ``m``); the
+    other ranks' experts are not touched (a loading rank reads its own only: ``rank_load``)."""
     per = d.experts // ep
-    out: list[dict[str, Tensor]] = []
-    for rank in range(ep):
-        part = {m + "mlp.router.weight": hf[h + "mlp.gate.weight"].clone()}
-        if d.expert_bias:  # megatron keeps it in float32
-            part[m + "mlp.router.expert_bias"] = hf[h + "mlp.gate.e_score_correction_bias"].float().clone()
-        for k in range(per):
-            e = f"{h}mlp.experts.{rank * per + k}."
-            local = f"{m}mlp.experts.local_experts.{k}."
-            part[local + "linear_fc1.weight"] = torch.cat(
-                [hf[e + "gate_proj.weight"], hf[e + "up_proj.weight"]], 0
-            )
-            part[local + "linear_fc2.weight"] = hf[e + "down_proj.weight"]
-        out.append(part)
-    return out
+    part = {m + "mlp.router.weight": hf[h + "mlp.gate.weight"].clone()}
+    if d.expert_bias:  # megatron keeps it in float32
+        part[m + "mlp.router.expert_bias"] = hf[h + "mlp.gate.e_score_correction_bias"].float().clone()
+    for k in range(per):
+        e = f"{h}mlp.experts.{rank * per + k}."
+        local = f"{m}mlp.experts.local_experts.{k}."
+        part[local + "linear_fc1.weight"] = torch.cat(
+            [hf[e + "gate_proj.weight"], hf[e + "up_proj.weight"]], 0
+        )
+        part[local + "linear_fc2.weight"] = hf[e + "down_proj.weight"]
+    return part
 
 
 def experts_to_hf(shards: Sequence[Mapping[str, Tensor]], h: str, m: str, d: Any) -> dict[str, Tensor]:

@@ -1,14 +1,16 @@
 """Each megatron rank reads only the HF tensors its TP x PP x EP shard is made of; ``save_hf`` streams.
 
 Before issue 39 every rank read the whole checkpoint and built every TP x EP shard of it. Here the HF ->
-megatron mapping (``convert.hf_to_megatron``, whatever family it maps) runs once per unit of the checkpoint
-(one decoder layer, or one top-level weight) on a view of it in which that unit's tensors are read from
-disk and every other tensor is an empty meta tensor of the right shape: the mapping's torch ops run on
-both, and only this rank's non-meta results are kept and copied into the model. So a rank reads the
+megatron mapping of one rank (``convert.hf_to_megatron_rank``, whatever family it maps) runs once per unit
+of the checkpoint (one decoder layer, or one top-level weight) on a view of it in which that unit's tensors
+are read from disk and every other tensor is an empty meta tensor of the right shape: the mapping's torch
+ops run on both, and only the non-meta results are kept and copied into the model. So a rank reads the
 layers of its pipeline stage, of an MoE layer the experts of its EP rank only, and the embedding or head
-only where its stage holds them; it holds one unit in full at a time (the TP split happens after the
-read). Which top-level weights a stage holds is asked of the mapping too: each is run as a float64 meta
-tensor among float32 ones, and the float64 results (type promotion carries the mark) are what it feeds.
+only where its stage holds them. The mapping cuts each tensor it reads to this TP rank's part before
+fusing (q/k/v, gate/up) and drops it, so a rank holds at most one of the unit's tensors whole at a time
+plus its own part of the unit, never the other TP ranks' parts. Which top-level weights a stage holds is
+asked of the mapping too: each is run as a float64 meta tensor among float32 ones, and the float64
+results (type promotion carries the mark) are what it feeds.
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ def load_rank(
     checkpoint = model_dir if isinstance(model_dir, Checkpoint) else Checkpoint(model_dir)
     d = convert.Dims.from_hf(hf_config)
     stage = convert.stage_layers(d.num_layers, pp, pp_rank)
-    index = tp_rank * ep + ep_rank
     per_ep = d.experts // ep if d.experts else 0
     params = model.state_dict()
     expected = set(convert.weights_only(params))
@@ -96,7 +97,7 @@ def load_rank(
 
     def rank_part(view: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         shard = convert.to_stage(
-            convert.hf_to_megatron(view, hf_config, tp, ep)[index], hf_config, pp, pp_rank
+            convert.hf_to_megatron_rank(view, hf_config, tp, tp_rank, ep, ep_rank), hf_config, pp, pp_rank
         )
         return to_te_names(shard, moe=bool(d.experts)) if te else shard
 
@@ -106,7 +107,7 @@ def load_rank(
 
     def vocab_slice(names: list[str], made: dict[str, torch.Tensor]) -> tuple[str, str, int, int] | None:
         """(HF name, weight, first row, rows) when the unit is an embedding / head split by vocabulary rows
-        (``convert._vocab_split``): this rank reads only its rows, straight into its weight (no whole copy and
+        (``convert._vocab_part``): this rank reads only its rows, straight into its weight (no whole copy and
         no split copy, at TP 1 too); the padding rows past the vocabulary are 0."""
         shape = checkpoint.entries[names[0]].shape
         if len(names) != 1 or len(made) != 1 or shape[:1] != (d.vocab,):
