@@ -12,7 +12,15 @@ from relax.core.protocols import GenerationRequest, SamplingParams
 from relax.core.testing.models import load_hf_weights
 from relax.sglang.testing import load_weights
 
-BUDGET = 160  # long enough to be mid-flight when the pause lands (~10 ms/token here)
+BUDGET = 160
+STEP_SLEEP_S = 0.02  # with it, BUDGET tokens take >= 3.2 s: requests are mid-flight when the pause lands
+
+
+def slow_down(engine, seconds: float | None) -> None:
+    """SGLang's test hook ``/slow_down``: every forward step of the server sleeps ``seconds`` (None: off), so
+    requests are still decoding 0.2-0.4 s after they were sent however fast the machine is."""
+    for worker in engine.workers:
+        worker.post("/slow_down", {"forward_sleep_time": seconds})
 
 
 @pytest.mark.parametrize("mode", ["retract", "in_place", "abort"])
@@ -28,10 +36,12 @@ def test_pause_with_requests_in_flight_then_continue(mode, sglang_engine, tiny_d
     ]
 
     async def scenario():
+        await asyncio.to_thread(slow_down, engine, STEP_SLEEP_S)
         task = asyncio.ensure_future(engine.generate(reqs))
         await asyncio.sleep(0.2)  # in flight on the server
         await asyncio.to_thread(engine.pause)
         try:
+            await asyncio.to_thread(slow_down, engine, None)
             await asyncio.sleep(0.5)
             held = not task.done()
             weights = load_hf_weights(tiny_dirs[1])
@@ -45,6 +55,7 @@ def test_pause_with_requests_in_flight_then_continue(mode, sglang_engine, tiny_d
     try:
         held, results = asyncio.run(asyncio.wait_for(scenario(), 600))
     finally:
+        slow_down(engine, None)
         load_weights(engine, tiny_dirs[0], version + 2)
         engine.params = dataclasses.replace(engine.params, pause_mode="retract")
     for r in results:
@@ -78,10 +89,12 @@ def test_abort_then_resubmit_from_scratch_carries_exact_versions(sglang_engine, 
     ]
 
     async def scenario():
+        await asyncio.to_thread(slow_down, engine, STEP_SLEEP_S)
         task = asyncio.ensure_future(engine.generate(reqs))
-        await asyncio.sleep(0.4)  # on the server (a request still in transit would wait out the pause)
+        await asyncio.sleep(0.4)  # on the server (one still in transit ends as abort too, with no tokens)
         await asyncio.to_thread(engine.pause)
         try:
+            await asyncio.to_thread(slow_down, engine, None)
             await asyncio.to_thread(engine.abort)
             aborted = await asyncio.wait_for(task, 120)  # returned while still paused
             await asyncio.to_thread(engine.begin_weight_update, version + 1)
@@ -96,6 +109,7 @@ def test_abort_then_resubmit_from_scratch_carries_exact_versions(sglang_engine, 
     try:
         aborted, again = asyncio.run(asyncio.wait_for(scenario(), 600))
     finally:
+        slow_down(engine, None)
         load_weights(engine, tiny_dirs[0], version + 2)
     for r in aborted:
         assert r.finish_reason == "abort" and len(r.response_ids) < BUDGET, (

@@ -256,6 +256,10 @@ class SGLangEngine(WeightUpdates):
             if media is not None:
                 check_prompt_tokens(out["meta_info"], len(req.prompt_ids) + len(done), self.name)
             got, lps, vers, reason = parse_output(out, self._version)
+            if self._abort_epoch != epoch and reason != "abort":
+                # sent before abort() but reached the server after it: the pause held it and it ran on the
+                # weights loaded during the pause; abort() ends every request in flight when it is called
+                got, lps, vers, reason = [], [], [], "abort"
             ids, logprobs, versions, reason = cut_at_stop_ids(
                 req.params, ids + got, logprobs + lps, versions + vers, reason
             )
