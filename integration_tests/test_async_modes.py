@@ -102,9 +102,11 @@ def test_partial_rollout_spans_weight_updates_in_a_run(ray_session, tmp_path):
     assert all(r["response/length_mean"] == 200 for r in rows)
 
 
-@pytest.mark.parametrize(("mode", "staleness"), [("async", 1), ("async", 2), ("hybrid", 1)])
+@pytest.mark.parametrize(("mode", "staleness"), [("async", 2), ("hybrid", 1)])
 def test_quickstart_learns_off_policy(ray_session, tmp_path, mode, staleness):
-    """The bundled quick-start settings, run asynchronously: reward rises well above chance."""
+    """The bundled quick-start settings, run asynchronously: reward rises well above chance. Async at staleness
+    2 (the staler case; staleness 1 is the partial-rollout run above and the async agent quick-start) and
+    hybrid at 1."""
     run_dir = tmp_path / f"{mode}{staleness}"
     steps = (
         24 + 4 * staleness
