@@ -323,4 +323,6 @@ def test_stuck_engine_and_dead_trainer_report_the_trainer_and_start_no_replaceme
     )  # no trainer: no emergency checkpoint
     fleet = obs.run._state.fleet
     assert fleet.counters.get("engine_evictions") == 1
-    assert fleet.replacements.started == 0 and fleet.counters.get("engine_start_failures") == 0  # no replacement started
+    assert (
+        fleet.replacements.started == 0 and fleet.counters.get("engine_start_failures") == 0
+    )  # no replacement started
