@@ -276,9 +276,12 @@ def _lose_the_pool_node_then_one_joins(cluster, seen: dict):
         seen["lost"] = sorted(fleet.live())
         seen["lost_at"] = time.monotonic()
         cluster.remove_node("pool-a")  # every process of the machine, at once
-        fleet.control("weight_version")  # both found dead: evicted, replacements wait for Ray and a node
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
+            # A killed raylet's workers may still answer for a while: probe until both are found dead
+            # (evicted; their replacements then wait for Ray and for a node).
+            if fleet.live():
+                fleet.control("weight_version")
             waiting = run.engine_shortfall()["waiting"]
             if len(waiting) == 2 and all(w["waiting_for"].startswith("a node labelled") for w in waiting):
                 break
