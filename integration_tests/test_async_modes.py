@@ -54,7 +54,7 @@ def test_async_with_zero_staleness_reproduces_colocate(ray_session, tmp_path):
         assert rb["staleness/max"] == 0
 
 
-@pytest.mark.parametrize(("mode", "staleness"), [("async", 2), ("hybrid", 1)])
+@pytest.mark.parametrize(("mode", "staleness"), [("hybrid", 1)])  # async 2: its learning run below bounds it
 def test_staleness_never_exceeds_the_bound(ray_session, tmp_path, mode, staleness):
     run_dir = tmp_path / mode
     cfg = load_config(

@@ -177,6 +177,12 @@ def test_relax_run_joins_a_ray_start_cluster_and_uses_nodes_that_join(tmp_path):
     run_dir = driver_dir / "runs" / "cli"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and rows[-1]["policy_version"] == STEPS
-    assert rows[-1]["fault/engines_live"] == 3 and rows[-1]["weight_sync/bytes"] > 0
+    live = [r["fault/engines_live"] for r in rows]
+    assert 3 in live and rows[-1]["weight_sync/bytes"] > 0, live
+    # after the last resume the autoscaler may scale in again (on a fast machine the queue stays full for its
+    # 3 steps): only then, and saying why
+    assert live[-1] == 3 or (
+        "scale_in -- the queue stays full" in output and "removed (drained)" in output
+    ), live
     # the trainer, on another node with another current directory, saved where the driver's run_dir is
     assert (run_dir / "checkpoints" / f"step_{STEPS:06d}" / "manifest.json").is_file()

@@ -105,6 +105,11 @@ class BackgroundSetup:
     """:func:`prepare_local` in a thread, taken once (a restarted attempt prepares afresh)."""
 
     def __init__(self, cfg: Any):
+        # transformers is imported here, not first in the thread: while the roles' thread imports it too,
+        # CPython can hand one importer a partially initialised module to break a cross-thread import
+        # cycle ("cannot import name 'AutoTokenizer'": test_multinode_cli.py, run alone)
+        from transformers import AutoTokenizer  # noqa: F401
+
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-setup")
         self._future: cf.Future | None = self._pool.submit(prepare_local, cfg)
         self._pool.shutdown(wait=False)
