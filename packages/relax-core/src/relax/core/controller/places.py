@@ -63,36 +63,35 @@ class EnginePlaces:
         return self.probe(node, stop)
 
     def probe(self, node: str, stop: threading.Event) -> str:
-        """:meth:`verdict` by a task pinned to ``node`` (a worker process starts there to answer)."""
+        """:meth:`verdict` by a task pinned to ``node`` (a worker process starts there to answer).
+
+        The probe is never cancelled: a pending one fails by itself when Ray declares its node dead, and
+        cancelling it while Ray fails it aborts the driver (Ray 2.60's core worker: "Tried to complete task
+        that was not pending", which killed a test session). A node Ray already lists dead gets no probe."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        if node not in alive_nodes():
+            return "dead"
         probe = ray.remote(num_cpus=0)(
             _probe
         )  # made here: importing this module must not import Ray (lazy_ray)
         ref = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-        try:
-            while True:
-                if node not in alive_nodes():
-                    return "dead"
-                if ref is None:  # the probe failed with its node: wait for ray.nodes() to say so
-                    if stop.wait(POLL_S):
-                        return "stopped"
-                    continue
-                ready, _ = ray.wait([ref], timeout=POLL_S)
-                if ready:
-                    try:
-                        ray.get(ready[0])
-                        return "alive"
-                    except Exception:
-                        ref = None
-                if stop.is_set():
+        while True:
+            if node not in alive_nodes():
+                return "dead"
+            if ref is None:  # the probe failed with its node: wait for ray.nodes() to say so
+                if stop.wait(POLL_S):
                     return "stopped"
-        finally:
-            if ref is not None:
+                continue
+            ready, _ = ray.wait([ref], timeout=POLL_S)
+            if ready:
                 try:
-                    ray.cancel(ref)
-                except Exception as exc:  # already done, or its node is gone
-                    log.debug("probe cancel: %s", exc)
+                    ray.get(ready[0])
+                    return "alive"
+                except Exception:
+                    ref = None
+            if stop.is_set():
+                return "stopped"
 
     def slot_node(self, slot: int, exclude: str | None = None) -> str | None:
         """The alive node (not ``exclude``) holding engine slot ``slot``'s reservation now; None while
